@@ -1,0 +1,164 @@
+// Package pgtest gives each test its own schema in a real PostgreSQL.
+//
+// The database is TEST_DATABASE_URL when it is set; otherwise [Main] starts a
+// PostgreSQL container with testcontainers for the test binary and removes
+// it afterwards. Tests never read DATABASE_URL: they create and drop
+// schemas, which must not happen to a database someone points the CLI at.
+//
+// Only tests import this package, so release binaries never link
+// testcontainers.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/modules/postgres"
+	"go.uber.org/goleak"
+)
+
+// EnvURL is the variable that points tests at a database.
+const EnvURL = "TEST_DATABASE_URL"
+
+var (
+	baseURL  string
+	startErr error
+)
+
+// Main runs the package's tests: it resolves the database (starting a
+// container when EnvURL is unset), runs m, removes the container, and
+// fails the run if goroutines leaked. Call it from TestMain.
+func Main(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	baseURL = os.Getenv(EnvURL)
+	var ctr *postgres.PostgresContainer
+	if baseURL == "" {
+		ctr, baseURL, startErr = startContainer()
+	}
+	code := m.Run()
+	if ctr != nil {
+		if err := testcontainers.TerminateContainer(ctr); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: remove container:", err)
+		}
+	}
+	if code == 0 && ctr == nil {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked:", err)
+			return 1
+		}
+	}
+	return code
+}
+
+func startContainer() (*postgres.PostgresContainer, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ctr, err := postgres.Run(ctx, "postgres:15-alpine",
+		postgres.WithDatabase("test"),
+		postgres.WithUsername("postgres"),
+		postgres.WithPassword("postgres"),
+		postgres.BasicWaitStrategies(),
+	)
+	if err != nil {
+		return nil, "", fmt.Errorf("start a PostgreSQL container (is Docker running?): %w", err)
+	}
+	dsn, err := ctr.ConnectionString(ctx, "sslmode=disable")
+	if err != nil {
+		return ctr, "", err
+	}
+	return ctr, dsn, nil
+}
+
+// URL returns the test database's connection string, failing tb when
+// there is none.
+func URL(tb testing.TB) string {
+	tb.Helper()
+	if startErr != nil {
+		tb.Fatalf("pgtest: no test database: set %s or make Docker available: %v", EnvURL, startErr)
+	}
+	if baseURL == "" {
+		tb.Fatalf("pgtest: no test database: set %s (and call pgtest.Main from TestMain)", EnvURL)
+	}
+	return baseURL
+}
+
+// DB is one test's database: a pool whose search_path is a fresh schema
+// that is dropped when the test ends.
+type DB struct {
+	// Pool is connected with search_path set to Schema.
+	Pool *pgxpool.Pool
+	// Schema is the test's own, initially empty schema.
+	Schema string
+	// URL connects to the same database with search_path set to Schema.
+	URL string
+}
+
+// New creates a fresh schema for tb and a pool whose connections use it.
+// The schema and everything in it are dropped at cleanup.
+func New(tb testing.TB) *DB {
+	tb.Helper()
+	base := URL(tb)
+	ctx := context.Background()
+	schema := "t_" + randomHex(tb, 8)
+
+	admin, err := pgx.Connect(ctx, base)
+	if err != nil {
+		tb.Fatalf("pgtest: connect: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		tb.Fatalf("pgtest: create schema: %v", err)
+	}
+	tb.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), base)
+		if err != nil {
+			tb.Errorf("pgtest: connect for cleanup: %v", err)
+			return
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			tb.Errorf("pgtest: drop schema %s: %v", schema, err)
+		}
+	})
+
+	u := WithSearchPath(tb, base, schema)
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		tb.Fatalf("pgtest: pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return &DB{Pool: pool, Schema: schema, URL: u}
+}
+
+// WithSearchPath returns dsn with search_path set to schema.
+func WithSearchPath(tb testing.TB, dsn, schema string) string {
+	tb.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func randomHex(tb testing.TB, n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		tb.Fatalf("pgtest: random: %v", err)
+	}
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,99 @@
+package outbox
+
+import (
+	"fmt"
+	"io/fs"
+	"path"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen"
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// Outbox is one outbox table (and its dead-letter table) in one database.
+// It is safe for concurrent use; create it once per table with [New] and
+// share it between publishers and subscribers.
+type Outbox struct {
+	pool       *pgxpool.Pool
+	naming     naming
+	sql        *sqlCache
+	migrations fstest.MapFS
+}
+
+// New validates cfg and returns the outbox it describes. It does not touch
+// the database: call [Outbox.Migrate] to create the tables.
+//
+// An invalid configuration gives a *[ConfigError] naming the field and the
+// rule it breaks.
+func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
+	if pool == nil {
+		return nil, &ConfigError{Field: "pool", Value: "<nil>", Rule: "must not be nil"}
+	}
+	c := cfg.withDefaults()
+	n, err := newNaming(c.Schema, c.Table)
+	if err != nil {
+		return nil, err
+	}
+	migrations, err := renderMigrations(n)
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{
+		pool:       pool,
+		naming:     n,
+		sql:        &sqlCache{naming: n},
+		migrations: migrations,
+	}, nil
+}
+
+// renderMigrations renders the embedded migrations for n and checks that
+// every identifier they derive fits PostgreSQL's limit.
+func renderMigrations(n naming) (fstest.MapFS, error) {
+	files, err := fs.Glob(outboxgen.Migrations, path.Join(outboxgen.MigrationsDir, "*.sql"))
+	if err != nil {
+		return nil, fmt.Errorf("outbox: list migrations: %w", err)
+	}
+	out := make(fstest.MapFS, len(files))
+	idents := []string{n.versionTable()}
+	for _, f := range files {
+		src, err := fs.ReadFile(outboxgen.Migrations, f)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: read migration: %w", err)
+		}
+		text, names, err := n.render(string(src))
+		if err != nil {
+			return nil, fmt.Errorf("outbox: render %s: %w", f, err)
+		}
+		idents = append(idents, names...)
+		out[path.Base(f)] = &fstest.MapFile{Data: []byte(text), Mode: 0o444}
+	}
+	for _, id := range idents {
+		if len(id) > maxIdentifierBytes {
+			return nil, &ConfigError{Field: "Config.Table", Value: n.table,
+				Rule: fmt.Sprintf("derived name %q is %d bytes; PostgreSQL identifiers are at most %d",
+					id, len(id), maxIdentifierBytes)}
+		}
+	}
+	return out, nil
+}
+
+// Schema returns the schema that holds the outbox's tables.
+func (o *Outbox) Schema() string { return o.naming.schema }
+
+// Table returns the outbox table's name, unqualified.
+func (o *Outbox) Table() string { return o.naming.table }
+
+// DeadLetterTable returns the dead-letter table's name, unqualified.
+func (o *Outbox) DeadLetterTable() string { return o.naming.table + "_dlq" }
+
+// Channel returns the LISTEN/NOTIFY channel on which the outbox's trigger
+// announces new rows; each notification's payload is the queue name.
+func (o *Outbox) Channel() string { return o.naming.channel() }
+
+// queries returns the generated queries bound to conn (the pool, a
+// connection or a transaction) and to this outbox's table.
+func (o *Outbox) queries(conn db.DBTX) *db.Queries {
+	return db.New(renderedDBTX{inner: conn, cache: o.sql})
+}

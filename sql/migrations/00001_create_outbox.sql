@@ -1,0 +1,59 @@
+-- The outbox table. Every identifier that depends on the configured table
+-- carries an /*outbox:KIND*/ marker; the outbox package renders the file for
+-- the configured schema and table before goose applies it.
+
+-- +goose Up
+CREATE TABLE /*outbox:table*/outbox (
+    id               bigint      GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME /*outbox:table*/outbox_id_seq),
+    queue            text        NOT NULL,
+    payload          bytea       NOT NULL,
+    headers          jsonb,
+    ordering_key     text,
+    timer_id         text,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    attempts_count   integer     NOT NULL DEFAULT 0,
+    deliveries_count integer     NOT NULL DEFAULT 0,
+    first_attempt_at timestamptz,
+    last_attempt_at  timestamptz,
+    acquired_at      timestamptz,
+    acquired_token   uuid,
+    CONSTRAINT /*outbox:name*/outbox_pkey PRIMARY KEY (id),
+    CONSTRAINT /*outbox:name*/outbox_queue_chk CHECK (octet_length(queue) BETWEEN 1 AND 255),
+    CONSTRAINT /*outbox:name*/outbox_lease_chk CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)),
+    CONSTRAINT /*outbox:name*/outbox_headers_chk CHECK (headers IS NULL OR jsonb_typeof(headers) = 'object')
+);
+
+-- Rows waiting for their first (or next) delivery, in claim order.
+CREATE INDEX /*outbox:name*/outbox_pending_idx
+    ON /*outbox:table*/outbox (queue, next_attempt_at, id)
+    WHERE acquired_token IS NULL;
+
+-- Leased rows, so expired leases are found without scanning the backlog.
+CREATE INDEX /*outbox:name*/outbox_leased_idx
+    ON /*outbox:table*/outbox (queue, acquired_at)
+    WHERE acquired_token IS NOT NULL;
+
+-- One live row per queue and timer id.
+CREATE UNIQUE INDEX /*outbox:name*/outbox_timer_uidx
+    ON /*outbox:table*/outbox (queue, timer_id)
+    WHERE timer_id IS NOT NULL;
+
+-- Per-key FIFO delivery.
+CREATE INDEX /*outbox:name*/outbox_ordering_idx
+    ON /*outbox:table*/outbox (queue, ordering_key, id)
+    WHERE ordering_key IS NOT NULL;
+
+-- A queue table churns: every row is inserted, updated a few times and
+-- deleted within seconds. Vacuum it early and often so dead tuples do not
+-- pile up in front of the claim's index scans.
+ALTER TABLE /*outbox:table*/outbox SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+-- +goose Down
+DROP TABLE /*outbox:table*/outbox;

@@ -1,0 +1,28 @@
+-- Wake subscribers when rows arrive. The trigger is statement-level with a
+-- transition table, so a batch of any size costs one pg_notify per distinct
+-- queue, and rows written by any client (psql, COPY, another language) wake
+-- subscribers the same way. Future-dated rows notify nobody: subscribers
+-- schedule their own wake-up for those. PostgreSQL delivers notifications
+-- only when the inserting transaction commits.
+
+-- +goose Up
+-- +goose StatementBegin
+CREATE FUNCTION /*outbox:table*/outbox_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(/*outbox:channel*/'outbox_outbox', q.queue)
+    FROM (SELECT DISTINCT n.queue FROM new_rows AS n WHERE n.next_attempt_at <= now()) AS q;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER /*outbox:name*/outbox_notify_trg
+    AFTER INSERT ON /*outbox:table*/outbox
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION /*outbox:table*/outbox_notify();
+
+-- +goose Down
+DROP TRIGGER /*outbox:name*/outbox_notify_trg ON /*outbox:table*/outbox;
+DROP FUNCTION /*outbox:table*/outbox_notify();

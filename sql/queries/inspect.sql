@@ -1,0 +1,56 @@
+-- name: FetchUnprocessed :many
+-- A lease-free peek at the rows of a queue, oldest first. It takes no locks
+-- and changes nothing.
+SELECT o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
+       o.created_at, o.next_attempt_at, o.attempts_count, o.deliveries_count,
+       o.first_attempt_at, o.last_attempt_at, o.acquired_at, o.acquired_token
+FROM /*outbox:table*/outbox AS o
+WHERE o.queue = @queue::text
+ORDER BY o.id
+LIMIT @max_rows::integer;
+
+-- name: QueueStats :many
+-- Per queue: rows ready now, scheduled for later, leased, leased past
+-- @lease_ttl_seconds, the age of the oldest row in seconds, and the
+-- dead-lettered count.
+WITH live AS (
+    SELECT o.queue,
+           count(*) FILTER (WHERE o.acquired_token IS NULL AND o.next_attempt_at <= now()) AS ready,
+           count(*) FILTER (WHERE o.acquired_token IS NULL AND o.next_attempt_at > now()) AS scheduled,
+           count(*) FILTER (WHERE o.acquired_token IS NOT NULL
+                              AND o.acquired_at >= now() - make_interval(secs => @lease_ttl_seconds::float8)) AS leased,
+           count(*) FILTER (WHERE o.acquired_token IS NOT NULL
+                              AND o.acquired_at < now() - make_interval(secs => @lease_ttl_seconds::float8)) AS expired,
+           min(o.created_at) AS oldest_created_at
+    FROM /*outbox:table*/outbox AS o
+    GROUP BY o.queue
+), dead AS (
+    SELECT x.queue, count(*) AS dead_lettered
+    FROM /*outbox:table*/outbox_dlq AS x
+    GROUP BY x.queue
+)
+SELECT coalesce(l.queue, d.queue)::text AS queue,
+       coalesce(l.ready, 0)::bigint AS ready,
+       coalesce(l.scheduled, 0)::bigint AS scheduled,
+       coalesce(l.leased, 0)::bigint AS leased,
+       coalesce(l.expired, 0)::bigint AS expired,
+       coalesce(extract(epoch FROM now() - l.oldest_created_at), 0)::float8 AS oldest_age_seconds,
+       coalesce(d.dead_lettered, 0)::bigint AS dead_lettered
+FROM live AS l
+FULL JOIN dead AS d ON d.queue = l.queue
+ORDER BY 1;
+
+-- name: NextDueAt :one
+-- The earliest next_attempt_at among unleased rows of the given queues; no
+-- row when they hold none. One index probe per queue.
+SELECT n.next_attempt_at
+FROM unnest(@queues::text[]) AS q(name)
+CROSS JOIN LATERAL (
+    SELECT o.next_attempt_at
+    FROM /*outbox:table*/outbox AS o
+    WHERE o.queue = q.name AND o.acquired_token IS NULL
+    ORDER BY o.next_attempt_at
+    LIMIT 1
+) AS n
+ORDER BY n.next_attempt_at
+LIMIT 1;
