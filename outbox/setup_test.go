@@ -1,0 +1,131 @@
+package outbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// env is one test's migrated outbox in its own schema.
+type env struct {
+	t   *testing.T
+	ctx context.Context
+	db  *pgtest.DB
+	ob  *Outbox
+	q   *db.Queries
+}
+
+// setup migrates an outbox with the default table name into a fresh schema.
+func setup(t *testing.T) *env {
+	t.Helper()
+	return setupTable(t, TableDefault)
+}
+
+func setupTable(t *testing.T, table string) *env {
+	t.Helper()
+	d := pgtest.New(t)
+	ob, err := New(d.Pool, &Config{Schema: d.Schema, Table: table})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx := t.Context()
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return &env{t: t, ctx: ctx, db: d, ob: ob, q: ob.queries(d.Pool)}
+}
+
+// publish inserts a due row and returns its id.
+func (e *env) publish(queue string) int64 {
+	e.t.Helper()
+	return e.publishWith(db.PublishParams{Queue: queue, Payload: []byte(`{}`)})
+}
+
+func (e *env) publishWith(p db.PublishParams) int64 {
+	e.t.Helper()
+	id, err := e.q.Publish(e.ctx, p)
+	if err != nil {
+		e.t.Fatalf("Publish: %v", err)
+	}
+	return id
+}
+
+// claim claims up to n rows of queues with a one-minute lease.
+func (e *env) claim(n int32, queues ...string) []db.Outbox {
+	e.t.Helper()
+	rows, err := e.q.Claim(e.ctx, db.ClaimParams{Queues: queues, MaxRows: n, LeaseTtlSeconds: 60})
+	if err != nil {
+		e.t.Fatalf("Claim: %v", err)
+	}
+	return rows
+}
+
+// exec runs test-only SQL (search_path is the test's schema).
+func (e *env) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.db.Pool.Exec(e.ctx, sql, args...); err != nil {
+		e.t.Fatalf("exec %q: %v", sql, err)
+	}
+}
+
+// row reads one outbox row by id; ok is false when it does not exist.
+func (e *env) row(id int64) (db.Outbox, bool) {
+	e.t.Helper()
+	rows, err := e.db.Pool.Query(e.ctx, `SELECT id, queue, payload, headers, ordering_key, timer_id,
+		created_at, next_attempt_at, attempts_count, deliveries_count,
+		first_attempt_at, last_attempt_at, acquired_at, acquired_token
+		FROM `+pgx.Identifier{e.ob.Table()}.Sanitize()+` WHERE id = $1`, id)
+	if err != nil {
+		e.t.Fatalf("read row: %v", err)
+	}
+	r, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByPos[db.Outbox])
+	if err == pgx.ErrNoRows {
+		return db.Outbox{}, false
+	}
+	if err != nil {
+		e.t.Fatalf("read row: %v", err)
+	}
+	return r, true
+}
+
+func (e *env) count(table string) int {
+	e.t.Helper()
+	var n int
+	if err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()).Scan(&n); err != nil {
+		e.t.Fatalf("count %s: %v", table, err)
+	}
+	return n
+}
+
+func (e *env) serverNow() time.Time {
+	e.t.Helper()
+	var now time.Time
+	if err := e.db.Pool.QueryRow(e.ctx, "SELECT clock_timestamp()").Scan(&now); err != nil {
+		e.t.Fatalf("now: %v", err)
+	}
+	return now
+}
+
+func ids(rows []db.Outbox) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func token(t *testing.T, r db.Outbox) uuid.UUID {
+	t.Helper()
+	if r.AcquiredToken == nil {
+		t.Fatalf("row %d has no lease token", r.ID)
+	}
+	return *r.AcquiredToken
+}
