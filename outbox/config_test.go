@@ -1,0 +1,140 @@
+package outbox
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/internal/pgtest"
+)
+
+// unreachablePool is a pool that fails any query: New must not need one.
+func unreachablePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func TestNewRejectsBadNames(t *testing.T) {
+	t.Parallel()
+	pool := unreachablePool(t)
+	long := strings.Repeat("t", 50) // 50 + len("_goose_version") = 64
+	tests := []struct {
+		name string
+		cfg  Config
+		want ConfigError
+	}{
+		{"table 64 bytes", Config{Table: strings.Repeat("t", 64)},
+			ConfigError{Field: "Config.Table", Value: strings.Repeat("t", 64), Rule: "is 64 bytes; PostgreSQL identifiers are at most 63"}},
+		{"derived name over 63", Config{Table: long},
+			ConfigError{Field: "Config.Table", Value: long, Rule: `derived name "` + long + `_goose_version" is 64 bytes; PostgreSQL identifiers are at most 63`}},
+		{"channel over 63", Config{Schema: strings.Repeat("s", 30), Table: strings.Repeat("t", 30)},
+			ConfigError{Field: "Config.Table", Value: strings.Repeat("t", 30),
+				Rule: `derived name "outbox_` + strings.Repeat("s", 30) + "." + strings.Repeat("t", 30) + `" is 68 bytes; PostgreSQL identifiers are at most 63`}},
+		{"injection", Config{Table: `outbox"; drop table x; --`},
+			ConfigError{Field: "Config.Table", Value: `outbox"; drop table x; --`, Rule: "must be lower-case letters, digits and underscores, not starting with a digit"}},
+		{"upper case", Config{Table: "Outbox"},
+			ConfigError{Field: "Config.Table", Value: "Outbox", Rule: "must be lower-case letters, digits and underscores, not starting with a digit"}},
+		{"leading digit", Config{Schema: "1s"},
+			ConfigError{Field: "Config.Schema", Value: "1s", Rule: "must be lower-case letters, digits and underscores, not starting with a digit"}},
+		{"dot in schema", Config{Schema: "a.b"},
+			ConfigError{Field: "Config.Schema", Value: "a.b", Rule: "must be lower-case letters, digits and underscores, not starting with a digit"}},
+		{"reserved schema", Config{Schema: "select"},
+			ConfigError{Field: "Config.Schema", Value: "select", Rule: "must not be an SQL reserved word"}},
+		{"system schema", Config{Schema: "pg_catalog"},
+			ConfigError{Field: "Config.Schema", Value: "pg_catalog", Rule: `must not start with "pg_" (reserved by PostgreSQL)`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ob, err := New(pool, &tt.cfg)
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("New(%+v) = %v, %v; want a *ConfigError", tt.cfg, ob, err)
+			}
+			if diff := cmp.Diff(tt.want, *ce); diff != "" {
+				t.Errorf("ConfigError (-want +got):\n%s", diff)
+			}
+			if !strings.Contains(err.Error(), tt.want.Field) {
+				t.Errorf("message %q does not name the field", err)
+			}
+		})
+	}
+	if _, err := New(nil, nil); err == nil {
+		t.Error("New(nil pool) succeeded")
+	}
+}
+
+func TestNewDefaultsAndDoesNotTouchTheDatabase(t *testing.T) {
+	t.Parallel()
+	ob, err := New(unreachablePool(t), nil)
+	if err != nil {
+		t.Fatalf("New with defaults against an unreachable database: %v", err)
+	}
+	got := []string{ob.Schema(), ob.Table(), ob.DeadLetterTable(), ob.Channel()}
+	if diff := cmp.Diff([]string{"public", "outbox", "outbox_dlq", "outbox_outbox"}, got); diff != "" {
+		t.Errorf("names (-want +got):\n%s", diff)
+	}
+	ob, err = New(unreachablePool(t), &Config{Schema: "billing", Table: "events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ob.Channel() != "outbox_billing.events" {
+		t.Errorf("Channel() = %q", ob.Channel())
+	}
+}
+
+func TestReservedWordsMatchPostgreSQL(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	rows, err := d.Pool.Query(t.Context(), "SELECT word FROM pg_get_keywords() WHERE catcode IN ('R', 'T') ORDER BY word")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string // the server's words
+	for rows.Next() {
+		var w string
+		if err := rows.Scan(&w); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, w)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Ours may list words of newer servers (system_user arrived in 16).
+	var missing []string
+	for _, w := range want {
+		if !slices.Contains(reservedWords, w) {
+			missing = append(missing, w)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("reservedWords lacks this server's reserved key words %v", missing)
+	}
+}
+
+func TestRenderRejectsUnknownMarkers(t *testing.T) {
+	t.Parallel()
+	n := naming{schema: "s", table: "t"}
+	for _, sql := range []string{"SELECT 1 FROM /*outbox:bogus*/outbox", "SELECT 1 FROM /*outbox:table*/events"} {
+		if _, _, err := n.render(sql); err == nil {
+			t.Errorf("render(%q) succeeded", sql)
+		}
+	}
+	got, _, err := n.render(`SELECT 1 FROM /*outbox:table*/outbox_dlq AS d, /*outbox:name*/outbox_pkey, /*outbox:schema*/public, /*outbox:channel*/'outbox_outbox'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `SELECT 1 FROM "s"."t_dlq" AS d, "t_pkey", "s", 'outbox_s.t'`
+	if got != want {
+		t.Errorf("render = %s\nwant     %s", got, want)
+	}
+}

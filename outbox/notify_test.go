@@ -1,0 +1,147 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// listener is a connection listening on one or more outbox channels.
+type listener struct {
+	t    *testing.T
+	conn *pgx.Conn
+}
+
+func listen(t *testing.T, url string, channels ...string) *listener {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	for _, ch := range channels {
+		if _, err := conn.Exec(t.Context(), "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &listener{t: t, conn: conn}
+}
+
+// until returns the "channel:payload" of every notification that arrives
+// before the one whose payload is sentinel. PostgreSQL delivers
+// notifications in commit order, so publishing a sentinel after an action
+// proves what that action did or did not send without sleeping.
+func (l *listener) until(sentinel string) []string {
+	l.t.Helper()
+	var got []string
+	for {
+		ctx, cancel := context.WithTimeout(l.t.Context(), 10*time.Second)
+		n, err := l.conn.WaitForNotification(ctx)
+		cancel()
+		if err != nil {
+			l.t.Fatalf("waiting for notification %q (got %v): %v", sentinel, got, err)
+		}
+		if n.Payload == sentinel {
+			return got
+		}
+		got = append(got, n.Channel+":"+n.Payload)
+	}
+}
+
+func TestNotifyOnCommitOnly(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	l := listen(t, e.db.URL, e.ob.Channel())
+	ch := e.ob.Channel() + ":"
+
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.ob.queries(tx).Publish(e.ctx, db.PublishParams{Queue: "orders", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("sentinel-1")
+	if got := l.until("sentinel-1"); len(got) != 0 {
+		t.Errorf("before commit: %v, want nothing", got)
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("sentinel-2")
+	if diff := cmp.Diff([]string{ch + "orders"}, l.until("sentinel-2")); diff != "" {
+		t.Errorf("after commit (-want +got):\n%s", diff)
+	}
+
+	tx, err = e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.ob.queries(tx).Publish(e.ctx, db.PublishParams{Queue: "orders", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("sentinel-3")
+	if got := l.until("sentinel-3"); len(got) != 0 {
+		t.Errorf("after rollback: %v, want nothing", got)
+	}
+}
+
+func TestNotifyOncePerStatementPerQueue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	l := listen(t, e.db.URL, e.ob.Channel())
+	ch := e.ob.Channel() + ":"
+
+	_, err := e.q.PublishBatch(e.ctx, db.PublishBatchParams{
+		Queues:       []string{"a", "b", "a", "a", "b"},
+		Payloads:     [][]byte{{1}, {2}, {3}, {4}, {5}},
+		Headers:      make([]json.RawMessage, 5),
+		OrderingKeys: make([]string, 5),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.q.PublishCopy(e.ctx, []db.PublishCopyParams{{Queue: "c", Payload: []byte{1}}, {Queue: "c", Payload: []byte{2}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("a")
+	e.publish("sentinel")
+	got := l.until("sentinel")
+	slices.Sort(got)
+	if diff := cmp.Diff([]string{ch + "a", ch + "a", ch + "b", ch + "c"}, got); diff != "" {
+		t.Errorf("notifications (-want +got):\n%s", diff)
+	}
+}
+
+func TestNotifySkipsFutureRows(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	l := listen(t, e.db.URL, e.ob.Channel())
+	e.publishWith(db.PublishParams{Queue: "later", Payload: []byte("x"), DelaySeconds: 60})
+	e.exec("INSERT INTO outbox (queue, payload, next_attempt_at) VALUES ('later', '\\x00', now() + interval '1 hour')")
+	e.publish("sentinel")
+	if got := l.until("sentinel"); len(got) != 0 {
+		t.Errorf("future-dated rows notified: %v", got)
+	}
+}
+
+func TestNotifyForRowsWrittenByPlainSQL(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	l := listen(t, e.db.URL, e.ob.Channel())
+	e.exec("INSERT INTO outbox (queue, payload) VALUES ('plain', 'hello'), ('plain', 'again')")
+	e.publish("sentinel")
+	if diff := cmp.Diff([]string{e.ob.Channel() + ":plain"}, l.until("sentinel")); diff != "" {
+		t.Errorf("notifications (-want +got):\n%s", diff)
+	}
+}
