@@ -1,0 +1,204 @@
+package outbox
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/pgtest"
+)
+
+// catalog describes every object in a schema: relations with their
+// options, index, constraint and trigger definitions, and function bodies.
+func catalog(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string) []string {
+	t.Helper()
+	rows, err := pool.Query(ctx, `
+		SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1
+		UNION ALL
+		SELECT 'idx ' || indexdef FROM pg_indexes WHERE schemaname = $1
+		UNION ALL
+		SELECT 'con ' || conname || ' ' || pg_get_constraintdef(c.oid)
+		FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = $1
+		UNION ALL
+		SELECT 'trg ' || pg_get_triggerdef(t.oid)
+		FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND NOT t.tgisinternal
+		UNION ALL
+		SELECT 'fn ' || p.proname || ' ' || p.prosrc
+		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1
+		UNION ALL
+		SELECT 'col ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
+		FROM information_schema.columns WHERE table_schema = $1
+		ORDER BY 1`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestMigrateUpDownUpRebuildsIdentically(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	first := catalog(t, e.ctx, e.db.Pool, e.db.Schema)
+	if len(first) < 20 {
+		t.Fatalf("catalog after Migrate has %d entries:\n%v", len(first), first)
+	}
+
+	if err := e.ob.Migrate(e.ctx); err != nil {
+		t.Fatalf("second Migrate: %v", err)
+	}
+	if err := e.ob.MigrateDown(e.ctx); err != nil {
+		t.Fatalf("MigrateDown: %v", err)
+	}
+	// Only goose's own version table (and its sequence and key) is left.
+	for _, obj := range catalog(t, e.ctx, e.db.Pool, e.db.Schema) {
+		if !strings.Contains(obj, "outbox_goose_version") {
+			t.Errorf("left after MigrateDown: %s", obj)
+		}
+	}
+	st, err := e.ob.MigrationStatus(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st {
+		if s.Applied {
+			t.Errorf("migration %d still applied after MigrateDown", s.Version)
+		}
+	}
+
+	if err := e.ob.Migrate(e.ctx); err != nil {
+		t.Fatalf("Migrate after down: %v", err)
+	}
+	if diff := cmp.Diff(first, catalog(t, e.ctx, e.db.Pool, e.db.Schema)); diff != "" {
+		t.Errorf("catalog after up, down, up (-first +again):\n%s", diff)
+	}
+}
+
+func TestMigrationStatus(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	st, err := e.ob.MigrationStatus(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range st {
+		if !s.Applied || s.AppliedAt.IsZero() {
+			t.Errorf("migration %d: applied %v at %v", s.Version, s.Applied, s.AppliedAt)
+		}
+		got = append(got, s.Name)
+	}
+	want := []string{"00001_create_outbox.sql", "00002_create_outbox_dlq.sql", "00003_create_outbox_notify.sql"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("migrations (-want +got):\n%s", diff)
+	}
+}
+
+func TestConcurrentMigrateOfOneOutbox(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			ob, err := New(d.Pool, &Config{Schema: d.Schema})
+			if err == nil {
+				err = ob.Migrate(t.Context())
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Migrate %d: %v", i, err)
+		}
+	}
+}
+
+func TestMigrateReportsADeadDatabase(t *testing.T) {
+	t.Parallel()
+	ob, err := New(unreachablePool(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(t.Context()); err == nil || !strings.Contains(err.Error(), "outbox: migrate") {
+		t.Errorf("Migrate against an unreachable database: %v", err)
+	}
+}
+
+// Two outboxes in two schemas, and a third sharing the first one's schema
+// under another table name, never see each other's rows or notifications.
+func TestOutboxesSideBySide(t *testing.T) {
+	t.Parallel()
+	a := setup(t)
+	bdb := pgtest.New(t)
+	var obs []*Outbox
+	obs = append(obs, a.ob)
+	for _, cfg := range []Config{{Schema: bdb.Schema, Table: "events"}, {Schema: a.db.Schema, Table: "events"}} {
+		ob, err := New(a.db.Pool, &cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ob.Migrate(a.ctx); err != nil {
+			t.Fatalf("Migrate %+v: %v", cfg, err)
+		}
+		obs = append(obs, ob)
+	}
+	var channels []string
+	for _, ob := range obs {
+		channels = append(channels, ob.Channel())
+	}
+	l := listen(t, a.db.URL, channels...)
+
+	for i, ob := range obs {
+		for range i + 1 {
+			if _, err := ob.queries(a.db.Pool).Publish(a.ctx, db.PublishParams{Queue: "shared", Payload: []byte{byte(i)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := obs[0].queries(a.db.Pool).Publish(a.ctx, db.PublishParams{Queue: "sentinel", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	wantNotes := []string{channels[0] + ":shared", channels[1] + ":shared", channels[1] + ":shared", channels[2] + ":shared", channels[2] + ":shared", channels[2] + ":shared"}
+	if diff := cmp.Diff(wantNotes, l.until("sentinel")); diff != "" {
+		t.Errorf("notifications (-want +got):\n%s", diff)
+	}
+
+	for i, ob := range obs {
+		rows, err := ob.queries(a.db.Pool).Claim(a.ctx, db.ClaimParams{Queues: []string{"shared"}, MaxRows: 100, LeaseTtlSeconds: 60})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != i+1 {
+			t.Errorf("outbox %d claimed %d rows, want %d", i, len(rows), i+1)
+		}
+		for _, r := range rows {
+			if r.Payload[0] != byte(i) {
+				t.Errorf("outbox %d claimed a row of outbox %d", i, r.Payload[0])
+			}
+		}
+		st, err := ob.MigrationStatus(a.ctx)
+		if err != nil || len(st) != 3 || !st[2].Applied {
+			t.Errorf("outbox %d migration status %v, %v", i, st, err)
+		}
+	}
+}
