@@ -64,7 +64,9 @@ type ClaimParams struct {
 // a fresh lease token and one more delivery. Each queue is scanned through
 // its own partial-index range (LATERAL), so the cost of a claim is bounded by
 // @max_rows per queue, not by the backlog; SKIP LOCKED lets concurrent
-// claimers pass each other instead of queueing on row locks.
+// claimers pass each other instead of queueing on row locks. Candidates
+// that are locked but not picked are released when the statement's
+// transaction ends, so run the claim in autocommit.
 func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]Outbox, error) {
 	rows, err := q.db.Query(ctx, claim, arg.Queues, arg.MaxRows, arg.LeaseTtlSeconds)
 	if err != nil {

@@ -5,7 +5,9 @@
 -- a fresh lease token and one more delivery. Each queue is scanned through
 -- its own partial-index range (LATERAL), so the cost of a claim is bounded by
 -- @max_rows per queue, not by the backlog; SKIP LOCKED lets concurrent
--- claimers pass each other instead of queueing on row locks.
+-- claimers pass each other instead of queueing on row locks. Candidates
+-- that are locked but not picked are released when the statement's
+-- transaction ends, so run the claim in autocommit.
 WITH candidates AS (
     SELECT p.id, p.next_attempt_at
     FROM unnest(@queues::text[]) AS q(name)

@@ -1,0 +1,28 @@
+# The commands the README gives. Tests need a PostgreSQL: TEST_DATABASE_URL
+# when set, else a testcontainers container (Docker).
+
+GO          ?= go
+TOOL        := $(GO) tool -modfile=tools/go.mod
+GOFILES      = $(shell git ls-files --cached --others --exclude-standard '*.go')
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: gen
+gen: ## Regenerate db/ from sql/ with the pinned sqlc
+	$(GO) generate .
+
+.PHONY: verify
+verify: ## Fail when db/ is stale, code is not gofmt-clean, or vet/staticcheck complain
+	$(TOOL) sqlc diff
+	@out="$$(gofmt -l $(GOFILES))"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) mod tidy -diff
+	$(GO) vet ./...
+	$(TOOL) staticcheck ./...
+
+.PHONY: test
+test: ## Run every test with the race detector against PostgreSQL
+	$(GO) test -race -count=1 ./...

@@ -1,0 +1,71 @@
+// Command outboxgen manages outbox tables from the command line and from
+// go generate.
+//
+// Usage:
+//
+//	outboxgen migrate [-dsn DSN] [-schema S] [-table T] up|down|status
+//
+// migrate applies, rolls back or lists the outbox's embedded migrations
+// against DATABASE_URL (or -dsn). Exit status is 2 for a usage error and 1
+// when the command fails.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// errUsage marks an error the user can fix by changing the command line.
+var errUsage = errors.New("usage error")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command line and returns the process's exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	err := dispatch(ctx, args, stdout, stderr, getenv)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(stderr, "outboxgen:", err)
+		return 2
+	default:
+		fmt.Fprintln(stderr, "outboxgen:", err)
+		return 1
+	}
+}
+
+const usage = `outboxgen manages transactional outbox tables.
+
+Commands:
+  migrate up|down|status   apply, roll back or list the outbox migrations
+
+Run "outboxgen COMMAND -h" for a command's flags and an example.
+`
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("%w: no command given", errUsage)
+	}
+	switch args[0] {
+	case "migrate":
+		return migrateCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("%w: unknown command %q", errUsage, args[0])
+	}
+}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+const migrateUsage = `Usage: outboxgen migrate [flags] up|down|status
+
+Applies (up), rolls back every migration of (down), or lists (status) the
+outbox's migrations in the database at DATABASE_URL or -dsn.
+
+Example:
+  DATABASE_URL=postgres://localhost/app outboxgen migrate -schema billing -table events up
+
+Flags:
+`
+
+func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), migrateUsage)
+		fs.PrintDefaults()
+	}
+	dsn := fs.String("dsn", "", "database connection string (default $DATABASE_URL)")
+	schema := fs.String("schema", outbox.SchemaDefault, "schema of the outbox tables")
+	table := fs.String("table", outbox.TableDefault, "name of the outbox table")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("%w: migrate: %v", errUsage, err)
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fmt.Errorf("%w: migrate: want exactly one of up, down, status; got %q", errUsage, fs.Args())
+	}
+	action := fs.Arg(0)
+	if action != "up" && action != "down" && action != "status" {
+		return fmt.Errorf("%w: migrate: unknown action %q (want up, down or status)", errUsage, action)
+	}
+	if *dsn == "" {
+		*dsn = getenv("DATABASE_URL")
+	}
+	if *dsn == "" {
+		return fmt.Errorf("%w: migrate: no database: set DATABASE_URL or pass -dsn", errUsage)
+	}
+
+	pool, err := pgxpool.New(ctx, *dsn)
+	if err != nil {
+		return fmt.Errorf("%w: migrate: -dsn/DATABASE_URL: %v", errUsage, err)
+	}
+	defer pool.Close()
+	ob, err := outbox.New(pool, &outbox.Config{Schema: *schema, Table: *table})
+	if err != nil {
+		var ce *outbox.ConfigError
+		if errors.As(err, &ce) {
+			return fmt.Errorf("%w: migrate: %v", errUsage, err)
+		}
+		return err
+	}
+
+	switch action {
+	case "up":
+		if err := ob.Migrate(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "outbox %s.%s is up to date\n", ob.Schema(), ob.Table())
+	case "down":
+		if err := ob.MigrateDown(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "outbox %s.%s rolled back\n", ob.Schema(), ob.Table())
+	case "status":
+		st, err := ob.MigrationStatus(ctx)
+		if err != nil {
+			return err
+		}
+		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "VERSION\tNAME\tAPPLIED AT")
+		for _, s := range st {
+			at := "pending"
+			if s.Applied {
+				at = s.AppliedAt.Format("2006-01-02 15:04:05")
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\n", s.Version, s.Name, at)
+		}
+		return w.Flush()
+	}
+	return nil
+}

@@ -1,0 +1,84 @@
+package outbox
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// recorder captures the SQL a generated query sends, without running it.
+type recorder struct{ sql string }
+
+func (r *recorder) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, error) {
+	r.sql = sql
+	return pgconn.CommandTag{}, nil
+}
+
+func (r *recorder) Query(_ context.Context, sql string, _ ...any) (pgx.Rows, error) {
+	r.sql = sql
+	return nil, errRecorded
+}
+
+func (r *recorder) QueryRow(_ context.Context, sql string, _ ...any) pgx.Row {
+	r.sql = sql
+	return errRow{errRecorded}
+}
+
+func (r *recorder) CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyFromSource) (int64, error) {
+	return 0, errRecorded
+}
+
+var errRecorded = pgconn.NewParseConfigError("", "recorded, not run", nil)
+
+// explain returns the plan of the statement that call sends.
+func (e *env) explain(call func(*db.Queries), args ...any) string {
+	e.t.Helper()
+	rec := &recorder{}
+	call(e.ob.queries(rec))
+	if rec.sql == "" {
+		e.t.Fatal("no SQL recorded")
+	}
+	rows, err := e.db.Pool.Query(e.ctx, "EXPLAIN "+rec.sql, args...)
+	if err != nil {
+		e.t.Fatalf("EXPLAIN: %v", err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		e.t.Fatalf("EXPLAIN: %v", err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// The claim must stay cheap however deep the backlog: on 100k rows its plan
+// reads the outbox only through the partial indexes.
+func TestClaimPlanUsesPartialIndexes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.exec(`INSERT INTO outbox (queue, payload, next_attempt_at)
+		SELECT 'q' || (i % 4), '\x00', now() - (i || ' ms')::interval FROM generate_series(1, 100000) AS i`)
+	e.exec(`UPDATE outbox SET acquired_token = gen_random_uuid(), acquired_at = now() WHERE id % 100 = 0`)
+	e.exec("ANALYZE outbox")
+
+	params := db.ClaimParams{Queues: []string{"q1", "q2"}, MaxRows: 100, LeaseTtlSeconds: 30}
+	plan := e.explain(func(q *db.Queries) { _, _ = q.Claim(e.ctx, params) },
+		params.Queues, params.MaxRows, params.LeaseTtlSeconds)
+	t.Log(plan)
+	if strings.Contains(plan, "Seq Scan on outbox") {
+		t.Errorf("claim plan scans the outbox table sequentially:\n%s", plan)
+	}
+	for _, idx := range []string{"outbox_pending_idx", "outbox_leased_idx"} {
+		if !strings.Contains(plan, idx) {
+			t.Errorf("claim plan does not use %s:\n%s", idx, plan)
+		}
+	}
+
+	plan = e.explain(func(q *db.Queries) { _, _ = q.NextDueAt(e.ctx, params.Queues) }, params.Queues)
+	if strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, "outbox_pending_idx") {
+		t.Errorf("next-due plan does not use outbox_pending_idx:\n%s", plan)
+	}
+}
