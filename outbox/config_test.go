@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
@@ -98,15 +99,8 @@ func TestReservedWordsMatchPostgreSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want []string // the server's words
-	for rows.Next() {
-		var w string
-		if err := rows.Scan(&w); err != nil {
-			t.Fatal(err)
-		}
-		want = append(want, w)
-	}
-	if err := rows.Err(); err != nil {
+	want, err := pgx.CollectRows(rows, pgx.RowTo[string]) // the server's words
+	if err != nil {
 		t.Fatal(err)
 	}
 	// Ours may list words of newer servers (system_user arrived in 16).
