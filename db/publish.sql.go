@@ -50,8 +50,8 @@ type PublishParams struct {
 }
 
 // Inserts one row through the caller's connection or transaction. The row is
-// due at the later of now() + @delay_seconds and @not_before (both on the
-// server clock when @not_before is null).
+// due at the later of now() + @delay_seconds and @not_before (on the server
+// clock; a past or null @not_before means now).
 func (q *Queries) Publish(ctx context.Context, arg PublishParams) (int64, error) {
 	row := q.db.QueryRow(ctx, publish,
 		arg.Queue,
@@ -69,35 +69,36 @@ func (q *Queries) Publish(ctx context.Context, arg PublishParams) (int64, error)
 
 const publishBatch = `-- name: PublishBatch :many
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, next_attempt_at)
-SELECT b.queue, b.payload, b.headers, b.ordering_key,
-       greatest(now() + make_interval(secs => $1::float8), coalesce($2::timestamptz, now()))
+SELECT $1::text, b.payload, b.headers, $2::text,
+       greatest(now() + make_interval(secs => $3::float8), coalesce($4::timestamptz, now()))
 FROM (
-    SELECT unnest($3::text[]) AS queue, unnest($4::bytea[]) AS payload,
-           unnest($5::jsonb[]) AS headers, unnest($6::text[]) AS ordering_key,
-           generate_subscripts($3::text[], 1) AS n
+    SELECT unnest($5::bytea[]) AS payload, unnest($6::jsonb[]) AS headers,
+           generate_subscripts($5::bytea[], 1) AS n
 ) AS b
 ORDER BY b.n
 RETURNING o.id
 `
 
 type PublishBatchParams struct {
+	Queue        string
+	OrderingKey  *string
 	DelaySeconds float64
 	NotBefore    *time.Time
-	Queues       []string
 	Payloads     [][]byte
 	Headers      []json.RawMessage
-	OrderingKeys []string
 }
 
-// Inserts many rows in one statement and returns their ids in input order.
+// Inserts one row per payload into @queue in one statement and returns
+// their ids in input order; @headers holds each row's headers. The
+// ordering key and schedule apply to every row.
 func (q *Queries) PublishBatch(ctx context.Context, arg PublishBatchParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, publishBatch,
+		arg.Queue,
+		arg.OrderingKey,
 		arg.DelaySeconds,
 		arg.NotBefore,
-		arg.Queues,
 		arg.Payloads,
 		arg.Headers,
-		arg.OrderingKeys,
 	)
 	if err != nil {
 		return nil, err
@@ -122,4 +123,42 @@ type PublishCopyParams struct {
 	Payload     []byte
 	Headers     json.RawMessage
 	OrderingKey *string
+}
+
+const publishTimer = `-- name: PublishTimer :one
+INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id, next_attempt_at)
+VALUES (
+    $1::text, $2::bytea, $3::jsonb, $4::text, $5::text,
+    greatest(now() + make_interval(secs => $6::float8), coalesce($7::timestamptz, now()))
+)
+ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING
+RETURNING o.id
+`
+
+type PublishTimerParams struct {
+	Queue        string
+	Payload      []byte
+	Headers      json.RawMessage
+	OrderingKey  *string
+	TimerID      string
+	DelaySeconds float64
+	NotBefore    *time.Time
+}
+
+// Publish for a row with a timer id: while a row of the queue holds the same
+// timer id, it inserts nothing and returns no row, leaving the caller's
+// transaction usable (a unique violation would abort it).
+func (q *Queries) PublishTimer(ctx context.Context, arg PublishTimerParams) (int64, error) {
+	row := q.db.QueryRow(ctx, publishTimer,
+		arg.Queue,
+		arg.Payload,
+		arg.Headers,
+		arg.OrderingKey,
+		arg.TimerID,
+		arg.DelaySeconds,
+		arg.NotBefore,
+	)
+	var id int64
+	err := row.Scan(&id)
+	return id, err
 }

@@ -1,6 +1,10 @@
 package outbox
 
-import "fmt"
+import (
+	"context"
+	"errors"
+	"fmt"
+)
 
 // ConfigError reports a configuration value that breaks a rule. Every
 // constructor validates its whole configuration before it touches the
@@ -17,4 +21,50 @@ type ConfigError struct {
 // Error implements error.
 func (e *ConfigError) Error() string {
 	return fmt.Sprintf("outbox: %s %q: %s", e.Field, e.Value, e.Rule)
+}
+
+// InputError reports a message or option that breaks a rule. Publish
+// returns it before writing anything.
+type InputError struct {
+	// Field names the offending input, e.g. "PublishOpts.Delay" or
+	// `PublishOpts.Headers["x"]`.
+	Field string
+	// Rule says what the input must satisfy.
+	Rule string
+	// Err is the underlying error, if any (a codec's encoding error).
+	Err error
+}
+
+// Error implements error.
+func (e *InputError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("outbox: %s: %s: %v", e.Field, e.Rule, e.Err)
+	}
+	return fmt.Sprintf("outbox: %s: %s", e.Field, e.Rule)
+}
+
+// Unwrap returns the underlying error.
+func (e *InputError) Unwrap() error { return e.Err }
+
+// ErrTimerExists is returned by [Publisher.Publish] when a row of the same
+// queue already holds the timer id: nothing was written, and the caller's
+// transaction is still usable.
+var ErrTimerExists = errors.New("outbox: Publish: a row with this timer id already exists in the queue")
+
+// errorClass names the kind of err for metrics: "input", "timer_exists",
+// "canceled" or "database"; "" for nil.
+func errorClass(err error) string {
+	var in *InputError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &in):
+		return "input"
+	case errors.Is(err, ErrTimerExists):
+		return "timer_exists"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "canceled"
+	default:
+		return "database"
+	}
 }

@@ -102,16 +102,16 @@ func TestNotifyOncePerStatementPerQueue(t *testing.T) {
 	l := listen(t, e.db.URL, e.ob.Channel())
 	ch := e.ob.Channel() + ":"
 
-	_, err := e.q.PublishBatch(e.ctx, db.PublishBatchParams{
-		Queues:       []string{"a", "b", "a", "a", "b"},
-		Payloads:     [][]byte{{1}, {2}, {3}, {4}, {5}},
-		Headers:      make([]json.RawMessage, 5),
-		OrderingKeys: make([]string, 5),
-	})
-	if err != nil {
+	var rows []db.PublishCopyParams
+	for _, q := range []string{"a", "b", "a", "a", "b"} {
+		rows = append(rows, db.PublishCopyParams{Queue: q, Payload: []byte{1}})
+	}
+	if _, err := e.q.PublishCopy(e.ctx, rows); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.q.PublishCopy(e.ctx, []db.PublishCopyParams{{Queue: "c", Payload: []byte{1}}, {Queue: "c", Payload: []byte{2}}}); err != nil {
+	if _, err := e.q.PublishBatch(e.ctx, db.PublishBatchParams{
+		Queue: "c", Payloads: [][]byte{{1}, {2}}, Headers: make([]json.RawMessage, 2),
+	}); err != nil {
 		t.Fatal(err)
 	}
 	e.publish("a")

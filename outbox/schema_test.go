@@ -108,10 +108,10 @@ func TestPublishBatchReturnsIDsInOrder(t *testing.T) {
 	e := setup(t)
 	key := "k"
 	got, err := e.q.PublishBatch(e.ctx, db.PublishBatchParams{
-		Queues:       []string{"a", "b", "a"},
-		Payloads:     [][]byte{[]byte("1"), []byte("2"), []byte("3")},
-		Headers:      []json.RawMessage{json.RawMessage(`{"x":"1"}`), nil, nil},
-		OrderingKeys: []string{key, key, key},
+		Queue:       "a",
+		Payloads:    [][]byte{[]byte("1"), []byte("2"), []byte("3")},
+		Headers:     []json.RawMessage{json.RawMessage(`{"x":"1"}`), nil, nil},
+		OrderingKey: &key,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -121,9 +121,12 @@ func TestPublishBatchReturnsIDsInOrder(t *testing.T) {
 	}
 	for i, want := range []string{"1", "2", "3"} {
 		r, ok := e.row(got[i])
-		if !ok || string(r.Payload) != want {
-			t.Errorf("id %d: payload %q, want %q", got[i], r.Payload, want)
+		if !ok || string(r.Payload) != want || r.OrderingKey == nil || *r.OrderingKey != key {
+			t.Errorf("id %d: payload %q key %v, want %q and %q", got[i], r.Payload, r.OrderingKey, want, key)
 		}
+	}
+	if r, _ := e.row(got[1]); r.Headers != nil {
+		t.Errorf("row %d headers = %s, want NULL", got[1], r.Headers)
 	}
 }
 

@@ -1,7 +1,7 @@
 -- name: Publish :one
 -- Inserts one row through the caller's connection or transaction. The row is
--- due at the later of now() + @delay_seconds and @not_before (both on the
--- server clock when @not_before is null).
+-- due at the later of now() + @delay_seconds and @not_before (on the server
+-- clock; a past or null @not_before means now).
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id, next_attempt_at)
 VALUES (
     @queue::text, @payload::bytea, sqlc.narg(headers)::jsonb, sqlc.narg(ordering_key)::text, sqlc.narg(timer_id)::text,
@@ -10,14 +10,15 @@ VALUES (
 RETURNING o.id;
 
 -- name: PublishBatch :many
--- Inserts many rows in one statement and returns their ids in input order.
+-- Inserts one row per payload into @queue in one statement and returns
+-- their ids in input order; @headers holds each row's headers. The
+-- ordering key and schedule apply to every row.
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, next_attempt_at)
-SELECT b.queue, b.payload, b.headers, b.ordering_key,
+SELECT @queue::text, b.payload, b.headers, sqlc.narg(ordering_key)::text,
        greatest(now() + make_interval(secs => @delay_seconds::float8), coalesce(sqlc.narg(not_before)::timestamptz, now()))
 FROM (
-    SELECT unnest(@queues::text[]) AS queue, unnest(@payloads::bytea[]) AS payload,
-           unnest(@headers::jsonb[]) AS headers, unnest(@ordering_keys::text[]) AS ordering_key,
-           generate_subscripts(@queues::text[], 1) AS n
+    SELECT unnest(@payloads::bytea[]) AS payload, unnest(@headers::jsonb[]) AS headers,
+           generate_subscripts(@payloads::bytea[], 1) AS n
 ) AS b
 ORDER BY b.n
 RETURNING o.id;
@@ -31,3 +32,15 @@ VALUES (@queue, @payload, @headers, @ordering_key);
 -- Deletes a scheduled row by its timer id unless a subscriber holds it.
 DELETE FROM /*outbox:table*/outbox AS o
 WHERE o.queue = @queue::text AND o.timer_id = @timer_id::text AND o.acquired_token IS NULL;
+
+-- name: PublishTimer :one
+-- Publish for a row with a timer id: while a row of the queue holds the same
+-- timer id, it inserts nothing and returns no row, leaving the caller's
+-- transaction usable (a unique violation would abort it).
+INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id, next_attempt_at)
+VALUES (
+    @queue::text, @payload::bytea, sqlc.narg(headers)::jsonb, sqlc.narg(ordering_key)::text, @timer_id::text,
+    greatest(now() + make_interval(secs => @delay_seconds::float8), coalesce(sqlc.narg(not_before)::timestamptz, now()))
+)
+ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING
+RETURNING o.id;

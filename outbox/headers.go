@@ -1,0 +1,84 @@
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Reserved header keys. The publisher sets HeaderContentType from its codec
+// and HeaderCorrelationID from [PublishOpts.CorrelationID] (or a fresh id);
+// HeaderTraceparent, when given, must be a W3C trace-context traceparent.
+const (
+	HeaderContentType   = "content-type"
+	HeaderCorrelationID = "correlation-id"
+	HeaderTraceparent   = "traceparent"
+)
+
+// HeadersMaxBytes caps a message's headers: the sum of the lengths of every
+// key and value, reserved headers included.
+const HeadersMaxBytes = 8 << 10
+
+// traceparentRE is version-format 00: version-traceid-parentid-flags.
+var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+// checkHeaders validates caller-supplied headers; reserved is the size of
+// the reserved headers the publisher adds. field prefixes errors.
+func checkHeaders(field string, h map[string]string, reserved int) error {
+	size := reserved
+	for k, v := range h {
+		kf := fmt.Sprintf("%s[%q]", field, k)
+		switch {
+		case k == "":
+			return &InputError{Field: field, Rule: "header keys must not be empty"}
+		case !printable(k, false):
+			return &InputError{Field: kf, Rule: "header keys must be printable UTF-8 without spaces"}
+		case k == HeaderContentType:
+			return &InputError{Field: kf, Rule: "is reserved: the publisher's codec sets it"}
+		case k == HeaderCorrelationID:
+			return &InputError{Field: kf, Rule: "is reserved: set PublishOpts.CorrelationID instead"}
+		case k == HeaderTraceparent && !traceparentRE.MatchString(v):
+			return &InputError{Field: kf, Rule: "must be a W3C traceparent (version-traceid-parentid-flags, lower-case hex)"}
+		case !utf8.ValidString(v):
+			return &InputError{Field: kf, Rule: "header values must be valid UTF-8"}
+		}
+		size += len(k) + len(v)
+	}
+	if size > HeadersMaxBytes {
+		return &InputError{Field: field,
+			Rule: fmt.Sprintf("headers are %d bytes; at most %d (HeadersMaxBytes)", size, HeadersMaxBytes)}
+	}
+	return nil
+}
+
+// printable reports whether s is valid UTF-8 of printable characters;
+// spaces (U+0020 only) are allowed when spaces is true.
+func printable(s string, spaces bool) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) || (r == ' ' && !spaces) {
+			return false
+		}
+	}
+	return true
+}
+
+// encodeHeaders adds the reserved headers to the caller's and encodes them
+// for the headers column.
+func encodeHeaders(h map[string]string, contentType, correlationID string) (json.RawMessage, error) {
+	all := make(map[string]string, len(h)+2)
+	for k, v := range h {
+		all[k] = v
+	}
+	all[HeaderContentType] = contentType
+	all[HeaderCorrelationID] = correlationID
+	b, err := json.Marshal(all)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: encode headers: %w", err)
+	}
+	return b, nil
+}

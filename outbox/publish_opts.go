@@ -1,0 +1,99 @@
+package outbox
+
+import (
+	"fmt"
+	"time"
+)
+
+// PublishOpts are per-message options of [Publisher.Publish] and
+// [Publisher.PublishBatch]. A nil *PublishOpts means none.
+type PublishOpts struct {
+	// Headers travel with the message. Keys must be non-empty printable
+	// UTF-8 without spaces; the reserved keys content-type and
+	// correlation-id are set by the publisher, and traceparent must be a
+	// W3C traceparent. Keys and values together, reserved ones included,
+	// are capped at HeadersMaxBytes.
+	Headers map[string]string
+
+	// CorrelationID is stored in the correlation-id header. Empty means a
+	// fresh random id per message. At most 255 bytes of printable UTF-8;
+	// the same limit holds for OrderingKey and TimerID.
+	CorrelationID string
+
+	// OrderingKey groups messages that must be handled one at a time, in
+	// publish order, within the queue. Empty means no ordering.
+	OrderingKey string
+
+	// Delay makes the message deliverable this long after the publishing
+	// statement runs, measured on the database server's clock. Must not be
+	// negative. Zero means now.
+	Delay time.Duration
+
+	// At makes the message deliverable at this time; a time in the past
+	// means now. Zero means now. At and Delay are mutually exclusive.
+	At time.Time
+
+	// TimerID names a scheduled message so it can be cancelled with
+	// [Outbox.CancelTimer]. While a row of the queue holds the timer id,
+	// Publish returns [ErrTimerExists]. Not allowed in PublishBatch.
+	TimerID string
+}
+
+// maxKeyBytes caps correlation ids, ordering keys and timer ids: they are
+// indexed or compared on every claim, not payload.
+const maxKeyBytes = 255
+
+// check validates the options; batch says whether they apply to a batch.
+func (o *PublishOpts) check(batch bool) error {
+	if o == nil {
+		return nil
+	}
+	if o.Delay < 0 {
+		return &InputError{Field: "PublishOpts.Delay", Rule: fmt.Sprintf("is %v; must not be negative", o.Delay)}
+	}
+	if o.Delay != 0 && !o.At.IsZero() {
+		return &InputError{Field: "PublishOpts.At", Rule: "set Delay or At, not both"}
+	}
+	if batch && o.TimerID != "" {
+		return &InputError{Field: "PublishOpts.TimerID", Rule: "not allowed in PublishBatch: timers are published one at a time"}
+	}
+	for _, k := range []struct{ field, v string }{
+		{"PublishOpts.CorrelationID", o.CorrelationID},
+		{"PublishOpts.OrderingKey", o.OrderingKey},
+		{"PublishOpts.TimerID", o.TimerID},
+	} {
+		if len(k.v) > maxKeyBytes {
+			return &InputError{Field: k.field, Rule: fmt.Sprintf("is %d bytes; at most %d", len(k.v), maxKeyBytes)}
+		}
+		if !printable(k.v, true) {
+			return &InputError{Field: k.field, Rule: "must be printable UTF-8"}
+		}
+	}
+	return nil
+}
+
+// schedule returns the delay and not-before time for the publish queries.
+func (o *PublishOpts) schedule() (delaySeconds float64, notBefore *time.Time) {
+	if o == nil {
+		return 0, nil
+	}
+	if !o.At.IsZero() {
+		at := o.At
+		return 0, &at
+	}
+	return o.Delay.Seconds(), nil
+}
+
+func (o *PublishOpts) headers() map[string]string {
+	if o == nil {
+		return nil
+	}
+	return o.Headers
+}
+
+func (o *PublishOpts) orderingKey() *string {
+	if o == nil || o.OrderingKey == "" {
+		return nil
+	}
+	return &o.OrderingKey
+}

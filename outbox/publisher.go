@@ -1,0 +1,284 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// DBTX is what a [Publisher] writes through: the caller's pgx.Tx, or a
+// *pgx.Conn or *pgxpool.Pool to publish in autocommit. Any sqlc-generated
+// DBTX interface for pgx/v5 has the same method set.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+}
+
+// Defaults of [PublisherConfig].
+const (
+	// PayloadMaxBytesDefault caps an encoded payload when
+	// PublisherConfig.MaxPayloadBytes is zero: 1 MiB.
+	PayloadMaxBytesDefault = 1 << 20
+	// PayloadMaxBytesLimit is the largest MaxPayloadBytes accepted: 256 MiB.
+	// An outbox row is read whole by every claim that takes it; bigger
+	// documents belong in a table or object store the message points to.
+	PayloadMaxBytesLimit = 256 << 20
+	// QueueMaxBytes is the longest queue name.
+	QueueMaxBytes = 255
+)
+
+// PublisherConfig configures a [Publisher]. A nil *PublisherConfig means
+// every default.
+type PublisherConfig[T any] struct {
+	// Codec encodes messages. Default: DefaultCodec[T]() (JSON, or pass-
+	// through for []byte and string).
+	Codec Codec[T]
+
+	// MaxPayloadBytes caps each encoded payload, in bytes. Default:
+	// PayloadMaxBytesDefault (1 MiB); at most PayloadMaxBytesLimit.
+	MaxPayloadBytes int
+
+	// Metrics receives an EventPublished event per Publish or PublishBatch
+	// call, successful or not. Default: none.
+	Metrics MetricsRecorder
+
+	// Logger receives the publisher's own problems (a panicking metrics
+	// recorder). Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// Publisher writes messages of type T to one queue of an outbox, inside the
+// caller's transaction. It is safe for concurrent use.
+type Publisher[T any] struct {
+	ob          *Outbox
+	queue       string
+	codec       Codec[T]
+	contentType string
+	maxPayload  int
+	metrics     MetricsRecorder
+	log         *slog.Logger
+}
+
+// checkQueue enforces the queue name rule: 1 to QueueMaxBytes bytes of
+// printable UTF-8.
+func checkQueue(field, q string) error {
+	if q == "" || len(q) > QueueMaxBytes {
+		return &ConfigError{Field: field, Value: q, Rule: fmt.Sprintf("must be 1 to %d bytes; is %d", QueueMaxBytes, len(q))}
+	}
+	if !printable(q, true) {
+		return &ConfigError{Field: field, Value: q, Rule: "must be printable UTF-8"}
+	}
+	return nil
+}
+
+// NewPublisher returns a publisher of T messages to queue. It validates its
+// arguments and returns a *[ConfigError] naming the first one that breaks a
+// rule; it does not touch the database.
+func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Publisher[T], error) {
+	if ob == nil {
+		return nil, &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
+	}
+	if err := checkQueue("queue", queue); err != nil {
+		return nil, err
+	}
+	var c PublisherConfig[T]
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Codec == nil {
+		c.Codec = DefaultCodec[T]()
+	} else if v := reflect.ValueOf(c.Codec); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T(nil)", c.Codec), Rule: "must not be a nil pointer"}
+	}
+	switch {
+	case c.MaxPayloadBytes == 0:
+		c.MaxPayloadBytes = PayloadMaxBytesDefault
+	case c.MaxPayloadBytes < 0 || c.MaxPayloadBytes > PayloadMaxBytesLimit:
+		return nil, &ConfigError{Field: "PublisherConfig.MaxPayloadBytes", Value: fmt.Sprint(c.MaxPayloadBytes),
+			Rule: fmt.Sprintf("must be between 1 and %d (PayloadMaxBytesLimit)", PayloadMaxBytesLimit)}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	contentType := c.Codec.ContentType()
+	if contentType == "" || !printable(contentType, true) || !utf8.ValidString(contentType) {
+		return nil, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T", c.Codec),
+			Rule: "ContentType() must return a non-empty printable string"}
+	}
+	return &Publisher[T]{
+		ob:          ob,
+		queue:       queue,
+		codec:       c.Codec,
+		contentType: contentType,
+		maxPayload:  c.MaxPayloadBytes,
+		metrics:     c.Metrics,
+		log:         c.Logger,
+	}, nil
+}
+
+// Queue returns the queue this publisher writes to.
+func (p *Publisher[T]) Queue() string { return p.queue }
+
+// Publish writes msg as one outbox row through tx and returns the row's id.
+//
+// With a pgx.Tx the row becomes visible to subscribers when, and only if,
+// the caller commits tx: Publish never begins, commits or rolls back the
+// caller's transaction. With a pool or connection it commits at once.
+// Subscribers listening on the outbox are notified on commit.
+//
+// Invalid options, an oversized payload or bad headers give an
+// *[InputError] before anything is written. A timer id already held by a
+// row of the queue gives [ErrTimerExists], and tx stays usable.
+func (p *Publisher[T]) Publish(ctx context.Context, tx DBTX, msg T, opts *PublishOpts) (int64, error) {
+	start := time.Now()
+	id, size, err := p.publish(ctx, tx, msg, opts)
+	p.observe(start, 1, size, err)
+	return id, err
+}
+
+func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *PublishOpts) (int64, int, error) {
+	if err := p.check(tx, opts, false); err != nil {
+		return 0, 0, err
+	}
+	payload, err := p.encode(msg, "msg")
+	if err != nil {
+		return 0, 0, err
+	}
+	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts))
+	if err != nil {
+		return 0, 0, err
+	}
+	delay, notBefore := opts.schedule()
+	q := p.ob.queries(tx)
+	var id int64
+	if opts != nil && opts.TimerID != "" {
+		id, err = q.PublishTimer(ctx, db.PublishTimerParams{
+			Queue: p.queue, Payload: payload, Headers: headers, OrderingKey: opts.orderingKey(),
+			TimerID: opts.TimerID, DelaySeconds: delay, NotBefore: notBefore,
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return 0, len(payload), ErrTimerExists
+		}
+	} else {
+		id, err = q.Publish(ctx, db.PublishParams{
+			Queue: p.queue, Payload: payload, Headers: headers, OrderingKey: opts.orderingKey(),
+			DelaySeconds: delay, NotBefore: notBefore,
+		})
+	}
+	if err != nil {
+		return 0, len(payload), fmt.Errorf("outbox: Publish to %q: %w", p.queue, err)
+	}
+	return id, len(payload), nil
+}
+
+// PublishBatch writes one row per message through tx in a single statement
+// and returns their ids in the order of msgs. The transaction rules of
+// [Publisher.Publish] apply; subscribers get one notification per batch.
+// opts apply to every message (TimerID is not allowed); each message gets
+// its own correlation id unless opts sets one. No message is written unless
+// all are valid. An empty msgs writes nothing.
+func (p *Publisher[T]) PublishBatch(ctx context.Context, tx DBTX, msgs []T, opts *PublishOpts) ([]int64, error) {
+	start := time.Now()
+	ids, size, err := p.publishBatch(ctx, tx, msgs, opts)
+	p.observe(start, len(msgs), size, err)
+	return ids, err
+}
+
+func (p *Publisher[T]) publishBatch(ctx context.Context, tx DBTX, msgs []T, opts *PublishOpts) ([]int64, int, error) {
+	if err := p.check(tx, opts, true); err != nil {
+		return nil, 0, err
+	}
+	if len(msgs) == 0 {
+		return nil, 0, nil
+	}
+	payloads := make([][]byte, len(msgs))
+	headers := make([]json.RawMessage, len(msgs))
+	size := 0
+	for i, m := range msgs {
+		b, err := p.encode(m, fmt.Sprintf("msgs[%d]", i))
+		if err != nil {
+			return nil, 0, err
+		}
+		h, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts))
+		if err != nil {
+			return nil, 0, err
+		}
+		payloads[i], headers[i] = b, h
+		size += len(b)
+	}
+	delay, notBefore := opts.schedule()
+	ids, err := p.ob.queries(tx).PublishBatch(ctx, db.PublishBatchParams{
+		Queue: p.queue, OrderingKey: opts.orderingKey(), DelaySeconds: delay, NotBefore: notBefore,
+		Payloads: payloads, Headers: headers,
+	})
+	if err != nil {
+		return nil, size, fmt.Errorf("outbox: PublishBatch to %q: %w", p.queue, err)
+	}
+	if len(ids) != len(msgs) {
+		return nil, size, fmt.Errorf("outbox: PublishBatch to %q: inserted %d rows for %d messages", p.queue, len(ids), len(msgs))
+	}
+	// Identity values are drawn in insertion order, which follows msgs.
+	slices.Sort(ids)
+	return ids, size, nil
+}
+
+// check validates what every publish call shares.
+func (p *Publisher[T]) check(tx DBTX, opts *PublishOpts, batch bool) error {
+	if tx == nil {
+		return &InputError{Field: "tx", Rule: "must not be nil"}
+	}
+	if err := opts.check(batch); err != nil {
+		return err
+	}
+	reserved := len(HeaderContentType) + len(p.contentType) + len(HeaderCorrelationID) + max(len(correlationIDOf(opts)), 36)
+	return checkHeaders("PublishOpts.Headers", opts.headers(), reserved)
+}
+
+// encode runs the codec and enforces the payload cap.
+func (p *Publisher[T]) encode(msg T, field string) ([]byte, error) {
+	b, err := encode(p.codec, msg, field)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > p.maxPayload {
+		return nil, &InputError{Field: field,
+			Rule: fmt.Sprintf("encoded payload is %d bytes; at most %d (PublisherConfig.MaxPayloadBytes)", len(b), p.maxPayload)}
+	}
+	return b, nil
+}
+
+func (p *Publisher[T]) observe(start time.Time, count, size int, err error) {
+	record(p.metrics, p.log, MetricEvent{
+		Name: EventPublished, Queue: p.queue, Count: count, Bytes: size,
+		Duration: time.Since(start), ErrorType: errorClass(err),
+	})
+}
+
+func correlationIDOf(o *PublishOpts) string {
+	if o == nil {
+		return ""
+	}
+	return o.CorrelationID
+}
+
+// correlationID returns the caller's correlation id or a fresh one.
+func correlationID(o *PublishOpts) string {
+	if id := correlationIDOf(o); id != "" {
+		return id
+	}
+	return uuid.NewString()
+}
