@@ -69,36 +69,35 @@ func (q *Queries) Publish(ctx context.Context, arg PublishParams) (int64, error)
 
 const publishBatch = `-- name: PublishBatch :many
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, next_attempt_at)
-SELECT $1::text, b.payload, b.headers, $2::text,
-       greatest(now() + make_interval(secs => $3::float8), coalesce($4::timestamptz, now()))
-FROM (
-    SELECT unnest($5::bytea[]) AS payload, unnest($6::jsonb[]) AS headers,
-           generate_subscripts($5::bytea[], 1) AS n
-) AS b
-ORDER BY b.n
+SELECT $1::text, p.payload, $2::jsonb, $3::text,
+       greatest(now() + make_interval(secs => $4::float8), coalesce($5::timestamptz, now()))
+FROM unnest($6::bytea[]) AS p(payload)
 RETURNING o.id
 `
 
 type PublishBatchParams struct {
 	Queue        string
+	Headers      json.RawMessage
 	OrderingKey  *string
 	DelaySeconds float64
 	NotBefore    *time.Time
 	Payloads     [][]byte
-	Headers      []json.RawMessage
 }
 
 // Inserts one row per payload into @queue in one statement and returns
-// their ids in input order; @headers holds each row's headers. The
-// ordering key and schedule apply to every row.
+// their ids in input order. Headers, ordering key and schedule are shared by
+// every row: the headers are sent and parsed once per batch, not per row.
+// A function scan of unnest yields the array in order and, with no join or
+// sort in between, rows are inserted (and draw identity values) in that
+// order; the publisher's tests check it on 10,000 rows.
 func (q *Queries) PublishBatch(ctx context.Context, arg PublishBatchParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, publishBatch,
 		arg.Queue,
+		arg.Headers,
 		arg.OrderingKey,
 		arg.DelaySeconds,
 		arg.NotBefore,
 		arg.Payloads,
-		arg.Headers,
 	)
 	if err != nil {
 		return nil, err

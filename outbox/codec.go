@@ -97,17 +97,17 @@ func DefaultCodec[T any]() Codec[T] {
 }
 
 // encode runs the codec and turns its failure or panic into an
-// *InputError for field: a codec is user code, and a panic must not unwind
-// through the caller's transaction.
-func encode[T any](c Codec[T], v T, field string) (b []byte, err error) {
+// *InputError whose Field the caller fills in: a codec is user code, and a
+// panic must not unwind through the caller's transaction.
+func encode[T any](c Codec[T], v T) (b []byte, err *InputError) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = &InputError{Field: field, Rule: fmt.Sprintf("codec %T panicked", c), Err: fmt.Errorf("%v", r)}
+			b, err = nil, &InputError{Rule: fmt.Sprintf("codec %T panicked", c), Err: fmt.Errorf("%v", r)}
 		}
 	}()
-	b, err = c.Encode(v)
-	if err != nil {
-		return nil, &InputError{Field: field, Rule: fmt.Sprintf("codec %T cannot encode it", c), Err: err}
+	b, cerr := c.Encode(v)
+	if cerr != nil {
+		return nil, &InputError{Rule: fmt.Sprintf("codec %T cannot encode it", c), Err: cerr}
 	}
 	return b, nil
 }

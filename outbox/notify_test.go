@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"testing"
 	"time"
@@ -110,7 +109,7 @@ func TestNotifyOncePerStatementPerQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := e.q.PublishBatch(e.ctx, db.PublishBatchParams{
-		Queue: "c", Payloads: [][]byte{{1}, {2}}, Headers: make([]json.RawMessage, 2),
+		Queue: "c", Payloads: [][]byte{{1}, {2}},
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ type PublishOpts struct {
 	Headers map[string]string
 
 	// CorrelationID is stored in the correlation-id header. Empty means a
-	// fresh random id per message. At most 255 bytes of printable UTF-8;
+	// fresh random id per Publish call (shared by a PublishBatch). At most 255 bytes of printable UTF-8;
 	// the same limit holds for OrderingKey and TimerID.
 	CorrelationID string
 

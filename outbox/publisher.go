@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -154,7 +153,7 @@ func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *Publis
 	if err := p.check(tx, opts, false); err != nil {
 		return 0, 0, err
 	}
-	payload, err := p.encode(msg, "msg")
+	payload, err := p.encode(msg, "msg", -1)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -188,9 +187,11 @@ func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *Publis
 // PublishBatch writes one row per message through tx in a single statement
 // and returns their ids in the order of msgs. The transaction rules of
 // [Publisher.Publish] apply; subscribers get one notification per batch.
-// opts apply to every message (TimerID is not allowed); each message gets
-// its own correlation id unless opts sets one. No message is written unless
-// all are valid. An empty msgs writes nothing.
+//
+// opts apply to every message (TimerID is not allowed). The messages of a
+// batch share one correlation id: opts.CorrelationID, or one fresh id for
+// the batch. No message is written unless all are valid. An empty msgs
+// writes nothing.
 func (p *Publisher[T]) PublishBatch(ctx context.Context, tx DBTX, msgs []T, opts *PublishOpts) ([]int64, error) {
 	start := time.Now()
 	ids, size, err := p.publishBatch(ctx, tx, msgs, opts)
@@ -206,24 +207,23 @@ func (p *Publisher[T]) publishBatch(ctx context.Context, tx DBTX, msgs []T, opts
 		return nil, 0, nil
 	}
 	payloads := make([][]byte, len(msgs))
-	headers := make([]json.RawMessage, len(msgs))
 	size := 0
 	for i, m := range msgs {
-		b, err := p.encode(m, fmt.Sprintf("msgs[%d]", i))
+		b, err := p.encode(m, "msgs", i)
 		if err != nil {
 			return nil, 0, err
 		}
-		h, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts))
-		if err != nil {
-			return nil, 0, err
-		}
-		payloads[i], headers[i] = b, h
+		payloads[i] = b
 		size += len(b)
+	}
+	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts))
+	if err != nil {
+		return nil, size, err
 	}
 	delay, notBefore := opts.schedule()
 	ids, err := p.ob.queries(tx).PublishBatch(ctx, db.PublishBatchParams{
-		Queue: p.queue, OrderingKey: opts.orderingKey(), DelaySeconds: delay, NotBefore: notBefore,
-		Payloads: payloads, Headers: headers,
+		Queue: p.queue, Headers: headers, OrderingKey: opts.orderingKey(),
+		DelaySeconds: delay, NotBefore: notBefore, Payloads: payloads,
 	})
 	if err != nil {
 		return nil, size, fmt.Errorf("outbox: PublishBatch to %q: %w", p.queue, err)
@@ -248,15 +248,20 @@ func (p *Publisher[T]) check(tx DBTX, opts *PublishOpts, batch bool) error {
 	return checkHeaders("PublishOpts.Headers", opts.headers(), reserved)
 }
 
-// encode runs the codec and enforces the payload cap.
-func (p *Publisher[T]) encode(msg T, field string) ([]byte, error) {
-	b, err := encode(p.codec, msg, field)
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > p.maxPayload {
-		return nil, &InputError{Field: field,
+// encode runs the codec and enforces the payload cap. Errors name field,
+// indexed by i unless i is negative; the name is built only on failure.
+func (p *Publisher[T]) encode(msg T, field string, i int) ([]byte, error) {
+	b, err := encode(p.codec, msg)
+	if err == nil && len(b) > p.maxPayload {
+		err = &InputError{
 			Rule: fmt.Sprintf("encoded payload is %d bytes; at most %d (PublisherConfig.MaxPayloadBytes)", len(b), p.maxPayload)}
+	}
+	if err != nil {
+		err.Field = field
+		if i >= 0 {
+			err.Field = fmt.Sprintf("%s[%d]", field, i)
+		}
+		return nil, err
 	}
 	return b, nil
 }

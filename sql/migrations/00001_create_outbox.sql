@@ -5,11 +5,11 @@
 -- +goose Up
 CREATE TABLE /*outbox:table*/outbox (
     id               bigint      GENERATED ALWAYS AS IDENTITY (SEQUENCE NAME /*outbox:table*/outbox_id_seq),
-    queue            text        NOT NULL,
+    queue            text        COLLATE "C" NOT NULL,
     payload          bytea       NOT NULL,
     headers          jsonb,
-    ordering_key     text,
-    timer_id         text,
+    ordering_key     text        COLLATE "C",
+    timer_id         text        COLLATE "C",
     created_at       timestamptz NOT NULL DEFAULT now(),
     next_attempt_at  timestamptz NOT NULL DEFAULT now(),
     attempts_count   integer     NOT NULL DEFAULT 0,
@@ -24,9 +24,13 @@ CREATE TABLE /*outbox:table*/outbox (
     CONSTRAINT /*outbox:name*/outbox_headers_chk CHECK (headers IS NULL OR jsonb_typeof(headers) = 'object')
 );
 
--- Rows waiting for their first (or next) delivery, in claim order.
+-- Rows waiting for their first (or next) delivery, in claim order. Keys
+-- that end in id are unique, so B-tree deduplication can never merge them;
+-- turning it off spares every insert into a full page a futile
+-- deduplication pass (about a tenth of a batch insert's cost).
 CREATE INDEX /*outbox:name*/outbox_pending_idx
     ON /*outbox:table*/outbox (queue, next_attempt_at, id)
+    WITH (deduplicate_items = off)
     WHERE acquired_token IS NULL;
 
 -- Leased rows, so expired leases are found without scanning the backlog.
@@ -42,6 +46,7 @@ CREATE UNIQUE INDEX /*outbox:name*/outbox_timer_uidx
 -- Per-key FIFO delivery.
 CREATE INDEX /*outbox:name*/outbox_ordering_idx
     ON /*outbox:table*/outbox (queue, ordering_key, id)
+    WITH (deduplicate_items = off)
     WHERE ordering_key IS NOT NULL;
 
 -- A queue table churns: every row is inserted, updated a few times and

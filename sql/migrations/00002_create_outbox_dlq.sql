@@ -4,7 +4,7 @@
 -- +goose Up
 CREATE TABLE /*outbox:table*/outbox_dlq (
     id               bigint      NOT NULL,
-    queue            text        NOT NULL,
+    queue            text        COLLATE "C" NOT NULL,
     payload          bytea       NOT NULL,
     headers          jsonb,
     ordering_key     text,

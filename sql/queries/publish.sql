@@ -11,16 +11,15 @@ RETURNING o.id;
 
 -- name: PublishBatch :many
 -- Inserts one row per payload into @queue in one statement and returns
--- their ids in input order; @headers holds each row's headers. The
--- ordering key and schedule apply to every row.
+-- their ids in input order. Headers, ordering key and schedule are shared by
+-- every row: the headers are sent and parsed once per batch, not per row.
+-- A function scan of unnest yields the array in order and, with no join or
+-- sort in between, rows are inserted (and draw identity values) in that
+-- order; the publisher's tests check it on 10,000 rows.
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, next_attempt_at)
-SELECT @queue::text, b.payload, b.headers, sqlc.narg(ordering_key)::text,
+SELECT @queue::text, p.payload, sqlc.narg(headers)::jsonb, sqlc.narg(ordering_key)::text,
        greatest(now() + make_interval(secs => @delay_seconds::float8), coalesce(sqlc.narg(not_before)::timestamptz, now()))
-FROM (
-    SELECT unnest(@payloads::bytea[]) AS payload, unnest(@headers::jsonb[]) AS headers,
-           generate_subscripts(@payloads::bytea[], 1) AS n
-) AS b
-ORDER BY b.n
+FROM unnest(@payloads::bytea[]) AS p(payload)
 RETURNING o.id;
 
 -- name: PublishCopy :copyfrom

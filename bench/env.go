@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+const (
+	schemaOurs      = "outboxbench"
+	schemaRiver     = "outboxbench_river"
+	schemaWatermill = "outboxbench_watermill"
+	topic           = "orders"
+)
+
+// order is the message every contender writes: about 120 bytes of JSON.
+type order struct {
+	ID       string   `json:"id"`
+	Customer string   `json:"customer"`
+	Total    int      `json:"total"`
+	Items    []string `json:"items"`
+}
+
+// Kind makes order a River job.
+func (order) Kind() string { return "order" }
+
+func sampleOrder(i int) order {
+	return order{ID: fmt.Sprintf("order-%08d", i), Customer: "customer-42", Total: 1999 + i%100, Items: []string{"tea", "cake", "scones"}}
+}
+
+// benchEnv holds every contender's client on one database.
+type benchEnv struct {
+	pool      *pgxpool.Pool
+	ob        *outbox.Outbox
+	river     *river.Client[pgx.Tx]
+	watermill *wsql.Publisher
+}
+
+func newBenchEnv(ctx context.Context, dsn string) (*benchEnv, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("-dsn: %w", err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	e := &benchEnv{pool: pool}
+	if err := e.setup(ctx); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *benchEnv) setup(ctx context.Context) error {
+	for _, s := range []string{schemaOurs, schemaRiver, schemaWatermill} {
+		id := pgx.Identifier{s}.Sanitize()
+		if _, err := e.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+id+" CASCADE; CREATE SCHEMA "+id); err != nil {
+			return fmt.Errorf("create schema %s: %w", s, err)
+		}
+	}
+
+	ob, err := outbox.New(e.pool, &outbox.Config{Schema: schemaOurs})
+	if err != nil {
+		return err
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		return err
+	}
+	e.ob = ob
+
+	driver := riverpgxv5.New(e.pool)
+	migrator, err := rivermigrate.New(driver, &rivermigrate.Config{Schema: schemaRiver})
+	if err != nil {
+		return err
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("river migrate: %w", err)
+	}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, river.WorkFunc(func(context.Context, *river.Job[order]) error { return nil }))
+	e.river, err = river.NewClient(driver, &river.Config{Schema: schemaRiver, Workers: workers, Logger: discardLogger()})
+	if err != nil {
+		return err
+	}
+
+	e.watermill, err = wsql.NewPublisher(wsql.BeginnerFromPgx(e.pool), wsql.PublisherConfig{
+		SchemaAdapter:        watermillSchema(),
+		AutoInitializeSchema: true,
+	}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	// The first publish creates the table; keep it out of the measurements.
+	return e.watermill.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(`{}`)))
+}
+
+func watermillSchema() wsql.PostgreSQLQueueSchema {
+	return wsql.PostgreSQLQueueSchema{
+		GenerateMessagesTableName: func(topic string) string {
+			return pgx.Identifier{schemaWatermill, "watermill_" + topic}.Sanitize()
+		},
+	}
+}
+
+// reset empties every contender's tables so each round starts alike.
+func (e *benchEnv) reset(ctx context.Context) error {
+	_, err := e.pool.Exec(ctx, "TRUNCATE "+
+		pgx.Identifier{schemaOurs, "outbox"}.Sanitize()+", "+
+		pgx.Identifier{schemaOurs, "outbox_dlq"}.Sanitize()+", "+
+		pgx.Identifier{schemaRiver, "river_job"}.Sanitize()+", "+
+		pgx.Identifier{schemaWatermill, "watermill_" + topic}.Sanitize())
+	return err
+}
+
+func (e *benchEnv) close() {
+	ctx := context.Background()
+	if e.ob != nil {
+		for _, s := range []string{schemaOurs, schemaRiver, schemaWatermill} {
+			_, _ = e.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
+		}
+	}
+	e.pool.Close()
+}

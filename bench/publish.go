@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+// runPublish compares one transactional Publish with a hand-written INSERT
+// of the same row (same table, same encoded payload and headers) in the
+// same kind of transaction: begin, insert, commit. The difference is what
+// the library costs on top of the database work.
+func runPublish(ctx context.Context, env *benchEnv, o options) error {
+	pub, err := outbox.NewPublisher[order](env.ob, topic, nil)
+	if err != nil {
+		return err
+	}
+	insert := "INSERT INTO " + pgx.Identifier{schemaOurs, "outbox"}.Sanitize() +
+		" (queue, payload, headers) VALUES ($1, $2, $3) RETURNING id"
+	headers := []byte(`{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c"}`)
+
+	inTx := func(fn func(tx pgx.Tx, i int) error) func(int) (time.Duration, error) {
+		return func(n int) (time.Duration, error) {
+			start := time.Now()
+			for i := range n {
+				tx, err := env.pool.Begin(ctx)
+				if err != nil {
+					return 0, err
+				}
+				if err := fn(tx, i); err != nil {
+					_ = tx.Rollback(ctx)
+					return 0, err
+				}
+				if err := tx.Commit(ctx); err != nil {
+					return 0, err
+				}
+			}
+			return time.Since(start), nil
+		}
+	}
+	cs := []contender{
+		{"bare INSERT", inTx(func(tx pgx.Tx, i int) error {
+			payload, err := json.Marshal(sampleOrder(i))
+			if err != nil {
+				return err
+			}
+			var id int64
+			return tx.QueryRow(ctx, insert, topic, payload, headers).Scan(&id)
+		})},
+		{"outbox Publish", inTx(func(tx pgx.Tx, i int) error {
+			_, err := pub.Publish(ctx, tx, sampleOrder(i), nil)
+			return err
+		})},
+	}
+	n := max(int(2000*o.scale), 10)
+	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, cs)
+	if err != nil {
+		return err
+	}
+	report(o.out, s, []string{"bare INSERT", "outbox Publish"}, n, "op", "bare INSERT")
+	return nil
+}
