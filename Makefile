@@ -22,7 +22,15 @@ verify: ## Fail when db/ is stale, code is not gofmt-clean, or vet/staticcheck c
 	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(TOOL) staticcheck ./...
+	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) tool -modfile=../tools/go.mod staticcheck ./...
 
 .PHONY: test
 test: ## Run every test with the race detector against PostgreSQL
 	$(GO) test -race -count=1 ./...
+
+# BENCH_ARGS passes flags to the benchmark, e.g. BENCH_ARGS="-suite batch -rounds 15".
+BENCH_ARGS ?=
+
+.PHONY: bench
+bench: ## Benchmark against a bare INSERT, River and watermill-sql on $DATABASE_URL (medians, ratios)
+	cd bench && $(GO) run . $(BENCH_ARGS)
