@@ -7,7 +7,6 @@ package db
 
 import (
 	"context"
-	"time"
 )
 
 const fetchUnprocessed = `-- name: FetchUnprocessed :many
@@ -62,8 +61,8 @@ func (q *Queries) FetchUnprocessed(ctx context.Context, arg FetchUnprocessedPara
 	return items, nil
 }
 
-const nextDueAt = `-- name: NextDueAt :one
-SELECT n.next_attempt_at
+const nextDueIn = `-- name: NextDueIn :one
+SELECT extract(epoch FROM n.next_attempt_at - clock_timestamp())::float8 AS due_in_seconds
 FROM unnest($1::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT o.next_attempt_at
@@ -76,13 +75,14 @@ ORDER BY n.next_attempt_at
 LIMIT 1
 `
 
-// The earliest next_attempt_at among unleased rows of the given queues; no
-// row when they hold none. One index probe per queue.
-func (q *Queries) NextDueAt(ctx context.Context, queues []string) (time.Time, error) {
-	row := q.db.QueryRow(ctx, nextDueAt, queues)
-	var next_attempt_at time.Time
-	err := row.Scan(&next_attempt_at)
-	return next_attempt_at, err
+// Seconds, on the server's clock, until the earliest next_attempt_at among
+// unleased rows of the given queues (negative when one is overdue); no row
+// when they hold none. One index probe per queue.
+func (q *Queries) NextDueIn(ctx context.Context, queues []string) (float64, error) {
+	row := q.db.QueryRow(ctx, nextDueIn, queues)
+	var due_in_seconds float64
+	err := row.Scan(&due_in_seconds)
+	return due_in_seconds, err
 }
 
 const queueStats = `-- name: QueueStats :many

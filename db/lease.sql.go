@@ -171,3 +171,42 @@ func (q *Queries) MarkPendingWithLease(ctx context.Context, arg MarkPendingWithL
 	}
 	return result.RowsAffected(), nil
 }
+
+const releaseBatchWithLease = `-- name: ReleaseBatchWithLease :many
+UPDATE /*outbox:table*/outbox AS o
+SET acquired_token   = NULL,
+    acquired_at      = NULL,
+    deliveries_count = greatest(o.deliveries_count - 1, 0)
+FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS token) AS l
+WHERE o.id = l.id AND o.acquired_token = l.token
+RETURNING o.id
+`
+
+type ReleaseBatchWithLeaseParams struct {
+	Ids    []int64
+	Tokens []uuid.UUID
+}
+
+// Hands back rows that were claimed but never given to a handler (the
+// subscriber is stopping): clears their lease and takes back the delivery
+// the claim counted, so other subscribers take them at once instead of
+// after the lease expires. Returns the ids it released.
+func (q *Queries) ReleaseBatchWithLease(ctx context.Context, arg ReleaseBatchWithLeaseParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, releaseBatchWithLease, arg.Ids, arg.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

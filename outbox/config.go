@@ -21,7 +21,8 @@ const (
 //	<Table>_notify          the NOTIFY trigger function (and _notify_trg)
 //	<Table>_goose_version   the migration version table
 //	outbox_<Table>          the NOTIFY channel in schema public,
-//	outbox_<Schema>.<Table> the NOTIFY channel in any other schema
+//	outbox_<Schema>.<Table> the NOTIFY channel in any other schema,
+//	<channel>_scheduled     the channel for rows inserted for later
 type Config struct {
 	// Schema holds the outbox's tables, function and migration history.
 	// [Outbox.Migrate] creates it when it does not exist. It must not be an

@@ -37,9 +37,9 @@ func TestNewRejectsBadNames(t *testing.T) {
 			ConfigError{Field: "Config.Table", Value: strings.Repeat("t", 64), Rule: "is 64 bytes; PostgreSQL identifiers are at most 63"}},
 		{"derived name over 63", Config{Table: long},
 			ConfigError{Field: "Config.Table", Value: long, Rule: `derived name "` + long + `_goose_version" is 64 bytes; PostgreSQL identifiers are at most 63`}},
-		{"channel over 63", Config{Schema: strings.Repeat("s", 30), Table: strings.Repeat("t", 30)},
-			ConfigError{Field: "Config.Table", Value: strings.Repeat("t", 30),
-				Rule: `derived name "outbox_` + strings.Repeat("s", 30) + "." + strings.Repeat("t", 30) + `" is 68 bytes; PostgreSQL identifiers are at most 63`}},
+		{"channel over 63", Config{Schema: strings.Repeat("s", 25), Table: strings.Repeat("t", 25)},
+			ConfigError{Field: "Config.Table", Value: strings.Repeat("t", 25),
+				Rule: `derived name "outbox_` + strings.Repeat("s", 25) + "." + strings.Repeat("t", 25) + `_scheduled" is 68 bytes; PostgreSQL identifiers are at most 63`}},
 		{"injection", Config{Table: `outbox"; drop table x; --`},
 			ConfigError{Field: "Config.Table", Value: `outbox"; drop table x; --`, Rule: "must be lower-case letters, digits and underscores, not starting with a digit"}},
 		{"upper case", Config{Table: "Outbox"},
@@ -87,8 +87,8 @@ func TestNewDefaultsAndDoesNotTouchTheDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ob.Channel() != "outbox_billing.events" {
-		t.Errorf("Channel() = %q", ob.Channel())
+	if ob.Channel() != "outbox_billing.events" || ob.ScheduledChannel() != "outbox_billing.events_scheduled" {
+		t.Errorf("Channel() = %q, ScheduledChannel() = %q", ob.Channel(), ob.ScheduledChannel())
 	}
 }
 
@@ -118,16 +118,16 @@ func TestReservedWordsMatchPostgreSQL(t *testing.T) {
 func TestRenderRejectsUnknownMarkers(t *testing.T) {
 	t.Parallel()
 	n := naming{schema: "s", table: "t"}
-	for _, sql := range []string{"SELECT 1 FROM /*outbox:bogus*/outbox", "SELECT 1 FROM /*outbox:table*/events"} {
+	for _, sql := range []string{"SELECT 1 FROM /*outbox:bogus*/outbox", "SELECT 1 FROM /*outbox:table*/events", "SELECT /*outbox:channel*/'events'"} {
 		if _, _, err := n.render(sql); err == nil {
 			t.Errorf("render(%q) succeeded", sql)
 		}
 	}
-	got, _, err := n.render(`SELECT 1 FROM /*outbox:table*/outbox_dlq AS d, /*outbox:name*/outbox_pkey, /*outbox:schema*/public, /*outbox:channel*/'outbox_outbox'`)
+	got, _, err := n.render(`SELECT 1 FROM /*outbox:table*/outbox_dlq AS d, /*outbox:name*/outbox_pkey, /*outbox:schema*/public, /*outbox:channel*/'outbox_outbox', /*outbox:channel*/'outbox_outbox_x', /*outbox:listen*/outbox_outbox_x`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `SELECT 1 FROM "s"."t_dlq" AS d, "t_pkey", "s", 'outbox_s.t'`
+	want := `SELECT 1 FROM "s"."t_dlq" AS d, "t_pkey", "s", 'outbox_s.t', 'outbox_s.t_x', "outbox_s.t_x"`
 	if got != want {
 		t.Errorf("render = %s\nwant     %s", got, want)
 	}

@@ -7,7 +7,27 @@ import (
 
 // Metric event names, the values of [MetricEvent].Name.
 const (
+	// EventPublished: a Publish or PublishBatch call ended.
 	EventPublished = "published"
+	// EventFetched: a claim round trip ended (Count rows, possibly 0).
+	EventFetched = "fetched"
+	// EventDispatched: a handler is about to run.
+	EventDispatched = "dispatched"
+	// EventAcked: a handler succeeded and the row's delete landed.
+	EventAcked = "acked"
+	// EventRetried: a failed row was rescheduled (Delay) and the write landed.
+	EventRetried = "retried"
+	// EventDeadLettered: a row moved to the dead-letter table (Reason).
+	EventDeadLettered = "dead_lettered"
+	// EventTerminal: a row ended without a dead-letter table: deleted and
+	// logged (Reason).
+	EventTerminal = "terminal"
+	// EventLeaseLost: a write found the row's lease taken by a newer claim,
+	// or a heartbeat found it gone; the newer delivery decides.
+	EventLeaseLost = "lease_lost"
+	// EventDrainTimeout: the subscriber stopped with handlers still running
+	// after its graceful timeout (Count of them).
+	EventDrainTimeout = "drain_timeout"
 )
 
 // MetricEvent is one observation handed to a [MetricsRecorder]. Fields that
@@ -17,11 +37,25 @@ type MetricEvent struct {
 	Name string
 	// Queue is the queue the event concerns.
 	Queue string
+	// Subscriber names the subscriber (SubscriberConfig.Name); empty for
+	// publisher events.
+	Subscriber string
+	// ID is the row's id for per-row events.
+	ID int64
+	// Deliveries is the row's delivery count, this one included.
+	Deliveries int
+	// Reason is the terminal reason (ReasonRejected, ...) or, for
+	// lease_lost, the write that found the lease gone ("ack", "retry",
+	// "dead_letter", "heartbeat").
+	Reason string
+	// Delay is the retry delay of a retried event.
+	Delay time.Duration
 	// Count is how many messages the event covers.
 	Count int
 	// Bytes is the payload bytes the event covers.
 	Bytes int
-	// Duration is how long the operation took.
+	// Duration is how long the operation took; for acked, retried and
+	// terminal events, how long the handler ran.
 	Duration time.Duration
 	// ErrorType classifies the error that ended the operation: "input"
 	// (an *InputError), "timer_exists", "canceled" or "database"; empty on

@@ -104,6 +104,9 @@ func (n naming) channel() string {
 // versionTable is goose's version table, one per outbox so two outboxes in
 // one database keep separate migration histories. goose uses the name
 // verbatim (schema-qualified), which the identifier rules above make safe.
+// scheduledChannel carries the queue names of rows inserted for later.
+func (n naming) scheduledChannel() string { return n.channel() + "_scheduled" }
+
 func (n naming) versionTable() string {
 	return n.table + "_goose_version"
 }

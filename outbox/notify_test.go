@@ -126,11 +126,17 @@ func TestNotifySkipsFutureRows(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	l := listen(t, e.db.URL, e.ob.Channel())
+	sched := listen(t, e.db.URL, e.ob.ScheduledChannel())
 	e.publishWith(db.PublishParams{Queue: "later", Payload: []byte("x"), DelaySeconds: 60})
-	e.exec("INSERT INTO outbox (queue, payload, next_attempt_at) VALUES ('later', '\\x00', now() + interval '1 hour')")
+	e.exec("INSERT INTO outbox (queue, payload, next_attempt_at) VALUES ('later', '\\x00', now() + interval '1 hour'), ('now', '\\x00', now())")
 	e.publish("sentinel")
-	if got := l.until("sentinel"); len(got) != 0 {
-		t.Errorf("future-dated rows notified: %v", got)
+	if diff := cmp.Diff([]string{e.ob.Channel() + ":now"}, l.until("sentinel")); diff != "" {
+		t.Errorf("due channel (-want +got):\n%s", diff)
+	}
+	e.publishWith(db.PublishParams{Queue: "sentinel", Payload: []byte("x"), DelaySeconds: 60})
+	want := []string{e.ob.ScheduledChannel() + ":later", e.ob.ScheduledChannel() + ":later"}
+	if diff := cmp.Diff(want, sched.until("sentinel")); diff != "" {
+		t.Errorf("scheduled channel (-want +got):\n%s", diff)
 	}
 }
 

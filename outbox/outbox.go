@@ -89,8 +89,13 @@ func (o *Outbox) Table() string { return o.naming.table }
 func (o *Outbox) DeadLetterTable() string { return o.naming.table + "_dlq" }
 
 // Channel returns the LISTEN/NOTIFY channel on which the outbox's trigger
-// announces new rows; each notification's payload is the queue name.
+// announces new rows that are due now; each notification's payload is the
+// queue name.
 func (o *Outbox) Channel() string { return o.naming.channel() }
+
+// ScheduledChannel returns the channel on which the trigger announces rows
+// inserted to be delivered later; the payload is the queue name.
+func (o *Outbox) ScheduledChannel() string { return o.naming.scheduledChannel() }
 
 // queries returns the generated queries bound to conn (the pool, a
 // connection or a transaction) and to this outbox's table.

@@ -20,7 +20,10 @@ import (
 //	/*outbox:table*/outbox_dlq   schema-qualified derived name ("s"."t_dlq")
 //	/*outbox:name*/outbox_pkey   unqualified derived name ("t_pkey")
 //	/*outbox:schema*/public      the schema ("s")
-//	/*outbox:channel*/'...'      the NOTIFY channel as a string literal
+//	/*outbox:channel*/'outbox_outbox[_suffix]'  the NOTIFY channel (plus
+//	                             suffix) as a string literal
+//	/*outbox:listen*/outbox_outbox[_suffix]     the same channel as an
+//	                             identifier, for LISTEN
 //
 // Rendering replaces each marker and the token after it with the quoted
 // name for one outbox. Names come only from validated configuration and are
@@ -40,9 +43,17 @@ func (n naming) render(sql string) (string, []string, error) {
 		switch kind {
 		case "schema":
 			return pgx.Identifier{n.schema}.Sanitize()
-		case "channel":
-			ch := n.channel()
+		case "channel", "listen":
+			suffix, ok := strings.CutPrefix(strings.Trim(tok, "'"), "outbox_"+defaultTable)
+			if !ok {
+				bad = fmt.Errorf("outbox: marker %s: channel does not start with %q", m, "outbox_"+defaultTable)
+				return m
+			}
+			ch := n.channel() + suffix
 			idents = append(idents, ch)
+			if kind == "listen" {
+				return pgx.Identifier{ch}.Sanitize()
+			}
 			return "'" + strings.ReplaceAll(ch, "'", "''") + "'"
 		case "table", "name":
 			name, ok := n.derive(tok)

@@ -1,8 +1,9 @@
 -- Wake subscribers when rows arrive. The trigger is statement-level with a
 -- transition table, so a batch of any size costs one pg_notify per distinct
 -- queue, and rows written by any client (psql, COPY, another language) wake
--- subscribers the same way. Future-dated rows notify nobody: subscribers
--- schedule their own wake-up for those. PostgreSQL delivers notifications
+-- subscribers the same way. Rows due now notify the outbox's channel; rows
+-- due later notify its _scheduled channel instead, so idle subscribers can
+-- set their wake-up to the new due time. PostgreSQL delivers notifications
 -- only when the inserting transaction commits.
 
 -- +goose Up
@@ -10,8 +11,10 @@
 CREATE FUNCTION /*outbox:table*/outbox_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify(/*outbox:channel*/'outbox_outbox', q.queue)
-    FROM (SELECT DISTINCT n.queue FROM new_rows AS n WHERE n.next_attempt_at <= now()) AS q;
+    PERFORM pg_notify(
+        CASE WHEN q.due THEN /*outbox:channel*/'outbox_outbox' ELSE /*outbox:channel*/'outbox_outbox_scheduled' END,
+        q.queue)
+    FROM (SELECT DISTINCT n.queue, n.next_attempt_at <= now() AS due FROM new_rows AS n) AS q;
     RETURN NULL;
 END;
 $$;

@@ -40,10 +40,11 @@ FROM live AS l
 FULL JOIN dead AS d ON d.queue = l.queue
 ORDER BY 1;
 
--- name: NextDueAt :one
--- The earliest next_attempt_at among unleased rows of the given queues; no
--- row when they hold none. One index probe per queue.
-SELECT n.next_attempt_at
+-- name: NextDueIn :one
+-- Seconds, on the server's clock, until the earliest next_attempt_at among
+-- unleased rows of the given queues (negative when one is overdue); no row
+-- when they hold none. One index probe per queue.
+SELECT extract(epoch FROM n.next_attempt_at - clock_timestamp())::float8 AS due_in_seconds
 FROM unnest(@queues::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT o.next_attempt_at

@@ -50,3 +50,16 @@ SET acquired_at = now()
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token) AS l
 WHERE o.id = l.id AND o.acquired_token = l.token
 RETURNING o.id;
+
+-- name: ReleaseBatchWithLease :many
+-- Hands back rows that were claimed but never given to a handler (the
+-- subscriber is stopping): clears their lease and takes back the delivery
+-- the claim counted, so other subscribers take them at once instead of
+-- after the lease expires. Returns the ids it released.
+UPDATE /*outbox:table*/outbox AS o
+SET acquired_token   = NULL,
+    acquired_at      = NULL,
+    deliveries_count = greatest(o.deliveries_count - 1, 0)
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token) AS l
+WHERE o.id = l.id AND o.acquired_token = l.token
+RETURNING o.id;

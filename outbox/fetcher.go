@@ -1,0 +1,89 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// fetch claims rows into buf until ctx is done. It claims when at least
+// half of buf is free (or buf is empty), so claims stay batched; when a
+// claim finds nothing it waits with exponential backoff and jitter between
+// MinFetchInterval and MaxFetchInterval, cut short by a NOTIFY and never
+// past the earliest scheduled row's due time.
+func (r *run[T]) fetch(ctx context.Context) {
+	cfg := &r.s.cfg
+	q := r.s.ob.queries(r.s.ob.pool)
+	errs := backoff{base: 100 * time.Millisecond, max: 30 * time.Second}
+	idle := 0
+	for ctx.Err() == nil {
+		free := cap(r.buf) - len(r.buf)
+		if free < max(cap(r.buf)/2, 1) && len(r.buf) > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.taken:
+			}
+			continue
+		}
+		rows, err := q.Claim(ctx, db.ClaimParams{
+			Queues: r.s.queues, MaxRows: int32(min(free, cfg.FetchBatchSize)), LeaseTtlSeconds: cfg.LeaseTTL.Seconds(),
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			wait := errs.next()
+			r.s.log.ErrorContext(ctx, "outbox: claim failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+			sleep(ctx, wait)
+			continue
+		}
+		r.emit(MetricEvent{Name: EventFetched, Queue: r.s.queues[0], Count: len(rows)})
+		for _, row := range rows {
+			r.buf <- r.leases.add(r.handlerCtx, row)
+		}
+		if len(rows) > 0 {
+			idle = 0
+			continue
+		}
+		idle = min(idle+1, 30)
+		r.idle(ctx, q, idle)
+	}
+}
+
+// idle waits after an empty claim.
+func (r *run[T]) idle(ctx context.Context, q *db.Queries, n int) {
+	cfg := &r.s.cfg
+	wait := float64(cfg.MinFetchInterval) * float64(uint64(1)<<(n-1)) * (0.75 + rand.Float64()/2)
+	d := min(time.Duration(wait), cfg.MaxFetchInterval)
+	if dueIn, err := q.NextDueIn(ctx, r.s.queues); err == nil {
+		d = min(d, max(time.Duration(dueIn*float64(time.Second)), 0))
+	} else if !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
+		r.s.log.WarnContext(ctx, "outbox: next due time unknown", slog.Any("error", err))
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-r.wake:
+	case <-t.C:
+	}
+}
+
+// wakeFetcher asks the fetcher to claim now; it never blocks.
+func (r *run[T]) wakeFetcher() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// wants reports whether a notification payload names one of our queues.
+func (r *run[T]) wants(queue string) bool { return slices.Contains(r.s.queues, queue) }

@@ -1,0 +1,41 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// heartbeat extends, every HeartbeatInterval, the leases of all rows this
+// run holds, in one statement. A row the statement misses lost its lease:
+// its handler's context is cancelled with cause ErrLeaseLost.
+func (r *run[T]) heartbeat(ctx context.Context) {
+	q := r.s.ob.queries(r.s.ob.pool)
+	t := time.NewTicker(r.s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ids, tokens := r.leases.snapshot()
+		if len(ids) == 0 {
+			continue
+		}
+		extended, err := q.ExtendLeases(ctx, db.ExtendLeasesParams{Ids: ids, Tokens: tokens})
+		if err != nil {
+			if ctx.Err() == nil {
+				r.s.log.WarnContext(ctx, "outbox: heartbeat failed; leases run on", slog.Int("rows", len(ids)), slog.Any("error", err))
+			}
+			continue
+		}
+		for _, d := range r.leases.extended(extended, ids) {
+			d.cancel(ErrLeaseLost)
+			r.s.log.WarnContext(ctx, "outbox: heartbeat found the lease taken; cancelling the handler", rowAttrs(d)...)
+			r.emit(MetricEvent{Name: EventLeaseLost, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Reason: "heartbeat"})
+		}
+	}
+}

@@ -1,0 +1,87 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// listen keeps a dedicated connection LISTENing on the outbox's channels
+// and wakes the fetcher on every notification for our queues. It probes
+// the connection with a bounded SELECT 1 every ListenProbeInterval, so a
+// silently dead socket turns into a reconnect instead of a subscriber that
+// only polls. While it is down, the fetcher keeps polling; after every
+// (re)connect it wakes the fetcher once, since notifications sent while it
+// was down are lost.
+func (r *run[T]) listen(ctx context.Context) {
+	errs := backoff{base: 100 * time.Millisecond, max: 30 * time.Second}
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		wait := errs.next()
+		r.s.log.WarnContext(ctx, "outbox: LISTEN connection lost; polling until it is back",
+			slog.Any("error", err), slog.Duration("backoff", wait))
+		sleep(ctx, wait)
+	}
+}
+
+func (r *run[T]) connectListener(ctx context.Context) (*pgx.Conn, error) {
+	cfg := &r.s.cfg
+	switch {
+	case cfg.ListenConnect != nil:
+		return cfg.ListenConnect(ctx)
+	case cfg.ListenDSN != "":
+		return pgx.Connect(ctx, cfg.ListenDSN)
+	default:
+		return pgx.ConnectConfig(ctx, r.s.ob.pool.Config().ConnConfig.Copy())
+	}
+}
+
+// listenOnce runs one LISTEN connection until it fails or ctx is done.
+func (r *run[T]) listenOnce(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, r.s.cfg.ListenProbeTimeout)
+	conn, err := r.connectListener(cctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	q := r.s.ob.queries(conn)
+	if err := q.Listen(ctx); err != nil {
+		return err
+	}
+	if err := q.ListenScheduled(ctx); err != nil {
+		return err
+	}
+	r.wakeFetcher()
+	for {
+		wctx, cancel := context.WithTimeout(ctx, r.s.cfg.ListenProbeInterval)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil:
+			if r.wants(n.Payload) {
+				r.wakeFetcher()
+			}
+		case wctx.Err() != nil:
+			pctx, cancel := context.WithTimeout(ctx, r.s.cfg.ListenProbeTimeout)
+			_, err := q.Probe(pctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}

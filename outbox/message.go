@@ -1,0 +1,94 @@
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// Message is one delivery of an outbox row to a handler.
+type Message[T any] struct {
+	// ID is the row's id, stable across deliveries.
+	ID int64
+	// Queue is the queue the row was published to.
+	Queue string
+	// Payload is the decoded message.
+	Payload T
+	// Headers are the row's headers, reserved ones included.
+	Headers map[string]string
+	// OrderingKey is the row's ordering key, or empty.
+	OrderingKey string
+	// TimerID is the row's timer id, or empty.
+	TimerID string
+	// Deliveries counts the claims of this row, this one included. Above 1
+	// the row was delivered before (a retry, or a reclaim after a crash).
+	Deliveries int
+	// Attempts counts the earlier handled attempts that failed.
+	Attempts int
+	// CreatedAt is when the row was published (server clock).
+	CreatedAt time.Time
+}
+
+// CorrelationID returns the correlation-id header.
+func (m *Message[T]) CorrelationID() string { return m.Headers[HeaderCorrelationID] }
+
+// ContentType returns the content-type header.
+func (m *Message[T]) ContentType() string { return m.Headers[HeaderContentType] }
+
+// contentTypeAccepter is implemented by codecs that read more than their
+// own content type. Other codecs accept their ContentType() or rows
+// written without one (by plain SQL, say).
+type contentTypeAccepter interface {
+	Accepts(contentType string) bool
+}
+
+// Accepts reports true: raw bytes can be read whatever wrote them.
+func (BytesCodec) Accepts(string) bool { return true }
+
+// decodeMessage turns a claimed row into a Message. An error means the row
+// can never be handled: its headers or payload are unreadable.
+func decodeMessage[T any](c Codec[T], contentType string, row *db.Outbox) (*Message[T], error) {
+	m := &Message[T]{
+		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: int(row.AttemptsCount),
+		CreatedAt: row.CreatedAt,
+	}
+	if row.OrderingKey != nil {
+		m.OrderingKey = *row.OrderingKey
+	}
+	if row.TimerID != nil {
+		m.TimerID = *row.TimerID
+	}
+	if len(row.Headers) > 0 && string(row.Headers) != "null" {
+		if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
+			return nil, fmt.Errorf("headers are not an object of strings: %w", err)
+		}
+	}
+	if ct := m.Headers[HeaderContentType]; ct != "" && ct != contentType {
+		a, ok := c.(contentTypeAccepter)
+		if !ok || !a.Accepts(ct) {
+			return nil, fmt.Errorf("content type %q; codec %T reads %q", ct, c, contentType)
+		}
+	}
+	payload, err := decodePayload(c, row.Payload)
+	if err != nil {
+		return nil, err
+	}
+	m.Payload = payload
+	return m, nil
+}
+
+// decodePayload runs the codec, turning its panic into an error.
+func decodePayload[T any](c Codec[T], b []byte) (v T, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("codec %T panicked decoding: %v", c, r)
+		}
+	}()
+	v, err = c.Decode(b)
+	if err != nil {
+		return v, fmt.Errorf("codec %T: %w", c, err)
+	}
+	return v, nil
+}

@@ -1,0 +1,202 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults of [SubscriberConfig].
+const (
+	WorkersDefault             = 16
+	FetchBatchSizeDefault      = 100
+	MinFetchIntervalDefault    = 50 * time.Millisecond
+	MaxFetchIntervalDefault    = 5 * time.Second
+	LeaseTTLDefault            = 30 * time.Second
+	MaxDeliveriesDefault       = 25
+	GracefulTimeoutDefault     = 30 * time.Second
+	AckBatchSizeDefault        = 100
+	AckLingerDefault           = 5 * time.Millisecond
+	ListenProbeIntervalDefault = 30 * time.Second
+	ListenProbeTimeoutDefault  = 5 * time.Second
+)
+
+// SubscriberConfig configures a [Subscriber]. A nil *SubscriberConfig means
+// every default; a zero field means its default.
+type SubscriberConfig[T any] struct {
+	// Name identifies the subscriber in logs and metric events. Default:
+	// the queues, comma-separated.
+	Name string
+
+	// Workers is how many handlers run at once. Default: WorkersDefault (16).
+	Workers int
+
+	// FetchBatchSize caps the rows one claim takes, and the rows claimed
+	// but not yet handed to a worker. Default: FetchBatchSizeDefault (100).
+	FetchBatchSize int
+
+	// MinFetchInterval is the first wait after a claim finds nothing; each
+	// further empty claim doubles it (with jitter) up to MaxFetchInterval.
+	// A NOTIFY cuts the wait short, and it never runs past the earliest
+	// scheduled row's due time. Defaults: 50 ms and 5 s.
+	MinFetchInterval time.Duration
+	// MaxFetchInterval caps the idle wait. Default: MaxFetchIntervalDefault (5 s).
+	MaxFetchInterval time.Duration
+
+	// LeaseTTL is how long a claim owns a row. A row whose lease is older
+	// is claimed again by any subscriber; a handler still running then has
+	// its context cancelled with cause ErrLeaseLost. Default: 30 s.
+	LeaseTTL time.Duration
+
+	// HeartbeatInterval is how often the leases of rows whose handlers
+	// still run are extended, in one statement. Must be below LeaseTTL.
+	// Default: a third of LeaseTTL. Negative disables heartbeats, so a
+	// handler slower than LeaseTTL loses its row.
+	HeartbeatInterval time.Duration
+
+	// MaxDeliveries caps the claims of a row, checked before its handler
+	// runs: a row claimed more often (its handler keeps crashing the
+	// process, say) ends with reason max_deliveries. Default: 25.
+	// Negative means no cap.
+	MaxDeliveries int
+
+	// Retry decides the delay after a failure. Default: DefaultRetry().
+	Retry RetryStrategy
+
+	// Codec decodes payloads. Default: DefaultCodec[T]().
+	Codec Codec[T]
+
+	// DisableDeadLetter deletes (and logs) terminal rows instead of moving
+	// them to the dead-letter table. Default: false (dead-letter them).
+	DisableDeadLetter bool
+
+	// GracefulTimeout is how long Run waits, after its context is done,
+	// for running handlers to finish. Handlers still running then have
+	// their context cancelled with cause ErrSubscriberStopped and are
+	// abandoned; their rows keep their leases. Default: 30 s.
+	GracefulTimeout time.Duration
+
+	// AckBatchSize and AckLinger batch outcome writes: a batch is written
+	// when it holds AckBatchSize outcomes or its first is AckLinger old.
+	// Defaults: 100 and 5 ms.
+	AckBatchSize int
+	// AckLinger: see AckBatchSize.
+	AckLinger time.Duration
+
+	// ListenProbeInterval is how often the LISTEN connection is probed with
+	// SELECT 1, and ListenProbeTimeout bounds the probe, so a silently dead
+	// socket becomes a reconnect. Defaults: 30 s and 5 s.
+	ListenProbeInterval time.Duration
+	// ListenProbeTimeout: see ListenProbeInterval.
+	ListenProbeTimeout time.Duration
+
+	// ListenDSN connects the LISTEN connection, for setups whose pool goes
+	// through a pooler that cannot LISTEN (PgBouncer in transaction mode).
+	// Default: the pool's own connection settings.
+	ListenDSN string
+	// ListenConnect, when set, opens the LISTEN connection instead.
+	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
+
+	// Metrics receives the subscriber's metric events. Record must not
+	// block; a panic in it is recovered and logged. Default: none.
+	Metrics MetricsRecorder
+
+	// Logger receives the subscriber's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// resolve returns c with defaults applied, or a *ConfigError naming the
+// first field that breaks a rule.
+func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], error) {
+	var r SubscriberConfig[T]
+	if c != nil {
+		r = *c
+	}
+	bad := func(field string, v any, rule string) error {
+		return &ConfigError{Field: "SubscriberConfig." + field, Value: fmt.Sprint(v), Rule: rule}
+	}
+	setInt := func(p *int, def int) { *p = cmp.Or(*p, def) }
+	setDur := func(p *time.Duration, def time.Duration) { *p = cmp.Or(*p, def) }
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"Workers", r.Workers}, {"FetchBatchSize", r.FetchBatchSize}, {"AckBatchSize", r.AckBatchSize}} {
+		if f.v < 0 {
+			return r, bad(f.name, f.v, "must not be negative")
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"MinFetchInterval", r.MinFetchInterval}, {"MaxFetchInterval", r.MaxFetchInterval}, {"LeaseTTL", r.LeaseTTL},
+		{"GracefulTimeout", r.GracefulTimeout}, {"AckLinger", r.AckLinger},
+		{"ListenProbeInterval", r.ListenProbeInterval}, {"ListenProbeTimeout", r.ListenProbeTimeout},
+	} {
+		if f.v < 0 {
+			return r, bad(f.name, f.v, "must not be negative")
+		}
+	}
+	if r.Name == "" {
+		for i, q := range queues {
+			if i > 0 {
+				r.Name += ","
+			}
+			r.Name += q
+		}
+	}
+	setInt(&r.Workers, WorkersDefault)
+	setInt(&r.FetchBatchSize, FetchBatchSizeDefault)
+	setInt(&r.AckBatchSize, AckBatchSizeDefault)
+	setInt(&r.MaxDeliveries, MaxDeliveriesDefault)
+	setDur(&r.MinFetchInterval, MinFetchIntervalDefault)
+	setDur(&r.MaxFetchInterval, MaxFetchIntervalDefault)
+	setDur(&r.LeaseTTL, LeaseTTLDefault)
+	setDur(&r.GracefulTimeout, GracefulTimeoutDefault)
+	setDur(&r.AckLinger, AckLingerDefault)
+	setDur(&r.ListenProbeInterval, ListenProbeIntervalDefault)
+	setDur(&r.ListenProbeTimeout, ListenProbeTimeoutDefault)
+	setDur(&r.HeartbeatInterval, r.LeaseTTL/3)
+	if r.FetchBatchSize > 10000 {
+		return r, bad("FetchBatchSize", r.FetchBatchSize, "must be at most 10000")
+	}
+	if r.MinFetchInterval > r.MaxFetchInterval {
+		return r, bad("MinFetchInterval", r.MinFetchInterval, fmt.Sprintf("must not exceed MaxFetchInterval (%v)", r.MaxFetchInterval))
+	}
+	if r.LeaseTTL < time.Second/10 {
+		return r, bad("LeaseTTL", r.LeaseTTL, "must be at least 100ms")
+	}
+	if r.HeartbeatInterval > 0 && r.HeartbeatInterval >= r.LeaseTTL {
+		return r, bad("HeartbeatInterval", r.HeartbeatInterval, fmt.Sprintf("must be below LeaseTTL (%v), or negative to disable heartbeats", r.LeaseTTL))
+	}
+	if r.ListenProbeTimeout >= r.ListenProbeInterval {
+		return r, bad("ListenProbeTimeout", r.ListenProbeTimeout, fmt.Sprintf("must be below ListenProbeInterval (%v)", r.ListenProbeInterval))
+	}
+	if r.ListenDSN != "" && r.ListenConnect != nil {
+		return r, bad("ListenDSN", r.ListenDSN, "set ListenDSN or ListenConnect, not both")
+	}
+	if r.ListenDSN != "" {
+		if _, err := pgx.ParseConfig(r.ListenDSN); err != nil {
+			return r, bad("ListenDSN", "(redacted)", "cannot be parsed: "+err.Error())
+		}
+	}
+	if r.Retry == nil {
+		r.Retry = DefaultRetry()
+	} else if v := reflect.ValueOf(r.Retry); v.Kind() == reflect.Pointer && v.IsNil() {
+		return r, bad("Retry", fmt.Sprintf("%T(nil)", r.Retry), "must not be a nil pointer")
+	}
+	if r.Codec == nil {
+		r.Codec = DefaultCodec[T]()
+	} else if v := reflect.ValueOf(r.Codec); v.Kind() == reflect.Pointer && v.IsNil() {
+		return r, bad("Codec", fmt.Sprintf("%T(nil)", r.Codec), "must not be a nil pointer")
+	}
+	if r.Logger == nil {
+		r.Logger = slog.Default()
+	}
+	return r, nil
+}

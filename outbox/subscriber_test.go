@@ -1,0 +1,242 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// started is a running subscriber and the way to stop it.
+type started struct {
+	t      *testing.T
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// start runs sub until the test ends or stop is called.
+func start[T any](t *testing.T, sub *Subscriber[T]) *started {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &started{t: t, cancel: cancel, done: make(chan error, 1)}
+	go func() { s.done <- sub.Run(ctx) }()
+	t.Cleanup(func() { s.stop() })
+	return s
+}
+
+// stop cancels Run and waits for it to return.
+func (s *started) stop() error {
+	s.t.Helper()
+	s.cancel()
+	select {
+	case err, ok := <-s.done:
+		if ok {
+			close(s.done)
+		}
+		return err
+	case <-time.After(30 * time.Second):
+		s.t.Fatal("Run did not return within 30s of its context ending")
+		return nil
+	}
+}
+
+// fastConfig polls often so tests do not wait on intervals.
+func fastConfig[T any](rec MetricsRecorder) *SubscriberConfig[T] {
+	return &SubscriberConfig[T]{
+		Workers: 4, MinFetchInterval: 10 * time.Millisecond, MaxFetchInterval: 100 * time.Millisecond,
+		LeaseTTL: 5 * time.Second, GracefulTimeout: 5 * time.Second, Metrics: rec,
+	}
+}
+
+// eventually polls cond until it holds or 20 s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// named returns the events called name, in order.
+func (r *events) named(name string) []MetricEvent {
+	var out []MetricEvent
+	for _, ev := range r.all() {
+		if ev.Name == name {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func TestSubscribersDeliverEveryRowExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 10000
+	pub := newPublisher[int](t, e, "work", nil)
+	msgs := make([]int, n)
+	for i := range msgs {
+		msgs[i] = i
+	}
+	if _, err := pub.PublishBatch(e.ctx, e.db.Pool, msgs, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	var (
+		mu      sync.Mutex
+		handled = map[int]int{}
+		rec     = &events{}
+	)
+	for i := range 3 {
+		cfg := fastConfig[int](rec)
+		cfg.Name = fmt.Sprintf("sub-%d", i)
+		sub, err := NewSubscriber(e.ob, []string{"work"}, func(_ context.Context, m *Message[int]) error {
+			mu.Lock()
+			handled[m.Payload]++
+			mu.Unlock()
+			return nil
+		}, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start(t, sub)
+	}
+	eventually(t, "every row acked", func() bool { return len(rec.named(EventAcked)) >= n })
+	eventually(t, "an empty outbox", func() bool { return e.count("outbox") == 0 })
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(handled) != n {
+		t.Errorf("handled %d distinct messages, want %d", len(handled), n)
+	}
+	for v, c := range handled {
+		if c != 1 {
+			t.Errorf("message %d handled %d times", v, c)
+		}
+	}
+	acked := map[int64]int{}
+	subs := map[string]bool{}
+	for _, ev := range rec.named(EventAcked) {
+		acked[ev.ID]++
+		subs[ev.Subscriber] = true
+	}
+	if len(acked) != n {
+		t.Errorf("%d distinct rows acked, want %d", len(acked), n)
+	}
+	for id, c := range acked {
+		if c != 1 {
+			t.Errorf("row %d acked %d times", id, c)
+		}
+	}
+	if len(subs) != 3 {
+		t.Errorf("acks came from %d subscribers, want 3", len(subs))
+	}
+	if got := rec.named(EventLeaseLost); len(got) != 0 {
+		t.Errorf("lease_lost events: %v", got)
+	}
+}
+
+func TestGracefulStopDrainsInFlight(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pub := newPublisher[string](t, e, "slow", nil)
+	if _, err := pub.PublishBatch(e.ctx, e.db.Pool, []string{"a", "b"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var inFlight, finished atomic.Int32
+	rec := &events{}
+	sub, err := NewSubscriber(e.ob, []string{"slow"}, func(ctx context.Context, m *Message[string]) error {
+		inFlight.Add(1)
+		time.Sleep(300 * time.Millisecond)
+		finished.Add(1)
+		return nil
+	}, fastConfig[string](rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, sub)
+	eventually(t, "both handlers running", func() bool { return inFlight.Load() == 2 })
+	if err := s.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if finished.Load() != 2 {
+		t.Errorf("Run returned with %d of 2 handlers finished", finished.Load())
+	}
+	if n := e.count("outbox"); n != 0 {
+		t.Errorf("%d rows left after a graceful stop", n)
+	}
+	if got := len(rec.named(EventAcked)); got != 2 {
+		t.Errorf("%d acked events, want 2", got)
+	}
+}
+
+func TestWedgedHandlerDoesNotHoldRunAndItsRowSurvives(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pub := newPublisher[string](t, e, "wedged", nil)
+	id, err := pub.Publish(e.ctx, e.db.Pool, "x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	var (
+		entered = make(chan struct{})
+		cause   atomic.Value
+	)
+	rec := &events{}
+	cfg := fastConfig[string](rec)
+	cfg.GracefulTimeout = 200 * time.Millisecond
+	sub, err := NewSubscriber(e.ob, []string{"wedged"}, func(ctx context.Context, m *Message[string]) error {
+		close(entered)
+		<-ctx.Done()
+		cause.Store(context.Cause(ctx))
+		<-release // ignores its cancelled context
+		return nil
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, sub)
+	<-entered
+	began := time.Now()
+	if err := s.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("Run took %v to return with a wedged handler", took)
+	}
+	eventually(t, "the handler's context cancelled", func() bool { return cause.Load() != nil })
+	if c := cause.Load().(error); !errors.Is(c, ErrSubscriberStopped) {
+		t.Errorf("cause %v, want ErrSubscriberStopped", c)
+	}
+	row, ok := e.row(id)
+	if !ok || row.AcquiredToken == nil {
+		t.Fatalf("wedged row: present %v, lease %v; want still leased", ok, row.AcquiredToken)
+	}
+	if got := rec.named(EventDrainTimeout); len(got) != 1 || got[0].Count != 1 {
+		t.Errorf("drain_timeout events %v, want one with count 1", got)
+	}
+	if got := rec.named(EventAcked); len(got) != 0 {
+		t.Errorf("wedged row counted as acked: %v", got)
+	}
+}
+
+func sortedIDs(evs []MetricEvent) []int64 {
+	var out []int64
+	for _, ev := range evs {
+		out = append(out, ev.ID)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+var _ = cmp.Diff

@@ -1,0 +1,150 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+)
+
+// work hands claimed rows to the handler until ctx is done.
+func (r *run[T]) work(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case d := <-r.buf:
+			select {
+			case r.taken <- struct{}{}:
+			default:
+			}
+			if ctx.Err() != nil {
+				r.unstart(d)
+				return
+			}
+			r.handle(d)
+		}
+	}
+}
+
+// handle runs one delivery and hands its outcome to the acknowledger.
+func (r *run[T]) handle(d *delivery) {
+	cfg := &r.s.cfg
+	if d.ctx.Err() != nil {
+		// The lease ran out while the row waited for a worker; another
+		// claim may own it now, so leave it be.
+		r.leases.remove(d)
+		return
+	}
+	if cfg.MaxDeliveries > 0 && int(d.row.DeliveriesCount) > cfg.MaxDeliveries {
+		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonMaxDeliveries,
+			err: fmt.Errorf("claimed %d times; MaxDeliveries is %d", d.row.DeliveriesCount, cfg.MaxDeliveries)})
+		return
+	}
+	msg, err := decodeMessage(cfg.Codec, r.s.contentType, &d.row)
+	if err != nil {
+		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, err: err})
+		return
+	}
+	r.emit(MetricEvent{Name: EventDispatched, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Bytes: len(d.row.Payload)})
+	start := time.Now()
+	herr, returned := r.call(d, msg)
+	ran := time.Since(start)
+	switch {
+	case !returned || r.handlerCtx.Err() != nil:
+		// Forced stop: the outcome is unknown or raced the stop. The row
+		// keeps its lease and is delivered again after it expires.
+		r.leases.remove(d)
+		return
+	case r.leases.isLost(d):
+		// A heartbeat found the lease gone and reported it; the newer
+		// delivery decides.
+		r.leases.remove(d)
+		return
+	}
+	o := r.decide(d, herr)
+	o.ran = ran
+	o.attempted = true
+	r.finish(d, o)
+}
+
+// call runs the handler in its own goroutine so a forced stop can abandon
+// a handler that ignores its context. returned is false when it was
+// abandoned.
+func (r *run[T]) call(d *delivery, msg *Message[T]) (err error, returned bool) {
+	done := make(chan error, 1)
+	go func() { done <- safeHandle(d.ctx, r.s.handler, msg) }()
+	select {
+	case err := <-done:
+		return err, true
+	case <-r.handlerCtx.Done():
+		select {
+		case err := <-done:
+			return err, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// safeHandle calls h, turning a panic into an error.
+func safeHandle[T any](ctx context.Context, h Handler[T], msg *Message[T]) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return h(ctx, msg)
+}
+
+// decide turns a handler's result into an outcome.
+func (r *run[T]) decide(d *delivery, err error) outcome {
+	if err == nil {
+		return outcome{kind: kindAck}
+	}
+	var rej *rejectError
+	if errors.As(err, &rej) {
+		return outcome{kind: r.terminalKind(), reason: ReasonRejected, err: err}
+	}
+	var ra *retryAfterError
+	if errors.As(err, &ra) {
+		return outcome{kind: kindRetry, delay: ra.delay, err: err}
+	}
+	attempt := int(d.row.AttemptsCount) + 1
+	var elapsed time.Duration
+	if d.row.FirstAttemptAt != nil {
+		elapsed = time.Since(*d.row.FirstAttemptAt)
+	}
+	delay, ok, problem := nextDelay(r.s.cfg.Retry, attempt, elapsed, err)
+	if problem != nil {
+		r.s.log.Error("outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
+		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, err: fmt.Errorf("%w (%v)", err, problem)}
+	}
+	if !ok {
+		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, err: err}
+	}
+	return outcome{kind: kindRetry, delay: delay, err: err}
+}
+
+func (r *run[T]) terminalKind() outcomeKind {
+	if r.s.cfg.DisableDeadLetter {
+		return kindDrop
+	}
+	return kindDeadLetter
+}
+
+// finish stops tracking d and queues its outcome.
+func (r *run[T]) finish(d *delivery, o outcome) {
+	o.d = d
+	r.leases.remove(d)
+	r.outcomes <- o
+}
+
+// unstart keeps a row a worker took after the stop, for release.
+func (r *run[T]) unstart(d *delivery) {
+	r.unstartedMu.Lock()
+	r.unstarted = append(r.unstarted, d)
+	r.unstartedMu.Unlock()
+}

@@ -1,0 +1,11 @@
+-- name: Listen :exec
+-- Subscribes the session to the channels on which the NOTIFY trigger
+-- announces due and scheduled rows.
+LISTEN /*outbox:listen*/outbox_outbox;
+
+-- name: ListenScheduled :exec
+LISTEN /*outbox:listen*/outbox_outbox_scheduled;
+
+-- name: Probe :one
+-- A bounded round trip that proves a connection is alive.
+SELECT 1::integer AS alive;
