@@ -101,7 +101,8 @@ type DB struct {
 	Pool *pgxpool.Pool
 	// Schema is the test's own, initially empty schema.
 	Schema string
-	// URL connects to the same database with search_path set to Schema.
+	// URL connects to the same database with search_path and
+	// application_name set to Schema.
 	URL string
 }
 
@@ -142,7 +143,9 @@ func New(tb testing.TB) *DB {
 	return &DB{Pool: pool, Schema: schema, URL: u}
 }
 
-// WithSearchPath returns dsn with search_path set to schema.
+// WithSearchPath returns dsn with search_path set to schema, and
+// application_name too, so a test can find its own backends in
+// pg_stat_activity.
 func WithSearchPath(tb testing.TB, dsn, schema string) string {
 	tb.Helper()
 	u, err := url.Parse(dsn)
@@ -151,6 +154,7 @@ func WithSearchPath(tb testing.TB, dsn, schema string) string {
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
+	q.Set("application_name", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
 }
