@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -51,6 +53,7 @@ func fastConfig[T any](rec MetricsRecorder) *SubscriberConfig[T] {
 	return &SubscriberConfig[T]{
 		Workers: 4, MinFetchInterval: 10 * time.Millisecond, MaxFetchInterval: 100 * time.Millisecond,
 		LeaseTTL: 5 * time.Second, GracefulTimeout: 5 * time.Second, Metrics: rec,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }
 

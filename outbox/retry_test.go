@@ -1,0 +1,260 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+func TestRetryStrategies(t *testing.T) {
+	t.Parallel()
+	boom := errors.New("boom")
+	tests := []struct {
+		name    string
+		s       RetryStrategy
+		attempt int
+		elapsed time.Duration
+		want    time.Duration
+		ok      bool
+	}{
+		{"no retry", NoRetry{}, 1, 0, 0, false},
+		{"constant", ConstantRetry{Delay: time.Minute}, 7, 0, time.Minute, true},
+		{"constant at max attempts", ConstantRetry{Delay: time.Minute, MaxAttempts: 3}, 3, 0, time.Minute, false},
+		{"constant past max total delay", ConstantRetry{Delay: time.Minute, MaxTotalDelay: time.Hour}, 2, 59*time.Minute + time.Second, time.Minute, false},
+		{"linear", LinearRetry{Initial: time.Second, Step: 2 * time.Second}, 3, 0, 5 * time.Second, true},
+		{"linear capped", LinearRetry{Initial: time.Second, Step: time.Hour, MaxDelay: time.Minute}, 3, 0, time.Minute, true},
+		{"exponential", &ExponentialRetry{Initial: time.Second, Multiplier: 3}, 3, 0, 9 * time.Second, true},
+		{"exponential capped", &ExponentialRetry{Initial: time.Second, Multiplier: 2, MaxDelay: 5 * time.Second}, 10, 0, 5 * time.Second, true},
+		{"exponential overflow", &ExponentialRetry{Initial: time.Hour, Multiplier: 10}, 40, 0, 0, false},
+	}
+	for _, tt := range tests {
+		got, ok, problem := nextDelay(tt.s, tt.attempt, tt.elapsed, boom)
+		if ok != tt.ok || (ok && got != tt.want) || problem != nil {
+			t.Errorf("%s: NextDelay(%d) = %v, %v, %v; want %v, %v", tt.name, tt.attempt, got, ok, problem, tt.want, tt.ok)
+		}
+	}
+	def := DefaultRetry()
+	for range 100 {
+		d, ok := def.NextDelay(1, 0, boom)
+		if !ok || d < 800*time.Millisecond || d > 1200*time.Millisecond {
+			t.Fatalf("default first delay %v, %v; want 1s ± 20%%", d, ok)
+		}
+	}
+	if _, ok := def.NextDelay(10, 0, boom); ok {
+		t.Error("default strategy retries after 10 attempts")
+	}
+	if _, ok, problem := nextDelay(panicRetry{}, 1, 0, boom); ok || problem == nil {
+		t.Errorf("a panicking strategy: ok %v, problem %v; want give up with a problem", ok, problem)
+	}
+}
+
+type panicRetry struct{}
+
+func (panicRetry) NextDelay(int, time.Duration, error) (time.Duration, bool) { panic("strategy bug") }
+
+// dlqRow reads the dead-letter row of id.
+func (e *env) dlqRow(id int64) (db.OutboxDlq, bool) {
+	e.t.Helper()
+	var r db.OutboxDlq
+	err := e.db.Pool.QueryRow(e.ctx, `SELECT id, queue, deliveries_count, attempts_count, failure_reason, last_error
+		FROM outbox_dlq WHERE id = $1`, id).Scan(&r.ID, &r.Queue, &r.DeliveriesCount, &r.AttemptsCount, &r.FailureReason, &r.LastError)
+	if err != nil {
+		return r, false
+	}
+	return r, true
+}
+
+// failing runs a subscriber of queue whose handler returns result.
+func failing(t *testing.T, e *env, queue string, cfg *SubscriberConfig[string], result func(m *Message[string]) error) {
+	t.Helper()
+	sub, err := NewSubscriber(e.ob, []string{queue}, func(_ context.Context, m *Message[string]) error { return result(m) }, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, sub)
+}
+
+func TestRetryDelayFollowsTheStrategy(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id, err := newPublisher[string](t, e, "r", nil).Publish(e.ctx, e.db.Pool, "x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &events{}
+	cfg := fastConfig[string](rec)
+	cfg.Retry = LinearRetry{Initial: time.Hour, Step: time.Hour, MaxAttempts: 3}
+	before := e.serverNow()
+	failing(t, e, "r", cfg, func(*Message[string]) error { return errors.New("try later") })
+	eventually(t, "the retry", func() bool { return len(rec.named(EventRetried)) == 1 })
+	after := e.serverNow()
+	row, _ := e.row(id)
+	if row.AttemptsCount != 1 || row.AcquiredToken != nil {
+		t.Errorf("attempts %d lease %v; want 1 and none", row.AttemptsCount, row.AcquiredToken)
+	}
+	if lo, hi := before.Add(time.Hour), after.Add(time.Hour); row.NextAttemptAt.Before(lo) || row.NextAttemptAt.After(hi) {
+		t.Errorf("next attempt %v, want within [%v, %v]", row.NextAttemptAt, lo, hi)
+	}
+	if got := rec.named(EventRetried)[0]; got.Delay != time.Hour || got.ID != id {
+		t.Errorf("retried event %+v", got)
+	}
+
+	// The second failure waits Initial+Step; the third (MaxAttempts) ends it.
+	e.exec("UPDATE outbox SET next_attempt_at = now() WHERE id = $1", id)
+	eventually(t, "the second retry", func() bool { return len(rec.named(EventRetried)) == 2 })
+	if got := rec.named(EventRetried)[1]; got.Delay != 2*time.Hour {
+		t.Errorf("second delay %v, want 2h", got.Delay)
+	}
+	e.exec("UPDATE outbox SET next_attempt_at = now() WHERE id = $1", id)
+	eventually(t, "the dead letter", func() bool { return len(rec.named(EventDeadLettered)) == 1 })
+	got, ok := e.dlqRow(id)
+	if !ok {
+		t.Fatal("no DLQ row")
+	}
+	want := db.OutboxDlq{ID: id, Queue: "r", DeliveriesCount: 3, AttemptsCount: 3, FailureReason: ReasonRetryExhausted, LastError: ptr("try later")}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("DLQ row (-want +got):\n%s", diff)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestRetryAfterRejectAndPanics(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pub := newPublisher[string](t, e, "mixed", nil)
+	ids, err := pub.PublishBatch(e.ctx, e.db.Pool, []string{"later", "reject", "panic"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &events{}
+	cfg := fastConfig[string](rec)
+	cfg.Retry = NoRetry{}
+	failing(t, e, "mixed", cfg, func(m *Message[string]) error {
+		switch m.Payload {
+		case "later":
+			return RetryAfter(errors.New("busy"), 2*time.Hour)
+		case "reject":
+			return Reject(errors.New("invalid order"))
+		default:
+			panic("handler bug")
+		}
+	})
+	eventually(t, "three outcomes", func() bool {
+		return len(rec.named(EventRetried)) == 1 && len(rec.named(EventDeadLettered)) == 2
+	})
+	if got := rec.named(EventRetried)[0]; got.ID != ids[0] || got.Delay != 2*time.Hour {
+		t.Errorf("RetryAfter: %+v", got)
+	}
+	rej, _ := e.dlqRow(ids[1])
+	if rej.FailureReason != ReasonRejected || rej.AttemptsCount != 1 || rej.LastError == nil || *rej.LastError != "rejected: invalid order" {
+		t.Errorf("rejected row in DLQ: %+v (last error %v)", rej, deref(rej.LastError))
+	}
+	pan, _ := e.dlqRow(ids[2])
+	if pan.FailureReason != ReasonRetryExhausted || pan.LastError == nil || !strings.Contains(*pan.LastError, "handler panicked: handler bug") {
+		t.Errorf("panicked row in DLQ: %+v (last error %v)", pan, deref(pan.LastError))
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
+}
+
+func TestMaxDeliveriesEndsTheRowBeforeItsHandler(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id, err := newPublisher[string](t, e, "crashy", nil).Publish(e.ctx, e.db.Pool, "x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec("UPDATE outbox SET deliveries_count = 3 WHERE id = $1", id) // three crashed deliveries
+	rec := &events{}
+	cfg := fastConfig[string](rec)
+	cfg.MaxDeliveries = 3
+	ran := make(chan struct{}, 1)
+	failing(t, e, "crashy", cfg, func(*Message[string]) error { ran <- struct{}{}; return nil })
+	eventually(t, "the dead letter", func() bool { return len(rec.named(EventDeadLettered)) == 1 })
+	if got := rec.named(EventDispatched); len(got) != 0 {
+		t.Errorf("dispatched despite MaxDeliveries: %v", got)
+	}
+	select {
+	case <-ran:
+		t.Error("handler ran")
+	default:
+	}
+	got, _ := e.dlqRow(id)
+	if got.FailureReason != ReasonMaxDeliveries || got.DeliveriesCount != 4 || got.AttemptsCount != 0 {
+		t.Errorf("DLQ row %+v", got)
+	}
+}
+
+type order2 struct {
+	ID string `json:"id"`
+}
+
+func TestUndecodableRowsAreDeadLetteredNotRetried(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	bytesID, err := newPublisher[[]byte](t, e, "orders", nil).Publish(e.ctx, e.db.Pool, []byte("not json"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`INSERT INTO outbox (queue, payload, headers) VALUES ('orders', '{broken', '{"content-type": "application/json"}')`)
+	e.exec(`INSERT INTO outbox (queue, payload, headers) VALUES ('orders', '{}', '{"content-type": 5}')`)
+	rec := &events{}
+	sub, err := NewSubscriber(e.ob, []string{"orders"}, func(context.Context, *Message[order2]) error {
+		t.Error("handler ran for an undecodable row")
+		return nil
+	}, fastConfig[order2](rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, sub)
+	eventually(t, "three dead letters", func() bool { return len(rec.named(EventDeadLettered)) == 3 })
+	for _, ev := range rec.named(EventDeadLettered) {
+		if ev.Reason != ReasonDecodeError {
+			t.Errorf("row %d: reason %q", ev.ID, ev.Reason)
+		}
+	}
+	got, _ := e.dlqRow(bytesID)
+	if got.AttemptsCount != 0 || !strings.Contains(deref(got.LastError), `content type "application/octet-stream"`) {
+		t.Errorf("DLQ row %+v: %s", got, deref(got.LastError))
+	}
+	if len(rec.named(EventRetried)) != 0 || len(rec.named(EventDispatched)) != 0 {
+		t.Error("undecodable rows were retried or dispatched")
+	}
+	if n := e.count("outbox"); n != 0 {
+		t.Errorf("%d rows left", n)
+	}
+}
+
+func TestTerminalRowsAreDeletedWhenDeadLetteringIsOff(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &events{}
+	cfg := fastConfig[string](rec)
+	cfg.DisableDeadLetter = true
+	failing(t, e, "q", cfg, func(*Message[string]) error { return Reject(errors.New("no")) })
+	eventually(t, "the terminal event", func() bool { return len(rec.named(EventTerminal)) == 1 })
+	want := []MetricEvent{{Name: EventTerminal, Subscriber: "q", Queue: "q", ID: id, Deliveries: 1, Reason: ReasonRejected}}
+	if diff := cmp.Diff(want, rec.named(EventTerminal), cmpopts.IgnoreFields(MetricEvent{}, "Duration")); diff != "" {
+		t.Errorf("terminal events (-want +got):\n%s", diff)
+	}
+	if e.count("outbox") != 0 || e.count("outbox_dlq") != 0 {
+		t.Error("terminal row not deleted, or dead-lettered although dead-lettering is off")
+	}
+}
