@@ -1,0 +1,186 @@
+package outbox
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// listeners returns the pids of this test's sessions LISTENing on ch.
+func (e *env) listeners(ch string) []int32 {
+	e.t.Helper()
+	rows, err := e.db.Pool.Query(e.ctx, `SELECT pid FROM pg_stat_activity
+		WHERE application_name = $1 AND query = $2 AND pid <> pg_backend_pid()`,
+		e.db.Schema, "-- name: ListenScheduled :exec\nLISTEN "+pgx.Identifier{ch + "_scheduled"}.Sanitize()+"\n")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return pids
+}
+
+// idleSubscriber runs a subscriber that polls only every 30 s, so only a
+// NOTIFY (or a scheduled wake-up) delivers quickly; handled receives the
+// time each message arrived.
+func idleSubscriber(t *testing.T, e *env, cfg *SubscriberConfig[string]) chan time.Time {
+	t.Helper()
+	if cfg == nil {
+		cfg = fastConfig[string](nil)
+	}
+	cfg.MinFetchInterval, cfg.MaxFetchInterval = 30*time.Second, 30*time.Second
+	handled := make(chan time.Time, 16)
+	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+		handled <- time.Now()
+		return nil
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, sub)
+	return handled
+}
+
+func within(t *testing.T, handled chan time.Time, d time.Duration, what string) time.Time {
+	t.Helper()
+	select {
+	case at := <-handled:
+		return at
+	case <-time.After(d):
+		t.Fatalf("%s: not handled within %v", what, d)
+		return time.Time{}
+	}
+}
+
+func TestNotifyWakesAnIdleSubscriber(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	handled := idleSubscriber(t, e, nil)
+	eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
+	time.Sleep(100 * time.Millisecond) // let the fetcher settle into its idle wait
+	pub := newPublisher[string](t, e, "q", nil)
+	sent := time.Now()
+	if _, err := pub.Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	if lat := within(t, handled, 5*time.Second, "after NOTIFY").Sub(sent); lat > time.Second {
+		t.Errorf("handled %v after publish; a NOTIFY should wake the subscriber in milliseconds", lat)
+	}
+}
+
+func TestPollingDeliversWhenListenIsImpossible(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rec := &events{}
+	cfg := fastConfig[string](rec)
+	cfg.ListenDSN = "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"
+	handled := make(chan time.Time, 1)
+	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+		handled <- time.Now()
+		return nil
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, sub)
+	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	within(t, handled, 10*time.Second, "by polling")
+}
+
+func TestKilledListenerIsReplaced(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	handled := idleSubscriber(t, e, nil)
+	var first []int32
+	eventually(t, "the LISTEN connection", func() bool { first = e.listeners(e.ob.Channel()); return len(first) == 1 })
+	e.exec("SELECT pg_terminate_backend($1)", first[0])
+	eventually(t, "a new LISTEN connection", func() bool {
+		now := e.listeners(e.ob.Channel())
+		return len(now) == 1 && now[0] != first[0]
+	})
+	time.Sleep(100 * time.Millisecond)
+	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	within(t, handled, 5*time.Second, "after the listener was replaced")
+}
+
+func TestScheduledRowIsDeliveredOnTime(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	handled := idleSubscriber(t, e, nil)
+	eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
+	time.Sleep(100 * time.Millisecond)
+	id, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Delay: 700 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, _ := e.row(id)
+	at := within(t, handled, 10*time.Second, "the scheduled row")
+	if late := at.Sub(row.NextAttemptAt); late < 0 || late > 100*time.Millisecond {
+		t.Errorf("handled %v after its due time; want within 100ms", late)
+	}
+}
+
+func TestSubscriberSurvivesKilledBackends(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 3000
+	msgs := make([]int, n)
+	for i := range msgs {
+		msgs[i] = i
+	}
+	if _, err := newPublisher[int](t, e, "q", nil).PublishBatch(e.ctx, e.db.Pool, msgs, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The subscriber gets a pool of its own, so its backends (pool and
+	// listener) can be told apart from the test's.
+	app := e.db.Schema + "_sub"
+	pool, err := pgxpool.New(e.ctx, strings.Replace(e.db.URL, "application_name="+e.db.Schema, "application_name="+app, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ob, err := New(pool, &Config{Schema: e.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make([]atomic.Int32, n)
+	var total atomic.Int32
+	cfg := fastConfig[int](nil)
+	cfg.FetchBatchSize = 20
+	sub, err := NewSubscriber(ob, []string{"q"}, func(_ context.Context, m *Message[int]) error {
+		seen[m.Payload].Add(1)
+		total.Add(1)
+		time.Sleep(100 * time.Microsecond)
+		return nil
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, sub)
+	eventually(t, "some progress", func() bool { return total.Load() > n/4 })
+	var killed int
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1`, app).Scan(&killed); err != nil {
+		t.Fatal(err)
+	}
+	if killed < 2 {
+		t.Fatalf("killed %d backends; want the pool's and the listener's", killed)
+	}
+	eventually(t, "every row delivered", func() bool { return e.count("outbox") == 0 })
+	for i := range seen {
+		if seen[i].Load() == 0 {
+			t.Fatalf("message %d never handled", i)
+		}
+	}
+}
