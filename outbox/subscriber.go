@@ -113,7 +113,8 @@ type run[T any] struct {
 	// outcomes carries handler outcomes to the acknowledger.
 	outcomes chan outcome
 
-	leases leases
+	leases  leases
+	metrics *metricsSink
 	// unstarted holds rows a worker took after the stop began.
 	unstartedMu sync.Mutex
 	unstarted   []*delivery
@@ -131,6 +132,7 @@ func newRun[T any](s *Subscriber[T], ctx context.Context) *run[T] {
 		taken:      make(chan struct{}, 1),
 		outcomes:   make(chan outcome, s.cfg.AckBatchSize*2),
 		leases:     leases{ttl: s.cfg.LeaseTTL, m: map[int64]*delivery{}},
+		metrics:    newMetricsSink(s.cfg.Metrics, s.log),
 		handlerCtx: hctx,
 		forceStop:  force,
 	}
@@ -158,12 +160,14 @@ func (r *run[T]) run(ctx context.Context) error {
 
 	<-ctx.Done()
 	fetcher.Wait()
+	r.release(bg) // rows no worker started go back at once
 	r.drain(bg, &workers)
-	r.release(bg)
+	r.release(bg) // rows a worker took after the stop began
 	close(r.outcomes)
 	ackErr := <-ackDone
 	stopBG()
 	side.Wait()
+	r.metrics.close(r.s.cfg.GracefulTimeout)
 	return ackErr
 }
 
@@ -228,10 +232,10 @@ func (r *run[T]) release(ctx context.Context) {
 	r.s.log.DebugContext(ctx, "outbox: released unstarted rows", slog.Int("rows", len(released)))
 }
 
-// emit records a metric event tagged with this subscriber.
+// emit queues a metric event tagged with this subscriber.
 func (r *run[T]) emit(ev MetricEvent) {
 	ev.Subscriber = r.s.cfg.Name
-	record(r.s.cfg.Metrics, r.s.log, ev)
+	r.metrics.emit(ev)
 }
 
 // rowAttrs are the log attributes of every line about a row.

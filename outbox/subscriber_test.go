@@ -243,3 +243,152 @@ func sortedIDs(evs []MetricEvent) []int64 {
 }
 
 var _ = cmp.Diff
+
+func TestNewSubscriberRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	ob, err := New(unreachablePool(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(context.Context, *Message[string]) error { return nil }
+	tests := []struct {
+		name   string
+		queues []string
+		h      Handler[string]
+		cfg    *SubscriberConfig[string]
+		field  string
+	}{
+		{"no queues", nil, h, nil, "queues"},
+		{"empty queue", []string{""}, h, nil, "queues[0]"},
+		{"duplicate queue", []string{"a", "a"}, h, nil, "queues[1]"},
+		{"nil handler", []string{"a"}, nil, nil, "handler"},
+		{"negative workers", []string{"a"}, h, &SubscriberConfig[string]{Workers: -1}, "SubscriberConfig.Workers"},
+		{"min above max interval", []string{"a"}, h, &SubscriberConfig[string]{MinFetchInterval: time.Minute, MaxFetchInterval: time.Second}, "SubscriberConfig.MinFetchInterval"},
+		{"heartbeat not below the lease", []string{"a"}, h, &SubscriberConfig[string]{LeaseTTL: time.Second, HeartbeatInterval: time.Second}, "SubscriberConfig.HeartbeatInterval"},
+		{"tiny lease", []string{"a"}, h, &SubscriberConfig[string]{LeaseTTL: time.Millisecond}, "SubscriberConfig.LeaseTTL"},
+		{"probe timeout above interval", []string{"a"}, h, &SubscriberConfig[string]{ListenProbeInterval: time.Second, ListenProbeTimeout: 2 * time.Second}, "SubscriberConfig.ListenProbeTimeout"},
+		{"bad listen DSN", []string{"a"}, h, &SubscriberConfig[string]{ListenDSN: "postgres://a b@/"}, "SubscriberConfig.ListenDSN"},
+		{"nil retry pointer", []string{"a"}, h, &SubscriberConfig[string]{Retry: (*ExponentialRetry)(nil)}, "SubscriberConfig.Retry"},
+		{"huge batch", []string{"a"}, h, &SubscriberConfig[string]{FetchBatchSize: 10001}, "SubscriberConfig.FetchBatchSize"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewSubscriber(ob, tt.queues, tt.h, tt.cfg)
+			var ce *ConfigError
+			if !errors.As(err, &ce) || ce.Field != tt.field {
+				t.Fatalf("NewSubscriber: %v; want a *ConfigError for %s", err, tt.field)
+			}
+		})
+	}
+	sub, err := NewSubscriber(ob, []string{"a", "b"}, h, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sub.cfg
+	got := []any{c.Name, c.Workers, c.FetchBatchSize, c.LeaseTTL, c.HeartbeatInterval, c.MaxDeliveries, c.GracefulTimeout}
+	want := []any{"a,b", WorkersDefault, FetchBatchSizeDefault, LeaseTTLDefault, LeaseTTLDefault / 3, MaxDeliveriesDefault, GracefulTimeoutDefault}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+}
+
+func TestRunTwiceAtOnceFails(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[string]) error { return nil }, fastConfig[string](nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, sub)
+	eventually(t, "Run to start", func() bool { return sub.running.Load() })
+	if err := sub.Run(e.ctx); !errors.Is(err, ErrAlreadyRunning) {
+		t.Errorf("second Run: %v, want ErrAlreadyRunning", err)
+	}
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Once stopped it can run again.
+	start(t, sub).stop()
+}
+
+type slowRecorder struct{ calls atomic.Int32 }
+
+func (r *slowRecorder) Record(MetricEvent) {
+	if r.calls.Add(1)%2 == 0 {
+		panic("recorder bug")
+	}
+	time.Sleep(time.Second)
+}
+
+func TestSlowOrPanickingRecorderDoesNotStallDelivery(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	msgs := make([]int, 300)
+	if _, err := newPublisher[int](t, e, "q", nil).PublishBatch(e.ctx, e.db.Pool, msgs, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec := &slowRecorder{}
+	cfg := fastConfig[int](nil)
+	cfg.Metrics = rec
+	cfg.GracefulTimeout = time.Second
+	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[int]) error { return nil }, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, sub)
+	// Recording synchronously would take minutes.
+	eventually(t, "every row delivered", func() bool { return e.count("outbox") == 0 })
+	began := time.Now()
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("Run took %v to stop behind a slow recorder", took)
+	}
+}
+
+func TestStopReleasesClaimedButUnstartedRows(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	msgs := make([]int, 50)
+	if _, err := newPublisher[int](t, e, "q", nil).PublishBatch(e.ctx, e.db.Pool, msgs, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig[int](nil)
+	cfg.Workers, cfg.FetchBatchSize = 1, 20
+	entered := make(chan struct{}, 100)
+	proceed := make(chan struct{})
+	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[int]) error {
+		entered <- struct{}{}
+		<-proceed
+		return nil
+	}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := start(t, sub)
+	<-entered
+	leased := func() (n int) {
+		if err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox WHERE acquired_token IS NOT NULL").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	eventually(t, "a claimed batch", func() bool { return leased() == 20 })
+	s.cancel() // stop, while the one handler is still running
+	eventually(t, "the unstarted rows released", func() bool { return leased() == 1 })
+	var redelivered int
+	if err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox WHERE deliveries_count > 0 AND acquired_token IS NULL").Scan(&redelivered); err != nil {
+		t.Fatal(err)
+	}
+	if redelivered != 0 {
+		t.Errorf("%d released rows still count a delivery", redelivered)
+	}
+	close(proceed)
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count("outbox"); n != 49 {
+		t.Errorf("%d rows left, want 49 (one handled)", n)
+	}
+}
