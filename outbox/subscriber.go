@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -241,10 +239,4 @@ func (r *run[T]) emit(ev MetricEvent) {
 // rowAttrs are the log attributes of every line about a row.
 func rowAttrs(d *delivery) []any {
 	return []any{slog.String("queue", d.row.Queue), slog.Int64("id", d.row.ID), slog.Int("deliveries", int(d.row.DeliveriesCount))}
-}
-
-// isConnErr reports whether err came from the database rather than from
-// ctx being done.
-func isConnErr(ctx context.Context, err error) bool {
-	return err != nil && ctx.Err() == nil && !errors.Is(err, pgx.ErrNoRows)
 }
