@@ -11,6 +11,10 @@ GOFILES      = $(shell git ls-files --cached --others --exclude-standard '*.go')
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+.PHONY: demo
+demo: ## Run the demo: 10,000 orders through the outbox on $DATABASE_URL (or a testcontainers PostgreSQL)
+	$(GO) run ./examples/orders
+
 .PHONY: gen
 gen: ## Regenerate db/ from sql/ with the pinned sqlc
 	$(GO) generate .
