@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -9,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
@@ -41,6 +43,7 @@ func sampleOrder(i int) order {
 // benchEnv holds every contender's client on one database.
 type benchEnv struct {
 	pool      *pgxpool.Pool
+	stdDB     *sql.DB
 	ob        *outbox.Outbox
 	river     *river.Client[pgx.Tx]
 	watermill *wsql.Publisher
@@ -56,7 +59,7 @@ func newBenchEnv(ctx context.Context, dsn string) (*benchEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &benchEnv{pool: pool}
+	e := &benchEnv{pool: pool, stdDB: stdlib.OpenDBFromPool(pool)}
 	if err := e.setup(ctx); err != nil {
 		e.close()
 		return nil, err
@@ -132,5 +135,6 @@ func (e *benchEnv) close() {
 			_, _ = e.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
 		}
 	}
+	_ = e.stdDB.Close()
 	e.pool.Close()
 }

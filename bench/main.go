@@ -13,6 +13,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -40,6 +41,7 @@ type suite struct {
 var suites = []suite{
 	{"publish", runPublish},
 	{"batch", runBatch},
+	{"drain", runDrain},
 }
 
 func main() {
@@ -93,3 +95,5 @@ func run(o options, which string) error {
 	}
 	return nil
 }
+
+func jsonOrder(i int) ([]byte, error) { return json.Marshal(sampleOrder(i)) }

@@ -8,7 +8,7 @@ package db
 import (
 	"context"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const deadLetterWithLease = `-- name: DeadLetterWithLease :execrows
@@ -33,7 +33,7 @@ type DeadLetterWithLeaseParams struct {
 	Reason    string
 	LastError *string
 	ID        int64
-	Token     uuid.UUID
+	Token     pgtype.UUID
 }
 
 // Moves a leased row to the dead-letter table in one statement: the row

@@ -8,7 +8,7 @@ package db
 import (
 	"context"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const deleteBatchWithLease = `-- name: DeleteBatchWithLease :many
@@ -20,7 +20,7 @@ RETURNING o.id
 
 type DeleteBatchWithLeaseParams struct {
 	Ids    []int64
-	Tokens []uuid.UUID
+	Tokens []pgtype.UUID
 }
 
 // Returns the ids it deleted; an id missing from the result lost its lease.
@@ -52,7 +52,7 @@ WHERE o.id = $1 AND o.acquired_token = $2::uuid
 
 type DeleteWithLeaseParams struct {
 	ID    int64
-	Token uuid.UUID
+	Token pgtype.UUID
 }
 
 // Every statement here ends or reschedules a delivery, so every one is
@@ -76,7 +76,7 @@ RETURNING o.id
 
 type ExtendLeasesParams struct {
 	Ids    []int64
-	Tokens []uuid.UUID
+	Tokens []pgtype.UUID
 }
 
 // Heartbeat: restarts the lease of every row still held with its token.
@@ -119,7 +119,7 @@ RETURNING o.id
 
 type MarkPendingBatchWithLeaseParams struct {
 	Ids          []int64
-	Tokens       []uuid.UUID
+	Tokens       []pgtype.UUID
 	DelaySeconds []float64
 }
 
@@ -159,7 +159,7 @@ WHERE o.id = $2 AND o.acquired_token = $3::uuid
 type MarkPendingWithLeaseParams struct {
 	DelaySeconds float64
 	ID           int64
-	Token        uuid.UUID
+	Token        pgtype.UUID
 }
 
 // Records a handled attempt and makes the row claimable again after
@@ -184,7 +184,7 @@ RETURNING o.id
 
 type ReleaseBatchWithLeaseParams struct {
 	Ids    []int64
-	Tokens []uuid.UUID
+	Tokens []pgtype.UUID
 }
 
 // Hands back rows that were claimed but never given to a handler (the

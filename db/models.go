@@ -5,17 +5,16 @@
 package db
 
 import (
-	"encoding/json"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type Outbox struct {
 	ID              int64
 	Queue           string
 	Payload         []byte
-	Headers         json.RawMessage
+	Headers         []byte
 	OrderingKey     *string
 	TimerID         *string
 	CreatedAt       time.Time
@@ -25,14 +24,14 @@ type Outbox struct {
 	FirstAttemptAt  *time.Time
 	LastAttemptAt   *time.Time
 	AcquiredAt      *time.Time
-	AcquiredToken   *uuid.UUID
+	AcquiredToken   pgtype.UUID
 }
 
 type OutboxDlq struct {
 	ID              int64
 	Queue           string
 	Payload         []byte
-	Headers         json.RawMessage
+	Headers         []byte
 	OrderingKey     *string
 	TimerID         *string
 	DeliveriesCount int32

@@ -7,7 +7,6 @@ package db
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 )
 
@@ -42,7 +41,7 @@ RETURNING o.id
 type PublishParams struct {
 	Queue        string
 	Payload      []byte
-	Headers      json.RawMessage
+	Headers      []byte
 	OrderingKey  *string
 	TimerID      *string
 	DelaySeconds float64
@@ -77,7 +76,7 @@ RETURNING o.id
 
 type PublishBatchParams struct {
 	Queue        string
-	Headers      json.RawMessage
+	Headers      []byte
 	OrderingKey  *string
 	DelaySeconds float64
 	NotBefore    *time.Time
@@ -120,7 +119,7 @@ func (q *Queries) PublishBatch(ctx context.Context, arg PublishBatchParams) ([]i
 type PublishCopyParams struct {
 	Queue       string
 	Payload     []byte
-	Headers     json.RawMessage
+	Headers     []byte
 	OrderingKey *string
 }
 
@@ -137,7 +136,7 @@ RETURNING o.id
 type PublishTimerParams struct {
 	Queue        string
 	Payload      []byte
-	Headers      json.RawMessage
+	Headers      []byte
 	OrderingKey  *string
 	TimerID      string
 	DelaySeconds float64

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -190,9 +190,9 @@ func (r *run[T]) landed(os []outcome, ids []int64) {
 	}
 }
 
-func leaseArgs(os []outcome) ([]int64, []uuid.UUID) {
+func leaseArgs(os []outcome) ([]int64, []pgtype.UUID) {
 	ids := make([]int64, len(os))
-	tokens := make([]uuid.UUID, len(os))
+	tokens := make([]pgtype.UUID, len(os))
 	for i, o := range os {
 		ids[i], tokens[i] = o.d.row.ID, o.d.token
 	}

@@ -23,7 +23,7 @@ func TestClaimTakesDueUnleasedRows(t *testing.T) {
 		t.Fatalf("claimed ids (-want +got):\n%s", diff)
 	}
 	for _, r := range rows {
-		if r.AcquiredToken == nil || r.AcquiredAt == nil {
+		if !r.AcquiredToken.Valid || r.AcquiredAt == nil {
 			t.Errorf("row %d: lease not set: token %v at %v", r.ID, r.AcquiredToken, r.AcquiredAt)
 		}
 		if r.DeliveriesCount != 1 || r.AttemptsCount != 0 {
@@ -36,7 +36,7 @@ func TestClaimTakesDueUnleasedRows(t *testing.T) {
 	if token(t, rows[0]) == token(t, rows[1]) {
 		t.Errorf("two rows share lease token %v", token(t, rows[0]))
 	}
-	if got, ok := e.row(a); !ok || got.AcquiredToken == nil || *got.AcquiredToken != token(t, rows[0]) {
+	if got, ok := e.row(a); !ok || !got.AcquiredToken.Valid || got.AcquiredToken != token(t, rows[0]) {
 		t.Errorf("stored lease of row %d = %v, want %v", a, got.AcquiredToken, rows[0].AcquiredToken)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -13,7 +13,7 @@ import (
 // delivery is one claimed row, from claim to outcome.
 type delivery struct {
 	row   db.Outbox
-	token uuid.UUID
+	token pgtype.UUID
 
 	// ctx is the handler's context: cancelled with ErrLeaseLost when the
 	// lease expires unextended or a heartbeat finds it taken, and with
@@ -34,7 +34,7 @@ type leases struct {
 // add starts tracking a claimed row; its context is a child of parent.
 func (l *leases) add(parent context.Context, row db.Outbox) *delivery {
 	ctx, cancel := context.WithCancelCause(parent)
-	d := &delivery{row: row, token: *row.AcquiredToken, ctx: ctx, cancel: cancel}
+	d := &delivery{row: row, token: row.AcquiredToken, ctx: ctx, cancel: cancel}
 	d.expiry = time.AfterFunc(l.ttl, func() { cancel(ErrLeaseLost) })
 	l.mu.Lock()
 	l.m[row.ID] = d
@@ -52,11 +52,11 @@ func (l *leases) remove(d *delivery) {
 }
 
 // snapshot returns the ids and tokens of every held row.
-func (l *leases) snapshot() ([]int64, []uuid.UUID) {
+func (l *leases) snapshot() ([]int64, []pgtype.UUID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ids := make([]int64, 0, len(l.m))
-	tokens := make([]uuid.UUID, 0, len(l.m))
+	tokens := make([]pgtype.UUID, 0, len(l.m))
 	for id, d := range l.m {
 		ids = append(ids, id)
 		tokens = append(tokens, d.token)

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -33,7 +33,7 @@ func TestDeleteWithLeaseNeedsTheToken(t *testing.T) {
 	unleased := e.publish("other")
 
 	for name, p := range map[string]db.DeleteWithLeaseParams{
-		"wrong token":  {ID: r.ID, Token: uuid.New()},
+		"wrong token":  {ID: r.ID, Token: newToken()},
 		"unleased row": {ID: unleased, Token: token(t, r)},
 	} {
 		n, err := e.q.DeleteWithLease(e.ctx, p)
@@ -65,7 +65,7 @@ func TestDeleteBatchReturnsOnlyDeletedIDs(t *testing.T) {
 
 	got, err := e.q.DeleteBatchWithLease(e.ctx, db.DeleteBatchWithLeaseParams{
 		Ids:    ids(rows),
-		Tokens: []uuid.UUID{token(t, rows[0]), token(t, rows[1]), token(t, rows[2])},
+		Tokens: []pgtype.UUID{token(t, rows[0]), token(t, rows[1]), token(t, rows[2])},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +84,7 @@ func TestMarkPendingClearsLeaseAndSchedulesOnServerClock(t *testing.T) {
 	e := setup(t)
 	r := e.leased(1)[0]
 
-	n, err := e.q.MarkPendingWithLease(e.ctx, db.MarkPendingWithLeaseParams{ID: r.ID, Token: uuid.New(), DelaySeconds: 30})
+	n, err := e.q.MarkPendingWithLease(e.ctx, db.MarkPendingWithLeaseParams{ID: r.ID, Token: newToken(), DelaySeconds: 30})
 	if err != nil || n != 0 {
 		t.Fatalf("mark pending with a wrong token: %d, %v; want 0, nil", n, err)
 	}
@@ -96,7 +96,7 @@ func TestMarkPendingClearsLeaseAndSchedulesOnServerClock(t *testing.T) {
 		t.Fatalf("mark pending: %d, %v; want 1, nil", n, err)
 	}
 	got, _ := e.row(r.ID)
-	if got.AcquiredToken != nil || got.AcquiredAt != nil {
+	if got.AcquiredToken.Valid || got.AcquiredAt != nil {
 		t.Errorf("lease not cleared: token %v at %v", got.AcquiredToken, got.AcquiredAt)
 	}
 	if got.AttemptsCount != 1 || got.DeliveriesCount != 1 {
@@ -120,7 +120,7 @@ func TestMarkPendingBatch(t *testing.T) {
 	rows := e.leased(3)
 	got, err := e.q.MarkPendingBatchWithLease(e.ctx, db.MarkPendingBatchWithLeaseParams{
 		Ids:          ids(rows),
-		Tokens:       []uuid.UUID{token(t, rows[0]), uuid.New(), token(t, rows[2])},
+		Tokens:       []pgtype.UUID{token(t, rows[0]), newToken(), token(t, rows[2])},
 		DelaySeconds: []float64{0, 0, 3600},
 	})
 	if err != nil {
@@ -134,7 +134,7 @@ func TestMarkPendingBatch(t *testing.T) {
 	if diff := cmp.Diff([]int64{rows[0].ID}, ids(e.claim(10, "q"))); diff != "" {
 		t.Errorf("claimable after batch retry (-want +got):\n%s", diff)
 	}
-	if r, _ := e.row(rows[1].ID); r.AcquiredToken == nil || *r.AcquiredToken != token(t, rows[1]) {
+	if r, _ := e.row(rows[1].ID); !r.AcquiredToken.Valid || r.AcquiredToken != token(t, rows[1]) {
 		t.Errorf("row with the wrong token lost its lease: %v", r.AcquiredToken)
 	}
 }
@@ -147,7 +147,7 @@ func TestExtendLeases(t *testing.T) {
 
 	got, err := e.q.ExtendLeases(e.ctx, db.ExtendLeasesParams{
 		Ids:    ids(rows),
-		Tokens: []uuid.UUID{token(t, rows[0]), uuid.New()},
+		Tokens: []pgtype.UUID{token(t, rows[0]), newToken()},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +169,7 @@ func TestDeadLetterWithLease(t *testing.T) {
 	boom := "boom"
 
 	n, err := e.q.DeadLetterWithLease(e.ctx, db.DeadLetterWithLeaseParams{
-		ID: r.ID, Token: uuid.New(), Attempted: true, Reason: "rejected", LastError: &boom})
+		ID: r.ID, Token: newToken(), Attempted: true, Reason: "rejected", LastError: &boom})
 	if err != nil || n != 0 {
 		t.Fatalf("dead-letter with a wrong token: %d, %v; want 0, nil", n, err)
 	}
@@ -238,7 +238,7 @@ func TestDeadLetterIsAtomic(t *testing.T) {
 	if !ok {
 		t.Fatalf("row %d deleted although its DLQ insert failed", r.ID)
 	}
-	if got.AcquiredToken == nil || *got.AcquiredToken != token(t, r) {
+	if !got.AcquiredToken.Valid || got.AcquiredToken != token(t, r) {
 		t.Errorf("row lease = %v, want still %v", got.AcquiredToken, token(t, r))
 	}
 }

@@ -3,6 +3,7 @@ package outbox
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
@@ -47,9 +48,29 @@ type contentTypeAccepter interface {
 // Accepts reports true: raw bytes can be read whatever wrote them.
 func (BytesCodec) Accepts(string) bool { return true }
 
+// headerCache remembers the last headers a worker decoded: rows published
+// by one PublishBatch share their header bytes, and parsing JSON costs more
+// than comparing and copying a small map.
+type headerCache struct {
+	raw string
+	m   map[string]string
+}
+
+func (c *headerCache) decode(raw []byte) (map[string]string, error) {
+	if c.m != nil && string(raw) == c.raw {
+		return maps.Clone(c.m), nil
+	}
+	var m map[string]string
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	c.raw, c.m = string(raw), m
+	return maps.Clone(m), nil
+}
+
 // decodeMessage turns a claimed row into a Message. An error means the row
 // can never be handled: its headers or payload are unreadable.
-func decodeMessage[T any](c Codec[T], contentType string, row *db.Outbox) (*Message[T], error) {
+func decodeMessage[T any](c Codec[T], contentType string, row *db.Outbox, hc *headerCache) (*Message[T], error) {
 	m := &Message[T]{
 		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: int(row.AttemptsCount),
 		CreatedAt: row.CreatedAt,
@@ -61,9 +82,11 @@ func decodeMessage[T any](c Codec[T], contentType string, row *db.Outbox) (*Mess
 		m.TimerID = *row.TimerID
 	}
 	if len(row.Headers) > 0 && string(row.Headers) != "null" {
-		if err := json.Unmarshal(row.Headers, &m.Headers); err != nil {
+		h, err := hc.decode(row.Headers)
+		if err != nil {
 			return nil, fmt.Errorf("headers are not an object of strings: %w", err)
 		}
+		m.Headers = h
 	}
 	if ct := m.Headers[HeaderContentType]; ct != "" && ct != contentType {
 		a, ok := c.(contentTypeAccepter)

@@ -96,7 +96,7 @@ func TestRetryDelayFollowsTheStrategy(t *testing.T) {
 	eventually(t, "the retry", func() bool { return len(rec.named(EventRetried)) == 1 })
 	after := e.serverNow()
 	row, _ := e.row(id)
-	if row.AttemptsCount != 1 || row.AcquiredToken != nil {
+	if row.AttemptsCount != 1 || row.AcquiredToken.Valid {
 		t.Errorf("attempts %d lease %v; want 1 and none", row.AttemptsCount, row.AcquiredToken)
 	}
 	if lo, hi := before.Add(time.Hour), after.Add(time.Hour); row.NextAttemptAt.Before(lo) || row.NextAttemptAt.After(hi) {

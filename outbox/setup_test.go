@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
@@ -122,10 +123,13 @@ func ids(rows []db.Outbox) []int64 {
 	return out
 }
 
-func token(t *testing.T, r db.Outbox) uuid.UUID {
+func token(t *testing.T, r db.Outbox) pgtype.UUID {
 	t.Helper()
-	if r.AcquiredToken == nil {
+	if !r.AcquiredToken.Valid {
 		t.Fatalf("row %d has no lease token", r.ID)
 	}
-	return *r.AcquiredToken
+	return r.AcquiredToken
 }
+
+// newToken is a lease token no claim issued.
+func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }

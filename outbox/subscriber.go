@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -214,7 +214,7 @@ func (r *run[T]) release(ctx context.Context) {
 	if len(ds) == 0 {
 		return
 	}
-	tokens := make([]uuid.UUID, len(ds))
+	tokens := make([]pgtype.UUID, len(ds))
 	for i, d := range ds {
 		tokens[i] = d.token
 		r.leases.remove(d)

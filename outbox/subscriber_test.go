@@ -222,7 +222,7 @@ func TestWedgedHandlerDoesNotHoldRunAndItsRowSurvives(t *testing.T) {
 		t.Errorf("cause %v, want ErrSubscriberStopped", c)
 	}
 	row, ok := e.row(id)
-	if !ok || row.AcquiredToken == nil {
+	if !ok || !row.AcquiredToken.Valid {
 		t.Fatalf("wedged row: present %v, lease %v; want still leased", ok, row.AcquiredToken)
 	}
 	if got := rec.named(EventDrainTimeout); len(got) != 1 || got[0].Count != 1 {

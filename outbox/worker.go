@@ -11,6 +11,7 @@ import (
 
 // work hands claimed rows to the handler until ctx is done.
 func (r *run[T]) work(ctx context.Context) {
+	var hc headerCache
 	for {
 		select {
 		case <-ctx.Done():
@@ -24,13 +25,13 @@ func (r *run[T]) work(ctx context.Context) {
 				r.unstart(d)
 				return
 			}
-			r.handle(d)
+			r.handle(d, &hc)
 		}
 	}
 }
 
 // handle runs one delivery and hands its outcome to the acknowledger.
-func (r *run[T]) handle(d *delivery) {
+func (r *run[T]) handle(d *delivery, hc *headerCache) {
 	cfg := &r.s.cfg
 	if d.ctx.Err() != nil {
 		// The lease ran out while the row waited for a worker; another
@@ -43,7 +44,7 @@ func (r *run[T]) handle(d *delivery) {
 			err: fmt.Errorf("claimed %d times; MaxDeliveries is %d", d.row.DeliveriesCount, cfg.MaxDeliveries)})
 		return
 	}
-	msg, err := decodeMessage(cfg.Codec, r.s.contentType, &d.row)
+	msg, err := decodeMessage(cfg.Codec, r.s.contentType, &d.row, hc)
 	if err != nil {
 		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, err: err})
 		return
