@@ -11,21 +11,25 @@ import (
 	"github.com/outboxgen/outboxgen/db"
 )
 
-// recorder captures the SQL a generated query sends, without running it.
-type recorder struct{ sql string }
+// recorder captures the SQL and arguments a generated query sends,
+// without running it.
+type recorder struct {
+	sql  string
+	args []any
+}
 
-func (r *recorder) Exec(_ context.Context, sql string, _ ...any) (pgconn.CommandTag, error) {
-	r.sql = sql
+func (r *recorder) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	r.sql, r.args = sql, args
 	return pgconn.CommandTag{}, nil
 }
 
-func (r *recorder) Query(_ context.Context, sql string, _ ...any) (pgx.Rows, error) {
-	r.sql = sql
+func (r *recorder) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	r.sql, r.args = sql, args
 	return nil, errRecorded
 }
 
-func (r *recorder) QueryRow(_ context.Context, sql string, _ ...any) pgx.Row {
-	r.sql = sql
+func (r *recorder) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	r.sql, r.args = sql, args
 	return errRow{errRecorded}
 }
 
@@ -35,15 +39,16 @@ func (r *recorder) CopyFrom(context.Context, pgx.Identifier, []string, pgx.CopyF
 
 var errRecorded = pgconn.NewParseConfigError("", "recorded, not run", nil)
 
-// explain returns the plan of the statement that call sends.
-func (e *env) explain(call func(*db.Queries), args ...any) string {
+// explain returns the plan of the statement that call sends, with the
+// arguments it sends.
+func (e *env) explain(call func(*db.Queries)) string {
 	e.t.Helper()
 	rec := &recorder{}
 	call(e.ob.queries(rec))
 	if rec.sql == "" {
 		e.t.Fatal("no SQL recorded")
 	}
-	rows, err := e.db.Pool.Query(e.ctx, "EXPLAIN "+rec.sql, args...)
+	rows, err := e.db.Pool.Query(e.ctx, "EXPLAIN "+rec.sql, rec.args...)
 	if err != nil {
 		e.t.Fatalf("EXPLAIN: %v", err)
 	}
@@ -55,8 +60,8 @@ func (e *env) explain(call func(*db.Queries), args ...any) string {
 }
 
 // The claim must stay cheap however deep the backlog: on 100k rows its plan
-// reads the outbox only through the partial indexes.
-func TestClaimPlanUsesPartialIndexes(t *testing.T) {
+// reads the outbox only through the claim-order index.
+func TestClaimPlanUsesTheClaimOrderIndex(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	e.exec(`INSERT INTO outbox (queue, payload, next_attempt_at)
@@ -65,19 +70,16 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 	e.exec("ANALYZE outbox")
 
 	params := db.ClaimParams{Queues: []string{"q1", "q2"}, MaxRows: 100, LeaseTtlSeconds: 30}
-	plan := e.explain(func(q *db.Queries) { _, _ = q.Claim(e.ctx, params) },
-		params.Queues, params.MaxRows, params.LeaseTtlSeconds)
+	plan := e.explain(func(q *db.Queries) { _, _ = q.Claim(e.ctx, params) })
 	t.Log(plan)
 	if strings.Contains(plan, "Seq Scan on outbox") {
 		t.Errorf("claim plan scans the outbox table sequentially:\n%s", plan)
 	}
-	for _, idx := range []string{"outbox_pending_idx", "outbox_leased_idx"} {
-		if !strings.Contains(plan, idx) {
-			t.Errorf("claim plan does not use %s:\n%s", idx, plan)
-		}
+	if !strings.Contains(plan, "Index Scan using outbox_pending_idx") {
+		t.Errorf("claim plan does not use outbox_pending_idx:\n%s", plan)
 	}
 
-	plan = e.explain(func(q *db.Queries) { _, _ = q.NextDueIn(e.ctx, params.Queues) }, params.Queues)
+	plan = e.explain(func(q *db.Queries) { _, _ = q.NextDueIn(e.ctx, params.Queues) })
 	if strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, "outbox_pending_idx") {
 		t.Errorf("next-due plan does not use outbox_pending_idx:\n%s", plan)
 	}
