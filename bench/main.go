@@ -42,6 +42,7 @@ var suites = []suite{
 	{"publish", runPublish},
 	{"batch", runBatch},
 	{"drain", runDrain},
+	{"latency", runLatency},
 }
 
 func main() {
