@@ -10,22 +10,36 @@ import (
 )
 
 const claim = `-- name: Claim :many
-WITH picked AS (
-    SELECT c.id
+WITH candidates AS (
+    SELECT p.id, p.next_attempt_at
     FROM unnest($1::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT o.id, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = q.name
+          AND o.acquired_token IS NULL
           AND o.next_attempt_at <= now()
-          AND (o.acquired_token IS NULL
-               OR o.acquired_at < now() - make_interval(secs => $2::float8))
         ORDER BY o.next_attempt_at, o.id
-        LIMIT $3::integer
+        LIMIT $2::integer
         FOR UPDATE OF o SKIP LOCKED
-    ) AS c
+    ) AS p
+    UNION ALL
+    SELECT e.id, e.next_attempt_at
+    FROM unnest($1::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT o.id, o.next_attempt_at
+        FROM /*outbox:table*/outbox AS o
+        WHERE o.queue = q.name
+          AND o.acquired_token IS NOT NULL
+          AND o.acquired_at < now() - make_interval(secs => $3::float8)
+        ORDER BY o.acquired_at
+        LIMIT $2::integer
+        FOR UPDATE OF o SKIP LOCKED
+    ) AS e
+), picked AS (
+    SELECT c.id FROM candidates AS c
     ORDER BY c.next_attempt_at, c.id
-    LIMIT $3::integer
+    LIMIT $2::integer
 )
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = gen_random_uuid(),
@@ -40,21 +54,21 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
 
 type ClaimParams struct {
 	Queues          []string
-	LeaseTtlSeconds float64
 	MaxRows         int32
+	LeaseTtlSeconds float64
 }
 
-// Leases up to @max_rows available rows of the given queues: due rows
-// (next_attempt_at has come) whose lease is unset or expired (acquired_at
-// older than @lease_ttl_seconds). Each claimed row gets a fresh lease token
-// and one more delivery. Each queue is read through its own range of the
-// claim-order index (LATERAL), so the cost of a claim is bounded by
-// @max_rows plus the rows in flight per queue, not by the backlog; SKIP
-// LOCKED lets concurrent claimers pass each other instead of queueing on
-// row locks. Candidates that are locked but not picked are released when
-// the statement's transaction ends, so run the claim in autocommit.
+// Leases up to @max_rows available rows of the given queues: rows whose
+// lease is unset and whose next_attempt_at has come, and rows whose lease
+// expired (acquired_at older than @lease_ttl_seconds). Each claimed row gets
+// a fresh lease token and one more delivery. Each queue is scanned through
+// its own partial-index range (LATERAL), so the cost of a claim is bounded by
+// @max_rows per queue, not by the backlog; SKIP LOCKED lets concurrent
+// claimers pass each other instead of queueing on row locks. Candidates
+// that are locked but not picked are released when the statement's
+// transaction ends, so run the claim in autocommit.
 func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]Outbox, error) {
-	rows, err := q.db.Query(ctx, claim, arg.Queues, arg.LeaseTtlSeconds, arg.MaxRows)
+	rows, err := q.db.Query(ctx, claim, arg.Queues, arg.MaxRows, arg.LeaseTtlSeconds)
 	if err != nil {
 		return nil, err
 	}
