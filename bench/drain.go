@@ -79,7 +79,7 @@ func outboxBacklog(ctx context.Context, env *benchEnv, n int) error {
 // drainConfig is the subscriber the drain and latency suites run.
 func drainConfig[T any]() *outbox.SubscriberConfig[T] {
 	return &outbox.SubscriberConfig[T]{
-		Workers: 16, FetchBatchSize: 500, AckBatchSize: 500,
+		Workers: 16, FetchBatchSize: 250, AckBatchSize: 250,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }

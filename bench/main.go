@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -43,6 +44,8 @@ var suites = []suite{
 	{"batch", runBatch},
 	{"drain", runDrain},
 	{"latency", runLatency},
+	{"scaleout", runScaleOut},
+	{"memory", runMemory},
 }
 
 func main() {
@@ -55,6 +58,17 @@ func main() {
 	flag.Float64Var(&o.scale, "scale", 1, "multiplies the work per round (0.1 for a smoke run)")
 	flag.StringVar(&which, "suite", "all", "comma-separated suites to run: "+suiteNames()+", or all")
 	flag.Parse()
+	if subs := os.Getenv(childEnv); subs != "" {
+		n, err := strconv.Atoi(subs)
+		if err == nil {
+			err = runChild(o.dsn, n)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	o.out = os.Stdout
 	if err := run(o, which); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

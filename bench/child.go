@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+// childEnv names the variable that turns the benchmark binary into a
+// subscriber process: its value is the number of subscribers to run.
+const childEnv = "OUTBOXBENCH_CHILD_SUBSCRIBERS"
+
+// childReport is what a subscriber process prints when it stops.
+type childReport struct {
+	Handled int64 `json:"handled"`
+	RSSKiB  int64 `json:"rss_kib"`
+}
+
+// runChild runs subscribers on the benchmark's outbox until its standard
+// input closes, then prints a childReport. It is the body of the child
+// processes of the scale-out and memory suites.
+func runChild(dsn string, subscribers int) error {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ob, err := outbox.New(pool, &outbox.Config{Schema: schemaOurs})
+	if err != nil {
+		return err
+	}
+	var handled atomic.Int64
+	rctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	errs := make(chan error, subscribers)
+	for range subscribers {
+		sub, err := outbox.NewSubscriber(ob, []string{topic}, func(context.Context, *outbox.Message[order]) error {
+			handled.Add(1)
+			return nil
+		}, drainConfig[order]())
+		if err != nil {
+			stop()
+			return err
+		}
+		wg.Go(func() { errs <- sub.Run(rctx) })
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin) // the parent closes it to stop us
+	stop()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	rss, err := rssKiB()
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(childReport{Handled: handled.Load(), RSSKiB: rss})
+}
+
+// rssKiB reads this process's resident set size.
+func rssKiB() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return 0, errors.New("no VmRSS in /proc/self/status")
+}
+
+// child is a running subscriber process.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
+// startChild starts a subscriber process with subscribers subscribers and
+// waits until they run.
+func startChild(dsn string, subscribers int) (*child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, "-dsn", dsn)
+	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(subscribers))
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout)}
+	if line, err := c.out.ReadString('\n'); err != nil || line != "ready\n" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("subscriber process did not start: %q %v", line, err)
+	}
+	return c, nil
+}
+
+// stop ends the process and returns its report.
+func (c *child) stop() (childReport, error) {
+	_ = c.stdin.Close()
+	var r childReport
+	err := json.NewDecoder(c.out).Decode(&r)
+	if werr := c.cmd.Wait(); err == nil {
+		err = werr
+	}
+	return r, err
+}
+
+// drainProcesses writes an n-row backlog, starts procs processes of subs
+// subscribers each, and times them until the outbox is empty.
+func drainProcesses(ctx context.Context, env *benchEnv, dsn string, n, procs, subs int) (time.Duration, []childReport, error) {
+	if err := outboxBacklog(ctx, env, n); err != nil {
+		return 0, nil, err
+	}
+	var children []*child
+	stopAll := func() ([]childReport, error) {
+		var reports []childReport
+		var errs []error
+		for _, c := range children {
+			r, err := c.stop()
+			reports = append(reports, r)
+			errs = append(errs, err)
+		}
+		return reports, errors.Join(errs...)
+	}
+	// Start the processes while a lock keeps their claims waiting, and
+	// start the clock when it is released, so start-up is not timed.
+	tx, err := env.pool.Begin(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schemaOurs, "outbox"}.Sanitize()+" IN EXCLUSIVE MODE"); err != nil {
+		_ = tx.Rollback(ctx)
+		return 0, nil, err
+	}
+	for range procs {
+		c, err := startChild(dsn, subs)
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			_, _ = stopAll()
+			return 0, nil, err
+		}
+		children = append(children, c)
+	}
+	start := time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		_, _ = stopAll()
+		return 0, nil, err
+	}
+	werr := waitEmpty(ctx, env)
+	took := time.Since(start)
+	reports, err := stopAll()
+	return took, reports, errors.Join(werr, err)
+}
+
+// waitEmpty polls until the outbox holds no row.
+func waitEmpty(ctx context.Context, env *benchEnv) error {
+	q := "SELECT EXISTS (SELECT 1 FROM " + pgx.Identifier{schemaOurs, "outbox"}.Sanitize() + ")"
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var any bool
+		if err := env.pool.QueryRow(ctx, q).Scan(&any); err != nil {
+			return err
+		}
+		if !any {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("outbox not empty after 2 minutes")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
