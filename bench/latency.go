@@ -55,33 +55,47 @@ func runLatency(ctx context.Context, env *benchEnv, o options) error {
 	return tw.Flush()
 }
 
-// commits remembers when each message's transaction committed.
+// commits pairs each message's commit with its handling. A handler can
+// run before the publisher hears its COMMIT succeed (the row is visible as
+// soon as the server commits); such a message counts as latency 0.
 type commits struct {
-	mu   sync.Mutex
-	at   map[int]time.Time
-	lat  []time.Duration
-	done chan struct{}
-	n    int
+	mu        sync.Mutex
+	committed map[int]time.Time
+	handledAt map[int]time.Time
+	lat       []time.Duration
+	done      chan struct{}
+	n         int
 }
 
 func newCommits(n int) *commits {
-	return &commits{at: make(map[int]time.Time, n), done: make(chan struct{}), n: n}
+	return &commits{committed: make(map[int]time.Time, n), handledAt: map[int]time.Time{}, done: make(chan struct{}), n: n}
 }
 
-func (c *commits) committed(i int) {
+func (c *commits) commit(i int) {
+	now := time.Now()
 	c.mu.Lock()
-	c.at[i] = time.Now()
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	if at, ok := c.handledAt[i]; ok {
+		c.record(max(at.Sub(now), 0))
+		return
+	}
+	c.committed[i] = now
 }
 
 func (c *commits) handled(i int) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if at, ok := c.at[i]; ok {
-		c.lat = append(c.lat, now.Sub(at))
-		delete(c.at, i)
+	if at, ok := c.committed[i]; ok {
+		c.record(now.Sub(at))
+		return
 	}
+	c.handledAt[i] = now
+}
+
+// record keeps one latency; c.mu is held.
+func (c *commits) record(d time.Duration) {
+	c.lat = append(c.lat, d)
 	if len(c.lat) == c.n {
 		close(c.done)
 	}
@@ -102,12 +116,10 @@ func publishPaced(ctx context.Context, env *benchEnv, c *commits, publish func(t
 			_ = tx.Rollback(ctx)
 			return err
 		}
-		// A handler may run before committed() records the time; such a
-		// message is simply not measured. Recording first would overstate.
 		if err := tx.Commit(ctx); err != nil {
 			return err
 		}
-		c.committed(i)
+		c.commit(i)
 	}
 	select {
 	case <-c.done:

@@ -23,7 +23,7 @@ func TestSlowHandlerWithoutHeartbeatLosesItsLease(t *testing.T) {
 	cfg.LeaseTTL, cfg.HeartbeatInterval = 300*time.Millisecond, -1
 	var cause atomic.Value
 	var deliveries atomic.Int32
-	sub, err := NewSubscriber(e.ob, []string{"slow"}, func(ctx context.Context, m *Message[string]) error {
+	startSub(t, e.ob, []string{"slow"}, func(ctx context.Context, m *Message[string]) error {
 		deliveries.Add(1)
 		if m.Deliveries == 1 {
 			<-ctx.Done() // slower than the lease
@@ -32,10 +32,6 @@ func TestSlowHandlerWithoutHeartbeatLosesItsLease(t *testing.T) {
 		}
 		return nil
 	}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, sub)
 	eventually(t, "one ack and one lost lease", func() bool {
 		return len(rec.named(EventAcked)) == 1 && len(rec.named(EventLeaseLost)) == 1
 	})
@@ -64,7 +60,7 @@ func TestHeartbeatKeepsASlowHandlersLease(t *testing.T) {
 	cfg := fastConfig[string](rec)
 	cfg.LeaseTTL, cfg.HeartbeatInterval = 400*time.Millisecond, 100*time.Millisecond
 	var deliveries atomic.Int32
-	sub, err := NewSubscriber(e.ob, []string{"slow"}, func(ctx context.Context, m *Message[string]) error {
+	startSub(t, e.ob, []string{"slow"}, func(ctx context.Context, m *Message[string]) error {
 		deliveries.Add(1)
 		select {
 		case <-ctx.Done():
@@ -73,10 +69,6 @@ func TestHeartbeatKeepsASlowHandlersLease(t *testing.T) {
 			return nil
 		}
 	}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, sub)
 	eventually(t, "the ack", func() bool { return len(rec.named(EventAcked)) == 1 })
 	if n := deliveries.Load(); n != 1 {
 		t.Errorf("handled %d times, want once", n)
@@ -96,7 +88,7 @@ func TestBatchedFlushReportsTheRowWhoseLeaseWasTaken(t *testing.T) {
 	rec := &events{}
 	cfg := fastConfig[int](rec)
 	cfg.AckLinger, cfg.AckBatchSize = 300*time.Millisecond, 10
-	sub, err := NewSubscriber(e.ob, []string{"batch"}, func(ctx context.Context, m *Message[int]) error {
+	startSub(t, e.ob, []string{"batch"}, func(ctx context.Context, m *Message[int]) error {
 		if m.Payload == 1 {
 			// A newer claim takes this row while its handler runs.
 			if _, err := e.db.Pool.Exec(ctx, "UPDATE outbox SET acquired_token = gen_random_uuid() WHERE id = $1", m.ID); err != nil {
@@ -105,10 +97,6 @@ func TestBatchedFlushReportsTheRowWhoseLeaseWasTaken(t *testing.T) {
 		}
 		return nil
 	}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, sub)
 	eventually(t, "three outcomes", func() bool {
 		return len(rec.named(EventAcked))+len(rec.named(EventLeaseLost)) == 3
 	})

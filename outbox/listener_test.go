@@ -37,14 +37,10 @@ func idleSubscriber(t *testing.T, e *env, cfg *SubscriberConfig[string]) chan ti
 	}
 	cfg.MinFetchInterval, cfg.MaxFetchInterval = 30*time.Second, 30*time.Second
 	handled := make(chan time.Time, 16)
-	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+	startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
 		handled <- time.Now()
 		return nil
 	}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, sub)
 	return handled
 }
 
@@ -82,14 +78,10 @@ func TestPollingDeliversWhenListenIsImpossible(t *testing.T) {
 	cfg := fastConfig[string](rec)
 	cfg.ListenDSN = "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"
 	handled := make(chan time.Time, 1)
-	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+	startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
 		handled <- time.Now()
 		return nil
 	}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, sub)
 	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -158,16 +150,12 @@ func TestSubscriberSurvivesKilledBackends(t *testing.T) {
 	var total atomic.Int32
 	cfg := fastConfig[int](nil)
 	cfg.FetchBatchSize = 20
-	sub, err := NewSubscriber(ob, []string{"q"}, func(_ context.Context, m *Message[int]) error {
+	startSub(t, ob, []string{"q"}, func(_ context.Context, m *Message[int]) error {
 		seen[m.Payload].Add(1)
 		total.Add(1)
 		time.Sleep(100 * time.Microsecond)
 		return nil
 	}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, sub)
 	eventually(t, "some progress", func() bool { return total.Load() > n/4 })
 	var killed int
 	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity

@@ -74,11 +74,7 @@ func (e *env) dlqRow(id int64) (db.OutboxDlq, bool) {
 // failing runs a subscriber of queue whose handler returns result.
 func failing(t *testing.T, e *env, queue string, cfg *SubscriberConfig[string], result func(m *Message[string]) error) {
 	t.Helper()
-	sub, err := NewSubscriber(e.ob, []string{queue}, func(_ context.Context, m *Message[string]) error { return result(m) }, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, sub)
+	startSub(t, e.ob, []string{queue}, func(_ context.Context, m *Message[string]) error { return result(m) }, cfg)
 }
 
 func TestRetryDelayFollowsTheStrategy(t *testing.T) {
@@ -212,14 +208,10 @@ func TestUndecodableRowsAreDeadLetteredNotRetried(t *testing.T) {
 	e.exec(`INSERT INTO outbox (queue, payload, headers) VALUES ('orders', '{broken', '{"content-type": "application/json"}')`)
 	e.exec(`INSERT INTO outbox (queue, payload, headers) VALUES ('orders', '{}', '{"content-type": 5}')`)
 	rec := &events{}
-	sub, err := NewSubscriber(e.ob, []string{"orders"}, func(context.Context, *Message[order2]) error {
+	startSub(t, e.ob, []string{"orders"}, func(context.Context, *Message[order2]) error {
 		t.Error("handler ran for an undecodable row")
 		return nil
 	}, fastConfig[order2](rec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	start(t, sub)
 	eventually(t, "three dead letters", func() bool { return len(rec.named(EventDeadLettered)) == 3 })
 	for _, ev := range rec.named(EventDeadLettered) {
 		if ev.Reason != ReasonDecodeError {

@@ -101,16 +101,12 @@ func TestSubscribersDeliverEveryRowExactlyOnce(t *testing.T) {
 	for i := range 3 {
 		cfg := fastConfig[int](rec)
 		cfg.Name = fmt.Sprintf("sub-%d", i)
-		sub, err := NewSubscriber(e.ob, []string{"work"}, func(_ context.Context, m *Message[int]) error {
+		startSub(t, e.ob, []string{"work"}, func(_ context.Context, m *Message[int]) error {
 			mu.Lock()
 			handled[m.Payload]++
 			mu.Unlock()
 			return nil
 		}, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		start(t, sub)
 	}
 	eventually(t, "every row acked", func() bool { return len(rec.named(EventAcked)) >= n })
 	eventually(t, "an empty outbox", func() bool { return e.count("outbox") == 0 })
@@ -156,16 +152,12 @@ func TestGracefulStopDrainsInFlight(t *testing.T) {
 	}
 	var inFlight, finished atomic.Int32
 	rec := &events{}
-	sub, err := NewSubscriber(e.ob, []string{"slow"}, func(ctx context.Context, m *Message[string]) error {
+	s := startSub(t, e.ob, []string{"slow"}, func(ctx context.Context, m *Message[string]) error {
 		inFlight.Add(1)
 		time.Sleep(300 * time.Millisecond)
 		finished.Add(1)
 		return nil
 	}, fastConfig[string](rec))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := start(t, sub)
 	eventually(t, "both handlers running", func() bool { return inFlight.Load() == 2 })
 	if err := s.stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -198,17 +190,13 @@ func TestWedgedHandlerDoesNotHoldRunAndItsRowSurvives(t *testing.T) {
 	rec := &events{}
 	cfg := fastConfig[string](rec)
 	cfg.GracefulTimeout = 200 * time.Millisecond
-	sub, err := NewSubscriber(e.ob, []string{"wedged"}, func(ctx context.Context, m *Message[string]) error {
+	s := startSub(t, e.ob, []string{"wedged"}, func(ctx context.Context, m *Message[string]) error {
 		close(entered)
 		<-ctx.Done()
 		cause.Store(context.Cause(ctx))
 		<-release // ignores its cancelled context
 		return nil
 	}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := start(t, sub)
 	<-entered
 	began := time.Now()
 	if err := s.stop(); err != nil {
@@ -331,11 +319,7 @@ func TestSlowOrPanickingRecorderDoesNotStallDelivery(t *testing.T) {
 	cfg := fastConfig[int](nil)
 	cfg.Metrics = rec
 	cfg.GracefulTimeout = time.Second
-	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[int]) error { return nil }, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := start(t, sub)
+	s := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[int]) error { return nil }, cfg)
 	// Recording synchronously would take minutes.
 	eventually(t, "every row delivered", func() bool { return e.count("outbox") == 0 })
 	began := time.Now()
@@ -358,15 +342,11 @@ func TestStopReleasesClaimedButUnstartedRows(t *testing.T) {
 	cfg.Workers, cfg.FetchBatchSize = 1, 20
 	entered := make(chan struct{}, 100)
 	proceed := make(chan struct{})
-	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[int]) error {
+	s := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[int]) error {
 		entered <- struct{}{}
 		<-proceed
 		return nil
 	}, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := start(t, sub)
 	<-entered
 	leased := func() (n int) {
 		if err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox WHERE acquired_token IS NOT NULL").Scan(&n); err != nil {
@@ -391,4 +371,14 @@ func TestStopReleasesClaimedButUnstartedRows(t *testing.T) {
 	if n := e.count("outbox"); n != 49 {
 		t.Errorf("%d rows left, want 49 (one handled)", n)
 	}
+}
+
+// startSub builds a subscriber and runs it until the test ends.
+func startSub[T any](t *testing.T, ob *Outbox, queues []string, h Handler[T], cfg *SubscriberConfig[T]) *started {
+	t.Helper()
+	sub, err := NewSubscriber(ob, queues, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, sub)
 }
