@@ -58,14 +58,14 @@ func TestHeartbeatKeepsASlowHandlersLease(t *testing.T) {
 	}
 	rec := &events{}
 	cfg := fastConfig[string](rec)
-	cfg.LeaseTTL, cfg.HeartbeatInterval = 400*time.Millisecond, 100*time.Millisecond
+	cfg.LeaseTTL, cfg.HeartbeatInterval = time.Second, 100*time.Millisecond
 	var deliveries atomic.Int32
 	startSub(t, e.ob, []string{"slow"}, func(ctx context.Context, m *Message[string]) error {
 		deliveries.Add(1)
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
-		case <-time.After(1500 * time.Millisecond): // almost four leases
+		case <-time.After(2500 * time.Millisecond): // two and a half leases
 			return nil
 		}
 	}, cfg)
