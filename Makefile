@@ -28,6 +28,10 @@ verify: ## Fail when db/ is stale, code is not gofmt-clean, or vet/staticcheck c
 	$(TOOL) staticcheck ./...
 	cd bench && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) tool -modfile=../tools/go.mod staticcheck ./...
 
+.PHONY: golden
+golden: ## Rewrite the CLI's golden files from the current output
+	$(GO) test ./cmd/outboxgen -run Golden -update
+
 .PHONY: test
 test: ## Run every test with the race detector against PostgreSQL
 	$(GO) test -race -count=1 ./...

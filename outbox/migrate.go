@@ -47,8 +47,17 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 // development and tests; production rollbacks should be reviewed one
 // migration at a time.
 func (o *Outbox) MigrateDown(ctx context.Context) error {
+	return o.MigrateDownTo(ctx, 0)
+}
+
+// MigrateDownTo rolls back the applied migrations numbered above version,
+// newest first; version 0 means all of them, like [Outbox.MigrateDown].
+func (o *Outbox) MigrateDownTo(ctx context.Context, version int64) error {
+	if version < 0 {
+		return &InputError{Field: "version", Rule: "must not be negative"}
+	}
 	return o.withProvider(ctx, func(p *goose.Provider) error {
-		_, err := p.DownTo(ctx, 0)
+		_, err := p.DownTo(ctx, version)
 		return err
 	})
 }

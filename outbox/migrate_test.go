@@ -1,56 +1,20 @@
 package outbox
 
 import (
-	"context"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
-// catalog describes every object in a schema: relations with their
-// options, index, constraint and trigger definitions, and function bodies.
-func catalog(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema string) []string {
-	t.Helper()
-	rows, err := pool.Query(ctx, `
-		SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1
-		UNION ALL
-		SELECT 'idx ' || indexdef FROM pg_indexes WHERE schemaname = $1
-		UNION ALL
-		SELECT 'con ' || conname || ' ' || pg_get_constraintdef(c.oid)
-		FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = $1
-		UNION ALL
-		SELECT 'trg ' || pg_get_triggerdef(t.oid)
-		FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND NOT t.tgisinternal
-		UNION ALL
-		SELECT 'fn ' || p.proname || ' ' || p.prosrc
-		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1
-		UNION ALL
-		SELECT 'col ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
-		FROM information_schema.columns WHERE table_schema = $1
-		ORDER BY 1`, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 func TestMigrateUpDownUpRebuildsIdentically(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	first := catalog(t, e.ctx, e.db.Pool, e.db.Schema)
+	first := pgtest.Catalog(t, e.db.Pool, e.db.Schema)
 	if len(first) < 20 {
 		t.Fatalf("catalog after Migrate has %d entries:\n%v", len(first), first)
 	}
@@ -62,7 +26,7 @@ func TestMigrateUpDownUpRebuildsIdentically(t *testing.T) {
 		t.Fatalf("MigrateDown: %v", err)
 	}
 	// Only goose's own version table (and its sequence and key) is left.
-	for _, obj := range catalog(t, e.ctx, e.db.Pool, e.db.Schema) {
+	for _, obj := range pgtest.Catalog(t, e.db.Pool, e.db.Schema) {
 		if !strings.Contains(obj, "outbox_goose_version") {
 			t.Errorf("left after MigrateDown: %s", obj)
 		}
@@ -80,7 +44,7 @@ func TestMigrateUpDownUpRebuildsIdentically(t *testing.T) {
 	if err := e.ob.Migrate(e.ctx); err != nil {
 		t.Fatalf("Migrate after down: %v", err)
 	}
-	if diff := cmp.Diff(first, catalog(t, e.ctx, e.db.Pool, e.db.Schema)); diff != "" {
+	if diff := cmp.Diff(first, pgtest.Catalog(t, e.db.Pool, e.db.Schema)); diff != "" {
 		t.Errorf("catalog after up, down, up (-first +again):\n%s", diff)
 	}
 }

@@ -31,12 +31,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	if pool == nil {
 		return nil, &ConfigError{Field: "pool", Value: "<nil>", Rule: "must not be nil"}
 	}
-	c := cfg.withDefaults()
-	n, err := newNaming(c.Schema, c.Table)
-	if err != nil {
-		return nil, err
-	}
-	migrations, err := renderMigrations(n)
+	n, migrations, err := resolveNames(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -46,6 +41,33 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 		sql:        &sqlCache{naming: n},
 		migrations: migrations,
 	}, nil
+}
+
+// resolveNames validates cfg's names and renders the migrations for them.
+func resolveNames(cfg *Config) (naming, fstest.MapFS, error) {
+	c := cfg.withDefaults()
+	n, err := newNaming(c.Schema, c.Table)
+	if err != nil {
+		return naming{}, nil, err
+	}
+	migrations, err := renderMigrations(n)
+	if err != nil {
+		return naming{}, nil, err
+	}
+	return n, migrations, nil
+}
+
+// Migrations returns the goose migrations of the outbox cfg describes,
+// rendered for its schema and table: files named NNNNN_name.sql at the
+// root of the returned file system, in goose's format. It validates cfg
+// like [New] and touches no database. Migration tools and the
+// outboxgen command write these into a repository of their own.
+func Migrations(cfg *Config) (fs.FS, error) {
+	_, m, err := resolveNames(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // renderMigrations renders the embedded migrations for n and checks that

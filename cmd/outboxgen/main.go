@@ -4,9 +4,11 @@
 // Usage:
 //
 //	outboxgen migrate [-dsn DSN] [-schema S] [-table T] up|down|status
+//	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
 //
 // migrate applies, rolls back or lists the outbox's embedded migrations
-// against DATABASE_URL (or -dsn). Exit status is 2 for a usage error and 1
+// against DATABASE_URL (or -dsn). migrations writes them, rendered for the
+// schema and table, into a repository's goose migrations directory. Exit status is 2 for a usage error and 1
 // when the command fails.
 package main
 
@@ -49,6 +51,7 @@ const usage = `outboxgen manages transactional outbox tables.
 
 Commands:
   migrate up|down|status   apply, roll back or list the outbox migrations
+  migrations -dir DIR      write the outbox's goose migrations into a repository
 
 Run "outboxgen COMMAND -h" for a command's flags and an example.
 `
@@ -61,6 +64,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	switch args[0] {
 	case "migrate":
 		return migrateCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "migrations":
+		return migrationsCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

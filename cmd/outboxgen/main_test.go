@@ -49,8 +49,12 @@ func TestMigrateUpDownUp(t *testing.T) {
 		{"up", []string{"events", "events_dlq", "events_goose_version"}},
 		{"down", []string{"events_goose_version"}},
 		{"up", []string{"events", "events_dlq", "events_goose_version"}},
+		{"down-to 1", []string{"events", "events_goose_version"}},
+		{"reset", []string{"events_goose_version"}},
+		{"up", []string{"events", "events_dlq", "events_goose_version"}},
 	} {
-		r := runCLI(t, env, "migrate", "-schema", d.Schema, "-table", "events", step.action)
+		args := append([]string{"migrate", "-schema", d.Schema, "-table", "events"}, strings.Fields(step.action)...)
+		r := runCLI(t, env, args...)
 		if r.code != 0 {
 			t.Fatalf("migrate %s: exit %d: %s", step.action, r.code, r.stderr)
 		}
@@ -77,7 +81,10 @@ func TestCLIErrors(t *testing.T) {
 		{"no command", nil, nil, 2, "no command given"},
 		{"unknown command", nil, []string{"frobnicate"}, 2, `unknown command "frobnicate"`},
 		{"unknown flag", nil, []string{"migrate", "-bogus", "up"}, 2, "flag provided but not defined: -bogus"},
-		{"no action", nil, []string{"migrate"}, 2, "want exactly one of up, down, status"},
+		{"no action", nil, []string{"migrate"}, 2, "want one of up, down, down-to N, reset, status"},
+		{"down-to without a version", nil, []string{"migrate", "down-to"}, 2, "want one version number"},
+		{"down-to a bad version", nil, []string{"migrate", "down-to", "x"}, 2, `version "x" is not a number`},
+		{"extra arguments", nil, []string{"migrate", "up", "now"}, 2, "unexpected arguments"},
 		{"unknown action", nil, []string{"migrate", "sideways"}, 2, `unknown action "sideways"`},
 		{"no database", nil, []string{"migrate", "up"}, 2, "set DATABASE_URL or pass -dsn"},
 		{"bad table", dead, []string{"migrate", "-table", "Bad", "up"}, 2, `Config.Table "Bad"`},

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,10 +14,11 @@ import (
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
-const migrateUsage = `Usage: outboxgen migrate [flags] up|down|status
+const migrateUsage = `Usage: outboxgen migrate [flags] up|down|down-to N|reset|status
 
-Applies (up), rolls back every migration of (down), or lists (status) the
-outbox's migrations in the database at DATABASE_URL or -dsn.
+Applies the outbox's migrations (up), rolls back all of them (down, or its
+alias reset), rolls back those above version N (down-to N), or lists them
+(status), in the database at DATABASE_URL or -dsn.
 
 Example:
   DATABASE_URL=postgres://localhost/app outboxgen migrate -schema billing -table events up
@@ -40,13 +42,25 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		}
 		return fmt.Errorf("%w: migrate: %v", errUsage, err)
 	}
-	if fs.NArg() != 1 {
+	if fs.NArg() == 0 {
 		fs.Usage()
-		return fmt.Errorf("%w: migrate: want exactly one of up, down, status; got %q", errUsage, fs.Args())
+		return fmt.Errorf("%w: migrate: want one of up, down, down-to N, reset, status", errUsage)
 	}
 	action := fs.Arg(0)
-	if action != "up" && action != "down" && action != "status" {
-		return fmt.Errorf("%w: migrate: unknown action %q (want up, down or status)", errUsage, action)
+	var target int64
+	switch {
+	case action == "down-to" && fs.NArg() == 2:
+		v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
+		if err != nil || v < 0 {
+			return fmt.Errorf("%w: migrate down-to: version %q is not a number >= 0", errUsage, fs.Arg(1))
+		}
+		target = v
+	case action == "down-to":
+		return fmt.Errorf("%w: migrate down-to: want one version number", errUsage)
+	case fs.NArg() != 1:
+		return fmt.Errorf("%w: migrate %s: unexpected arguments %q", errUsage, action, fs.Args()[1:])
+	case action != "up" && action != "down" && action != "reset" && action != "status":
+		return fmt.Errorf("%w: migrate: unknown action %q (want up, down, down-to N, reset or status)", errUsage, action)
 	}
 	if *dsn == "" {
 		*dsn = getenv("DATABASE_URL")
@@ -75,11 +89,11 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 			return err
 		}
 		fmt.Fprintf(stdout, "outbox %s.%s is up to date\n", ob.Schema(), ob.Table())
-	case "down":
-		if err := ob.MigrateDown(ctx); err != nil {
+	case "down", "reset", "down-to":
+		if err := ob.MigrateDownTo(ctx, target); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "outbox %s.%s rolled back\n", ob.Schema(), ob.Table())
+		fmt.Fprintf(stdout, "outbox %s.%s rolled back to version %d\n", ob.Schema(), ob.Table(), target)
 	case "status":
 		st, err := ob.MigrationStatus(ctx)
 		if err != nil {

@@ -171,3 +171,37 @@ func randomHex(tb testing.TB, n int) string {
 	}
 	return hex.EncodeToString(b)
 }
+
+// Catalog describes every object in schema, one line each: relations with
+// their options, columns, index, constraint and trigger definitions, and
+// function bodies. Two schemas built alike have equal catalogs.
+func Catalog(tb testing.TB, pool *pgxpool.Pool, schema string) []string {
+	tb.Helper()
+	rows, err := pool.Query(context.Background(), `
+		SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1
+		UNION ALL
+		SELECT 'idx ' || indexdef FROM pg_indexes WHERE schemaname = $1
+		UNION ALL
+		SELECT 'con ' || conname || ' ' || pg_get_constraintdef(c.oid)
+		FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = $1
+		UNION ALL
+		SELECT 'trg ' || pg_get_triggerdef(t.oid)
+		FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND NOT t.tgisinternal
+		UNION ALL
+		SELECT 'fn ' || p.proname || ' ' || p.prosrc
+		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1
+		UNION ALL
+		SELECT 'col ' || table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, '')
+		FROM information_schema.columns WHERE table_schema = $1
+		ORDER BY 1`, schema)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}

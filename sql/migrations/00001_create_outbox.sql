@@ -1,6 +1,4 @@
--- The outbox table. Every identifier that depends on the configured table
--- carries an /*outbox:KIND*/ marker; the outbox package renders the file for
--- the configured schema and table before goose applies it.
+-- The outbox table, its indexes and its storage settings.
 
 -- +goose Up
 CREATE TABLE /*outbox:table*/outbox (

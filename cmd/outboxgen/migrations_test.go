@@ -1,0 +1,186 @@
+package main
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/outboxgen/outboxgen/internal/pgtest"
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// dirFiles reads every file of dir.
+func dirFiles(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[e.Name()] = string(b)
+	}
+	return out
+}
+
+func TestMigrationsGolden(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ schema, table string }{
+		{"public", "outbox"},
+		{"billing", "events"},
+	} {
+		name := c.schema + "." + c.table
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if r := runCLI(t, nil, "migrations", "-dir", dir, "-schema", c.schema, "-table", c.table); r.code != 0 {
+				t.Fatalf("exit %d: %s", r.code, r.stderr)
+			}
+			golden := filepath.Join("testdata", "migrations", name)
+			if *update {
+				if err := os.RemoveAll(golden); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.CopyFS(golden, os.DirFS(dir)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if diff := cmp.Diff(dirFiles(t, golden), dirFiles(t, dir)); diff != "" {
+				t.Errorf("migrations differ from %s (-golden +got; make golden updates it):\n%s", golden, diff)
+			}
+		})
+	}
+}
+
+func TestMigrationsAppendsAndNeverRewrites(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	// A repository with timestamped goose migrations of its own.
+	mine := map[string]string{"20240101120000_users.sql": "-- +goose Up\nSELECT 1;\n", "20240102120000_seed.go": "package m\n"}
+	for n, b := range mine {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := runCLI(t, nil, "migrations", "-dir", dir, "-check"); r.code != 1 || !strings.Contains(r.stderr, "lacks 3 outbox migration(s)") {
+		t.Errorf("-check on a directory without them: exit %d, %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, nil, "migrations", "-dir", dir); r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	got := dirFiles(t, dir)
+	for _, want := range []string{"20240102120001_outbox_outbox_create_outbox.sql", "20240102120002_outbox_outbox_dlq.sql", "20240102120003_outbox_outbox_notify.sql"} {
+		if _, ok := got[want]; !ok {
+			t.Errorf("no %s among %v", want, keys(got))
+		}
+	}
+	// A user edits an applied file; a re-run must leave it alone.
+	edited := filepath.Join(dir, "20240102120002_outbox_outbox_dlq.sql")
+	b, _ := os.ReadFile(edited)
+	if err := os.WriteFile(edited, append(b, []byte("-- reviewed\n")...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before := dirFiles(t, dir)
+	if r := runCLI(t, nil, "migrations", "-dir", dir); r.code != 0 || !strings.Contains(r.stdout, "up to date") {
+		t.Errorf("re-run: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
+	if diff := cmp.Diff(before, dirFiles(t, dir)); diff != "" {
+		t.Errorf("re-run changed the directory:\n%s", diff)
+	}
+	if r := runCLI(t, nil, "migrations", "-dir", dir, "-check"); r.code != 0 {
+		t.Errorf("-check on an up-to-date directory: exit %d, %q", r.code, r.stderr)
+	}
+	// A second outbox gets its own files after the first's.
+	if r := runCLI(t, nil, "migrations", "-dir", dir, "-table", "audit"); r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if _, ok := dirFiles(t, dir)["20240102120004_outbox_audit_create_outbox.sql"]; !ok {
+		t.Errorf("second outbox's files: %v", keys(dirFiles(t, dir)))
+	}
+}
+
+func keys(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+func TestMigrationsBadInputWritesNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"migrations"},
+		{"migrations", "-dir", dir, "-table", "Bad-Name"},
+		{"migrations", "-dir", dir, "-schema", "select"},
+		{"migrations", "-dir", dir, "extra"},
+	} {
+		if r := runCLI(t, nil, args...); r.code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, r.code, r.stderr)
+		}
+	}
+	if files := dirFiles(t, dir); len(files) != 0 {
+		t.Errorf("bad input wrote %v", keys(files))
+	}
+	if r := runCLI(t, nil, "migrations", "-dir", filepath.Join(dir, "x", "\x00bad")); r.code != 1 {
+		t.Errorf("unwritable -dir: exit %d (%s)", r.code, r.stderr)
+	}
+}
+
+// Files written for a repository, applied by goose itself, build the same
+// schema as ob.Migrate.
+func TestMigrationsAppliedByGooseMatchMigrate(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	dir := t.TempDir()
+	if r := runCLI(t, nil, "migrations", "-dir", dir, "-schema", d.Schema, "-table", "jobs"); r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	sqlDB := stdlib.OpenDBFromPool(d.Pool)
+	defer sqlDB.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS(dir), goose.WithTableName(d.Schema+".repo_versions"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(t.Context()); err != nil {
+		t.Fatalf("goose up: %v", err)
+	}
+	withoutGoose := func(lines []string) []string {
+		var out []string
+		for _, l := range lines {
+			if !strings.Contains(l, "repo_versions") && !strings.Contains(l, "goose_version") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	byGoose := withoutGoose(pgtest.Catalog(t, d.Pool, d.Schema))
+	if _, err := p.DownTo(t.Context(), 0); err != nil {
+		t.Fatalf("goose down: %v", err)
+	}
+	ob, err := outbox.New(d.Pool, &outbox.Config{Schema: d.Schema, Table: "jobs"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(byGoose, withoutGoose(pgtest.Catalog(t, d.Pool, d.Schema))); diff != "" {
+		t.Errorf("catalog (-goose +Migrate):\n%s", diff)
+	}
+	if len(byGoose) < 20 {
+		t.Errorf("goose built only %d objects", len(byGoose))
+	}
+}
