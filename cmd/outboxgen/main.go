@@ -5,6 +5,7 @@
 //
 //	outboxgen migrate [-dsn DSN] [-schema S] [-table T] up|down|status
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
+//	outboxgen inspect [-queue Q] [-json] [-schema S] [-table T]
 //
 // migrate applies, rolls back or lists the outbox's embedded migrations
 // against DATABASE_URL (or -dsn). migrations writes them, rendered for the
@@ -52,6 +53,7 @@ const usage = `outboxgen manages transactional outbox tables.
 Commands:
   migrate up|down|status   apply, roll back or list the outbox migrations
   migrations -dir DIR      write the outbox's goose migrations into a repository
+  inspect                  show each queue's depth, leases, age and dead letters
 
 Run "outboxgen COMMAND -h" for a command's flags and an example.
 `
@@ -66,6 +68,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return migrateCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "migrations":
 		return migrationsCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "inspect":
+		return inspectCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

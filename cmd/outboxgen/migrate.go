@@ -8,10 +8,6 @@ import (
 	"io"
 	"strconv"
 	"text/tabwriter"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxgen/outboxgen/outbox"
 )
 
 const migrateUsage = `Usage: outboxgen migrate [flags] up|down|down-to N|reset|status
@@ -33,9 +29,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		fmt.Fprint(fs.Output(), migrateUsage)
 		fs.PrintDefaults()
 	}
-	dsn := fs.String("dsn", "", "database connection string (default $DATABASE_URL)")
-	schema := fs.String("schema", outbox.SchemaDefault, "schema of the outbox tables")
-	table := fs.String("table", outbox.TableDefault, "name of the outbox table")
+	conn := connFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -62,26 +56,11 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	case action != "up" && action != "down" && action != "reset" && action != "status":
 		return fmt.Errorf("%w: migrate: unknown action %q (want up, down, down-to N, reset or status)", errUsage, action)
 	}
-	if *dsn == "" {
-		*dsn = getenv("DATABASE_URL")
-	}
-	if *dsn == "" {
-		return fmt.Errorf("%w: migrate: no database: set DATABASE_URL or pass -dsn", errUsage)
-	}
-
-	pool, err := pgxpool.New(ctx, *dsn)
+	ob, closeDB, err := conn.open(ctx, "migrate", getenv)
 	if err != nil {
-		return fmt.Errorf("%w: migrate: -dsn/DATABASE_URL: %v", errUsage, err)
-	}
-	defer pool.Close()
-	ob, err := outbox.New(pool, &outbox.Config{Schema: *schema, Table: *table})
-	if err != nil {
-		var ce *outbox.ConfigError
-		if errors.As(err, &ce) {
-			return fmt.Errorf("%w: migrate: %v", errUsage, err)
-		}
 		return err
 	}
+	defer closeDB()
 
 	switch action {
 	case "up":
