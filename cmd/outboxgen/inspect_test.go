@@ -67,7 +67,7 @@ func TestInspect(t *testing.T) {
 	}
 
 	r = runCLI(t, env, append([]string{"inspect", "-queue", "orders"}, flags...)...)
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
 	if r.code != 0 || len(lines) != 2 || !strings.Contains(lines[0], "DEAD-LETTERED") || !strings.HasPrefix(strings.TrimSpace(lines[1]), "orders") {
 		t.Errorf("table: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
