@@ -11,6 +11,34 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const countDeadLetters = `-- name: CountDeadLetters :one
+SELECT count(*)::bigint AS total, coalesce(max(x.id), 0)::bigint AS max_id
+FROM /*outbox:table*/outbox_dlq AS x
+WHERE ($1::text IS NULL OR x.queue = $1::text)
+  AND ($2::text IS NULL OR x.failure_reason = $2::text)
+  AND x.failed_at <= now() - make_interval(secs => $3::float8)
+`
+
+type CountDeadLettersParams struct {
+	Queue            *string
+	Reason           *string
+	OlderThanSeconds float64
+}
+
+type CountDeadLettersRow struct {
+	Total int64
+	MaxID int64
+}
+
+// How many dead-lettered rows match the filters, and the highest id among
+// them (0 when none).
+func (q *Queries) CountDeadLetters(ctx context.Context, arg CountDeadLettersParams) (CountDeadLettersRow, error) {
+	row := q.db.QueryRow(ctx, countDeadLetters, arg.Queue, arg.Reason, arg.OlderThanSeconds)
+	var i CountDeadLettersRow
+	err := row.Scan(&i.Total, &i.MaxID)
+	return i, err
+}
+
 const deadLetterWithLease = `-- name: DeadLetterWithLease :execrows
 WITH d AS (
     DELETE FROM /*outbox:table*/outbox AS o
@@ -52,4 +80,149 @@ func (q *Queries) DeadLetterWithLease(ctx context.Context, arg DeadLetterWithLea
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const listDeadLetters = `-- name: ListDeadLetters :many
+SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+       x.deliveries_count, x.attempts_count, x.created_at, x.failed_at,
+       x.failure_reason, x.last_error
+FROM /*outbox:table*/outbox_dlq AS x
+WHERE ($1::text IS NULL OR x.queue = $1::text)
+  AND ($2::text IS NULL OR x.failure_reason = $2::text)
+  AND x.failed_at <= now() - make_interval(secs => $3::float8)
+  AND x.id > $4::bigint
+ORDER BY x.id
+LIMIT $5::integer
+`
+
+type ListDeadLettersParams struct {
+	Queue            *string
+	Reason           *string
+	OlderThanSeconds float64
+	AfterID          int64
+	MaxRows          int32
+}
+
+// Dead-lettered rows matching the optional filters, oldest failure first.
+func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams) ([]OutboxDlq, error) {
+	rows, err := q.db.Query(ctx, listDeadLetters,
+		arg.Queue,
+		arg.Reason,
+		arg.OlderThanSeconds,
+		arg.AfterID,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OutboxDlq{}
+	for rows.Next() {
+		var i OutboxDlq
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Payload,
+			&i.Headers,
+			&i.OrderingKey,
+			&i.TimerID,
+			&i.DeliveriesCount,
+			&i.AttemptsCount,
+			&i.CreatedAt,
+			&i.FailedAt,
+			&i.FailureReason,
+			&i.LastError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const purgeDeadLetters = `-- name: PurgeDeadLetters :execrows
+DELETE FROM /*outbox:table*/outbox_dlq AS x
+WHERE ($1::text IS NULL OR x.queue = $1::text)
+  AND ($2::text IS NULL OR x.failure_reason = $2::text)
+  AND x.failed_at <= now() - make_interval(secs => $3::float8)
+`
+
+type PurgeDeadLettersParams struct {
+	Queue            *string
+	Reason           *string
+	OlderThanSeconds float64
+}
+
+// Deletes the matching dead-lettered rows for good.
+func (q *Queries) PurgeDeadLetters(ctx context.Context, arg PurgeDeadLettersParams) (int64, error) {
+	result, err := q.db.Exec(ctx, purgeDeadLetters, arg.Queue, arg.Reason, arg.OlderThanSeconds)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const replayDeadLetters = `-- name: ReplayDeadLetters :many
+WITH moved AS (
+    DELETE FROM /*outbox:table*/outbox_dlq AS x
+    WHERE x.id IN (
+        SELECT y.id FROM /*outbox:table*/outbox_dlq AS y
+        WHERE ($1::text IS NULL OR y.queue = $1::text)
+          AND ($2::text IS NULL OR y.failure_reason = $2::text)
+          AND y.failed_at <= now() - make_interval(secs => $3::float8)
+          AND y.id <= $4::bigint
+        ORDER BY y.id
+        LIMIT $5::integer
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id
+)
+INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id)
+SELECT m.queue, m.payload, m.headers, m.ordering_key, m.timer_id
+FROM moved AS m
+ORDER BY m.id
+RETURNING o.id
+`
+
+type ReplayDeadLettersParams struct {
+	Queue            *string
+	Reason           *string
+	OlderThanSeconds float64
+	UpToID           int64
+	MaxRows          int32
+}
+
+// Moves up to @max_rows matching dead-lettered rows back into the outbox in
+// one statement: a row is in exactly one of the two tables whatever
+// happens. Replayed rows get a new id and start again from zero attempts,
+// with their original payload, headers, ordering key and timer id. Only
+// ids up to @up_to_id move, so a row that fails again during a replay is
+// not replayed twice by it.
+func (q *Queries) ReplayDeadLetters(ctx context.Context, arg ReplayDeadLettersParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, replayDeadLetters,
+		arg.Queue,
+		arg.Reason,
+		arg.OlderThanSeconds,
+		arg.UpToID,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -6,6 +6,7 @@
 //	outboxgen migrate [-dsn DSN] [-schema S] [-table T] up|down|status
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
 //	outboxgen inspect [-queue Q] [-json] [-schema S] [-table T]
+//	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D]
 //
 // migrate applies, rolls back or lists the outbox's embedded migrations
 // against DATABASE_URL (or -dsn). migrations writes them, rendered for the
@@ -54,6 +55,7 @@ Commands:
   migrate up|down|status   apply, roll back or list the outbox migrations
   migrations -dir DIR      write the outbox's goose migrations into a repository
   inspect                  show each queue's depth, leases, age and dead letters
+  dlq list|show|replay|purge  look at, replay or purge dead-lettered rows
 
 Run "outboxgen COMMAND -h" for a command's flags and an example.
 `
@@ -70,6 +72,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return migrationsCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "inspect":
 		return inspectCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "dlq":
+		return dlqCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -17,3 +17,59 @@ SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
        d.deliveries_count, d.attempts_count + (@attempted::boolean)::integer, d.created_at,
        now(), @reason::text, left(sqlc.narg(last_error)::text, 2048)
 FROM d;
+
+-- name: ListDeadLetters :many
+-- Dead-lettered rows matching the optional filters, oldest failure first.
+SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+       x.deliveries_count, x.attempts_count, x.created_at, x.failed_at,
+       x.failure_reason, x.last_error
+FROM /*outbox:table*/outbox_dlq AS x
+WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
+  AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8)
+  AND x.id > @after_id::bigint
+ORDER BY x.id
+LIMIT @max_rows::integer;
+
+-- name: ReplayDeadLetters :many
+-- Moves up to @max_rows matching dead-lettered rows back into the outbox in
+-- one statement: a row is in exactly one of the two tables whatever
+-- happens. Replayed rows get a new id and start again from zero attempts,
+-- with their original payload, headers, ordering key and timer id. Only
+-- ids up to @up_to_id move, so a row that fails again during a replay is
+-- not replayed twice by it.
+WITH moved AS (
+    DELETE FROM /*outbox:table*/outbox_dlq AS x
+    WHERE x.id IN (
+        SELECT y.id FROM /*outbox:table*/outbox_dlq AS y
+        WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
+          AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
+          AND y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8)
+          AND y.id <= @up_to_id::bigint
+        ORDER BY y.id
+        LIMIT @max_rows::integer
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id
+)
+INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id)
+SELECT m.queue, m.payload, m.headers, m.ordering_key, m.timer_id
+FROM moved AS m
+ORDER BY m.id
+RETURNING o.id;
+
+-- name: PurgeDeadLetters :execrows
+-- Deletes the matching dead-lettered rows for good.
+DELETE FROM /*outbox:table*/outbox_dlq AS x
+WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
+  AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8);
+
+-- name: CountDeadLetters :one
+-- How many dead-lettered rows match the filters, and the highest id among
+-- them (0 when none).
+SELECT count(*)::bigint AS total, coalesce(max(x.id), 0)::bigint AS max_id
+FROM /*outbox:table*/outbox_dlq AS x
+WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
+  AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8);

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+const dlqUsage = `Usage: outboxgen dlq list|show ID|replay|purge [flags]
+
+Operates on the outbox's dead-letter table:
+  list     rows, oldest first, filtered by -queue, -reason, -older-than
+  show ID  one row in full, payload included
+  replay   moves the matching rows back into the outbox (new ids, attempts
+           reset, headers kept); a row is always in exactly one table
+  purge    deletes the matching rows; needs -older-than or -yes
+
+Examples:
+  outboxgen dlq list -queue orders.created -reason decode_error
+  outboxgen dlq replay -queue orders.created -reason retry_exhausted
+  outboxgen dlq purge -older-than 720h
+
+Flags:
+`
+
+func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	fs := flag.NewFlagSet("dlq", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), dlqUsage)
+		fs.PrintDefaults()
+	}
+	conn := connFlags(fs)
+	queue := fs.String("queue", "", "only rows of this queue")
+	reason := fs.String("reason", "", "only rows with this reason: max_deliveries, retry_exhausted, rejected, decode_error")
+	olderThan := fs.Duration("older-than", 0, "only rows dead-lettered at least this long ago")
+	limit := fs.Int("limit", 100, "list: at most this many rows")
+	asJSON := fs.Bool("json", false, "list, show: print JSON")
+	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row")
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+			fs.Usage()
+			return nil
+		}
+		fs.Usage()
+		return fmt.Errorf("%w: dlq: want list, show ID, replay or purge", errUsage)
+	}
+	sub := args[0]
+	var id int64
+	rest := args[1:]
+	if sub == "show" {
+		if len(rest) == 0 {
+			return fmt.Errorf("%w: dlq show: want a row id", errUsage)
+		}
+		v, err := strconv.ParseInt(rest[0], 10, 64)
+		if err != nil {
+			return fmt.Errorf("%w: dlq show: id %q is not a number", errUsage, rest[0])
+		}
+		id, rest = v, rest[1:]
+	}
+	if err := fs.Parse(rest); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("%w: dlq %s: %v", errUsage, sub, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: dlq %s: unexpected arguments %q", errUsage, sub, fs.Args())
+	}
+	filter := outbox.DeadLetterFilter{Queue: *queue, Reason: *reason, OlderThan: *olderThan}
+	switch sub {
+	case "list", "show", "replay":
+	case "purge":
+		if *olderThan == 0 && !*yes {
+			return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
+		}
+	default:
+		return fmt.Errorf("%w: dlq: unknown command %q (want list, show, replay or purge)", errUsage, sub)
+	}
+	if *limit <= 0 {
+		return fmt.Errorf("%w: dlq: -limit must be positive", errUsage)
+	}
+	if *olderThan < 0 {
+		return fmt.Errorf("%w: dlq: -older-than must not be negative", errUsage)
+	}
+	ob, closeDB, err := conn.open(ctx, "dlq "+sub, getenv)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+
+	switch sub {
+	case "list":
+		rows, err := ob.DeadLetters(ctx, filter, 0, *limit)
+		if err != nil {
+			return usageIfInput(err)
+		}
+		if *asJSON {
+			return printJSON(stdout, rows)
+		}
+		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ID\tQUEUE\tREASON\tFAILED AT\tDELIVERIES\tLAST ERROR")
+		for _, r := range rows {
+			last, _, _ := strings.Cut(r.LastError, "\n")
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, r.Reason, r.FailedAt.Format(time.RFC3339), r.Deliveries, clip(last, 80))
+		}
+		return w.Flush()
+	case "show":
+		rows, err := ob.DeadLetters(ctx, outbox.DeadLetterFilter{}, id-1, 1)
+		if err != nil {
+			return err
+		}
+		if len(rows) == 0 || rows[0].ID != id {
+			return fmt.Errorf("dlq show: no dead-lettered row %d", id)
+		}
+		if *asJSON {
+			return printJSON(stdout, rows[0])
+		}
+		return printDeadLetter(stdout, rows[0])
+	case "replay":
+		bar := newProgress(stderr, "replayed")
+		n, err := ob.ReplayDeadLetters(ctx, filter, bar.update)
+		bar.done()
+		fmt.Fprintf(stdout, "replayed %d rows into the outbox\n", n)
+		return usageIfInput(err)
+	default: // purge
+		n, err := ob.PurgeDeadLetters(ctx, filter)
+		if err != nil {
+			return usageIfInput(err)
+		}
+		fmt.Fprintf(stdout, "purged %d dead-lettered rows\n", n)
+		return nil
+	}
+}
+
+// usageIfInput marks the library's input errors as usage errors.
+func usageIfInput(err error) error {
+	var in *outbox.InputError
+	if errors.As(err, &in) {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return err
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func printDeadLetter(w io.Writer, r outbox.DeadLetter) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "id\t%d\nqueue\t%s\nreason\t%s\nfailed at\t%s\ncreated at\t%s\ndeliveries\t%d\nattempts\t%d\n",
+		r.ID, r.Queue, r.Reason, r.FailedAt.Format(time.RFC3339Nano), r.CreatedAt.Format(time.RFC3339Nano), r.Deliveries, r.Attempts)
+	if r.OrderingKey != "" {
+		fmt.Fprintf(tw, "ordering key\t%s\n", r.OrderingKey)
+	}
+	if r.TimerID != "" {
+		fmt.Fprintf(tw, "timer id\t%s\n", r.TimerID)
+	}
+	for k, v := range r.Headers {
+		fmt.Fprintf(tw, "header %s\t%s\n", k, v)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if utf8.Valid(r.Payload) {
+		fmt.Fprintf(w, "payload (%d bytes):\n%s\n", len(r.Payload), r.Payload)
+	} else {
+		fmt.Fprintf(w, "payload (%d bytes, not UTF-8):\n%x\n", len(r.Payload), r.Payload)
+	}
+	fmt.Fprintf(w, "last error:\n%s\n", r.LastError)
+	return nil
+}
+
+func clip(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}
+
+// progress shows a bar on a terminal and a line per 10 % elsewhere.
+type progress struct {
+	w        io.Writer
+	what     string
+	terminal bool
+	lastPct  int64
+	shown    bool
+}
+
+func newProgress(w io.Writer, what string) *progress {
+	p := &progress{w: w, what: what, lastPct: -1}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.terminal = true
+		}
+	}
+	return p
+}
+
+func (p *progress) update(done, total int64) {
+	if total <= 0 {
+		return
+	}
+	pct := done * 100 / total
+	p.shown = true
+	if p.terminal {
+		const width = 30
+		fill := int(pct * width / 100)
+		fmt.Fprintf(p.w, "\r[%s%s] %3d%% %s %d/%d", strings.Repeat("=", fill), strings.Repeat(" ", width-fill), pct, p.what, done, total)
+		return
+	}
+	if pct/10 != p.lastPct/10 || done == total {
+		fmt.Fprintf(p.w, "%s %d/%d (%d%%)\n", p.what, done, total, pct)
+	}
+	p.lastPct = pct
+}
+
+func (p *progress) done() {
+	if p.terminal && p.shown {
+		fmt.Fprintln(p.w)
+	}
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+func TestDLQCommands(t *testing.T) {
+	t.Parallel()
+	d, _, env, flags := migrated(t)
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, headers, deliveries_count, attempts_count, created_at, failed_at, failure_reason, last_error)
+		SELECT i, CASE WHEN i % 2 = 0 THEN 'even' ELSE 'odd' END, convert_to('{"n": ' || i || '}', 'UTF8'), '{"content-type": "application/json"}',
+		       2, 2, now() - interval '3 hours', now() - interval '2 hours', 'retry_exhausted', E'timeout\nstack'
+		FROM generate_series(1, 1200) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) result {
+		t.Helper()
+		return runCLI(t, env, append(args, flags...)...)
+	}
+
+	r := run("dlq", "list", "-queue", "even", "-limit", "3", "-json")
+	var rows []outbox.DeadLetter
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || r.code != 0 || len(rows) != 3 || rows[0].ID != 2 {
+		t.Fatalf("list -json: exit %d, %v, %+v %s", r.code, err, rows, r.stderr)
+	}
+	if r := run("dlq", "list", "-limit", "2"); r.code != 0 || !strings.Contains(r.stdout, "LAST ERROR") || !strings.Contains(r.stdout, "timeout") || strings.Contains(r.stdout, "stack") {
+		t.Errorf("list table: exit %d\n%s", r.code, r.stdout)
+	}
+	if r := run("dlq", "show", "7"); r.code != 0 || !strings.Contains(r.stdout, `{"n": 7}`) || !strings.Contains(r.stdout, "header content-type") {
+		t.Errorf("show: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := run("dlq", "show", "99999"); r.code != 1 || !strings.Contains(r.stderr, "no dead-lettered row 99999") {
+		t.Errorf("show missing: exit %d %q", r.code, r.stderr)
+	}
+
+	r = run("dlq", "replay", "-queue", "odd")
+	if r.code != 0 || !strings.Contains(r.stdout, "replayed 600 rows") {
+		t.Fatalf("replay: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	// Not a terminal: plain progress lines.
+	if !strings.Contains(r.stderr, "replayed 600/600 (100%)") || strings.Contains(r.stderr, "\r") {
+		t.Errorf("progress: %q", r.stderr)
+	}
+	var inOutbox, inDLQ int
+	if err := d.Pool.QueryRow(t.Context(), "SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_dlq)").Scan(&inOutbox, &inDLQ); err != nil {
+		t.Fatal(err)
+	}
+	if inOutbox != 600 || inDLQ != 600 {
+		t.Errorf("after replay: %d in the outbox, %d in the DLQ; want 600 and 600", inOutbox, inDLQ)
+	}
+
+	if r := run("dlq", "purge"); r.code != 2 || !strings.Contains(r.stderr, "pass -older-than D, or -yes") {
+		t.Errorf("purge without a bound: exit %d %q", r.code, r.stderr)
+	}
+	if r := run("dlq", "purge", "-older-than", "3h"); r.code != 0 || !strings.Contains(r.stdout, "purged 0") {
+		t.Errorf("purge -older-than 3h: exit %d %q", r.code, r.stdout)
+	}
+	if r := run("dlq", "purge", "-yes"); r.code != 0 || !strings.Contains(r.stdout, "purged 600") {
+		t.Errorf("purge -yes: exit %d %q", r.code, r.stdout)
+	}
+}
+
+func TestDLQUsageErrors(t *testing.T) {
+	t.Parallel()
+	dead := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}
+	for _, c := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"dlq"}, 2, "want list, show ID, replay or purge"},
+		{[]string{"dlq", "frob"}, 2, `unknown command "frob"`},
+		{[]string{"dlq", "show"}, 2, "want a row id"},
+		{[]string{"dlq", "show", "x"}, 2, `id "x" is not a number`},
+		{[]string{"dlq", "list", "-bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"dlq", "list", "-reason", "nope"}, 2, `"nope" is not one of`},
+		{[]string{"dlq", "list", "-limit", "0"}, 2, "-limit must be positive"},
+		{[]string{"dlq", "list"}, 1, "DeadLetters"},
+	} {
+		r := runCLI(t, dead, c.args...)
+		if r.code != c.code || !strings.Contains(r.stderr, c.msg) {
+			t.Errorf("%v: exit %d %q; want %d and %q", c.args, r.code, r.stderr, c.code, c.msg)
+		}
+	}
+}
