@@ -72,6 +72,10 @@ type Publisher[T any] struct {
 	log         *slog.Logger
 }
 
+// ValidateQueue reports, as a *[ConfigError], whether name breaks the rule
+// for queue names: 1 to QueueMaxBytes bytes of printable UTF-8.
+func ValidateQueue(name string) error { return checkQueue("queue", name) }
+
 // checkQueue enforces the queue name rule: 1 to QueueMaxBytes bytes of
 // printable UTF-8.
 func checkQueue(field, q string) error {

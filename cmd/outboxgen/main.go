@@ -7,6 +7,7 @@
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
 //	outboxgen inspect [-queue Q] [-json] [-schema S] [-table T]
 //	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D]
+//	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
 //
 // migrate applies, rolls back or lists the outbox's embedded migrations
 // against DATABASE_URL (or -dsn). migrations writes them, rendered for the
@@ -56,6 +57,7 @@ Commands:
   migrations -dir DIR      write the outbox's goose migrations into a repository
   inspect                  show each queue's depth, leases, age and dead letters
   dlq list|show|replay|purge  look at, replay or purge dead-lettered rows
+  bind                     generate typed bindings and an AsyncAPI document (go:generate)
 
 Run "outboxgen COMMAND -h" for a command's flags and an example.
 `
@@ -74,6 +76,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return inspectCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "dlq":
 		return dlqCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "bind":
+		return bindCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

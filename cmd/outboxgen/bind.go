@@ -1,0 +1,348 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/format"
+	"go/token"
+	"go/types"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"text/template"
+
+	"golang.org/x/tools/go/packages"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+const bindUsage = `Usage: outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
+
+Reads the Go package in DIR and, for every type whose doc comment has a line
+  //outbox:message queue=NAME
+writes, next to it, one gofmt-clean file with the queue's constant and a
+typed publisher and subscriber constructor per type, and an AsyncAPI 3.0
+document of the queues and their payloads' JSON Schemas (derived from the
+types as encoding/json sees them). Nothing is written unless every
+annotation is valid.
+
+Example, in the package that declares the messages:
+  //go:generate go run github.com/outboxgen/outboxgen/cmd/outboxgen bind
+
+Flags:
+`
+
+var annotationRE = regexp.MustCompile(`^//outbox:message(\s.*)?$`)
+
+// binding is one annotated message type.
+type binding struct {
+	Type, Queue, ChannelID string
+	pos                    token.Position
+}
+
+func bindCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(string) string) error {
+	fs := flag.NewFlagSet("bind", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), bindUsage)
+		fs.PrintDefaults()
+	}
+	dir := fs.String("dir", ".", "directory of the package to bind")
+	out := fs.String("out", "outbox_bindings.go", "file to write the bindings to, in -dir")
+	doc := fs.String("asyncapi", "", "file to write the AsyncAPI document to, in -dir (default asyncapi.yaml or asyncapi.json)")
+	formatFlag := fs.String("format", "yaml", "AsyncAPI document format: yaml or json")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return fmt.Errorf("%w: bind: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: bind: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if *formatFlag != "yaml" && *formatFlag != "json" {
+		return fmt.Errorf("%w: bind: -format %q: want yaml or json", errUsage, *formatFlag)
+	}
+	if *doc == "" {
+		*doc = "asyncapi." + *formatFlag
+	}
+	if !strings.HasSuffix(*out, ".go") || strings.HasSuffix(*out, "_test.go") {
+		return fmt.Errorf("%w: bind: -out %q: want a non-test .go file", errUsage, *out)
+	}
+
+	pkg, err := loadPackage(*dir)
+	if err != nil {
+		return err
+	}
+	bindings, err := findBindings(pkg, *out)
+	if err != nil {
+		return err
+	}
+	if len(bindings) == 0 {
+		return fmt.Errorf("bind: no type in %s is annotated //outbox:message queue=NAME", pkg.PkgPath)
+	}
+	code, err := bindingsCode(pkg.Name, bindings)
+	if err != nil {
+		return err
+	}
+	document, err := asyncAPI(pkg, bindings, *formatFlag)
+	if err != nil {
+		return err
+	}
+	// Write both or neither.
+	files := map[string][]byte{filepath.Join(*dir, *out): code, filepath.Join(*dir, *doc): document}
+	tmps := map[string]string{}
+	defer func() {
+		for _, tmp := range tmps {
+			_ = os.Remove(tmp)
+		}
+	}()
+	for path, b := range files {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, b, 0o644); err != nil {
+			return fmt.Errorf("bind: write %s: %w", path, err)
+		}
+		tmps[path] = tmp
+	}
+	for _, path := range slices.Sorted(func(yield func(string) bool) {
+		for p := range files {
+			if !yield(p) {
+				return
+			}
+		}
+	}) {
+		if err := os.Rename(tmps[path], path); err != nil {
+			return fmt.Errorf("bind: write %s: %w", path, err)
+		}
+		delete(tmps, path)
+		fmt.Fprintf(stdout, "wrote %s\n", path)
+	}
+	return nil
+}
+
+// loadPackage parses and type-checks the package in dir. Type errors are
+// tolerated: the package may use the very bindings this run writes, or a
+// stale copy of them; only the annotated types must check.
+func loadPackage(dir string) (*packages.Package, error) {
+	cfg := &packages.Config{
+		Mode: packages.NeedName | packages.NeedTypes | packages.NeedSyntax | packages.NeedTypesInfo | packages.NeedFiles,
+		Dir:  dir,
+	}
+	pkgs, err := packages.Load(cfg, ".")
+	if err != nil {
+		return nil, fmt.Errorf("bind: load %s: %w", dir, err)
+	}
+	if len(pkgs) != 1 {
+		return nil, fmt.Errorf("bind: %s holds %d packages; want one", dir, len(pkgs))
+	}
+	pkg := pkgs[0]
+	var msgs []string
+	for _, e := range pkg.Errors {
+		// Compile errors reach us as type errors, or as list errors
+		// from the go command; only unparsable sources stop us.
+		if e.Kind == packages.ParseError {
+			msgs = append(msgs, e.Error())
+		}
+	}
+	if len(msgs) > 0 || pkg.Types == nil || len(pkg.Syntax) == 0 {
+		return nil, fmt.Errorf("bind: cannot read the package in %s:\n%s", dir, strings.Join(msgs, "\n"))
+	}
+	return pkg, nil
+}
+
+// findBindings collects the annotated types of pkg, validating each.
+func findBindings(pkg *packages.Package, out string) ([]binding, error) {
+	var (
+		bs   []binding
+		errs []error
+	)
+	byQueue := map[string]binding{}
+	byChannel := map[string]binding{}
+	for _, f := range pkg.Syntax {
+		pos := pkg.Fset.Position(f.Package)
+		if filepath.Base(pos.Filename) == out {
+			continue
+		}
+		for _, decl := range f.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.TYPE {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				ts := spec.(*ast.TypeSpec)
+				doc := ts.Doc
+				if doc == nil && len(gd.Specs) == 1 {
+					doc = gd.Doc
+				}
+				queue, at, found, err := annotation(pkg.Fset, doc)
+				if !found {
+					continue
+				}
+				where := relPos(at)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %s: %w", where, ts.Name.Name, err))
+					continue
+				}
+				obj := pkg.Types.Scope().Lookup(ts.Name.Name)
+				if _, isStruct := obj.Type().Underlying().(*types.Struct); !isStruct {
+					errs = append(errs, fmt.Errorf("%s: %s is not a struct; only structs can be outbox messages", where, ts.Name.Name))
+					continue
+				}
+				if ts.TypeParams != nil {
+					errs = append(errs, fmt.Errorf("%s: %s is generic; messages must be concrete types", where, ts.Name.Name))
+					continue
+				}
+				b := binding{Type: ts.Name.Name, Queue: queue, ChannelID: channelID(queue), pos: at}
+				if prev, dup := byQueue[queue]; dup {
+					errs = append(errs, fmt.Errorf("%s: %s and %s (%s) are both bound to queue %q", where, b.Type, prev.Type, relPos(prev.pos), queue))
+					continue
+				}
+				if prev, dup := byChannel[b.ChannelID]; dup {
+					errs = append(errs, fmt.Errorf("%s: queues %q and %q (%s) map to the same AsyncAPI channel id %q", where, queue, prev.Queue, relPos(prev.pos), b.ChannelID))
+					continue
+				}
+				byQueue[queue], byChannel[b.ChannelID] = b, b
+				bs = append(bs, b)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("bind: %w", errors.Join(errs...))
+	}
+	slices.SortFunc(bs, func(a, b binding) int { return strings.Compare(a.Type, b.Type) })
+	return bs, nil
+}
+
+// annotation finds //outbox:message in doc and returns its queue.
+func annotation(fset *token.FileSet, doc *ast.CommentGroup) (queue string, at token.Position, found bool, err error) {
+	if doc == nil {
+		return "", at, false, nil
+	}
+	for _, c := range doc.List {
+		m := annotationRE.FindStringSubmatch(c.Text)
+		if m == nil {
+			continue
+		}
+		at = fset.Position(c.Slash)
+		for _, field := range strings.Fields(m[1]) {
+			k, v, ok := strings.Cut(field, "=")
+			if !ok || k != "queue" {
+				return "", at, true, fmt.Errorf("annotation %q: want //outbox:message queue=NAME", c.Text)
+			}
+			queue = v
+		}
+		if queue == "" {
+			return "", at, true, fmt.Errorf("annotation %q: want //outbox:message queue=NAME", c.Text)
+		}
+		if err := outbox.ValidateQueue(queue); err != nil {
+			return "", at, true, err
+		}
+		return queue, at, true, nil
+	}
+	return "", at, false, nil
+}
+
+// relPos is file:line relative to the working directory when it can be.
+func relPos(p token.Position) string {
+	name := p.Filename
+	if wd, err := os.Getwd(); err == nil {
+		if rel, err := filepath.Rel(wd, name); err == nil && !strings.HasPrefix(rel, "..") {
+			name = rel
+		}
+	}
+	return fmt.Sprintf("%s:%d", name, p.Line)
+}
+
+// channelID turns a queue name into an AsyncAPI channel id.
+func channelID(queue string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '_' || r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, queue)
+}
+
+var bindingsTmpl = template.Must(template.New("bindings").Parse(`// Code generated by outboxgen bind. DO NOT EDIT.
+
+package {{.Package}}
+
+import "github.com/outboxgen/outboxgen/outbox"
+{{range .Bindings}}
+// Queue{{.Type}} is the queue of {{.Type}} messages.
+const Queue{{.Type}} = {{printf "%q" .Queue}}
+
+// New{{.Type}}Publisher returns a publisher of {{.Type}} messages to Queue{{.Type}}.
+func New{{.Type}}Publisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[{{.Type}}]) (*outbox.Publisher[{{.Type}}], error) {
+	return outbox.NewPublisher(ob, Queue{{.Type}}, cfg)
+}
+
+// New{{.Type}}Subscriber returns a subscriber that hands the {{.Type}} messages of Queue{{.Type}} to h.
+func New{{.Type}}Subscriber(ob *outbox.Outbox, h outbox.Handler[{{.Type}}], cfg *outbox.SubscriberConfig[{{.Type}}]) (*outbox.Subscriber[{{.Type}}], error) {
+	return outbox.NewSubscriber(ob, []string{Queue{{.Type}}}, h, cfg)
+}
+{{end}}`))
+
+func bindingsCode(pkgName string, bs []binding) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := bindingsTmpl.Execute(&buf, struct {
+		Package  string
+		Bindings []binding
+	}{pkgName, bs}); err != nil {
+		return nil, fmt.Errorf("bind: %w", err)
+	}
+	src, err := format.Source(buf.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("bind: format bindings: %w", err)
+	}
+	return src, nil
+}
+
+// asyncAPI writes the AsyncAPI 3.0 document of bs.
+func asyncAPI(pkg *packages.Package, bs []binding, formatName string) ([]byte, error) {
+	s := newSchemas()
+	channels, operations, messages := obj(), obj(), obj()
+	for _, b := range bs {
+		named := pkg.Types.Scope().Lookup(b.Type).Type().(*types.Named)
+		ref, err := s.ref(named)
+		if err != nil {
+			return nil, fmt.Errorf("bind: %s: %s: %w", relPos(b.pos), b.Type, err)
+		}
+		messages.set(b.Type, obj().
+			set("name", b.Type).
+			set("contentType", outbox.ContentTypeJSON).
+			set("payload", ref))
+		channels.set(b.ChannelID, obj().
+			set("address", b.Queue).
+			set("messages", obj().set(b.Type, obj().set("$ref", "#/components/messages/"+b.Type))))
+		chRef := obj().set("$ref", "#/channels/"+b.ChannelID)
+		msgRef := []any{obj().set("$ref", "#/channels/"+b.ChannelID+"/messages/"+b.Type)}
+		operations.set("publish"+b.Type, obj().set("action", "send").set("channel", chRef).set("messages", msgRef))
+		operations.set("consume"+b.Type, obj().set("action", "receive").set("channel", chRef).set("messages", msgRef))
+	}
+	doc := obj().
+		set("asyncapi", "3.0.0").
+		set("info", obj().
+			set("title", pkg.PkgPath).
+			set("version", "1.0.0").
+			set("description", "Transactional outbox queues of package "+pkg.Name+", generated by outboxgen bind.")).
+		set("channels", channels).
+		set("operations", operations).
+		set("components", obj().set("messages", messages).set("schemas", s.defs))
+	var b strings.Builder
+	if formatName == "json" {
+		writeJSON(&b, doc, "")
+		b.WriteString("\n")
+	} else {
+		b.WriteString("# Code generated by outboxgen bind. DO NOT EDIT.\n")
+		writeYAML(&b, doc, "")
+	}
+	return []byte(b.String()), nil
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// scratchPackage copies files into a fresh package directory under
+// testdata (inside the module, where the go command can load it).
+func scratchPackage(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("testdata", "scratch-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	for name, src := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func TestBindGolden(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile(filepath.Join("testdata", "bindpkg", "messages.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"yaml", "json"} {
+		t.Run(format, func(t *testing.T) {
+			t.Parallel()
+			dir := scratchPackage(t, map[string]string{"messages.go": strings.Replace(string(src), "package bindpkg", "package bindpkg", 1)})
+			r := runCLI(t, nil, "bind", "-dir", dir, "-format", format)
+			if r.code != 0 {
+				t.Fatalf("exit %d: %s", r.code, r.stderr)
+			}
+			for _, name := range []string{"outbox_bindings.go", "asyncapi." + format} {
+				got, err := os.ReadFile(filepath.Join(dir, name))
+				if err != nil {
+					t.Fatal(err)
+				}
+				// The document's title is the package path, which differs
+				// between the scratch copy and the golden package.
+				got = []byte(strings.ReplaceAll(string(got), filepath.ToSlash(dir), "testdata/bindpkg"))
+				golden := filepath.Join("testdata", "bind", name)
+				if *update {
+					if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
+						t.Fatal(err)
+					}
+					if err := os.WriteFile(golden, got, 0o644); err != nil {
+						t.Fatal(err)
+					}
+				}
+				want, err := os.ReadFile(golden)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if diff := cmp.Diff(string(want), string(got)); diff != "" {
+					t.Errorf("%s differs from %s (-golden +got; make golden updates it):\n%s", name, golden, diff)
+				}
+			}
+			// Generating again over the output gives the same output.
+			before := dirFiles(t, dir)
+			if r := runCLI(t, nil, "bind", "-dir", dir, "-format", format); r.code != 0 {
+				t.Fatalf("second run: exit %d: %s", r.code, r.stderr)
+			}
+			if diff := cmp.Diff(before, dirFiles(t, dir)); diff != "" {
+				t.Errorf("second run changed the output:\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestBindRejectsBadAnnotationsAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, src, msg string
+	}{
+		{"not a struct", `package p
+
+//outbox:message queue=ids
+type IDs []string
+`, "messages.go:3: IDs is not a struct"},
+		{"two types one queue", `package p
+
+//outbox:message queue=orders
+type A struct{ X int }
+
+//outbox:message queue=orders
+type B struct{ Y int }
+`, `are both bound to queue "orders"`},
+		{"invalid queue", `package p
+
+//outbox:message queue=` + strings.Repeat("q", 256) + `
+type A struct{ X int }
+`, "messages.go:3: A: outbox: queue"},
+		{"malformed annotation", `package p
+
+//outbox:message topic=orders
+type A struct{ X int }
+`, "want //outbox:message queue=NAME"},
+		{"unencodable field", `package p
+
+//outbox:message queue=orders
+type A struct{ C chan int }
+`, "field C: type chan int has no JSON form"},
+		{"no annotations", `package p
+
+type A struct{ X int }
+`, "no type in"},
+		{"unparsable source", `package p
+
+type A struct{
+`, "cannot read the package"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := scratchPackage(t, map[string]string{"messages.go": tt.src})
+			r := runCLI(t, nil, "bind", "-dir", dir)
+			if r.code != 1 || !strings.Contains(r.stderr, tt.msg) {
+				t.Errorf("exit %d, %q; want 1 and %q", r.code, r.stderr, tt.msg)
+			}
+			if files := dirFiles(t, dir); len(files) != 1 {
+				t.Errorf("wrote %v", keys(files))
+			}
+		})
+	}
+	for _, args := range [][]string{{"bind", "-format", "xml"}, {"bind", "-out", "x.txt"}, {"bind", "-nope"}, {"bind", "extra"}} {
+		if r := runCLI(t, nil, args...); r.code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, r.code, r.stderr)
+		}
+	}
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// writeJSON renders v (a *node, []any, []string, string, int, int64 or
+// bool) as indented JSON with keys in node order.
+func writeJSON(b *strings.Builder, v any, indent string) {
+	switch v := v.(type) {
+	case *node:
+		if len(v.keys) == 0 {
+			b.WriteString("{}")
+			return
+		}
+		b.WriteString("{\n")
+		for i, k := range v.keys {
+			b.WriteString(indent + "  " + quote(k) + ": ")
+			writeJSON(b, v.vals[k], indent+"  ")
+			if i < len(v.keys)-1 {
+				b.WriteString(",")
+			}
+			b.WriteString("\n")
+		}
+		b.WriteString(indent + "}")
+	case []any:
+		b.WriteString("[\n")
+		for i, e := range v {
+			b.WriteString(indent + "  ")
+			writeJSON(b, e, indent+"  ")
+			if i < len(v)-1 {
+				b.WriteString(",")
+			}
+			b.WriteString("\n")
+		}
+		b.WriteString(indent + "]")
+	case []string:
+		items := make([]any, len(v))
+		for i, s := range v {
+			items[i] = s
+		}
+		writeJSON(b, items, indent)
+	default:
+		b.WriteString(scalar(v))
+	}
+}
+
+// writeYAML renders v as block YAML with keys in node order.
+func writeYAML(b *strings.Builder, v any, indent string) {
+	switch v := v.(type) {
+	case *node:
+		for _, k := range v.keys {
+			val := v.vals[k]
+			b.WriteString(indent + yamlKey(k) + ":")
+			writeYAMLValue(b, val, indent)
+		}
+	case []any:
+		for _, e := range v {
+			b.WriteString(indent + "-")
+			if n, ok := e.(*node); ok && len(n.keys) > 0 {
+				// The first key shares the dash's line.
+				var inner strings.Builder
+				writeYAML(&inner, n, indent+"  ")
+				b.WriteString(" " + strings.TrimPrefix(inner.String(), indent+"  "))
+				continue
+			}
+			writeYAMLValue(b, e, indent)
+		}
+	}
+}
+
+func writeYAMLValue(b *strings.Builder, val any, indent string) {
+	switch val := val.(type) {
+	case *node:
+		if len(val.keys) == 0 {
+			b.WriteString(" {}\n")
+			return
+		}
+		b.WriteString("\n")
+		writeYAML(b, val, indent+"  ")
+	case []any:
+		if len(val) == 0 {
+			b.WriteString(" []\n")
+			return
+		}
+		b.WriteString("\n")
+		writeYAML(b, val, indent+"  ")
+	case []string:
+		items := make([]any, len(val))
+		for i, s := range val {
+			items[i] = s
+		}
+		writeYAMLValue(b, items, indent)
+	default:
+		b.WriteString(" " + scalar(val) + "\n")
+	}
+}
+
+// scalar renders a scalar in a form both JSON and YAML read alike.
+func scalar(v any) string {
+	switch v := v.(type) {
+	case string:
+		return quote(v)
+	case int:
+		return strconv.Itoa(v)
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case bool:
+		return strconv.FormatBool(v)
+	}
+	return quote(fmt.Sprint(v))
+}
+
+func quote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// yamlKey leaves plain keys bare and quotes the rest ($ref, say).
+func yamlKey(k string) string {
+	for _, r := range k {
+		if !(r == '_' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return quote(k)
+		}
+	}
+	return k
+}
