@@ -103,8 +103,16 @@ func TestCLIErrors(t *testing.T) {
 
 func TestHelp(t *testing.T) {
 	t.Parallel()
-	r := runCLI(t, nil, "migrate", "-h")
-	if r.code != 0 || !strings.Contains(r.stderr, "Example:") {
-		t.Errorf("migrate -h: exit %d, %q", r.code, r.stderr)
+	for _, cmd := range []string{"migrate", "migrations", "inspect", "dlq", "bind"} {
+		r := runCLI(t, nil, cmd, "-h")
+		if r.code != 0 || !strings.Contains(r.stderr, "Example") {
+			t.Errorf("%s -h: exit %d, %q", cmd, r.code, r.stderr)
+		}
+	}
+	r := runCLI(t, nil, "help")
+	for _, cmd := range []string{"migrate", "migrations", "inspect", "dlq", "bind"} {
+		if !strings.Contains(r.stdout, "  "+cmd) {
+			t.Errorf("help does not list %s:\n%s", cmd, r.stdout)
+		}
 	}
 }
