@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"go/ast"
 	"go/format"
@@ -48,24 +47,16 @@ type binding struct {
 }
 
 func bindCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(string) string) error {
-	fs := flag.NewFlagSet("bind", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), bindUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlags("bind", bindUsage, stderr)
 	dir := fs.String("dir", ".", "directory of the package to bind")
 	out := fs.String("out", "outbox_bindings.go", "file to write the bindings to, in -dir")
 	doc := fs.String("asyncapi", "", "file to write the AsyncAPI document to, in -dir (default asyncapi.yaml or asyncapi.json)")
 	formatFlag := fs.String("format", "yaml", "AsyncAPI document format: yaml or json")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("%w: bind: %v", errUsage, err)
+	if err := parseFlags(fs, args, "bind"); err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: bind: unexpected arguments %q", errUsage, fs.Args())
+	if err := noArgs(fs, "bind"); err != nil {
+		return err
 	}
 	if *formatFlag != "yaml" && *formatFlag != "json" {
 		return fmt.Errorf("%w: bind: -format %q: want yaml or json", errUsage, *formatFlag)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -35,12 +34,7 @@ Flags:
 `
 
 func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
-	fs := flag.NewFlagSet("dlq", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), dlqUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlags("dlq", dlqUsage, stderr)
 	conn := connFlags(fs)
 	queue := fs.String("queue", "", "only rows of this queue")
 	reason := fs.String("reason", "", "only rows with this reason: max_deliveries, retry_exhausted, rejected, decode_error")
@@ -69,14 +63,11 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		}
 		id, rest = v, rest[1:]
 	}
-	if err := fs.Parse(rest); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("%w: dlq %s: %v", errUsage, sub, err)
+	if err := parseFlags(fs, rest, "dlq "+sub); err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: dlq %s: unexpected arguments %q", errUsage, sub, fs.Args())
+	if err := noArgs(fs, "dlq "+sub); err != nil {
+		return err
 	}
 	filter := outbox.DeadLetterFilter{Queue: *queue, Reason: *reason, OlderThan: *olderThan}
 	switch sub {

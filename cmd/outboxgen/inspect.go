@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -27,24 +25,16 @@ Flags:
 `
 
 func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
-	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), inspectUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlags("inspect", inspectUsage, stderr)
 	conn := connFlags(fs)
 	queue := fs.String("queue", "", "show only this queue")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	ttl := fs.Duration("lease-ttl", outbox.LeaseTTLDefault, "leases older than this count as expired (the subscribers' LeaseTTL)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("%w: inspect: %v", errUsage, err)
+	if err := parseFlags(fs, args, "inspect"); err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: inspect: unexpected arguments %q", errUsage, fs.Args())
+	if err := noArgs(fs, "inspect"); err != nil {
+		return err
 	}
 	if *ttl <= 0 {
 		return fmt.Errorf("%w: inspect: -lease-ttl must be positive", errUsage)

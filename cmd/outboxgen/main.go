@@ -18,6 +18,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -27,6 +28,41 @@ import (
 
 // errUsage marks an error the user can fix by changing the command line.
 var errUsage = errors.New("usage error")
+
+// errHelp reports that a command printed its help: exit 0, nothing more.
+var errHelp = errors.New("help printed")
+
+// newFlags returns the flag set of cmd; its usage text is usage followed
+// by the flags.
+func newFlags(cmd, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args into fs: errHelp after -h, a usage error naming
+// cmd for anything it cannot parse.
+func parseFlags(fs *flag.FlagSet, args []string, cmd string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return fmt.Errorf("%w: %s: %v", errUsage, cmd, err)
+	}
+	return nil
+}
+
+// noArgs rejects positional arguments after the flags.
+func noArgs(fs *flag.FlagSet, cmd string) error {
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: %s: unexpected arguments %q", errUsage, cmd, fs.Args())
+	}
+	return nil
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -39,7 +75,7 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	err := dispatch(ctx, args, stdout, stderr, getenv)
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, errHelp):
 		return 0
 	case errors.Is(err, errUsage):
 		fmt.Fprintln(stderr, "outboxgen:", err)

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strconv"
@@ -23,18 +21,10 @@ Flags:
 `
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), migrateUsage)
-		fs.PrintDefaults()
-	}
+	fs := newFlags("migrate", migrateUsage, stderr)
 	conn := connFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("%w: migrate: %v", errUsage, err)
+	if err := parseFlags(fs, args, "migrate"); err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()

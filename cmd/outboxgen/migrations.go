@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -41,24 +40,16 @@ const fileTag = "-- outboxgen: "
 var versionRE = regexp.MustCompile(`^(\d+)_.*\.(sql|go)$`)
 
 func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(string) string) error {
-	fset := flag.NewFlagSet("migrations", flag.ContinueOnError)
-	fset.SetOutput(stderr)
-	fset.Usage = func() {
-		fmt.Fprint(fset.Output(), migrationsUsage)
-		fset.PrintDefaults()
-	}
+	fset := newFlags("migrations", migrationsUsage, stderr)
 	dir := fset.String("dir", "", "directory of the repository's goose migrations (required)")
 	schema := fset.String("schema", outbox.SchemaDefault, "schema of the outbox tables")
 	table := fset.String("table", outbox.TableDefault, "name of the outbox table")
 	check := fset.Bool("check", false, "write nothing; exit 1 when -dir lacks migrations")
-	if err := fset.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return fmt.Errorf("%w: migrations: %v", errUsage, err)
+	if err := parseFlags(fset, args, "migrations"); err != nil {
+		return err
 	}
-	if fset.NArg() > 0 {
-		return fmt.Errorf("%w: migrations: unexpected arguments %q", errUsage, fset.Args())
+	if err := noArgs(fset, "migrations"); err != nil {
+		return err
 	}
 	if *dir == "" {
 		fset.Usage()
