@@ -3,7 +3,7 @@
 //
 // Usage:
 //
-//	outboxgen migrate [-dsn DSN] [-schema S] [-table T] up|down|status
+//	outboxgen migrate [-dsn DSN] [-schema S] [-table T] up|down|down-to N|reset|status
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
 //	outboxgen inspect [-queue Q] [-json] [-schema S] [-table T]
 //	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D]
@@ -89,11 +89,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 const usage = `outboxgen manages transactional outbox tables.
 
 Commands:
-  migrate up|down|status   apply, roll back or list the outbox migrations
-  migrations -dir DIR      write the outbox's goose migrations into a repository
-  inspect                  show each queue's depth, leases, age and dead letters
-  dlq list|show|replay|purge  look at, replay or purge dead-lettered rows
-  bind                     generate typed bindings and an AsyncAPI document (go:generate)
+  migrate      apply, roll back or list the outbox migrations (up, down, down-to N, reset, status)
+  migrations   write the outbox's goose migrations into a repository's directory
+  inspect      show each queue's depth, leases, age and dead letters
+  dlq          list, show, replay or purge dead-lettered rows
+  bind         generate typed bindings and an AsyncAPI document (for go:generate)
 
 Run "outboxgen COMMAND -h" for a command's flags and an example.
 `
