@@ -92,7 +92,7 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 		return ErrAlreadyRunning
 	}
 	defer s.running.Store(false)
-	r := newRun(s, ctx)
+	r := newRun(ctx, s)
 	return r.run(ctx)
 }
 
@@ -121,7 +121,7 @@ type run[T any] struct {
 	forceStop  context.CancelCauseFunc
 }
 
-func newRun[T any](s *Subscriber[T], ctx context.Context) *run[T] {
+func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 	hctx, force := context.WithCancelCause(context.WithoutCancel(ctx))
 	return &run[T]{
 		s:          s,
