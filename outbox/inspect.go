@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"github.com/outboxgen/outboxgen/db"
 	"time"
 )
 
@@ -41,6 +42,53 @@ func (o *Outbox) QueueStats(ctx context.Context, leaseTTL time.Duration) ([]Queu
 		out[i] = QueueStats{
 			Queue: r.Queue, Ready: r.Ready, Scheduled: r.Scheduled, Leased: r.Leased, Expired: r.Expired,
 			OldestAge: time.Duration(r.OldestAgeSeconds * float64(time.Second)), DeadLettered: r.DeadLettered,
+		}
+	}
+	return out, nil
+}
+
+// PendingMessage is a row still in the outbox, as [Outbox.Unprocessed]
+// reads it: not yet acknowledged, whether due, scheduled or leased.
+type PendingMessage struct {
+	// ID is the row's id.
+	ID int64
+	// Queue is its queue.
+	Queue string
+	// Payload is the encoded message; decode it with the publisher's codec.
+	Payload []byte
+	// Headers are its headers.
+	Headers map[string]string
+	// Deliveries counts its claims so far.
+	Deliveries int
+	// Leased says whether a subscriber holds it now.
+	Leased bool
+	// DueAt is when it becomes (or became) deliverable, server clock.
+	DueAt time.Time
+}
+
+// Unprocessed returns up to limit rows of queue still in the outbox,
+// oldest first, without claiming them: it takes no lease and changes
+// nothing, so it is safe beside running subscribers (tests, debugging).
+func (o *Outbox) Unprocessed(ctx context.Context, queue string, limit int) ([]PendingMessage, error) {
+	if err := checkQueue("queue", queue); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, &InputError{Field: "limit", Rule: "must be positive"}
+	}
+	rows, err := o.queries(o.pool).FetchUnprocessed(ctx, db.FetchUnprocessedParams{Queue: queue, MaxRows: int32(min(limit, 1<<30))})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: Unprocessed: %w", err)
+	}
+	var hc headerCache
+	out := make([]PendingMessage, len(rows))
+	for i, r := range rows {
+		out[i] = PendingMessage{ID: r.ID, Queue: r.Queue, Payload: r.Payload, Deliveries: int(r.DeliveriesCount),
+			Leased: r.AcquiredToken.Valid, DueAt: r.NextAttemptAt}
+		if len(r.Headers) > 0 {
+			// Headers written by other clients may not be a string map;
+			// they are left out rather than failing the read.
+			out[i].Headers, _ = hc.decode(r.Headers)
 		}
 	}
 	return out, nil

@@ -1,0 +1,122 @@
+// Package outboxtest helps the tests of services that use an outbox: read
+// what a test published, and run the subscriber until the queues are
+// empty.
+//
+// It uses only the outbox package's public API against a real database;
+// there is no fake outbox.
+package outboxtest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+// Published returns the messages of queue still in the outbox, oldest
+// first, decoded with codec (nil for outbox.DefaultCodec). It claims
+// nothing. A row that does not decode fails tb.
+func Published[T any](tb testing.TB, ob *outbox.Outbox, queue string, codec outbox.Codec[T]) []T {
+	tb.Helper()
+	if codec == nil {
+		codec = outbox.DefaultCodec[T]()
+	}
+	rows, err := ob.Unprocessed(context.Background(), queue, 100000)
+	if err != nil {
+		tb.Fatalf("outboxtest: Published(%q): %v", queue, err)
+	}
+	out := make([]T, 0, len(rows))
+	for _, r := range rows {
+		v, err := codec.Decode(r.Payload)
+		if err != nil {
+			tb.Fatalf("outboxtest: Published(%q): row %d: %v", queue, r.ID, err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// Drain runs a subscriber of queues with handler until none of their rows
+// is due or leased, then stops it, and returns how many deliveries the
+// handler saw. Rows scheduled for later stay. cfg may be nil; Drain polls
+// every few milliseconds whatever cfg says, and fails tb if the queues are
+// not drained within timeout (0 means 30 s).
+func Drain[T any](tb testing.TB, ob *outbox.Outbox, queues []string, handler outbox.Handler[T], cfg *outbox.SubscriberConfig[T], timeout time.Duration) (count int) {
+	tb.Helper()
+	var c outbox.SubscriberConfig[T]
+	if cfg != nil {
+		c = *cfg
+	}
+	c.MinFetchInterval, c.MaxFetchInterval = 5*time.Millisecond, 20*time.Millisecond
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	deliveries := make(chan struct{}, 1024)
+	sub, err := outbox.NewSubscriber(ob, queues, func(ctx context.Context, m *outbox.Message[T]) error {
+		deliveries <- struct{}{}
+		return handler(ctx, m)
+	}, &c)
+	if err != nil {
+		tb.Fatalf("outboxtest: Drain: %v", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	defer func() {
+		stop()
+		for {
+			select {
+			case <-deliveries:
+				count++
+				continue
+			case err := <-done:
+				if err != nil {
+					tb.Errorf("outboxtest: Drain: Run: %v", err)
+				}
+			}
+			break
+		}
+	}()
+
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		for drained := false; !drained; {
+			select {
+			case <-deliveries:
+				count++
+			default:
+				drained = true
+			}
+		}
+		if idle(tb, ob, queues) {
+			return count
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("outboxtest: Drain: %v still hold due or leased rows after %v", queues, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// idle reports whether queues hold no due or leased row.
+func idle(tb testing.TB, ob *outbox.Outbox, queues []string) bool {
+	tb.Helper()
+	stats, err := ob.QueueStats(context.Background(), time.Hour)
+	if err != nil {
+		tb.Fatalf("outboxtest: %v", err)
+	}
+	for _, s := range stats {
+		for _, q := range queues {
+			if s.Queue == q && s.Ready+s.Leased+s.Expired > 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
