@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -203,10 +202,6 @@ func leaseArgs(os []outcome) ([]int64, []pgtype.UUID) {
 func errorText(err error) string {
 	if err == nil {
 		return ""
-	}
-	var in *InputError
-	if errors.As(err, &in) {
-		return in.Error()
 	}
 	return err.Error()
 }

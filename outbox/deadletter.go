@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -84,6 +83,7 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID in
 	if err != nil {
 		return nil, fmt.Errorf("outbox: DeadLetters: %w", err)
 	}
+	var hc headerCache
 	out := make([]DeadLetter, len(rows))
 	for i, r := range rows {
 		d := DeadLetter{
@@ -100,9 +100,9 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID in
 			d.LastError = *r.LastError
 		}
 		if len(r.Headers) > 0 {
-			// Headers the outbox wrote are a string map; anything else is
-			// shown as it was not.
-			_ = json.Unmarshal(r.Headers, &d.Headers)
+			// Headers written by other clients may not be a string map;
+			// they are left out rather than failing the read.
+			d.Headers, _ = hc.decode(r.Headers)
 		}
 		out[i] = d
 	}

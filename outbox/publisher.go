@@ -8,7 +8,6 @@ import (
 	"reflect"
 	"slices"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -118,7 +117,7 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 		c.Logger = slog.Default()
 	}
 	contentType := c.Codec.ContentType()
-	if contentType == "" || !printable(contentType, true) || !utf8.ValidString(contentType) {
+	if contentType == "" || !printable(contentType, true) {
 		return nil, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T", c.Codec),
 			Rule: "ContentType() must return a non-empty printable string"}
 	}
