@@ -7,43 +7,51 @@ package db
 
 import (
 	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const claim = `-- name: Claim :many
 WITH candidates AS (
-    SELECT p.id, p.next_attempt_at
-    FROM unnest($1::text[]) AS q(name)
+    SELECT p.id, p.queue, p.next_attempt_at
+    FROM unnest($2::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT o.id, o.next_attempt_at
+        SELECT o.id, o.queue, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = q.name
           AND o.acquired_token IS NULL
           AND o.next_attempt_at <= now()
         ORDER BY o.next_attempt_at, o.id
-        LIMIT $2::integer
+        LIMIT $3::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
     UNION ALL
-    SELECT e.id, e.next_attempt_at
-    FROM unnest($1::text[]) AS q(name)
+    SELECT e.id, e.queue, e.next_attempt_at
+    FROM unnest($2::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT o.id, o.next_attempt_at
+        SELECT o.id, o.queue, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = q.name
           AND o.acquired_token IS NOT NULL
-          AND o.acquired_at < now() - make_interval(secs => $3::float8)
-        ORDER BY o.acquired_at
-        LIMIT $2::integer
+          AND o.lease_expires_at < now()
+        ORDER BY o.lease_expires_at
+        LIMIT $3::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
+), ranked AS (
+    SELECT c.id, c.next_attempt_at,
+           row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
+    FROM candidates AS c
 ), picked AS (
-    SELECT c.id FROM candidates AS c
-    ORDER BY c.next_attempt_at, c.id
-    LIMIT $2::integer
+    SELECT r.id FROM ranked AS r
+    ORDER BY r.rank, r.next_attempt_at, r.id
+    LIMIT $3::integer
 )
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = gen_random_uuid(),
     acquired_at      = now(),
+    lease_expires_at = now() + make_interval(secs => $1::float8),
     deliveries_count = o.deliveries_count + 1
 FROM picked
 WHERE o.id = picked.id
@@ -53,29 +61,51 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
 `
 
 type ClaimParams struct {
+	LeaseTtlSeconds float64
 	Queues          []string
 	MaxRows         int32
-	LeaseTtlSeconds float64
+}
+
+type ClaimRow struct {
+	ID              int64
+	Queue           string
+	Payload         []byte
+	Headers         []byte
+	OrderingKey     *string
+	TimerID         *string
+	CreatedAt       time.Time
+	NextAttemptAt   time.Time
+	AttemptsCount   int32
+	DeliveriesCount int32
+	FirstAttemptAt  *time.Time
+	LastAttemptAt   *time.Time
+	AcquiredAt      *time.Time
+	AcquiredToken   pgtype.UUID
 }
 
 // Leases up to @max_rows available rows of the given queues: rows whose
 // lease is unset and whose next_attempt_at has come, and rows whose lease
-// expired (acquired_at older than @lease_ttl_seconds). Each claimed row gets
-// a fresh lease token and one more delivery. Each queue is scanned through
-// its own partial-index range (LATERAL), so the cost of a claim is bounded by
-// @max_rows per queue, not by the backlog; SKIP LOCKED lets concurrent
-// claimers pass each other instead of queueing on row locks. Candidates
-// that are locked but not picked are released when the statement's
-// transaction ends, so run the claim in autocommit.
-func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]Outbox, error) {
-	rows, err := q.db.Query(ctx, claim, arg.Queues, arg.MaxRows, arg.LeaseTtlSeconds)
+// expired (lease_expires_at, stamped by the holder from its own TTL, has
+// passed). Each claimed row gets a fresh lease token, an expiry
+// @lease_ttl_seconds from now, and one more delivery.
+//
+// Each queue is scanned through its own partial-index ranges (LATERAL), so
+// the cost of a claim is bounded by @max_rows per queue, not by the
+// backlog. The batch is shared across the queues: candidates are ranked
+// within their queue and taken rank by rank, so one queue's backlog never
+// delays another queue's due rows by more than a claim. SKIP LOCKED lets
+// concurrent claimers pass each other instead of queueing on row locks.
+// Candidates that are locked but not picked are released when the
+// statement's transaction ends, so run the claim in autocommit.
+func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]ClaimRow, error) {
+	rows, err := q.db.Query(ctx, claim, arg.LeaseTtlSeconds, arg.Queues, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []Outbox{}
+	items := []ClaimRow{}
 	for rows.Next() {
-		var i Outbox
+		var i ClaimRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.Queue,

@@ -44,7 +44,7 @@ WITH d AS (
     DELETE FROM /*outbox:table*/outbox AS o
     WHERE o.id = $4 AND o.acquired_token = $5::uuid
     RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-              o.deliveries_count, o.attempts_count, o.created_at
+              o.deliveries_count, o.attempts_count, o.created_at, o.last_error
 )
 INSERT INTO /*outbox:table*/outbox_dlq AS x (
     id, queue, payload, headers, ordering_key, timer_id,
@@ -52,7 +52,10 @@ INSERT INTO /*outbox:table*/outbox_dlq AS x (
 )
 SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
        d.deliveries_count, d.attempts_count + ($1::boolean)::integer, d.created_at,
-       now(), $2::text, left($3::text, 2048)
+       now(), $2::text,
+       left(CASE WHEN $1::boolean OR d.last_error IS NULL THEN $3::text
+                 ELSE concat_ws('; last handler error: ', $3::text, d.last_error) END,
+            2048)
 FROM d
 `
 
@@ -66,8 +69,9 @@ type DeadLetterWithLeaseParams struct {
 
 // Moves a leased row to the dead-letter table in one statement: the row
 // leaves the outbox only if the dead-letter insert succeeds. @attempted says
-// whether the handler ran (and so counts as an attempt); @last_error is cut
-// to 2048 characters.
+// whether the handler ran (and so counts as an attempt); when it did not
+// (max_deliveries, decode_error), the last handler error the row recorded
+// is kept after @last_error. The text is cut to 2048 characters.
 func (q *Queries) DeadLetterWithLease(ctx context.Context, arg DeadLetterWithLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, deadLetterWithLease,
 		arg.Attempted,

@@ -7,6 +7,9 @@ package db
 
 import (
 	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const fetchUnprocessed = `-- name: FetchUnprocessed :many
@@ -24,17 +27,34 @@ type FetchUnprocessedParams struct {
 	MaxRows int32
 }
 
+type FetchUnprocessedRow struct {
+	ID              int64
+	Queue           string
+	Payload         []byte
+	Headers         []byte
+	OrderingKey     *string
+	TimerID         *string
+	CreatedAt       time.Time
+	NextAttemptAt   time.Time
+	AttemptsCount   int32
+	DeliveriesCount int32
+	FirstAttemptAt  *time.Time
+	LastAttemptAt   *time.Time
+	AcquiredAt      *time.Time
+	AcquiredToken   pgtype.UUID
+}
+
 // A lease-free peek at the rows of a queue, oldest first. It takes no locks
 // and changes nothing.
-func (q *Queries) FetchUnprocessed(ctx context.Context, arg FetchUnprocessedParams) ([]Outbox, error) {
+func (q *Queries) FetchUnprocessed(ctx context.Context, arg FetchUnprocessedParams) ([]FetchUnprocessedRow, error) {
 	rows, err := q.db.Query(ctx, fetchUnprocessed, arg.Queue, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []Outbox{}
+	items := []FetchUnprocessedRow{}
 	for rows.Next() {
-		var i Outbox
+		var i FetchUnprocessedRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.Queue,
@@ -67,7 +87,7 @@ FROM unnest($1::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT o.next_attempt_at
     FROM /*outbox:table*/outbox AS o
-    WHERE o.queue = q.name AND o.acquired_token IS NULL
+    WHERE o.queue = q.name AND o.acquired_token IS NULL AND o.next_attempt_at > clock_timestamp()
     ORDER BY o.next_attempt_at
     LIMIT 1
 ) AS n
@@ -75,9 +95,11 @@ ORDER BY n.next_attempt_at
 LIMIT 1
 `
 
-// Seconds, on the server's clock, until the earliest next_attempt_at among
-// unleased rows of the given queues (negative when one is overdue); no row
-// when they hold none. One index probe per queue.
+// Seconds, on the server's clock, until the earliest next_attempt_at still
+// to come among unleased rows of the given queues; no row when none is due
+// later. Rows already due are left out: a claim that just found nothing
+// could not take them (another transaction holds their locks), so waking
+// for them would only spin. One index probe per queue.
 func (q *Queries) NextDueIn(ctx context.Context, queues []string) (float64, error) {
 	row := q.db.QueryRow(ctx, nextDueIn, queues)
 	var due_in_seconds float64
@@ -90,10 +112,8 @@ WITH live AS (
     SELECT o.queue,
            count(*) FILTER (WHERE o.acquired_token IS NULL AND o.next_attempt_at <= now()) AS ready,
            count(*) FILTER (WHERE o.acquired_token IS NULL AND o.next_attempt_at > now()) AS scheduled,
-           count(*) FILTER (WHERE o.acquired_token IS NOT NULL
-                              AND o.acquired_at >= now() - make_interval(secs => $1::float8)) AS leased,
-           count(*) FILTER (WHERE o.acquired_token IS NOT NULL
-                              AND o.acquired_at < now() - make_interval(secs => $1::float8)) AS expired,
+           count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at >= now()) AS leased,
+           count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at < now()) AS expired,
            min(o.created_at) AS oldest_created_at
     FROM /*outbox:table*/outbox AS o
     GROUP BY o.queue
@@ -125,10 +145,10 @@ type QueueStatsRow struct {
 }
 
 // Per queue: rows ready now, scheduled for later, leased, leased past
-// @lease_ttl_seconds, the age of the oldest row in seconds, and the
-// dead-lettered count.
-func (q *Queries) QueueStats(ctx context.Context, leaseTtlSeconds float64) ([]QueueStatsRow, error) {
-	rows, err := q.db.Query(ctx, queueStats, leaseTtlSeconds)
+// their expiry, the age of the oldest row in seconds, and the dead-lettered
+// count.
+func (q *Queries) QueueStats(ctx context.Context) ([]QueueStatsRow, error) {
+	rows, err := q.db.Query(ctx, queueStats)
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,7 @@ const deleteBatchWithLease = `-- name: DeleteBatchWithLease :many
 DELETE FROM /*outbox:table*/outbox AS o
 USING (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS token) AS l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.id
+RETURNING o.acquired_token
 `
 
 type DeleteBatchWithLeaseParams struct {
@@ -23,20 +23,21 @@ type DeleteBatchWithLeaseParams struct {
 	Tokens []pgtype.UUID
 }
 
-// Returns the ids it deleted; an id missing from the result lost its lease.
-func (q *Queries) DeleteBatchWithLease(ctx context.Context, arg DeleteBatchWithLeaseParams) ([]int64, error) {
+// Returns the tokens it deleted; a token missing from the result lost its
+// lease.
+func (q *Queries) DeleteBatchWithLease(ctx context.Context, arg DeleteBatchWithLeaseParams) ([]pgtype.UUID, error) {
 	rows, err := q.db.Query(ctx, deleteBatchWithLease, arg.Ids, arg.Tokens)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []int64{}
+	items := []pgtype.UUID{}
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var acquired_token pgtype.UUID
+		if err := rows.Scan(&acquired_token); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, acquired_token)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -58,6 +59,9 @@ type DeleteWithLeaseParams struct {
 // Every statement here ends or reschedules a delivery, so every one is
 // filtered by the lease token: a handler whose lease was reclaimed by a newer
 // claim matches nothing and learns that from the row count or RETURNING.
+// Batch forms return the tokens they matched, not the ids: one row can be
+// delivered twice to one subscriber (a reclaim after its lease expired),
+// and only the token tells the two deliveries apart.
 func (q *Queries) DeleteWithLease(ctx context.Context, arg DeleteWithLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, deleteWithLease, arg.ID, arg.Token)
 	if err != nil {
@@ -68,32 +72,34 @@ func (q *Queries) DeleteWithLease(ctx context.Context, arg DeleteWithLeaseParams
 
 const extendLeases = `-- name: ExtendLeases :many
 UPDATE /*outbox:table*/outbox AS o
-SET acquired_at = now()
-FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS token) AS l
+SET lease_expires_at = now() + make_interval(secs => $1::float8)
+FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::uuid[]) AS token) AS l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.id
+RETURNING o.acquired_token
 `
 
 type ExtendLeasesParams struct {
-	Ids    []int64
-	Tokens []pgtype.UUID
+	LeaseTtlSeconds float64
+	Ids             []int64
+	Tokens          []pgtype.UUID
 }
 
-// Heartbeat: restarts the lease of every row still held with its token.
-// Returns the ids it extended; an id missing from the result lost its lease.
-func (q *Queries) ExtendLeases(ctx context.Context, arg ExtendLeasesParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, extendLeases, arg.Ids, arg.Tokens)
+// Heartbeat: moves the expiry of every row still held with its token to
+// @lease_ttl_seconds from now. Returns the tokens it extended; a token
+// missing from the result lost its lease.
+func (q *Queries) ExtendLeases(ctx context.Context, arg ExtendLeasesParams) ([]pgtype.UUID, error) {
+	rows, err := q.db.Query(ctx, extendLeases, arg.LeaseTtlSeconds, arg.Ids, arg.Tokens)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []int64{}
+	items := []pgtype.UUID{}
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var acquired_token pgtype.UUID
+		if err := rows.Scan(&acquired_token); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, acquired_token)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -102,42 +108,53 @@ func (q *Queries) ExtendLeases(ctx context.Context, arg ExtendLeasesParams) ([]i
 }
 
 const markPendingBatchWithLease = `-- name: MarkPendingBatchWithLease :many
+WITH l AS (
+    SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS token,
+           unnest($3::float8[]) AS delay_seconds,
+           unnest($4::text[]) AS last_error
+)
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = NULL,
     acquired_at      = NULL,
+    lease_expires_at = NULL,
     next_attempt_at  = now() + make_interval(secs => l.delay_seconds),
     attempts_count   = o.attempts_count + 1,
     first_attempt_at = coalesce(o.first_attempt_at, now()),
-    last_attempt_at  = now()
-FROM (
-    SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS token,
-           unnest($3::float8[]) AS delay_seconds
-) AS l
+    last_attempt_at  = now(),
+    last_error       = l.last_error
+FROM l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.id
+RETURNING l.token::uuid AS token
 `
 
 type MarkPendingBatchWithLeaseParams struct {
 	Ids          []int64
 	Tokens       []pgtype.UUID
 	DelaySeconds []float64
+	LastErrors   []string
 }
 
-// The batch form of MarkPendingWithLease: one delay per row. Returns the ids
-// it updated; an id missing from the result lost its lease.
-func (q *Queries) MarkPendingBatchWithLease(ctx context.Context, arg MarkPendingBatchWithLeaseParams) ([]int64, error) {
-	rows, err := q.db.Query(ctx, markPendingBatchWithLease, arg.Ids, arg.Tokens, arg.DelaySeconds)
+// The batch form of MarkPendingWithLease: one delay and error per row.
+// Returns the tokens it updated; a token missing from the result lost its
+// lease.
+func (q *Queries) MarkPendingBatchWithLease(ctx context.Context, arg MarkPendingBatchWithLeaseParams) ([]pgtype.UUID, error) {
+	rows, err := q.db.Query(ctx, markPendingBatchWithLease,
+		arg.Ids,
+		arg.Tokens,
+		arg.DelaySeconds,
+		arg.LastErrors,
+	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []int64{}
+	items := []pgtype.UUID{}
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var token pgtype.UUID
+		if err := rows.Scan(&token); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, token)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -149,23 +166,31 @@ const markPendingWithLease = `-- name: MarkPendingWithLease :execrows
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = NULL,
     acquired_at      = NULL,
+    lease_expires_at = NULL,
     next_attempt_at  = now() + make_interval(secs => $1::float8),
     attempts_count   = o.attempts_count + 1,
     first_attempt_at = coalesce(o.first_attempt_at, now()),
-    last_attempt_at  = now()
-WHERE o.id = $2 AND o.acquired_token = $3::uuid
+    last_attempt_at  = now(),
+    last_error       = $2::text
+WHERE o.id = $3 AND o.acquired_token = $4::uuid
 `
 
 type MarkPendingWithLeaseParams struct {
 	DelaySeconds float64
+	LastError    *string
 	ID           int64
 	Token        pgtype.UUID
 }
 
-// Records a handled attempt and makes the row claimable again after
-// @delay_seconds, measured on the server clock.
+// Records a handled attempt and its error, and makes the row claimable
+// again after @delay_seconds, measured on the server clock.
 func (q *Queries) MarkPendingWithLease(ctx context.Context, arg MarkPendingWithLeaseParams) (int64, error) {
-	result, err := q.db.Exec(ctx, markPendingWithLease, arg.DelaySeconds, arg.ID, arg.Token)
+	result, err := q.db.Exec(ctx, markPendingWithLease,
+		arg.DelaySeconds,
+		arg.LastError,
+		arg.ID,
+		arg.Token,
+	)
 	if err != nil {
 		return 0, err
 	}
@@ -173,13 +198,15 @@ func (q *Queries) MarkPendingWithLease(ctx context.Context, arg MarkPendingWithL
 }
 
 const releaseBatchWithLease = `-- name: ReleaseBatchWithLease :many
+WITH l AS (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS token)
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = NULL,
     acquired_at      = NULL,
+    lease_expires_at = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
-FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS token) AS l
+FROM l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.id
+RETURNING l.token::uuid AS token
 `
 
 type ReleaseBatchWithLeaseParams struct {
@@ -190,20 +217,20 @@ type ReleaseBatchWithLeaseParams struct {
 // Hands back rows that were claimed but never given to a handler (the
 // subscriber is stopping): clears their lease and takes back the delivery
 // the claim counted, so other subscribers take them at once instead of
-// after the lease expires. Returns the ids it released.
-func (q *Queries) ReleaseBatchWithLease(ctx context.Context, arg ReleaseBatchWithLeaseParams) ([]int64, error) {
+// after the lease expires. Returns the tokens it released.
+func (q *Queries) ReleaseBatchWithLease(ctx context.Context, arg ReleaseBatchWithLeaseParams) ([]pgtype.UUID, error) {
 	rows, err := q.db.Query(ctx, releaseBatchWithLease, arg.Ids, arg.Tokens)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []int64{}
+	items := []pgtype.UUID{}
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var token pgtype.UUID
+		if err := rows.Scan(&token); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, token)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -21,7 +21,7 @@ func (q *Queries) Listen(ctx context.Context) error {
 }
 
 const listenScheduled = `-- name: ListenScheduled :exec
-LISTEN /*outbox:listen*/outbox_outbox_scheduled
+LISTEN /*outbox:listen*/"outbox_outbox:scheduled"
 `
 
 func (q *Queries) ListenScheduled(ctx context.Context) error {

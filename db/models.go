@@ -25,6 +25,8 @@ type Outbox struct {
 	LastAttemptAt   *time.Time
 	AcquiredAt      *time.Time
 	AcquiredToken   pgtype.UUID
+	LeaseExpiresAt  *time.Time
+	LastError       *string
 }
 
 type OutboxDlq struct {

@@ -19,3 +19,56 @@ func (q *Queries) CreateSchema(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, createSchema)
 	return err
 }
+
+const schemaObjects = `-- name: SchemaObjects :one
+SELECT to_regclass($1::text) IS NOT NULL AS has_table,
+       to_regclass($2::text) IS NOT NULL AS has_dlq,
+       to_regprocedure($3::text) IS NOT NULL AS has_notify,
+       to_regprocedure($4::text) IS NOT NULL AS has_version
+`
+
+type SchemaObjectsParams struct {
+	TableName string
+	DlqName   string
+	NotifyFn  string
+	VersionFn string
+}
+
+type SchemaObjectsRow struct {
+	HasTable   interface{}
+	HasDlq     interface{}
+	HasNotify  interface{}
+	HasVersion interface{}
+}
+
+// Which of the outbox's objects exist, for telling the schema's version
+// when its version function does not exist yet (schemas older than
+// migration 4). Arguments are schema-qualified, quoted names.
+func (q *Queries) SchemaObjects(ctx context.Context, arg SchemaObjectsParams) (SchemaObjectsRow, error) {
+	row := q.db.QueryRow(ctx, schemaObjects,
+		arg.TableName,
+		arg.DlqName,
+		arg.NotifyFn,
+		arg.VersionFn,
+	)
+	var i SchemaObjectsRow
+	err := row.Scan(
+		&i.HasTable,
+		&i.HasDlq,
+		&i.HasNotify,
+		&i.HasVersion,
+	)
+	return i, err
+}
+
+const schemaVersion = `-- name: SchemaVersion :one
+SELECT /*outbox:table*/outbox_schema_version()::integer AS version
+`
+
+// The version the schema's own function reports (migration 4 on).
+func (q *Queries) SchemaVersion(ctx context.Context) (int32, error) {
+	row := q.db.QueryRow(ctx, schemaVersion)
+	var version int32
+	err := row.Scan(&version)
+	return version, err
+}

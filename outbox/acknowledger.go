@@ -20,13 +20,16 @@ const (
 	kindDrop                          // delete a terminal row (no DLQ)
 )
 
+// outcomeWrites names each kind's write in logs and lease_lost events.
+var outcomeWrites = [...]string{"ack", "retry", "dead_letter", "delete"}
+
 // outcome is what became of one delivery.
 type outcome struct {
 	d         *delivery
 	kind      outcomeKind
 	delay     time.Duration // kindRetry
 	reason    string        // kindDeadLetter, kindDrop
-	err       error         // the handler's error or the terminal cause
+	text      string        // the error's storable text (errorText)
 	attempted bool          // the handler ran
 	ran       time.Duration // how long it ran
 }
@@ -35,7 +38,12 @@ type outcome struct {
 // AckBatchSize outcomes or its oldest is AckLinger old, until outcomes is
 // closed; then it writes what is left. Every write is filtered by the lease
 // token, and each outcome's metric is emitted only after its write lands.
-func (r *run[T]) acknowledge(ctx context.Context) error {
+//
+// ctx bounds every write: once it is done (the graceful timeout after a
+// stop has passed) nothing more is written, and the outcomes that were not
+// are counted in the result. Their rows keep their leases and are
+// delivered again when the leases expire.
+func (r *run[T]) acknowledge(ctx context.Context) (unwritten int) {
 	cfg := &r.s.cfg
 	var (
 		batch  []outcome
@@ -43,7 +51,8 @@ func (r *run[T]) acknowledge(ctx context.Context) error {
 		due    <-chan time.Time
 	)
 	flush := func() {
-		batch = r.flushRetrying(ctx, batch)
+		unwritten += len(r.flushRetrying(ctx, batch))
+		batch = nil
 		if linger != nil {
 			linger.Stop()
 		}
@@ -53,7 +62,12 @@ func (r *run[T]) acknowledge(ctx context.Context) error {
 		select {
 		case o, ok := <-r.outcomes:
 			if !ok {
-				return r.final(ctx, batch)
+				flush()
+				return unwritten
+			}
+			if ctx.Err() != nil {
+				unwritten++
+				continue
 			}
 			batch = append(batch, o)
 			if len(batch) >= cfg.AckBatchSize {
@@ -68,8 +82,8 @@ func (r *run[T]) acknowledge(ctx context.Context) error {
 	}
 }
 
-// flushRetrying writes batch, retrying database errors with backoff while
-// ctx lives; it returns what could not be written.
+// flushRetrying writes batch, retrying failed statements with backoff
+// while ctx lives; it returns what could not be written.
 func (r *run[T]) flushRetrying(ctx context.Context, batch []outcome) []outcome {
 	errs := backoff{base: 50 * time.Millisecond, max: 5 * time.Second}
 	for len(batch) > 0 {
@@ -88,20 +102,9 @@ func (r *run[T]) flushRetrying(ctx context.Context, batch []outcome) []outcome {
 	return batch
 }
 
-// final writes the last outcomes within the graceful timeout.
-func (r *run[T]) final(ctx context.Context, batch []outcome) error {
-	ctx, cancel := context.WithTimeout(ctx, r.s.cfg.GracefulTimeout)
-	defer cancel()
-	if left := r.flushRetrying(ctx, batch); len(left) > 0 {
-		return fmt.Errorf("outbox: %d outcomes not written before the graceful timeout; their rows will be delivered again", len(left))
-	}
-	return nil
-}
-
 // flush writes batch: deletes, retries and dead letters. It returns the
 // outcomes still unwritten when a statement fails.
 func (r *run[T]) flush(ctx context.Context, batch []outcome) ([]outcome, error) {
-	q := r.s.ob.queries(r.s.ob.pool)
 	var deletes, retries, dead []outcome
 	for _, o := range batch {
 		switch o.kind {
@@ -113,58 +116,113 @@ func (r *run[T]) flush(ctx context.Context, batch []outcome) ([]outcome, error) 
 			dead = append(dead, o)
 		}
 	}
-	if len(deletes) > 0 {
-		ids, tokens := leaseArgs(deletes)
-		done, err := q.DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids, Tokens: tokens})
-		if err != nil {
-			return batch, err
-		}
-		r.landed(deletes, done)
-		batch = append(retries, dead...)
+	if left, err := r.write(ctx, deletes, r.writeDeletes); err != nil {
+		return append(append(left, retries...), dead...), err
+	}
+	if left, err := r.write(ctx, retries, r.writeRetries); err != nil {
+		return append(left, dead...), err
 	}
 	if len(retries) > 0 {
-		ids, tokens := leaseArgs(retries)
-		delays := make([]float64, len(retries))
-		for i, o := range retries {
-			delays[i] = o.delay.Seconds()
-		}
-		done, err := q.MarkPendingBatchWithLease(ctx, db.MarkPendingBatchWithLeaseParams{Ids: ids, Tokens: tokens, DelaySeconds: delays})
-		if err != nil {
-			return batch, err
-		}
-		r.landed(retries, done)
-		batch = dead
+		// The fetcher's idle wait ends at the earliest due row it saw;
+		// these may be due sooner.
+		r.wakeFetcher()
 	}
-	for i, o := range dead {
-		msg := errorText(o.err)
-		n, err := q.DeadLetterWithLease(ctx, db.DeadLetterWithLeaseParams{
-			ID: o.d.row.ID, Token: o.d.token, Attempted: o.attempted, Reason: o.reason, LastError: &msg,
-		})
-		if err != nil {
-			return dead[i:], err
+	for i := range dead {
+		if left, err := r.write(ctx, dead[i:i+1], r.writeDeadLetter); err != nil {
+			return append(left, dead[i+1:]...), err
 		}
-		var done []int64
-		if n == 1 {
-			done = []int64{o.d.row.ID}
-		}
-		r.landed(dead[i:i+1], done)
 	}
 	return nil, nil
 }
 
-// landed emits the metrics and logs of written outcomes; ids are the rows
-// the write matched, and any other lost its lease.
-func (r *run[T]) landed(os []outcome, ids []int64) {
-	matched := make(map[int64]bool, len(ids))
-	for _, id := range ids {
-		matched[id] = true
+// writeFunc writes outcomes in one statement and returns the lease tokens
+// it matched.
+type writeFunc func(ctx context.Context, os []outcome) ([]pgtype.UUID, error)
+
+// write writes os with w. When the database refuses the statement's values
+// (a data error: writing them again fails the same way) it writes the
+// outcomes one by one and gives up only those it refuses, so one bad
+// outcome never holds back the others. Any other error returns os
+// unwritten.
+func (r *run[T]) write(ctx context.Context, os []outcome, w writeFunc) ([]outcome, error) {
+	if len(os) == 0 {
+		return nil, nil
+	}
+	done, err := w(ctx, os)
+	switch {
+	case err == nil:
+		r.landed(os, done)
+		return nil, nil
+	case !isDataError(err):
+		return os, err
+	case len(os) == 1:
+		r.refused(ctx, os[0], err)
+		return nil, nil
+	}
+	for i := range os {
+		if left, err := r.write(ctx, os[i:i+1], w); err != nil {
+			return append(left, os[i+1:]...), err
+		}
+	}
+	return nil, nil
+}
+
+func (r *run[T]) writeDeletes(ctx context.Context, os []outcome) ([]pgtype.UUID, error) {
+	ids, tokens := leaseArgs(os)
+	return r.s.ob.queries(r.s.ob.pool).DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids, Tokens: tokens})
+}
+
+func (r *run[T]) writeRetries(ctx context.Context, os []outcome) ([]pgtype.UUID, error) {
+	ids, tokens := leaseArgs(os)
+	delays := make([]float64, len(os))
+	texts := make([]string, len(os))
+	for i, o := range os {
+		delays[i], texts[i] = o.delay.Seconds(), o.text
+	}
+	return r.s.ob.queries(r.s.ob.pool).MarkPendingBatchWithLease(ctx, db.MarkPendingBatchWithLeaseParams{
+		Ids: ids, Tokens: tokens, DelaySeconds: delays, LastErrors: texts})
+}
+
+// writeDeadLetter moves one row to the dead-letter table. Should the
+// database refuse the error text, the row goes with a placeholder instead.
+func (r *run[T]) writeDeadLetter(ctx context.Context, os []outcome) ([]pgtype.UUID, error) {
+	o := os[0]
+	q := r.s.ob.queries(r.s.ob.pool)
+	p := db.DeadLetterWithLeaseParams{ID: o.d.row.ID, Token: o.d.token, Attempted: o.attempted, Reason: o.reason, LastError: &o.text}
+	n, err := q.DeadLetterWithLease(ctx, p)
+	if isDataError(err) {
+		placeholder := fmt.Sprintf("(the error text could not be stored: SQLSTATE %s)", sqlState(err))
+		p.LastError = &placeholder
+		n, err = q.DeadLetterWithLease(ctx, p)
+	}
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	return []pgtype.UUID{o.d.token}, nil
+}
+
+// refused gives up an outcome the database will not store: its row keeps
+// its lease and is delivered again when the lease expires.
+func (r *run[T]) refused(ctx context.Context, o outcome, err error) {
+	r.s.log.ErrorContext(o.d.ctx, "outbox: the database refused an outcome; the row is left to lease expiry",
+		append(rowAttrs(o.d), slog.String("write", outcomeWrites[o.kind]), slog.String("sqlstate", sqlState(err)), slog.Any("error", err))...)
+	r.emit(MetricEvent{Name: EventWriteRefused, Queue: o.d.row.Queue, ID: o.d.row.ID, Deliveries: int(o.d.row.DeliveriesCount),
+		Reason: outcomeWrites[o.kind]})
+}
+
+// landed emits the metrics and logs of written outcomes; tokens are the
+// leases the write matched, and any other delivery lost its lease.
+func (r *run[T]) landed(os []outcome, tokens []pgtype.UUID) {
+	matched := make(map[pgtype.UUID]bool, len(tokens))
+	for _, t := range tokens {
+		matched[t] = true
 	}
 	for _, o := range os {
 		d := o.d
 		ev := MetricEvent{Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Duration: o.ran, Reason: o.reason}
-		if !matched[d.row.ID] {
-			ev.Name, ev.Reason = EventLeaseLost, [...]string{"ack", "retry", "dead_letter", "delete"}[o.kind]
-			r.s.log.Warn("outbox: lease lost before the outcome was written; the newer delivery decides",
+		if !matched[d.token] {
+			ev.Name, ev.Reason = EventLeaseLost, outcomeWrites[o.kind]
+			r.s.log.WarnContext(d.ctx, "outbox: lease lost before the outcome was written; the newer delivery decides",
 				append(rowAttrs(d), slog.String("write", ev.Reason))...)
 			r.emit(ev)
 			continue
@@ -174,16 +232,13 @@ func (r *run[T]) landed(os []outcome, ids []int64) {
 			ev.Name = EventAcked
 		case kindRetry:
 			ev.Name, ev.Delay = EventRetried, o.delay
-			r.s.log.Info("outbox: handler failed; retrying",
-				append(rowAttrs(d), slog.Duration("delay", o.delay), slog.Any("error", o.err))...)
+			r.logs.note(d, "retried", o.text)
 		case kindDeadLetter:
 			ev.Name = EventDeadLettered
-			r.s.log.Warn("outbox: delivery ended; row dead-lettered",
-				append(rowAttrs(d), slog.String("reason", o.reason), slog.Any("error", o.err))...)
+			r.logs.note(d, "dead_lettered:"+o.reason, o.text)
 		case kindDrop:
 			ev.Name = EventTerminal
-			r.s.log.Error("outbox: delivery ended; row deleted (dead-lettering is off)",
-				append(rowAttrs(d), slog.String("reason", o.reason), slog.Any("error", o.err))...)
+			r.logs.note(d, "deleted:"+o.reason, o.text)
 		}
 		r.emit(ev)
 	}
@@ -196,12 +251,4 @@ func leaseArgs(os []outcome) ([]int64, []pgtype.UUID) {
 		ids[i], tokens[i] = o.d.row.ID, o.d.token
 	}
 	return ids, tokens
-}
-
-// errorText is the last_error recorded with a dead-lettered row.
-func errorText(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }

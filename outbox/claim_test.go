@@ -59,7 +59,7 @@ func TestClaimReclaimsExpiredLease(t *testing.T) {
 	e := setup(t)
 	id := e.publish("q")
 	first := e.claim(1, "q")[0]
-	e.exec("UPDATE outbox SET acquired_at = acquired_at - interval '61 seconds' WHERE id = $1", id)
+	e.exec("UPDATE outbox SET lease_expires_at = now() - interval '1 second' WHERE id = $1", id)
 
 	again := e.claim(1, "q")
 	if len(again) != 1 || again[0].ID != id {
@@ -188,8 +188,10 @@ func TestClaimRespectsLimitAcrossQueues(t *testing.T) {
 	}
 	got := ids(e.claim(5, "c", "b", "a"))
 	slices.Sort(got)
-	// Rows are taken in due order across queues, not queue by queue.
-	if diff := cmp.Diff(all[:5], got); diff != "" {
+	// The batch is shared across queues: each queue's oldest row first,
+	// then each queue's second (in due order), up to the limit.
+	want := []int64{all[0], all[1], all[4], all[5], all[8]}
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("claimed (-want +got):\n%s", diff)
 	}
 }

@@ -22,7 +22,7 @@ const (
 //	<Table>_goose_version   the migration version table
 //	outbox_<Table>          the NOTIFY channel in schema public,
 //	outbox_<Schema>.<Table> the NOTIFY channel in any other schema,
-//	<channel>_scheduled     the channel for rows inserted for later
+//	<channel>:scheduled     the channel for rows due later
 type Config struct {
 	// Schema holds the outbox's tables, function and migration history.
 	// [Outbox.Migrate] creates it when it does not exist. It must not be an

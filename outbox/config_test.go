@@ -87,7 +87,7 @@ func TestNewDefaultsAndDoesNotTouchTheDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ob.Channel() != "outbox_billing.events" || ob.ScheduledChannel() != "outbox_billing.events_scheduled" {
+	if ob.Channel() != "outbox_billing.events" || ob.ScheduledChannel() != "outbox_billing.events:scheduled" {
 		t.Errorf("Channel() = %q, ScheduledChannel() = %q", ob.Channel(), ob.ScheduledChannel())
 	}
 }

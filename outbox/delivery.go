@@ -10,9 +10,12 @@ import (
 	"github.com/outboxgen/outboxgen/db"
 )
 
-// delivery is one claimed row, from claim to outcome.
+// delivery is one claim of a row, from claim to outcome. A row can be
+// claimed twice by one run (its lease expired while a heartbeat could not
+// reach the database, and the run's next claim took it back): the two
+// deliveries share the row id and differ in their lease token.
 type delivery struct {
-	row   db.Outbox
+	row   db.ClaimRow
 	token pgtype.UUID
 
 	// ctx is the handler's context: cancelled with ErrLeaseLost when the
@@ -24,20 +27,21 @@ type delivery struct {
 	lost   bool // guarded by leases.mu
 }
 
-// leases tracks every row this run holds, for heartbeats and expiry.
+// leases tracks every delivery this run holds, by lease token, for
+// heartbeats and expiry.
 type leases struct {
 	ttl time.Duration
 	mu  sync.Mutex
-	m   map[int64]*delivery
+	m   map[pgtype.UUID]*delivery
 }
 
 // add starts tracking a claimed row; its context is a child of parent.
-func (l *leases) add(parent context.Context, row db.Outbox) *delivery {
+func (l *leases) add(parent context.Context, row db.ClaimRow) *delivery {
 	ctx, cancel := context.WithCancelCause(parent)
 	d := &delivery{row: row, token: row.AcquiredToken, ctx: ctx, cancel: cancel}
 	d.expiry = time.AfterFunc(l.ttl, func() { cancel(ErrLeaseLost) })
 	l.mu.Lock()
-	l.m[row.ID] = d
+	l.m[d.token] = d
 	l.mu.Unlock()
 	return d
 }
@@ -45,41 +49,41 @@ func (l *leases) add(parent context.Context, row db.Outbox) *delivery {
 // remove stops tracking d and releases its resources.
 func (l *leases) remove(d *delivery) {
 	l.mu.Lock()
-	delete(l.m, d.row.ID)
+	delete(l.m, d.token)
 	l.mu.Unlock()
 	d.expiry.Stop()
 	d.cancel(nil)
 }
 
-// snapshot returns the ids and tokens of every held row.
+// snapshot returns the ids and tokens of every held delivery.
 func (l *leases) snapshot() ([]int64, []pgtype.UUID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ids := make([]int64, 0, len(l.m))
 	tokens := make([]pgtype.UUID, 0, len(l.m))
-	for id, d := range l.m {
-		ids = append(ids, id)
-		tokens = append(tokens, d.token)
+	for token, d := range l.m {
+		ids = append(ids, d.row.ID)
+		tokens = append(tokens, token)
 	}
 	return ids, tokens
 }
 
-// extended restarts the expiry of the rows a heartbeat extended and
-// returns the rows it did not: their leases are gone.
-func (l *leases) extended(ids []int64, tried []int64) []*delivery {
-	ok := make(map[int64]bool, len(ids))
-	for _, id := range ids {
-		ok[id] = true
+// extended restarts the expiry of the deliveries a heartbeat extended
+// and returns those it tried but did not extend: their leases are gone.
+func (l *leases) extended(extended, tried []pgtype.UUID) []*delivery {
+	ok := make(map[pgtype.UUID]bool, len(extended))
+	for _, t := range extended {
+		ok[t] = true
 	}
 	var lost []*delivery
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, id := range tried {
-		d, held := l.m[id]
+	for _, t := range tried {
+		d, held := l.m[t]
 		if !held {
 			continue // finished while the heartbeat ran
 		}
-		if ok[id] {
+		if ok[t] {
 			d.expiry.Reset(l.ttl)
 			continue
 		}
@@ -96,4 +100,11 @@ func (l *leases) isLost(d *delivery) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return d.lost
+}
+
+// held counts the deliveries this run holds.
+func (l *leases) held() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.m)
 }

@@ -8,9 +8,10 @@ import (
 	"github.com/outboxgen/outboxgen/db"
 )
 
-// heartbeat extends, every HeartbeatInterval, the leases of all rows this
-// run holds, in one statement. A row the statement misses lost its lease:
-// its handler's context is cancelled with cause ErrLeaseLost.
+// heartbeat moves, every HeartbeatInterval, the expiry of every lease this
+// run holds to LeaseTTL from now, in one statement. A delivery the
+// statement misses lost its lease: its handler's context is cancelled with
+// cause ErrLeaseLost.
 func (r *run[T]) heartbeat(ctx context.Context) {
 	q := r.s.ob.queries(r.s.ob.pool)
 	t := time.NewTicker(r.s.cfg.HeartbeatInterval)
@@ -25,14 +26,14 @@ func (r *run[T]) heartbeat(ctx context.Context) {
 		if len(ids) == 0 {
 			continue
 		}
-		extended, err := q.ExtendLeases(ctx, db.ExtendLeasesParams{Ids: ids, Tokens: tokens})
+		extended, err := q.ExtendLeases(ctx, db.ExtendLeasesParams{Ids: ids, Tokens: tokens, LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
 		if err != nil {
 			if ctx.Err() == nil {
 				r.s.log.WarnContext(ctx, "outbox: heartbeat failed; leases run on", slog.Int("rows", len(ids)), slog.Any("error", err))
 			}
 			continue
 		}
-		for _, d := range r.leases.extended(extended, ids) {
+		for _, d := range r.leases.extended(extended, tokens) {
 			d.cancel(ErrLeaseLost)
 			r.s.log.WarnContext(ctx, "outbox: heartbeat found the lease taken; cancelling the handler", rowAttrs(d)...)
 			r.emit(MetricEvent{Name: EventLeaseLost, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Reason: "heartbeat"})

@@ -17,8 +17,9 @@ type QueueStats struct {
 	Scheduled int64 `json:"scheduled"`
 	// Leased counts rows a subscriber holds with a live lease.
 	Leased int64 `json:"leased"`
-	// Expired counts leased rows whose lease is older than the TTL asked
-	// about: their subscriber stalled or died, and any claim takes them.
+	// Expired counts leased rows whose lease expiry (set by the holder from
+	// its own LeaseTTL) has passed: their subscriber stalled or died, and
+	// any claim takes them.
 	Expired int64 `json:"expired"`
 	// OldestAge is the age of the queue's oldest row.
 	OldestAge time.Duration `json:"oldest_age_ns"`
@@ -27,13 +28,10 @@ type QueueStats struct {
 }
 
 // QueueStats reports every queue that has rows in the outbox or its
-// dead-letter table, by name. Leases older than leaseTTL count as expired.
-// It reads both tables whole: it is for operators, not hot paths.
-func (o *Outbox) QueueStats(ctx context.Context, leaseTTL time.Duration) ([]QueueStats, error) {
-	if leaseTTL <= 0 {
-		return nil, &InputError{Field: "leaseTTL", Rule: "must be positive"}
-	}
-	rows, err := o.queries(o.pool).QueueStats(ctx, leaseTTL.Seconds())
+// dead-letter table, by name. It reads both tables whole: it is for
+// operators, not hot paths.
+func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
+	rows, err := o.queries(o.pool).QueueStats(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: QueueStats: %w", err)
 	}

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"errors"
-	"slices"
 	"testing"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 )
 
 // leased publishes n rows to queue q and claims them.
-func (e *env) leased(n int) []db.Outbox {
+func (e *env) leased(n int) []db.ClaimRow {
 	e.t.Helper()
 	for range n {
 		e.publish("q")
@@ -70,9 +69,8 @@ func TestDeleteBatchReturnsOnlyDeletedIDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices.Sort(got)
-	if diff := cmp.Diff([]int64{rows[0].ID, rows[2].ID}, got); diff != "" {
-		t.Errorf("deleted (-want +got):\n%s", diff)
+	if !sameTokens(got, tokens(rows[0], rows[2])) {
+		t.Errorf("deleted %v, want the leases of rows %d and %d", got, rows[0].ID, rows[2].ID)
 	}
 	if _, ok := e.row(rows[1].ID); !ok {
 		t.Errorf("row %d with a newer lease was deleted", rows[1].ID)
@@ -126,9 +124,8 @@ func TestMarkPendingBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices.Sort(got)
-	if diff := cmp.Diff([]int64{rows[0].ID, rows[2].ID}, got); diff != "" {
-		t.Errorf("updated (-want +got):\n%s", diff)
+	if !sameTokens(got, tokens(rows[0], rows[2])) {
+		t.Errorf("updated %v, want the leases of rows %d and %d", got, rows[0].ID, rows[2].ID)
 	}
 	// Row 0 is due again, row 1 still leased, row 2 scheduled an hour out.
 	if diff := cmp.Diff([]int64{rows[0].ID}, ids(e.claim(10, "q"))); diff != "" {
@@ -143,20 +140,21 @@ func TestExtendLeases(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	rows := e.leased(2)
-	e.exec("UPDATE outbox SET acquired_at = acquired_at - interval '50 seconds'")
+	e.exec("UPDATE outbox SET lease_expires_at = now() + interval '10 seconds'")
 
 	got, err := e.q.ExtendLeases(e.ctx, db.ExtendLeasesParams{
-		Ids:    ids(rows),
-		Tokens: []pgtype.UUID{token(t, rows[0]), newToken()},
+		Ids:             ids(rows),
+		Tokens:          []pgtype.UUID{token(t, rows[0]), newToken()},
+		LeaseTtlSeconds: 60,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]int64{rows[0].ID}, got); diff != "" {
+	if diff := cmp.Diff(tokens(rows[0]), got); diff != "" {
 		t.Errorf("extended (-want +got):\n%s", diff)
 	}
 	// 15 s later by the lease's clock, only the unextended row has expired.
-	e.exec("UPDATE outbox SET acquired_at = acquired_at - interval '15 seconds'")
+	e.exec("UPDATE outbox SET lease_expires_at = lease_expires_at - interval '15 seconds'")
 	if diff := cmp.Diff([]int64{rows[1].ID}, ids(e.claim(10, "q"))); diff != "" {
 		t.Errorf("reclaimed (-want +got):\n%s", diff)
 	}

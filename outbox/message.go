@@ -70,7 +70,7 @@ func (c *headerCache) decode(raw []byte) (map[string]string, error) {
 
 // decodeMessage turns a claimed row into a Message. An error means the row
 // can never be handled: its headers or payload are unreadable.
-func decodeMessage[T any](c Codec[T], contentType string, row *db.Outbox, hc *headerCache) (*Message[T], error) {
+func decodeMessage[T any](c Codec[T], contentType string, row *db.ClaimRow, hc *headerCache) (*Message[T], error) {
 	m := &Message[T]{
 		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: int(row.AttemptsCount),
 		CreatedAt: row.CreatedAt,

@@ -26,6 +26,10 @@ const (
 	// EventLeaseLost: a write found the row's lease taken by a newer claim,
 	// or a heartbeat found it gone; the newer delivery decides.
 	EventLeaseLost = "lease_lost"
+	// EventWriteRefused: the database refused to store an outcome (a data
+	// error, SQLSTATE class 22 or 23, even after retrying it alone); the
+	// row is left to lease expiry. Reason names the write.
+	EventWriteRefused = "write_refused"
 	// EventDrainTimeout: the subscriber stopped with handlers still running
 	// after its graceful timeout (Count of them).
 	EventDrainTimeout = "drain_timeout"

@@ -5,7 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
+	"path"
+	"strconv"
+	"strings"
+	"testing/fstest"
 	"time"
+
+	"github.com/outboxgen/outboxgen/db"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -28,17 +35,144 @@ type MigrationState struct {
 // migration: the outbox table with its indexes, the dead-letter table and
 // the NOTIFY trigger. It is idempotent and safe to call from many processes
 // at once: a session advisory lock per outbox serialises them, and goose
-// records what is applied in a version table of the outbox's own
+// records what it applies in a version table of the outbox's own
 // (<Table>_goose_version), so several outboxes in one database migrate
 // independently.
+//
+// What is pending is judged by the schema itself, not only by that
+// history: migrations applied by another tool (the files of `outboxgen
+// migrations` run by a repository's own goose, say) count as applied, so
+// Migrate is a no-op on an outbox that is up to date however it got there.
 func (o *Outbox) Migrate(ctx context.Context) error {
-	if err := o.queries(o.pool).CreateSchema(ctx); err != nil {
-		return fmt.Errorf("outbox: migrate: create schema %q: %w", o.naming.schema, err)
+	if err := o.createSchema(ctx); err != nil {
+		return err
 	}
-	return o.withProvider(ctx, func(p *goose.Provider) error {
+	have, err := o.schemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if have >= o.latest {
+		return nil
+	}
+	pending := make(fstest.MapFS)
+	for name, f := range o.migrations {
+		if v, _ := migrationVersion(name); v > have {
+			pending[name] = f
+		}
+	}
+	return o.withProvider(ctx, pending, func(p *goose.Provider) error {
 		_, err := p.Up(ctx)
 		return err
 	})
+}
+
+// createSchema creates the outbox's schema unless it exists. Concurrent
+// callers race in the catalog even with IF NOT EXISTS; the loser's
+// duplicate error means the schema is there.
+func (o *Outbox) createSchema(ctx context.Context) error {
+	err := o.queries(o.pool).CreateSchema(ctx)
+	if st := sqlState(err); st == "23505" || st == "42P06" {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("outbox: migrate: create schema %q: %w", o.naming.schema, err)
+	}
+	return nil
+}
+
+// SchemaError reports an outbox schema that this library cannot use: it
+// does not exist, or it is at another version than the library's
+// migrations. Its message names the fix.
+type SchemaError struct {
+	// Schema and Table name the outbox.
+	Schema, Table string
+	// Version is the schema's version: the number of the last migration
+	// applied to it, 0 when the outbox table does not exist.
+	Version int64
+	// Want is the version this library needs: its last migration's number.
+	Want int64
+}
+
+// Error implements error.
+func (e *SchemaError) Error() string {
+	switch {
+	case e.Version == 0:
+		return fmt.Sprintf("outbox: %s.%s does not exist: run `outboxgen migrate up` or call Outbox.Migrate", e.Schema, e.Table)
+	case e.Version < e.Want:
+		return fmt.Sprintf("outbox: %s.%s is at schema version %d and this library needs %d: run `outboxgen migrate up` "+
+			"(or call Outbox.Migrate), or regenerate your migrations with `outboxgen migrations` and apply them",
+			e.Schema, e.Table, e.Version, e.Want)
+	default:
+		return fmt.Sprintf("outbox: %s.%s is at schema version %d, newer than this library's %d: upgrade the library",
+			e.Schema, e.Table, e.Version, e.Want)
+	}
+}
+
+// Check reports whether the outbox's schema exists at the version this
+// library needs, whatever applied it. A missing or older (or newer) schema
+// gives a *[SchemaError] naming the fix; a database error is returned
+// wrapped. [Subscriber.Run] calls it before it starts; call it at service
+// start to fail fast.
+func (o *Outbox) Check(ctx context.Context) error {
+	have, err := o.schemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	if have != o.latest {
+		return &SchemaError{Schema: o.naming.schema, Table: o.naming.table, Version: have, Want: o.latest}
+	}
+	return nil
+}
+
+// SchemaVersion returns the version of the outbox's schema: the number of
+// the last migration applied to it, by any tool, or 0 when the outbox
+// table does not exist.
+func (o *Outbox) SchemaVersion(ctx context.Context) (int64, error) { return o.schemaVersion(ctx) }
+
+// LatestSchemaVersion returns the version this library's migrations bring
+// an outbox to.
+func (o *Outbox) LatestSchemaVersion() int64 { return o.latest }
+
+// schemaVersion reads the version function the schema has had since
+// migration 4, and tells older schemas by the objects their migrations
+// created.
+func (o *Outbox) schemaVersion(ctx context.Context) (int64, error) {
+	n := o.naming
+	q := o.queries(o.pool)
+	objs, err := q.SchemaObjects(ctx, db.SchemaObjectsParams{
+		TableName: n.qualified(n.table),
+		DlqName:   n.qualified(n.table + "_dlq"),
+		NotifyFn:  n.qualified(n.table+"_notify") + "()",
+		VersionFn: n.qualified(n.table+"_schema_version") + "()",
+	})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.schema, n.table, err)
+	}
+	switch {
+	case objs.HasVersion:
+		v, err := q.SchemaVersion(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.schema, n.table, err)
+		}
+		return int64(v), nil
+	case objs.HasNotify:
+		return 3, nil
+	case objs.HasDlq:
+		return 2, nil
+	case objs.HasTable:
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// migrationVersion parses the number a migration file name starts with.
+func migrationVersion(name string) (int64, bool) {
+	num, _, ok := strings.Cut(path.Base(name), "_")
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(num, 10, 64)
+	return v, err == nil
 }
 
 // MigrateDown rolls back every applied migration, dropping the trigger, the
@@ -56,17 +190,24 @@ func (o *Outbox) MigrateDownTo(ctx context.Context, version int64) error {
 	if version < 0 {
 		return &InputError{Field: "version", Rule: "must not be negative"}
 	}
-	return o.withProvider(ctx, func(p *goose.Provider) error {
+	return o.withProvider(ctx, o.migrations, func(p *goose.Provider) error {
 		_, err := p.DownTo(ctx, version)
 		return err
 	})
 }
 
 // MigrationStatus reports every migration the library ships and whether it
-// is applied to this outbox.
+// is applied to this outbox. A migration counts as applied when the schema
+// is at its version or later, whichever tool applied it; AppliedAt is
+// known only for those this library's Migrate (or outboxgen migrate)
+// applied, and zero for the rest.
 func (o *Outbox) MigrationStatus(ctx context.Context) ([]MigrationState, error) {
+	have, err := o.schemaVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var out []MigrationState
-	err := o.withProvider(ctx, func(p *goose.Provider) error {
+	err = o.withProvider(ctx, o.migrations, func(p *goose.Provider) error {
 		st, err := p.Status(ctx)
 		if err != nil {
 			return err
@@ -75,7 +216,7 @@ func (o *Outbox) MigrationStatus(ctx context.Context) ([]MigrationState, error) 
 			out = append(out, MigrationState{
 				Version:   s.Source.Version,
 				Name:      s.Source.Path,
-				Applied:   s.State == goose.StateApplied,
+				Applied:   s.Source.Version <= have,
 				AppliedAt: s.AppliedAt,
 			})
 		}
@@ -84,9 +225,9 @@ func (o *Outbox) MigrationStatus(ctx context.Context) ([]MigrationState, error) 
 	return out, err
 }
 
-// withProvider runs fn with a goose provider over this outbox's rendered
-// migrations and closes what it opened.
-func (o *Outbox) withProvider(ctx context.Context, fn func(*goose.Provider) error) (err error) {
+// withProvider runs fn with a goose provider over migrations (this
+// outbox's rendered migrations, or some of them) and closes what it opened.
+func (o *Outbox) withProvider(ctx context.Context, migrations fs.FS, fn func(*goose.Provider) error) (err error) {
 	locker, err := lock.NewPostgresSessionLocker(
 		lock.WithLockID(o.naming.lockID()),
 		lock.WithLockTimeout(1, 300),
@@ -96,7 +237,7 @@ func (o *Outbox) withProvider(ctx context.Context, fn func(*goose.Provider) erro
 	}
 	sqlDB := stdlib.OpenDBFromPool(o.pool)
 	defer func() { err = errors.Join(err, closeDB(sqlDB)) }()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, o.migrations,
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations,
 		goose.WithTableName(o.naming.schema+"."+o.naming.versionTable()),
 		goose.WithSessionLocker(locker),
 		goose.WithDisableGlobalRegistry(true),

@@ -101,12 +101,18 @@ func (n naming) channel() string {
 	return "outbox_" + n.schema + "." + n.table
 }
 
+// scheduledChannel carries the queue names of rows due later. The colon
+// cannot occur in a schema or table name, so no outbox's due channel is
+// another's scheduled channel (outbox foo's and outbox foo_scheduled's, say).
+func (n naming) scheduledChannel() string { return n.channel() + scheduledSuffix }
+
+// scheduledSuffix turns a due channel into its scheduled channel; the
+// migrations write it after the channel marker.
+const scheduledSuffix = ":scheduled"
+
 // versionTable is goose's version table, one per outbox so two outboxes in
 // one database keep separate migration histories. goose uses the name
 // verbatim (schema-qualified), which the identifier rules above make safe.
-// scheduledChannel carries the queue names of rows inserted for later.
-func (n naming) scheduledChannel() string { return n.channel() + "_scheduled" }
-
 func (n naming) versionTable() string {
 	return n.table + "_goose_version"
 }

@@ -20,6 +20,7 @@ type Outbox struct {
 	naming     naming
 	sql        *sqlCache
 	migrations fstest.MapFS
+	latest     int64 // the last migration's version
 }
 
 // New validates cfg and returns the outbox it describes. It does not touch
@@ -35,11 +36,18 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	var latest int64
+	for name := range migrations {
+		if v, ok := migrationVersion(name); ok {
+			latest = max(latest, v)
+		}
+	}
 	return &Outbox{
 		pool:       pool,
 		naming:     n,
 		sql:        &sqlCache{naming: n},
 		migrations: migrations,
+		latest:     latest,
 	}, nil
 }
 

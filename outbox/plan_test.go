@@ -66,7 +66,8 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 	e := setup(t)
 	e.exec(`INSERT INTO outbox (queue, payload, next_attempt_at)
 		SELECT 'q' || (i % 4), '\x00', now() - (i || ' ms')::interval FROM generate_series(1, 100000) AS i`)
-	e.exec(`UPDATE outbox SET acquired_token = gen_random_uuid(), acquired_at = now() WHERE id % 100 = 0`)
+	e.exec(`UPDATE outbox SET acquired_token = gen_random_uuid(), acquired_at = now(),
+		lease_expires_at = now() + interval '30 seconds' WHERE id % 100 = 0`)
 	e.exec("ANALYZE outbox")
 
 	params := db.ClaimParams{Queues: []string{"q1", "q2"}, MaxRows: 100, LeaseTtlSeconds: 30}
@@ -75,7 +76,7 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 	if strings.Contains(plan, "Seq Scan on outbox") {
 		t.Errorf("claim plan scans the outbox table sequentially:\n%s", plan)
 	}
-	for _, idx := range []string{"outbox_pending_idx", "outbox_leased_idx"} {
+	for _, idx := range []string{"outbox_pending_idx", "outbox_lease_expiry_idx"} {
 		if !strings.Contains(plan, idx) {
 			t.Errorf("claim plan does not use %s:\n%s", idx, plan)
 		}

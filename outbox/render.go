@@ -23,12 +23,13 @@ import (
 //	/*outbox:channel*/'outbox_outbox[_suffix]'  the NOTIFY channel (plus
 //	                             suffix) as a string literal
 //	/*outbox:listen*/outbox_outbox[_suffix]     the same channel as an
-//	                             identifier, for LISTEN
+//	                             identifier, for LISTEN (double-quoted when
+//	                             the suffix needs it: "outbox_outbox:scheduled")
 //
 // Rendering replaces each marker and the token after it with the quoted
 // name for one outbox. Names come only from validated configuration and are
 // quoted, never concatenated raw.
-var markerRE = regexp.MustCompile(`/\*outbox:([a-z]+)\*/('[^']*'|[A-Za-z_][A-Za-z0-9_]*)`)
+var markerRE = regexp.MustCompile(`/\*outbox:([a-z]+)\*/('[^']*'|"[^"]*"|[A-Za-z_][A-Za-z0-9_]*)`)
 
 // render rewrites every marker in sql and reports the identifiers it
 // produced, so callers can check their length.
@@ -44,7 +45,7 @@ func (n naming) render(sql string) (string, []string, error) {
 		case "schema":
 			return pgx.Identifier{n.schema}.Sanitize()
 		case "channel", "listen":
-			suffix, ok := strings.CutPrefix(strings.Trim(tok, "'"), "outbox_"+defaultTable)
+			suffix, ok := strings.CutPrefix(strings.Trim(tok, `'"`), "outbox_"+defaultTable)
 			if !ok {
 				bad = fmt.Errorf("outbox: marker %s: channel does not start with %q", m, "outbox_"+defaultTable)
 				return m

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -60,7 +62,7 @@ func (e *env) publishWith(p db.PublishParams) int64 {
 }
 
 // claim claims up to n rows of queues with a one-minute lease.
-func (e *env) claim(n int32, queues ...string) []db.Outbox {
+func (e *env) claim(n int32, queues ...string) []db.ClaimRow {
 	e.t.Helper()
 	rows, err := e.q.Claim(e.ctx, db.ClaimParams{Queues: queues, MaxRows: n, LeaseTtlSeconds: 60})
 	if err != nil {
@@ -82,7 +84,8 @@ func (e *env) row(id int64) (db.Outbox, bool) {
 	e.t.Helper()
 	rows, err := e.db.Pool.Query(e.ctx, `SELECT id, queue, payload, headers, ordering_key, timer_id,
 		created_at, next_attempt_at, attempts_count, deliveries_count,
-		first_attempt_at, last_attempt_at, acquired_at, acquired_token
+		first_attempt_at, last_attempt_at, acquired_at, acquired_token,
+		lease_expires_at, last_error
 		FROM `+pgx.Identifier{e.ob.Table()}.Sanitize()+` WHERE id = $1`, id)
 	if err != nil {
 		e.t.Fatalf("read row: %v", err)
@@ -115,7 +118,7 @@ func (e *env) serverNow() time.Time {
 	return now
 }
 
-func ids(rows []db.Outbox) []int64 {
+func ids(rows []db.ClaimRow) []int64 {
 	out := make([]int64, len(rows))
 	for i, r := range rows {
 		out[i] = r.ID
@@ -123,7 +126,21 @@ func ids(rows []db.Outbox) []int64 {
 	return out
 }
 
-func token(t *testing.T, r db.Outbox) pgtype.UUID {
+// tokens returns the lease tokens of rows, in order.
+func tokens(rows ...db.ClaimRow) []pgtype.UUID {
+	out := make([]pgtype.UUID, len(rows))
+	for i, r := range rows {
+		out[i] = r.AcquiredToken
+	}
+	return out
+}
+
+// sameTokens reports whether got and want hold the same tokens in any order.
+func sameTokens(got, want []pgtype.UUID) bool {
+	return cmp.Equal(got, want, cmpopts.SortSlices(func(a, b pgtype.UUID) bool { return string(a.Bytes[:]) < string(b.Bytes[:]) }))
+}
+
+func token(t *testing.T, r db.ClaimRow) pgtype.UUID {
 	t.Helper()
 	if !r.AcquiredToken.Valid {
 		t.Fatalf("row %d has no lease token", r.ID)

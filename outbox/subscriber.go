@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -78,23 +79,65 @@ func NewSubscriber[T any](ob *Outbox, queues []string, handler Handler[T], cfg *
 }
 
 // Run delivers messages until ctx is done, then stops claiming, releases
-// the rows it claimed but did not start, waits up to the graceful timeout
-// for running handlers, writes their outcomes, and returns. It returns
-// only when every goroutine it started has exited, except handlers still
-// running after the graceful timeout: those are abandoned (their context
-// cancelled with cause ErrSubscriberStopped) and their rows keep their
-// leases, to be delivered again when the leases expire.
+// the rows it claimed but did not start, waits for running handlers,
+// writes their outcomes, and returns.
 //
-// Run returns nil after a stop. Database errors while running are logged
-// and retried with backoff; they do not end Run.
+// Everything after the stop is bounded by the graceful timeout: Run
+// returns within GracefulTimeout plus [StopSlack] after ctx ends, whatever
+// the database does. Handlers still running when it passes are abandoned
+// (their context cancelled with cause ErrSubscriberStopped), and outcomes
+// not written by then are given up: those rows keep their leases and are
+// delivered again when the leases expire. Run then returns an error
+// wrapping [ErrGracefulTimeout] that counts them; otherwise it returns nil
+// after a stop.
+//
+// Run first checks the outbox's schema ([Outbox.Check]) and returns its
+// *[SchemaError] when the schema is missing or not at the version this
+// library needs. Database errors while running, including at that first
+// check, are logged and retried with backoff; they do not end Run.
 func (s *Subscriber[T]) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
 	defer s.running.Store(false)
+	if err := s.checkSchema(ctx); err != nil {
+		return err
+	}
 	r := newRun(ctx, s)
 	return r.run(ctx)
 }
+
+// checkSchema waits until the schema can be checked, and returns a
+// *SchemaError when it is not usable. A stop while waiting returns nil.
+func (s *Subscriber[T]) checkSchema(ctx context.Context) error {
+	errs := backoff{base: 100 * time.Millisecond, max: 30 * time.Second}
+	for {
+		err := s.ob.Check(ctx)
+		var se *SchemaError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &se):
+			return err
+		case ctx.Err() != nil:
+			return nil
+		}
+		wait := errs.next()
+		s.log.ErrorContext(ctx, "outbox: cannot check the outbox schema; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+		sleep(ctx, wait)
+	}
+}
+
+// StopSlack is how much longer than its GracefulTimeout [Subscriber.Run]
+// may take to return after its context ends: the time to close its
+// connections and hand the last metric events to the recorder.
+const StopSlack = time.Second
+
+// ErrGracefulTimeout is wrapped by the error [Subscriber.Run] returns when
+// the graceful timeout passed before every running handler finished and
+// every outcome was written. Rows it counts keep their leases and are
+// delivered again when the leases expire.
+var ErrGracefulTimeout = errors.New("outbox: graceful timeout passed")
 
 // run is the state of one Run call. Its goroutines and their owners:
 // listener, fetcher, heartbeat and workers belong to run; the acknowledger
@@ -104,7 +147,7 @@ type run[T any] struct {
 
 	// buf holds claimed rows not yet handed to a worker.
 	buf chan *delivery
-	// wake tells the fetcher to claim now (a NOTIFY, a reconnect).
+	// wake tells the fetcher to claim now (a NOTIFY, a reconnect, a retry).
 	wake chan struct{}
 	// taken tells the fetcher a worker took a row, so there is room.
 	taken chan struct{}
@@ -113,42 +156,49 @@ type run[T any] struct {
 
 	leases  leases
 	metrics *metricsSink
+	logs    *logSummary
 	// unstarted holds rows a worker took after the stop began.
 	unstartedMu sync.Mutex
 	unstarted   []*delivery
 	// handlerCtx parents every handler's context; forceStop cancels it.
 	handlerCtx context.Context
 	forceStop  context.CancelCauseFunc
+	// writes bounds every database write: it ends GracefulTimeout after
+	// the stop, and nothing is written after that.
+	writes     context.Context
+	stopWrites context.CancelFunc
 }
 
 func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 	hctx, force := context.WithCancelCause(context.WithoutCancel(ctx))
+	writes, stopWrites := context.WithCancel(context.WithoutCancel(ctx))
 	return &run[T]{
 		s:          s,
 		buf:        make(chan *delivery, s.cfg.FetchBatchSize),
 		wake:       make(chan struct{}, 1),
 		taken:      make(chan struct{}, 1),
 		outcomes:   make(chan outcome, s.cfg.AckBatchSize*2),
-		leases:     leases{ttl: s.cfg.LeaseTTL, m: map[int64]*delivery{}},
+		leases:     leases{ttl: s.cfg.LeaseTTL, m: map[pgtype.UUID]*delivery{}},
 		metrics:    newMetricsSink(s.cfg.Metrics, s.log),
+		logs:       newLogSummary(s.log, logSummaryInterval),
 		handlerCtx: hctx,
 		forceStop:  force,
+		writes:     writes,
+		stopWrites: stopWrites,
 	}
 }
 
 func (r *run[T]) run(ctx context.Context) error {
 	defer r.forceStop(nil)
-	// bg outlives ctx: it carries the last writes after the stop.
-	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopBG()
+	defer r.stopWrites()
 
 	var side sync.WaitGroup // listener and heartbeat
-	side.Go(func() { r.listen(bg) })
+	side.Go(func() { r.listen(ctx) })
 	if r.s.cfg.HeartbeatInterval > 0 {
-		side.Go(func() { r.heartbeat(bg) })
+		side.Go(func() { r.heartbeat(r.writes) })
 	}
-	ackDone := make(chan error, 1)
-	go func() { ackDone <- r.acknowledge(bg) }()
+	ackDone := make(chan int, 1)
+	go func() { ackDone <- r.acknowledge(r.writes) }()
 
 	var fetcher, workers sync.WaitGroup
 	fetcher.Go(func() { r.fetch(ctx) })
@@ -157,55 +207,60 @@ func (r *run[T]) run(ctx context.Context) error {
 	}
 
 	<-ctx.Done()
+	deadline := time.Now().Add(r.s.cfg.GracefulTimeout)
+	stopTimer := time.AfterFunc(r.s.cfg.GracefulTimeout, r.stopWrites)
+	defer stopTimer.Stop()
 	fetcher.Wait()
-	r.release(bg) // rows no worker started go back at once
-	r.drain(bg, &workers)
-	r.release(bg) // rows a worker took after the stop began
+	r.release() // rows no worker started go back at once
+	abandoned := r.drain(deadline, &workers)
+	r.release() // rows a worker took after the stop began
 	close(r.outcomes)
-	ackErr := <-ackDone
-	stopBG()
+	unwritten := <-ackDone
+	r.stopWrites()
 	side.Wait()
-	r.metrics.close(r.s.cfg.GracefulTimeout)
-	return ackErr
+	r.logs.close()
+	r.metrics.close(max(time.Until(deadline), StopSlack/2))
+	if abandoned+unwritten > 0 {
+		return fmt.Errorf("%w: %d handlers abandoned and %d outcomes not written; their rows are delivered again when their leases expire",
+			ErrGracefulTimeout, abandoned, unwritten)
+	}
+	return nil
 }
 
-// drain waits for running handlers up to the graceful timeout, then
-// abandons the rest.
-func (r *run[T]) drain(ctx context.Context, workers *sync.WaitGroup) {
+// drain waits for running handlers until deadline, then abandons the
+// rest and returns how many it abandoned.
+func (r *run[T]) drain(deadline time.Time, workers *sync.WaitGroup) int {
 	done := make(chan struct{})
 	go func() {
 		workers.Wait()
 		close(done)
 	}()
-	t := time.NewTimer(r.s.cfg.GracefulTimeout)
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
 	case <-done:
-		return
+		return 0
 	case <-t.C:
 	}
-	ids, _ := r.leases.snapshot()
-	r.s.log.WarnContext(ctx, "outbox: graceful timeout passed with handlers running; abandoning them, their rows keep their leases",
-		slog.Int("running", len(ids)), slog.Duration("graceful_timeout", r.s.cfg.GracefulTimeout))
-	r.emit(MetricEvent{Name: EventDrainTimeout, Queue: r.s.queues[0], Count: len(ids)})
+	running := r.leases.held()
+	r.s.log.Warn("outbox: graceful timeout passed with handlers running; abandoning them, their rows keep their leases",
+		slog.Int("running", running), slog.Duration("graceful_timeout", r.s.cfg.GracefulTimeout))
+	r.emit(MetricEvent{Name: EventDrainTimeout, Queue: r.s.queues[0], Count: running})
 	r.forceStop(ErrSubscriberStopped)
 	<-done
+	return running
 }
 
 // release hands back the rows claimed but never started.
-func (r *run[T]) release(ctx context.Context) {
+func (r *run[T]) release() {
 	r.unstartedMu.Lock()
 	ds := r.unstarted
+	r.unstarted = nil
 	r.unstartedMu.Unlock()
-	var ids []int64
-	for _, d := range ds {
-		ids = append(ids, d.row.ID)
-	}
 	for {
 		select {
 		case d := <-r.buf:
 			ds = append(ds, d)
-			ids = append(ids, d.row.ID)
 			continue
 		default:
 		}
@@ -214,20 +269,19 @@ func (r *run[T]) release(ctx context.Context) {
 	if len(ds) == 0 {
 		return
 	}
+	ids := make([]int64, len(ds))
 	tokens := make([]pgtype.UUID, len(ds))
 	for i, d := range ds {
-		tokens[i] = d.token
+		ids[i], tokens[i] = d.row.ID, d.token
 		r.leases.remove(d)
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.s.cfg.GracefulTimeout)
-	defer cancel()
-	released, err := r.s.ob.queries(r.s.ob.pool).ReleaseBatchWithLease(ctx, db.ReleaseBatchWithLeaseParams{Ids: ids, Tokens: tokens})
+	released, err := r.s.ob.queries(r.s.ob.pool).ReleaseBatchWithLease(r.writes, db.ReleaseBatchWithLeaseParams{Ids: ids, Tokens: tokens})
 	if err != nil {
-		r.s.log.WarnContext(ctx, "outbox: could not release unstarted rows; they will be claimed again when their leases expire",
+		r.s.log.Warn("outbox: could not release unstarted rows; they will be claimed again when their leases expire",
 			slog.Int("rows", len(ids)), slog.Any("error", err))
 		return
 	}
-	r.s.log.DebugContext(ctx, "outbox: released unstarted rows", slog.Int("rows", len(released)))
+	r.s.log.Debug("outbox: released unstarted rows", slog.Int("rows", len(released)))
 }
 
 // emit queues a metric event tagged with this subscriber.

@@ -48,14 +48,18 @@ type SubscriberConfig[T any] struct {
 	// MaxFetchInterval caps the idle wait. Default: MaxFetchIntervalDefault (5 s).
 	MaxFetchInterval time.Duration
 
-	// LeaseTTL is how long a claim owns a row. A row whose lease is older
-	// is claimed again by any subscriber; a handler still running then has
-	// its context cancelled with cause ErrLeaseLost. Default: 30 s.
+	// LeaseTTL is how long a claim owns a row: the claim, and every
+	// heartbeat after it, stamps the row with an expiry LeaseTTL ahead (on
+	// the server's clock). Once that expiry passes, any subscriber claims
+	// the row again, whatever its own LeaseTTL, and a handler still running
+	// here has its context cancelled with cause ErrLeaseLost. Subscribers
+	// with different LeaseTTLs can share queues. Default: 30 s.
 	LeaseTTL time.Duration
 
 	// HeartbeatInterval is how often the leases of rows whose handlers
-	// still run are extended, in one statement. Must be below LeaseTTL.
-	// Default: a third of LeaseTTL. Negative disables heartbeats, so a
+	// still run are extended, in one statement. At most LeaseTTL/2, so one
+	// late or failed heartbeat does not lose a lease. Default: a third of
+	// LeaseTTL. Negative disables heartbeats, so a
 	// handler slower than LeaseTTL loses its row.
 	HeartbeatInterval time.Duration
 
@@ -75,10 +79,13 @@ type SubscriberConfig[T any] struct {
 	// them to the dead-letter table. Default: false (dead-letter them).
 	DisableDeadLetter bool
 
-	// GracefulTimeout is how long Run waits, after its context is done,
-	// for running handlers to finish. Handlers still running then have
-	// their context cancelled with cause ErrSubscriberStopped and are
-	// abandoned; their rows keep their leases. Default: 30 s.
+	// GracefulTimeout bounds everything Run does after its context is
+	// done: waiting for running handlers, releasing unstarted rows and
+	// writing the last outcomes. Handlers still running then have their
+	// context cancelled with cause ErrSubscriberStopped and are abandoned,
+	// and outcomes not yet written are given up; their rows keep their
+	// leases. Run returns within GracefulTimeout plus StopSlack. Default:
+	// 30 s.
 	GracefulTimeout time.Duration
 
 	// AckBatchSize and AckLinger batch outcome writes: a batch is written
@@ -171,8 +178,8 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 	if r.LeaseTTL < time.Second/10 {
 		return r, bad("LeaseTTL", r.LeaseTTL, "must be at least 100ms")
 	}
-	if r.HeartbeatInterval > 0 && r.HeartbeatInterval >= r.LeaseTTL {
-		return r, bad("HeartbeatInterval", r.HeartbeatInterval, fmt.Sprintf("must be below LeaseTTL (%v), or negative to disable heartbeats", r.LeaseTTL))
+	if r.HeartbeatInterval > 0 && r.HeartbeatInterval > r.LeaseTTL/2 {
+		return r, bad("HeartbeatInterval", r.HeartbeatInterval, fmt.Sprintf("must be at most LeaseTTL/2 (%v), or negative to disable heartbeats", r.LeaseTTL/2))
 	}
 	if r.ListenProbeTimeout >= r.ListenProbeInterval {
 		return r, bad("ListenProbeTimeout", r.ListenProbeTimeout, fmt.Sprintf("must be below ListenProbeInterval (%v)", r.ListenProbeInterval))

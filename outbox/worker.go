@@ -41,12 +41,12 @@ func (r *run[T]) handle(d *delivery, hc *headerCache) {
 	}
 	if cfg.MaxDeliveries > 0 && int(d.row.DeliveriesCount) > cfg.MaxDeliveries {
 		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonMaxDeliveries,
-			err: fmt.Errorf("claimed %d times; MaxDeliveries is %d", d.row.DeliveriesCount, cfg.MaxDeliveries)})
+			text: fmt.Sprintf("claimed %d times; MaxDeliveries is %d", d.row.DeliveriesCount, cfg.MaxDeliveries)})
 		return
 	}
 	msg, err := decodeMessage(cfg.Codec, r.s.contentType, &d.row, hc)
 	if err != nil {
-		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, err: err})
+		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, text: errorText(err)})
 		return
 	}
 	r.emit(MetricEvent{Name: EventDispatched, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Bytes: len(d.row.Payload)})
@@ -100,33 +100,63 @@ func safeHandle[T any](ctx context.Context, h Handler[T], msg *Message[T]) (err 
 	return h(ctx, msg)
 }
 
-// decide turns a handler's result into an outcome.
+// decide turns a handler's result into an outcome. The error is the
+// handler's: its methods may panic (a typed nil pointer), so its text is
+// taken once, safely, and its wrappers are inspected under recover.
 func (r *run[T]) decide(d *delivery, err error) outcome {
 	if err == nil {
 		return outcome{kind: kindAck}
 	}
-	var rej *rejectError
-	if errors.As(err, &rej) {
-		return outcome{kind: r.terminalKind(), reason: ReasonRejected, err: err}
-	}
-	var ra *retryAfterError
-	if errors.As(err, &ra) {
-		return outcome{kind: kindRetry, delay: ra.delay, err: err}
+	text := errorText(err)
+	rejected, retryAfter, forced := classify(err)
+	if rejected {
+		return outcome{kind: r.terminalKind(), reason: ReasonRejected, text: text}
 	}
 	attempt := int(d.row.AttemptsCount) + 1
 	var elapsed time.Duration
 	if d.row.FirstAttemptAt != nil {
 		elapsed = time.Since(*d.row.FirstAttemptAt)
 	}
-	delay, ok, problem := nextDelay(r.s.cfg.Retry, attempt, elapsed, err)
+	var (
+		delay   time.Duration
+		ok      bool
+		problem error
+	)
+	if forced {
+		// RetryAfter chooses the delay; the strategy's caps still end
+		// the delivery.
+		delay = retryAfter
+		ok, problem = allowRetry(r.s.cfg.Retry, attempt, elapsed, delay, err)
+	} else {
+		delay, ok, problem = nextDelay(r.s.cfg.Retry, attempt, elapsed, err)
+	}
 	if problem != nil {
-		r.s.log.Error("outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
-		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, err: fmt.Errorf("%w (%v)", err, problem)}
+		r.s.log.ErrorContext(d.ctx, "outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
+		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, text: storableText(text + " (" + problem.Error() + ")")}
 	}
 	if !ok {
-		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, err: err}
+		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, text: text}
 	}
-	return outcome{kind: kindRetry, delay: delay, err: err}
+	return outcome{kind: kindRetry, delay: delay, text: text}
+}
+
+// classify reports whether err wraps Reject or RetryAfter. An error whose
+// Unwrap or As method panics counts as a plain error.
+func classify(err error) (rejected bool, retryAfter time.Duration, forced bool) {
+	defer func() {
+		if recover() != nil {
+			rejected, retryAfter, forced = false, 0, false
+		}
+	}()
+	var rej *rejectError
+	if errors.As(err, &rej) {
+		return true, 0, false
+	}
+	var ra *retryAfterError
+	if errors.As(err, &ra) {
+		return false, ra.delay, true
+	}
+	return false, 0, false
 }
 
 func (r *run[T]) terminalKind() outcomeKind {

@@ -11,10 +11,10 @@ import (
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
-const inspectUsage = `Usage: outboxgen inspect [-queue Q] [-json] [-lease-ttl D] [flags]
+const inspectUsage = `Usage: outboxgen inspect [-queue Q] [-json] [flags]
 
 Shows, per queue: rows ready now, scheduled for later, leased, leased past
-the lease TTL (their subscriber stalled or died), the oldest row's age, and
+their lease expiry (their subscriber stalled or died), the oldest row's age, and
 rows in the dead-letter table.
 
 Example:
@@ -29,22 +29,21 @@ func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	conn := connFlags(fs)
 	queue := fs.String("queue", "", "show only this queue")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	ttl := fs.Duration("lease-ttl", outbox.LeaseTTLDefault, "leases older than this count as expired (the subscribers' LeaseTTL)")
 	if err := parseFlags(fs, args, "inspect"); err != nil {
 		return err
 	}
 	if err := noArgs(fs, "inspect"); err != nil {
 		return err
 	}
-	if *ttl <= 0 {
-		return fmt.Errorf("%w: inspect: -lease-ttl must be positive", errUsage)
-	}
 	ob, closeDB, err := conn.open(ctx, "inspect", getenv)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
-	stats, err := ob.QueueStats(ctx, *ttl)
+	if err := ob.Check(ctx); err != nil {
+		return err
+	}
+	stats, err := ob.QueueStats(ctx)
 	if err != nil {
 		return err
 	}

@@ -73,14 +73,14 @@ func TestMigrationsAppendsAndNeverRewrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if r := runCLI(t, nil, "migrations", "-dir", dir, "-check"); r.code != 1 || !strings.Contains(r.stderr, "lacks 3 outbox migration(s)") {
+	if r := runCLI(t, nil, "migrations", "-dir", dir, "-check"); r.code != 1 || !strings.Contains(r.stderr, "lacks 4 outbox migration(s)") {
 		t.Errorf("-check on a directory without them: exit %d, %q", r.code, r.stderr)
 	}
 	if r := runCLI(t, nil, "migrations", "-dir", dir); r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
 	got := dirFiles(t, dir)
-	for _, want := range []string{"20240102120001_outbox_outbox_create_outbox.sql", "20240102120002_outbox_outbox_dlq.sql", "20240102120003_outbox_outbox_notify.sql"} {
+	for _, want := range []string{"20240102120001_outbox_outbox_create_outbox.sql", "20240102120002_outbox_outbox_dlq.sql", "20240102120003_outbox_outbox_notify.sql", "20240102120004_outbox_outbox_lease_expiry_on_row.sql"} {
 		if _, ok := got[want]; !ok {
 			t.Errorf("no %s among %v", want, keys(got))
 		}
@@ -105,7 +105,7 @@ func TestMigrationsAppendsAndNeverRewrites(t *testing.T) {
 	if r := runCLI(t, nil, "migrations", "-dir", dir, "-table", "audit"); r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
-	if _, ok := dirFiles(t, dir)["20240102120004_outbox_audit_create_outbox.sql"]; !ok {
+	if _, ok := dirFiles(t, dir)["20240102120005_outbox_audit_create_outbox.sql"]; !ok {
 		t.Errorf("second outbox's files: %v", keys(dirFiles(t, dir)))
 	}
 }

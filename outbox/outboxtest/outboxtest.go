@@ -107,7 +107,7 @@ func Drain[T any](tb testing.TB, ob *outbox.Outbox, queues []string, handler out
 // idle reports whether queues hold no due or leased row.
 func idle(tb testing.TB, ob *outbox.Outbox, queues []string) bool {
 	tb.Helper()
-	stats, err := ob.QueueStats(context.Background(), time.Hour)
+	stats, err := ob.QueueStats(context.Background())
 	if err != nil {
 		tb.Fatalf("outboxtest: %v", err)
 	}

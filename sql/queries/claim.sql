@@ -1,18 +1,23 @@
 -- name: Claim :many
 -- Leases up to @max_rows available rows of the given queues: rows whose
 -- lease is unset and whose next_attempt_at has come, and rows whose lease
--- expired (acquired_at older than @lease_ttl_seconds). Each claimed row gets
--- a fresh lease token and one more delivery. Each queue is scanned through
--- its own partial-index range (LATERAL), so the cost of a claim is bounded by
--- @max_rows per queue, not by the backlog; SKIP LOCKED lets concurrent
--- claimers pass each other instead of queueing on row locks. Candidates
--- that are locked but not picked are released when the statement's
--- transaction ends, so run the claim in autocommit.
+-- expired (lease_expires_at, stamped by the holder from its own TTL, has
+-- passed). Each claimed row gets a fresh lease token, an expiry
+-- @lease_ttl_seconds from now, and one more delivery.
+--
+-- Each queue is scanned through its own partial-index ranges (LATERAL), so
+-- the cost of a claim is bounded by @max_rows per queue, not by the
+-- backlog. The batch is shared across the queues: candidates are ranked
+-- within their queue and taken rank by rank, so one queue's backlog never
+-- delays another queue's due rows by more than a claim. SKIP LOCKED lets
+-- concurrent claimers pass each other instead of queueing on row locks.
+-- Candidates that are locked but not picked are released when the
+-- statement's transaction ends, so run the claim in autocommit.
 WITH candidates AS (
-    SELECT p.id, p.next_attempt_at
+    SELECT p.id, p.queue, p.next_attempt_at
     FROM unnest(@queues::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT o.id, o.next_attempt_at
+        SELECT o.id, o.queue, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = q.name
           AND o.acquired_token IS NULL
@@ -22,26 +27,31 @@ WITH candidates AS (
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
     UNION ALL
-    SELECT e.id, e.next_attempt_at
+    SELECT e.id, e.queue, e.next_attempt_at
     FROM unnest(@queues::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT o.id, o.next_attempt_at
+        SELECT o.id, o.queue, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = q.name
           AND o.acquired_token IS NOT NULL
-          AND o.acquired_at < now() - make_interval(secs => @lease_ttl_seconds::float8)
-        ORDER BY o.acquired_at
+          AND o.lease_expires_at < now()
+        ORDER BY o.lease_expires_at
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
+), ranked AS (
+    SELECT c.id, c.next_attempt_at,
+           row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
+    FROM candidates AS c
 ), picked AS (
-    SELECT c.id FROM candidates AS c
-    ORDER BY c.next_attempt_at, c.id
+    SELECT r.id FROM ranked AS r
+    ORDER BY r.rank, r.next_attempt_at, r.id
     LIMIT @max_rows::integer
 )
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = gen_random_uuid(),
     acquired_at      = now(),
+    lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
     deliveries_count = o.deliveries_count + 1
 FROM picked
 WHERE o.id = picked.id

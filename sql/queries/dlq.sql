@@ -1,13 +1,14 @@
 -- name: DeadLetterWithLease :execrows
 -- Moves a leased row to the dead-letter table in one statement: the row
 -- leaves the outbox only if the dead-letter insert succeeds. @attempted says
--- whether the handler ran (and so counts as an attempt); @last_error is cut
--- to 2048 characters.
+-- whether the handler ran (and so counts as an attempt); when it did not
+-- (max_deliveries, decode_error), the last handler error the row recorded
+-- is kept after @last_error. The text is cut to 2048 characters.
 WITH d AS (
     DELETE FROM /*outbox:table*/outbox AS o
     WHERE o.id = @id AND o.acquired_token = @token::uuid
     RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-              o.deliveries_count, o.attempts_count, o.created_at
+              o.deliveries_count, o.attempts_count, o.created_at, o.last_error
 )
 INSERT INTO /*outbox:table*/outbox_dlq AS x (
     id, queue, payload, headers, ordering_key, timer_id,
@@ -15,7 +16,10 @@ INSERT INTO /*outbox:table*/outbox_dlq AS x (
 )
 SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
        d.deliveries_count, d.attempts_count + (@attempted::boolean)::integer, d.created_at,
-       now(), @reason::text, left(sqlc.narg(last_error)::text, 2048)
+       now(), @reason::text,
+       left(CASE WHEN @attempted::boolean OR d.last_error IS NULL THEN sqlc.narg(last_error)::text
+                 ELSE concat_ws('; last handler error: ', sqlc.narg(last_error)::text, d.last_error) END,
+            2048)
 FROM d;
 
 -- name: ListDeadLetters :many

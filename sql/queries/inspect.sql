@@ -11,16 +11,14 @@ LIMIT @max_rows::integer;
 
 -- name: QueueStats :many
 -- Per queue: rows ready now, scheduled for later, leased, leased past
--- @lease_ttl_seconds, the age of the oldest row in seconds, and the
--- dead-lettered count.
+-- their expiry, the age of the oldest row in seconds, and the dead-lettered
+-- count.
 WITH live AS (
     SELECT o.queue,
            count(*) FILTER (WHERE o.acquired_token IS NULL AND o.next_attempt_at <= now()) AS ready,
            count(*) FILTER (WHERE o.acquired_token IS NULL AND o.next_attempt_at > now()) AS scheduled,
-           count(*) FILTER (WHERE o.acquired_token IS NOT NULL
-                              AND o.acquired_at >= now() - make_interval(secs => @lease_ttl_seconds::float8)) AS leased,
-           count(*) FILTER (WHERE o.acquired_token IS NOT NULL
-                              AND o.acquired_at < now() - make_interval(secs => @lease_ttl_seconds::float8)) AS expired,
+           count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at >= now()) AS leased,
+           count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at < now()) AS expired,
            min(o.created_at) AS oldest_created_at
     FROM /*outbox:table*/outbox AS o
     GROUP BY o.queue
@@ -41,15 +39,17 @@ FULL JOIN dead AS d ON d.queue = l.queue
 ORDER BY 1;
 
 -- name: NextDueIn :one
--- Seconds, on the server's clock, until the earliest next_attempt_at among
--- unleased rows of the given queues (negative when one is overdue); no row
--- when they hold none. One index probe per queue.
+-- Seconds, on the server's clock, until the earliest next_attempt_at still
+-- to come among unleased rows of the given queues; no row when none is due
+-- later. Rows already due are left out: a claim that just found nothing
+-- could not take them (another transaction holds their locks), so waking
+-- for them would only spin. One index probe per queue.
 SELECT extract(epoch FROM n.next_attempt_at - clock_timestamp())::float8 AS due_in_seconds
 FROM unnest(@queues::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT o.next_attempt_at
     FROM /*outbox:table*/outbox AS o
-    WHERE o.queue = q.name AND o.acquired_token IS NULL
+    WHERE o.queue = q.name AND o.acquired_token IS NULL AND o.next_attempt_at > clock_timestamp()
     ORDER BY o.next_attempt_at
     LIMIT 1
 ) AS n

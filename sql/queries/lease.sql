@@ -1,65 +1,79 @@
 -- Every statement here ends or reschedules a delivery, so every one is
 -- filtered by the lease token: a handler whose lease was reclaimed by a newer
 -- claim matches nothing and learns that from the row count or RETURNING.
+-- Batch forms return the tokens they matched, not the ids: one row can be
+-- delivered twice to one subscriber (a reclaim after its lease expired),
+-- and only the token tells the two deliveries apart.
 
 -- name: DeleteWithLease :execrows
 DELETE FROM /*outbox:table*/outbox AS o
 WHERE o.id = @id AND o.acquired_token = @token::uuid;
 
 -- name: DeleteBatchWithLease :many
--- Returns the ids it deleted; an id missing from the result lost its lease.
+-- Returns the tokens it deleted; a token missing from the result lost its
+-- lease.
 DELETE FROM /*outbox:table*/outbox AS o
 USING (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token) AS l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.id;
+RETURNING o.acquired_token;
 
 -- name: MarkPendingWithLease :execrows
--- Records a handled attempt and makes the row claimable again after
--- @delay_seconds, measured on the server clock.
+-- Records a handled attempt and its error, and makes the row claimable
+-- again after @delay_seconds, measured on the server clock.
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = NULL,
     acquired_at      = NULL,
+    lease_expires_at = NULL,
     next_attempt_at  = now() + make_interval(secs => @delay_seconds::float8),
     attempts_count   = o.attempts_count + 1,
     first_attempt_at = coalesce(o.first_attempt_at, now()),
-    last_attempt_at  = now()
+    last_attempt_at  = now(),
+    last_error       = sqlc.narg(last_error)::text
 WHERE o.id = @id AND o.acquired_token = @token::uuid;
 
 -- name: MarkPendingBatchWithLease :many
--- The batch form of MarkPendingWithLease: one delay per row. Returns the ids
--- it updated; an id missing from the result lost its lease.
+-- The batch form of MarkPendingWithLease: one delay and error per row.
+-- Returns the tokens it updated; a token missing from the result lost its
+-- lease.
+WITH l AS (
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token,
+           unnest(@delay_seconds::float8[]) AS delay_seconds,
+           unnest(@last_errors::text[]) AS last_error
+)
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = NULL,
     acquired_at      = NULL,
+    lease_expires_at = NULL,
     next_attempt_at  = now() + make_interval(secs => l.delay_seconds),
     attempts_count   = o.attempts_count + 1,
     first_attempt_at = coalesce(o.first_attempt_at, now()),
-    last_attempt_at  = now()
-FROM (
-    SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token,
-           unnest(@delay_seconds::float8[]) AS delay_seconds
-) AS l
+    last_attempt_at  = now(),
+    last_error       = l.last_error
+FROM l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.id;
+RETURNING l.token::uuid AS token;
 
 -- name: ExtendLeases :many
--- Heartbeat: restarts the lease of every row still held with its token.
--- Returns the ids it extended; an id missing from the result lost its lease.
+-- Heartbeat: moves the expiry of every row still held with its token to
+-- @lease_ttl_seconds from now. Returns the tokens it extended; a token
+-- missing from the result lost its lease.
 UPDATE /*outbox:table*/outbox AS o
-SET acquired_at = now()
+SET lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8)
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token) AS l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.id;
+RETURNING o.acquired_token;
 
 -- name: ReleaseBatchWithLease :many
 -- Hands back rows that were claimed but never given to a handler (the
 -- subscriber is stopping): clears their lease and takes back the delivery
 -- the claim counted, so other subscribers take them at once instead of
--- after the lease expires. Returns the ids it released.
+-- after the lease expires. Returns the tokens it released.
+WITH l AS (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token)
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = NULL,
     acquired_at      = NULL,
+    lease_expires_at = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
-FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token) AS l
+FROM l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.id;
+RETURNING l.token::uuid AS token;

@@ -4,7 +4,7 @@
 LISTEN /*outbox:listen*/outbox_outbox;
 
 -- name: ListenScheduled :exec
-LISTEN /*outbox:listen*/outbox_outbox_scheduled;
+LISTEN /*outbox:listen*/"outbox_outbox:scheduled";
 
 -- name: Probe :one
 -- A bounded round trip that proves a connection is alive.

@@ -1,0 +1,79 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// lastErrorMaxRunes caps the error text stored with a row (last_error of
+// the outbox and its dead-letter table).
+const lastErrorMaxRunes = 2048
+
+// errorText returns err's text in a form the database always stores:
+// valid UTF-8, no NUL, at most lastErrorMaxRunes characters. An Error
+// method that panics (a typed nil pointer, say) gives a text naming the
+// type instead of a crash.
+func errorText(err error) (text string) {
+	if err == nil {
+		return ""
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			text = storableText(fmt.Sprintf("error of type %T whose Error method panicked: %s", err, recoveredText(p)))
+		}
+	}()
+	return storableText(err.Error())
+}
+
+// recoveredText describes a recovered panic value without calling methods
+// that could panic again.
+func recoveredText(p any) (s string) {
+	defer func() {
+		if recover() != nil {
+			s = fmt.Sprintf("a panic of type %T", p)
+		}
+	}()
+	return fmt.Sprint(p)
+}
+
+// storableText makes s storable as PostgreSQL text: invalid UTF-8 and NUL
+// (which text cannot hold) become U+FFFD, and s is cut to
+// lastErrorMaxRunes characters.
+func storableText(s string) string {
+	if len(s) <= lastErrorMaxRunes && utf8.ValidString(s) && !strings.Contains(s, "\x00") {
+		return s
+	}
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	n := 0
+	for i := range s {
+		if n == lastErrorMaxRunes {
+			return s[:i]
+		}
+		n++
+	}
+	return s
+}
+
+// isDataError reports whether err is the database refusing the values of
+// a statement (SQLSTATE classes 22, data exception, and 23, integrity
+// constraint violation): writing the same values again fails the same way.
+func isDataError(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || len(pe.Code) < 2 {
+		return false
+	}
+	return pe.Code[:2] == "22" || pe.Code[:2] == "23"
+}
+
+// sqlState returns err's SQLSTATE, or "" when it has none.
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}

@@ -1,0 +1,46 @@
+package outbox
+
+import (
+	"fmt"
+	"time"
+)
+
+// retryLimiter is implemented by the built-in strategies: it applies
+// their caps (MaxAttempts, MaxTotalDelay) to a delay they did not choose,
+// the one a handler asked for with [RetryAfter].
+type retryLimiter interface {
+	allows(attempt int, elapsed, delay time.Duration) bool
+}
+
+// NoRetry has no caps: it declines to choose a delay, but a handler's own
+// RetryAfter is honoured.
+func (NoRetry) allows(int, time.Duration, time.Duration) bool { return true }
+
+func (r ConstantRetry) allows(attempt int, elapsed, delay time.Duration) bool {
+	return limits{r.MaxAttempts, r.MaxTotalDelay}.allow(attempt, elapsed, delay)
+}
+
+func (r LinearRetry) allows(attempt int, elapsed, delay time.Duration) bool {
+	return limits{r.MaxAttempts, r.MaxTotalDelay}.allow(attempt, elapsed, delay)
+}
+
+func (r *ExponentialRetry) allows(attempt int, elapsed, delay time.Duration) bool {
+	return limits{r.MaxAttempts, r.MaxTotalDelay}.allow(attempt, elapsed, delay)
+}
+
+// allowRetry reports whether s lets a delivery retry after delay, a delay
+// the handler chose. Built-in strategies apply their caps; any other
+// strategy is asked for its own next delay and only its yes or no counts.
+// A strategy that panics gives up, with problem saying why.
+func allowRetry(s RetryStrategy, attempt int, elapsed, delay time.Duration, err error) (ok bool, problem error) {
+	if l, is := s.(retryLimiter); is {
+		defer func() {
+			if p := recover(); p != nil {
+				ok, problem = false, fmt.Errorf("retry strategy %T panicked: %s", s, recoveredText(p))
+			}
+		}()
+		return l.allows(attempt, elapsed, delay), nil
+	}
+	_, ok, problem = nextDelay(s, attempt, elapsed, err)
+	return ok, problem
+}

@@ -1,0 +1,105 @@
+-- Leases expire by the row: the claim and every heartbeat stamp the
+-- holder's own expiry, so subscribers with different lease TTLs never take
+-- each other's live rows. The row keeps the last handler error, so a
+-- delivery that ends without running its handler (max_deliveries) still
+-- records why it kept failing. A released or rescheduled row wakes the
+-- listening subscribers the way a new row does. The scheduled channel gets
+-- a name no outbox's due channel can have. The schema records its version,
+-- whatever tool applied it.
+--
+-- Subscribers of releases older than this migration cannot claim rows
+-- under it (their claims leave lease_expires_at unset, which the check
+-- constraint refuses); stop them before applying it. Leases held when it is
+-- applied expire 30 seconds after their last claim or heartbeat.
+
+-- +goose Up
+ALTER TABLE /*outbox:table*/outbox
+    ADD COLUMN lease_expires_at timestamptz,
+    ADD COLUMN last_error text;
+
+UPDATE /*outbox:table*/outbox AS o
+SET lease_expires_at = o.acquired_at + interval '30 seconds'
+WHERE o.acquired_token IS NOT NULL;
+
+ALTER TABLE /*outbox:table*/outbox
+    ADD CONSTRAINT /*outbox:name*/outbox_lease_expiry_chk
+        CHECK ((acquired_token IS NULL) = (lease_expires_at IS NULL)),
+    ADD CONSTRAINT /*outbox:name*/outbox_last_error_chk
+        CHECK (octet_length(last_error) <= 8192);
+
+-- Expired leases are found by their own expiry, through one index range
+-- per queue, without scanning the backlog.
+DROP INDEX /*outbox:table*/outbox_leased_idx;
+CREATE INDEX /*outbox:name*/outbox_lease_expiry_idx
+    ON /*outbox:table*/outbox (queue, lease_expires_at)
+    WHERE acquired_token IS NOT NULL;
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(
+        CASE WHEN q.due THEN /*outbox:channel*/'outbox_outbox' ELSE /*outbox:channel*/'outbox_outbox:scheduled' END,
+        q.queue)
+    FROM (SELECT DISTINCT n.queue, n.next_attempt_at <= now() AS due FROM new_rows AS n) AS q;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+-- A row whose lease is cleared (a retry, a release at shutdown, an
+-- operator's reset) announces itself like a new row. PostgreSQL folds
+-- identical notifications of one transaction into one, so a batch costs a
+-- notification per queue, not per row.
+-- +goose StatementBegin
+CREATE FUNCTION /*outbox:table*/outbox_notify_release() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(
+        CASE WHEN NEW.next_attempt_at <= now() THEN /*outbox:channel*/'outbox_outbox'
+             ELSE /*outbox:channel*/'outbox_outbox:scheduled' END,
+        NEW.queue);
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER /*outbox:name*/outbox_release_trg
+    AFTER UPDATE OF acquired_token ON /*outbox:table*/outbox
+    FOR EACH ROW
+    WHEN (OLD.acquired_token IS NOT NULL AND NEW.acquired_token IS NULL)
+    EXECUTE FUNCTION /*outbox:table*/outbox_notify_release();
+
+-- The schema version, for tools that did not apply the migrations
+-- themselves; every later migration replaces it.
+CREATE FUNCTION /*outbox:table*/outbox_schema_version() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 4';
+
+-- +goose Down
+DROP FUNCTION /*outbox:table*/outbox_schema_version();
+DROP TRIGGER /*outbox:name*/outbox_release_trg ON /*outbox:table*/outbox;
+DROP FUNCTION /*outbox:table*/outbox_notify_release();
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(
+        CASE WHEN q.due THEN /*outbox:channel*/'outbox_outbox' ELSE /*outbox:channel*/'outbox_outbox_scheduled' END,
+        q.queue)
+    FROM (SELECT DISTINCT n.queue, n.next_attempt_at <= now() AS due FROM new_rows AS n) AS q;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+DROP INDEX /*outbox:table*/outbox_lease_expiry_idx;
+CREATE INDEX /*outbox:name*/outbox_leased_idx
+    ON /*outbox:table*/outbox (queue, acquired_at)
+    WHERE acquired_token IS NOT NULL;
+
+ALTER TABLE /*outbox:table*/outbox
+    DROP CONSTRAINT /*outbox:name*/outbox_last_error_chk,
+    DROP CONSTRAINT /*outbox:name*/outbox_lease_expiry_chk,
+    DROP COLUMN last_error,
+    DROP COLUMN lease_expires_at;
