@@ -63,7 +63,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 		}
 	}
 	r := runCLI(t, env, "migrate", "-schema", d.Schema, "-table", "events", "status")
-	if r.code != 0 || strings.Count(r.stdout, "pending") != 0 || strings.Count(r.stdout, ".sql") != 3 {
+	if r.code != 0 || strings.Count(r.stdout, "pending") != 0 || strings.Count(r.stdout, ".sql") != 4 {
 		t.Errorf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
