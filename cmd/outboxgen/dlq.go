@@ -121,9 +121,9 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		return printDeadLetter(stdout, rows[0])
 	case "replay":
 		bar := newProgress(stderr, "replayed")
-		n, err := ob.ReplayDeadLetters(ctx, filter, bar.update)
+		res, err := ob.ReplayDeadLetters(ctx, filter, &outbox.ReplayOpts{Progress: bar.update})
 		bar.done()
-		fmt.Fprintf(stdout, "replayed %d rows into the outbox\n", n)
+		fmt.Fprintf(stdout, "replayed %d rows into the outbox\n", res.Replayed)
 		return usageIfInput(err)
 	default: // purge
 		n, err := ob.PurgeDeadLetters(ctx, filter)
