@@ -42,17 +42,21 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	limit := fs.Int("limit", 100, "list: at most this many rows")
 	asJSON := fs.Bool("json", false, "list, show: print JSON")
 	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row")
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
-			fs.Usage()
-			return nil
-		}
+	pos, err := parseFlags(fs, args, "dlq")
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
 		fs.Usage()
 		return fmt.Errorf("%w: dlq: want list, show ID, replay or purge", errUsage)
 	}
-	sub := args[0]
+	sub, rest := pos[0], pos[1:]
+	switch sub {
+	case "list", "show", "replay", "purge":
+	default:
+		return fmt.Errorf("%w: dlq: unknown command %q (want list, show, replay or purge)", errUsage, sub)
+	}
 	var id int64
-	rest := args[1:]
 	if sub == "show" {
 		if len(rest) == 0 {
 			return fmt.Errorf("%w: dlq show: want a row id", errUsage)
@@ -63,21 +67,12 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		}
 		id, rest = v, rest[1:]
 	}
-	if err := parseFlags(fs, rest, "dlq "+sub); err != nil {
-		return err
-	}
-	if err := noArgs(fs, "dlq "+sub); err != nil {
+	if err := noArgs(rest, "dlq "+sub); err != nil {
 		return err
 	}
 	filter := outbox.DeadLetterFilter{Queue: *queue, Reason: *reason, OlderThan: *olderThan}
-	switch sub {
-	case "list", "show", "replay":
-	case "purge":
-		if *olderThan == 0 && !*yes {
-			return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
-		}
-	default:
-		return fmt.Errorf("%w: dlq: unknown command %q (want list, show, replay or purge)", errUsage, sub)
+	if sub == "purge" && *olderThan == 0 && !*yes {
+		return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
 	}
 	if *limit <= 0 {
 		return fmt.Errorf("%w: dlq: -limit must be positive", errUsage)

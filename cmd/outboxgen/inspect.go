@@ -30,10 +30,11 @@ func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	queue := fs.String("queue", "", "show only this queue")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	ttl := fs.Duration("lease-ttl", outbox.LeaseTTLDefault, "leases older than this count as expired (the subscribers' LeaseTTL)")
-	if err := parseFlags(fs, args, "inspect"); err != nil {
+	pos, err := parseFlags(fs, args, "inspect")
+	if err != nil {
 		return err
 	}
-	if err := noArgs(fs, "inspect"); err != nil {
+	if err := noArgs(pos, "inspect"); err != nil {
 		return err
 	}
 	if *ttl <= 0 {

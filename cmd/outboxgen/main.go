@@ -44,22 +44,36 @@ func newFlags(cmd, usage string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags parses args into fs: errHelp after -h, a usage error naming
-// cmd for anything it cannot parse.
-func parseFlags(fs *flag.FlagSet, args []string, cmd string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
+// parseFlags parses args into fs and returns the positional arguments.
+// Flags may come before, between and after them ("migrate -schema s up"
+// and "migrate up -schema s" are the same), and "--" ends the flags. It
+// returns errHelp after -h, a usage error naming cmd for anything it
+// cannot parse.
+func parseFlags(fs *flag.FlagSet, args []string, cmd string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, errHelp
+			}
+			return nil, fmt.Errorf("%w: %s: %v", errUsage, cmd, err)
 		}
-		return fmt.Errorf("%w: %s: %v", errUsage, cmd, err)
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
-	return nil
 }
 
-// noArgs rejects positional arguments after the flags.
-func noArgs(fs *flag.FlagSet, cmd string) error {
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: %s: unexpected arguments %q", errUsage, cmd, fs.Args())
+// noArgs rejects positional arguments.
+func noArgs(pos []string, cmd string) error {
+	if len(pos) > 0 {
+		return fmt.Errorf("%w: %s: unexpected arguments %q", errUsage, cmd, pos)
 	}
 	return nil
 }

@@ -116,3 +116,41 @@ func TestHelp(t *testing.T) {
 		}
 	}
 }
+
+func TestFlagsBeforeOrAfterSubcommand(t *testing.T) {
+	t.Parallel()
+	d, _, env, _ := migrated(t)
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (7, 'orders', 'x', 1, 1, now(), 'rejected')`); err != nil {
+		t.Fatal(err)
+	}
+	s := d.Schema
+	for _, c := range []struct{ before, after []string }{
+		{[]string{"migrate", "-schema", s, "status"}, []string{"migrate", "status", "-schema", s}},
+		{[]string{"dlq", "-schema", s, "list"}, []string{"dlq", "list", "-schema", s}},
+		{[]string{"dlq", "-schema", s, "-json", "show", "7"}, []string{"dlq", "show", "7", "-json", "-schema", s}},
+		{[]string{"dlq", "-schema", s, "-queue", "none", "purge", "-yes"}, []string{"dlq", "purge", "-yes", "-queue", "none", "-schema", s}},
+		{[]string{"inspect", "-schema", s, "-json"}, []string{"inspect", "-json", "-schema", s}},
+	} {
+		first := runCLI(t, env, c.before...)
+		if first.code != 0 {
+			t.Errorf("%v: exit %d: %s", c.before, first.code, first.stderr)
+		}
+		if diff := cmp.Diff(first, runCLI(t, env, c.after...), cmp.AllowUnexported(result{})); diff != "" {
+			t.Errorf("%v and %v differ (-before +after):\n%s", c.before, c.after, diff)
+		}
+	}
+	if r := runCLI(t, env, "migrate", "up", "-schema", s, "-table", "events"); r.code != 0 {
+		t.Fatalf("migrate up -schema -table: exit %d: %s", r.code, r.stderr)
+	}
+	if r := runCLI(t, env, "migrate", "-table", "events", "down-to", "-schema", s, "2"); r.code != 0 {
+		t.Fatalf("migrate -table down-to -schema 2: exit %d: %s", r.code, r.stderr)
+	}
+	if r := runCLI(t, env, "migrate", "status", "-table", "events", "-schema", s); r.code != 0 || strings.Count(r.stdout, "pending") != 1 {
+		t.Errorf("status of events after down-to 2: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// After "--" every argument is positional.
+	if r := runCLI(t, env, "dlq", "-schema", s, "show", "7", "--", "-json"); r.code != 2 || !strings.Contains(r.stderr, `unexpected arguments ["-json"]`) {
+		t.Errorf("dlq show 7 -- -json: exit %d %q", r.code, r.stderr)
+	}
+}

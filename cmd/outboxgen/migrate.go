@@ -8,7 +8,7 @@ import (
 	"text/tabwriter"
 )
 
-const migrateUsage = `Usage: outboxgen migrate [flags] up|down|down-to N|reset|status
+const migrateUsage = `Usage: outboxgen migrate up|down|down-to N|reset|status [flags]
 
 Applies the outbox's migrations (up), rolls back all of them (down, or its
 alias reset), rolls back those above version N (down-to N), or lists them
@@ -23,26 +23,27 @@ Flags:
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fs := newFlags("migrate", migrateUsage, stderr)
 	conn := connFlags(fs)
-	if err := parseFlags(fs, args, "migrate"); err != nil {
+	pos, err := parseFlags(fs, args, "migrate")
+	if err != nil {
 		return err
 	}
-	if fs.NArg() == 0 {
+	if len(pos) == 0 {
 		fs.Usage()
 		return fmt.Errorf("%w: migrate: want one of up, down, down-to N, reset, status", errUsage)
 	}
-	action := fs.Arg(0)
+	action := pos[0]
 	var target int64
 	switch {
-	case action == "down-to" && fs.NArg() == 2:
-		v, err := strconv.ParseInt(fs.Arg(1), 10, 64)
+	case action == "down-to" && len(pos) == 2:
+		v, err := strconv.ParseInt(pos[1], 10, 64)
 		if err != nil || v < 0 {
-			return fmt.Errorf("%w: migrate down-to: version %q is not a number >= 0", errUsage, fs.Arg(1))
+			return fmt.Errorf("%w: migrate down-to: version %q is not a number >= 0", errUsage, pos[1])
 		}
 		target = v
 	case action == "down-to":
 		return fmt.Errorf("%w: migrate down-to: want one version number", errUsage)
-	case fs.NArg() != 1:
-		return fmt.Errorf("%w: migrate %s: unexpected arguments %q", errUsage, action, fs.Args()[1:])
+	case len(pos) != 1:
+		return fmt.Errorf("%w: migrate %s: unexpected arguments %q", errUsage, action, pos[1:])
 	case action != "up" && action != "down" && action != "reset" && action != "status":
 		return fmt.Errorf("%w: migrate: unknown action %q (want up, down, down-to N, reset or status)", errUsage, action)
 	}

@@ -45,10 +45,11 @@ func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, _
 	schema := fset.String("schema", outbox.SchemaDefault, "schema of the outbox tables")
 	table := fset.String("table", outbox.TableDefault, "name of the outbox table")
 	check := fset.Bool("check", false, "write nothing; exit 1 when -dir lacks migrations")
-	if err := parseFlags(fset, args, "migrations"); err != nil {
+	pos, err := parseFlags(fset, args, "migrations")
+	if err != nil {
 		return err
 	}
-	if err := noArgs(fset, "migrations"); err != nil {
+	if err := noArgs(pos, "migrations"); err != nil {
 		return err
 	}
 	if *dir == "" {
