@@ -3,16 +3,25 @@
 //
 // Usage:
 //
-//	outboxgen migrate [-dsn DSN] [-schema S] [-table T] up|down|down-to N|reset|status
+//	outboxgen migrate up|down|down-to N|reset|status [-dsn DSN] [-schema S] [-table T]
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
-//	outboxgen inspect [-queue Q] [-json] [-schema S] [-table T]
-//	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D]
+//	outboxgen inspect [-queue Q] [-json] [-lease-ttl D] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
+//
+// Flags may come before, between or after a command's arguments:
+// "migrate -schema s up" and "migrate up -schema s" are the same.
 //
 // migrate applies, rolls back or lists the outbox's embedded migrations
 // against DATABASE_URL (or -dsn). migrations writes them, rendered for the
-// schema and table, into a repository's goose migrations directory. Exit status is 2 for a usage error and 1
-// when the command fails.
+// schema and table, into a repository's goose migrations directory. Exit
+// status is 2 for a usage error and 1 when the command fails.
+//
+// Environment (a flag wins over its variable):
+//
+//	DATABASE_URL   database of migrate, inspect and dlq (-dsn)
+//	OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
+//	OUTBOX_TABLE   name of the outbox table, default outbox (-table)
 package main
 
 import (
@@ -109,7 +118,13 @@ Commands:
   dlq          list, show, replay or purge dead-lettered rows
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
 
-Run "outboxgen COMMAND -h" for a command's flags and an example.
+Flags may come before or after a command's arguments. Run
+"outboxgen COMMAND -h" for a command's flags and an example.
+
+Environment (a flag wins over its variable):
+  DATABASE_URL   database of migrate, inspect and dlq (-dsn)
+  OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
+  OUTBOX_TABLE   name of the outbox table, default outbox (-table)
 `
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -152,5 +154,50 @@ func TestFlagsBeforeOrAfterSubcommand(t *testing.T) {
 	// After "--" every argument is positional.
 	if r := runCLI(t, env, "dlq", "-schema", s, "show", "7", "--", "-json"); r.code != 2 || !strings.Contains(r.stderr, `unexpected arguments ["-json"]`) {
 		t.Errorf("dlq show 7 -- -json: exit %d %q", r.code, r.stderr)
+	}
+}
+
+func TestEnvironmentNamesTheOutbox(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL(t), "OUTBOX_SCHEMA": d.Schema, "OUTBOX_TABLE": "jobs"}
+
+	dir := t.TempDir()
+	if r := runCLI(t, env, "migrations", "-dir", dir); r.code != 0 {
+		t.Fatalf("migrations: exit %d: %s", r.code, r.stderr)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "00001_outbox_jobs_create_outbox.sql"))
+	if err != nil || !strings.HasPrefix(string(b), "-- outboxgen: "+d.Schema+".jobs ") {
+		t.Fatalf("migrations did not follow OUTBOX_SCHEMA and OUTBOX_TABLE: %v %v", err, keys(dirFiles(t, dir)))
+	}
+	// A flag wins over its variable.
+	if r := runCLI(t, env, "migrations", "-dir", dir, "-table", "audit", "-schema", "billing"); r.code != 0 || !strings.Contains(r.stdout, "_outbox_audit_create_outbox.sql") {
+		t.Errorf("migrations -table audit: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+
+	if r := runCLI(t, env, "migrate", "up"); r.code != 0 {
+		t.Fatalf("migrate up: exit %d: %s", r.code, r.stderr)
+	}
+	var tables []string
+	rows, err := d.Pool.Query(t.Context(), "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", d.Schema)
+	if err == nil {
+		tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if diff := cmp.Diff([]string{"jobs", "jobs_dlq", "jobs_goose_version"}, tables); err != nil || diff != "" {
+		t.Errorf("tables after migrate up (-want +got): %v\n%s", err, diff)
+	}
+	if r := runCLI(t, env, "inspect", "-json"); r.code != 0 || r.stdout != "[]\n" {
+		t.Errorf("inspect: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(t, env, "dlq", "list"); r.code != 0 || !strings.HasPrefix(r.stdout, "ID") {
+		t.Errorf("dlq list: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+
+	bad := map[string]string{"DATABASE_URL": env["DATABASE_URL"], "OUTBOX_SCHEMA": d.Schema, "OUTBOX_TABLE": "Bad"}
+	if r := runCLI(t, bad, "migrate", "status"); r.code != 2 || !strings.Contains(r.stderr, `Config.Table "Bad"`) {
+		t.Errorf("OUTBOX_TABLE=Bad: exit %d %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, bad, "migrate", "status", "-table", "jobs"); r.code != 0 || strings.Contains(r.stdout, "pending") {
+		t.Errorf("-table jobs over OUTBOX_TABLE=Bad: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
 }

@@ -14,8 +14,9 @@ Applies the outbox's migrations (up), rolls back all of them (down, or its
 alias reset), rolls back those above version N (down-to N), or lists them
 (status), in the database at DATABASE_URL or -dsn.
 
-Example:
-  DATABASE_URL=postgres://localhost/app outboxgen migrate -schema billing -table events up
+Examples:
+  DATABASE_URL=postgres://localhost/app outboxgen migrate up -schema billing -table events
+  OUTBOX_SCHEMA=billing OUTBOX_TABLE=events outboxgen migrate status
 
 Flags:
 `

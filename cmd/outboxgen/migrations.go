@@ -39,11 +39,10 @@ const fileTag = "-- outboxgen: "
 
 var versionRE = regexp.MustCompile(`^(\d+)_.*\.(sql|go)$`)
 
-func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(string) string) error {
+func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fset := newFlags("migrations", migrationsUsage, stderr)
 	dir := fset.String("dir", "", "directory of the repository's goose migrations (required)")
-	schema := fset.String("schema", outbox.SchemaDefault, "schema of the outbox tables")
-	table := fset.String("table", outbox.TableDefault, "name of the outbox table")
+	names := nameFlags(fset)
 	check := fset.Bool("check", false, "write nothing; exit 1 when -dir lacks migrations")
 	pos, err := parseFlags(fset, args, "migrations")
 	if err != nil {
@@ -56,7 +55,8 @@ func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, _
 		fset.Usage()
 		return fmt.Errorf("%w: migrations: -dir is required", errUsage)
 	}
-	files, err := renderedMigrations(*schema, *table)
+	schema, table := names.resolve(getenv)
+	files, err := renderedMigrations(schema, table)
 	if err != nil {
 		return fmt.Errorf("%w: migrations: %v", errUsage, err)
 	}
@@ -67,16 +67,16 @@ func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, _
 	if *check {
 		if len(missing) > 0 {
 			return fmt.Errorf("migrations: %s lacks %d outbox migration(s) for %s.%s: %s; run outboxgen migrations",
-				*dir, len(missing), *schema, *table, strings.Join(missing, ", "))
+				*dir, len(missing), schema, table, strings.Join(missing, ", "))
 		}
-		fmt.Fprintf(stdout, "%s has every outbox migration for %s.%s\n", *dir, *schema, *table)
+		fmt.Fprintf(stdout, "%s has every outbox migration for %s.%s\n", *dir, schema, table)
 		return nil
 	}
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
 		return fmt.Errorf("migrations: -dir: %w", err)
 	}
 	for _, name := range missing {
-		out := fmt.Sprintf("%0*d_%s", width, next, outboxFileName(*table, name))
+		out := fmt.Sprintf("%0*d_%s", width, next, outboxFileName(table, name))
 		path := filepath.Join(*dir, out)
 		if err := os.WriteFile(path, files[name], 0o644); err != nil {
 			return fmt.Errorf("migrations: write %s: %w", path, err)
