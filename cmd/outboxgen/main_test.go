@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
+	"github.com/outboxgen/outboxgen/outbox"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -199,5 +203,62 @@ func TestEnvironmentNamesTheOutbox(t *testing.T) {
 	}
 	if r := runCLI(t, bad, "migrate", "status", "-table", "jobs"); r.code != 0 || strings.Contains(r.stdout, "pending") {
 		t.Errorf("-table jobs over OUTBOX_TABLE=Bad: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestMigrateUpSaysWhatItApplied(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL(t)}
+	fsys, err := outbox.Migrations(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil || len(names) < 2 {
+		t.Fatalf("embedded migrations %v: %v", names, err)
+	}
+	last := int64(len(names))
+	applied := func(names []string) string {
+		var b strings.Builder
+		for _, n := range names {
+			b.WriteString("applied " + n + "\n")
+		}
+		return b.String()
+	}
+	// A schema that does not exist yet: up creates it.
+	fresh := d.Schema + "_fresh"
+	t.Cleanup(func() {
+		if _, err := d.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{fresh}.Sanitize()+" CASCADE"); err != nil {
+			t.Error(err)
+		}
+	})
+	for _, step := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "up", "-schema", fresh},
+			applied(names) + fmt.Sprintf("outbox %s.outbox: applied %d migrations, now at version %d\n", fresh, last, last)},
+		{[]string{"migrate", "up", "-schema", fresh},
+			fmt.Sprintf("outbox %s.outbox is already up to date (version %d)\n", fresh, last)},
+		{[]string{"migrate", "down-to", "1", "-schema", fresh},
+			fmt.Sprintf("outbox %s.outbox rolled back to version 1\n", fresh)},
+		{[]string{"migrate", "up", "-schema", fresh},
+			applied(names[1:]) + fmt.Sprintf("outbox %s.outbox: applied %d migrations, now at version %d\n", fresh, last-1, last)},
+		{[]string{"migrate", "down-to", fmt.Sprint(last - 1), "-schema", fresh},
+			fmt.Sprintf("outbox %s.outbox rolled back to version %d\n", fresh, last-1)},
+		{[]string{"migrate", "up", "-schema", fresh},
+			applied(names[last-1:]) + fmt.Sprintf("outbox %s.outbox: applied 1 migration, now at version %d\n", fresh, last)},
+		// An existing schema without the outbox.
+		{[]string{"migrate", "up", "-schema", d.Schema, "-table", "events"},
+			applied(names) + fmt.Sprintf("outbox %s.events: applied %d migrations, now at version %d\n", d.Schema, last, last)},
+	} {
+		r := runCLI(t, env, step.args...)
+		if r.code != 0 {
+			t.Fatalf("%v: exit %d: %s", step.args, r.code, r.stderr)
+		}
+		if diff := cmp.Diff(step.want, r.stdout); diff != "" {
+			t.Errorf("%v (-want +got):\n%s", step.args, diff)
+		}
 	}
 }

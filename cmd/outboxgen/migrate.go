@@ -2,10 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxgen/outboxgen/outbox"
 )
 
 const migrateUsage = `Usage: outboxgen migrate up|down|down-to N|reset|status [flags]
@@ -56,10 +61,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 
 	switch action {
 	case "up":
-		if err := ob.Migrate(ctx); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "outbox %s.%s is up to date\n", ob.Schema(), ob.Table())
+		return migrateUp(ctx, ob, stdout)
 	case "down", "reset", "down-to":
 		if err := ob.MigrateDownTo(ctx, target); err != nil {
 			return err
@@ -82,4 +84,57 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		return w.Flush()
 	}
 	return nil
+}
+
+// migrateUp applies the pending migrations and says which it applied, or
+// that there were none.
+func migrateUp(ctx context.Context, ob *outbox.Outbox, stdout io.Writer) error {
+	before, err := ob.MigrationStatus(ctx)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "3F000" {
+		// invalid_schema_name: the schema does not exist yet, so nothing
+		// is applied; Migrate creates it.
+		before, err = nil, nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		return err
+	}
+	after, err := ob.MigrationStatus(ctx)
+	if err != nil {
+		return err
+	}
+	had := map[int64]bool{}
+	for _, m := range before {
+		had[m.Version] = m.Applied
+	}
+	var applied int
+	var version int64
+	for _, m := range after {
+		if !m.Applied {
+			continue
+		}
+		version = max(version, m.Version)
+		if !had[m.Version] {
+			applied++
+			fmt.Fprintf(stdout, "applied %s\n", m.Name)
+		}
+	}
+	if applied == 0 {
+		fmt.Fprintf(stdout, "outbox %s.%s is already up to date (version %d)\n", ob.Schema(), ob.Table(), version)
+		return nil
+	}
+	fmt.Fprintf(stdout, "outbox %s.%s: applied %d migration%s, now at version %d\n",
+		ob.Schema(), ob.Table(), applied, plural(applied), version)
+	return nil
+}
+
+// plural returns "s" unless n is 1.
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
 }
