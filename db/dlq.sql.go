@@ -103,7 +103,8 @@ type ListDeadLettersParams struct {
 	MaxRows          int32
 }
 
-// Dead-lettered rows matching the optional filters, oldest failure first.
+// Dead-lettered rows matching the optional filters with ids above
+// @after_id, in id order.
 func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams) ([]OutboxDlq, error) {
 	rows, err := q.db.Query(ctx, listDeadLetters,
 		arg.Queue,

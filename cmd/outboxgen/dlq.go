@@ -19,7 +19,8 @@ import (
 const dlqUsage = `Usage: outboxgen dlq list|show ID|replay|purge [flags]
 
 Operates on the outbox's dead-letter table:
-  list     rows, oldest first, filtered by -queue, -reason, -older-than
+  list     rows in id order, filtered by -queue, -reason, -older-than;
+           -limit rows a page, the next page with -after the last id
   show ID  one row in full, payload included
   replay   moves the matching rows back into the outbox (new ids, attempts
            reset, headers kept); a row is always in exactly one table
@@ -27,11 +28,15 @@ Operates on the outbox's dead-letter table:
 
 Examples:
   outboxgen dlq list -queue orders.created -reason decode_error
+  outboxgen dlq list -limit 50 -after 4211
   outboxgen dlq replay -queue orders.created -reason retry_exhausted
   outboxgen dlq purge -older-than 720h
 
 Flags:
 `
+
+// maxListLimit bounds dlq list's -limit: a page is held in memory.
+const maxListLimit = 100000
 
 func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fs := newFlags("dlq", dlqUsage, stderr)
@@ -40,6 +45,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	reason := fs.String("reason", "", "only rows with this reason: max_deliveries, retry_exhausted, rejected, decode_error")
 	olderThan := fs.Duration("older-than", 0, "only rows dead-lettered at least this long ago")
 	limit := fs.Int("limit", 100, "list: at most this many rows")
+	after := fs.Int64("after", 0, "list: only rows with ids above this one (the next page after -limit rows)")
 	asJSON := fs.Bool("json", false, "list, show: print JSON")
 	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row")
 	pos, err := parseFlags(fs, args, "dlq")
@@ -74,8 +80,11 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if sub == "purge" && *olderThan == 0 && !*yes {
 		return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
 	}
-	if *limit <= 0 {
-		return fmt.Errorf("%w: dlq: -limit must be positive", errUsage)
+	if *limit <= 0 || *limit > maxListLimit {
+		return fmt.Errorf("%w: dlq: -limit must be between 1 and %d", errUsage, maxListLimit)
+	}
+	if *after < 0 {
+		return fmt.Errorf("%w: dlq: -after must not be negative", errUsage)
 	}
 	if *olderThan < 0 {
 		return fmt.Errorf("%w: dlq: -older-than must not be negative", errUsage)
@@ -88,11 +97,20 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 
 	switch sub {
 	case "list":
-		rows, err := ob.DeadLetters(ctx, filter, 0, *limit)
+		// One row more than asked says whether another page exists.
+		rows, err := ob.DeadLetters(ctx, filter, *after, *limit+1)
 		if err != nil {
 			return usageIfInput(err)
 		}
+		more := len(rows) > *limit
+		rows = rows[:min(len(rows), *limit)]
+		hint := ""
+		if more {
+			hint = fmt.Sprintf("more rows: rerun with -after %d\n", rows[len(rows)-1].ID)
+		}
 		if *asJSON {
+			// stdout stays one JSON document.
+			fmt.Fprint(stderr, hint)
 			return printJSON(stdout, rows)
 		}
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -101,7 +119,11 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 			last, _, _ := strings.Cut(r.LastError, "\n")
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, r.Reason, r.FailedAt.Format(time.RFC3339), r.Deliveries, clip(last, 80))
 		}
-		return w.Flush()
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprint(stdout, hint)
+		return nil
 	case "show":
 		rows, err := ob.DeadLetters(ctx, outbox.DeadLetterFilter{}, id-1, 1)
 		if err != nil {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -78,12 +80,68 @@ func TestDLQUsageErrors(t *testing.T) {
 		{[]string{"dlq", "show", "x"}, 2, `id "x" is not a number`},
 		{[]string{"dlq", "list", "-bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"dlq", "list", "-reason", "nope"}, 2, `"nope" is not one of`},
-		{[]string{"dlq", "list", "-limit", "0"}, 2, "-limit must be positive"},
+		{[]string{"dlq", "list", "-limit", "0"}, 2, "-limit must be between 1 and 100000"},
+		{[]string{"dlq", "list", "-limit", "100001"}, 2, "-limit must be between 1 and 100000"},
+		{[]string{"dlq", "list", "-after", "-1"}, 2, "-after must not be negative"},
 		{[]string{"dlq", "list"}, 1, "DeadLetters"},
 	} {
 		r := runCLI(t, dead, c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.msg) {
 			t.Errorf("%v: exit %d %q; want %d and %q", c.args, r.code, r.stderr, c.code, c.msg)
 		}
+	}
+}
+
+func TestDLQListPages(t *testing.T) {
+	t.Parallel()
+	d, _, env, flags := migrated(t)
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		SELECT i, 'orders', 'x', 1, 1, now(), 'rejected' FROM generate_series(1, 5) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	// ids reads the ID column of a table listing, and its last line.
+	ids := func(out string) (got []string, last string) {
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		for _, l := range lines[1:] {
+			if f := strings.Fields(l); len(f) > 0 && f[0] != "more" {
+				got = append(got, f[0])
+			}
+		}
+		return got, lines[len(lines)-1]
+	}
+	for _, c := range []struct {
+		args     []string
+		wantIDs  []string
+		wantLast string
+	}{
+		{[]string{"-limit", "2"}, []string{"1", "2"}, "more rows: rerun with -after 2"},
+		{[]string{"-limit", "2", "-after", "2"}, []string{"3", "4"}, "more rows: rerun with -after 4"},
+		{[]string{"-after", "4", "-limit", "2"}, []string{"5"}, ""},
+		{[]string{"-limit", "5"}, []string{"1", "2", "3", "4", "5"}, ""},
+		{nil, []string{"1", "2", "3", "4", "5"}, ""},
+	} {
+		r := runCLI(t, env, append(append([]string{"dlq", "list"}, c.args...), flags...)...)
+		if r.code != 0 {
+			t.Fatalf("list %v: exit %d: %s", c.args, r.code, r.stderr)
+		}
+		got, last := ids(r.stdout)
+		if !strings.HasPrefix(last, "more") {
+			last = ""
+		}
+		if diff := cmp.Diff(c.wantIDs, got); diff != "" {
+			t.Errorf("list %v ids (-want +got):\n%s", c.args, diff)
+		}
+		if last != c.wantLast {
+			t.Errorf("list %v: last line %q, want %q", c.args, last, c.wantLast)
+		}
+	}
+	// With -json, stdout stays one JSON document and the hint goes to stderr.
+	r := runCLI(t, env, append([]string{"dlq", "list", "-json", "-limit", "3"}, flags...)...)
+	var rows []outbox.DeadLetter
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || r.code != 0 || len(rows) != 3 {
+		t.Fatalf("list -json -limit 3: exit %d, %v, %d rows", r.code, err, len(rows))
+	}
+	if r.stderr != "more rows: rerun with -after 3\n" {
+		t.Errorf("list -json -limit 3: stderr %q", r.stderr)
 	}
 }

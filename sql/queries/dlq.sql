@@ -19,7 +19,8 @@ SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
 FROM d;
 
 -- name: ListDeadLetters :many
--- Dead-lettered rows matching the optional filters, oldest failure first.
+-- Dead-lettered rows matching the optional filters with ids above
+-- @after_id, in id order.
 SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
        x.deliveries_count, x.attempts_count, x.created_at, x.failed_at,
        x.failure_reason, x.last_error
