@@ -23,7 +23,9 @@ Operates on the outbox's dead-letter table:
            -limit rows a page, the next page with -after the last id
   show ID  one row in full, payload included
   replay   moves the matching rows back into the outbox (new ids, attempts
-           reset, headers kept); a row is always in exactly one table
+           reset, headers kept); a row is always in exactly one table. A
+           row whose timer id is live in the outbox stays and is listed;
+           -drop-timer-ids replays it without its timer id instead
   purge    deletes the matching rows; needs -older-than or -yes
 
 Examples:
@@ -46,7 +48,8 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	olderThan := fs.Duration("older-than", 0, "only rows dead-lettered at least this long ago")
 	limit := fs.Int("limit", 100, "list: at most this many rows")
 	after := fs.Int64("after", 0, "list: only rows with ids above this one (the next page after -limit rows)")
-	asJSON := fs.Bool("json", false, "list, show: print JSON")
+	asJSON := fs.Bool("json", false, "list, show, replay: print JSON")
+	dropTimerIDs := fs.Bool("drop-timer-ids", false, "replay: replay rows whose timer id is live in the outbox without it, instead of skipping them")
 	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row")
 	pos, err := parseFlags(fs, args, "dlq")
 	if err != nil {
@@ -137,10 +140,17 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		}
 		return printDeadLetter(stdout, rows[0])
 	case "replay":
-		bar := newProgress(stderr, "replayed")
-		res, err := ob.ReplayDeadLetters(ctx, filter, &outbox.ReplayOpts{Progress: bar.update})
+		bar := newProgress(stderr, "replay")
+		res, err := ob.ReplayDeadLetters(ctx, filter, &outbox.ReplayOpts{
+			DropConflictingTimerIDs: *dropTimerIDs, Progress: bar.update})
 		bar.done()
-		fmt.Fprintf(stdout, "replayed %d rows into the outbox\n", res.Replayed)
+		if *asJSON {
+			if perr := printJSON(stdout, res); perr != nil {
+				return perr
+			}
+		} else if perr := printReplay(stdout, res); perr != nil {
+			return perr
+		}
 		return usageIfInput(err)
 	default: // purge
 		n, err := ob.PurgeDeadLetters(ctx, filter)
@@ -150,6 +160,29 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		fmt.Fprintf(stdout, "purged %d dead-lettered rows\n", n)
 		return nil
 	}
+}
+
+// printReplay says what a replay did, naming each row whose timer id was
+// live in the outbox.
+func printReplay(w io.Writer, res outbox.ReplayResult) error {
+	fmt.Fprintf(w, "replayed %d row%s into the outbox\n", res.Replayed, plural(int(res.Replayed)))
+	rows := res.Skipped
+	switch {
+	case len(res.Skipped) > 0:
+		fmt.Fprintf(w, "skipped %d row%s whose timer id is live in the outbox, left in the dead-letter table (-drop-timer-ids replays without it):\n",
+			len(rows), plural(len(rows)))
+	case len(res.TimerIDsDropped) > 0:
+		rows = res.TimerIDsDropped
+		fmt.Fprintf(w, "%d replayed without the timer id, which is live in the outbox:\n", len(rows))
+	default:
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tQUEUE\tTIMER ID")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", r.ID, r.Queue, r.TimerID)
+	}
+	return tw.Flush()
 }
 
 // usageIfInput marks the library's input errors as usage errors.

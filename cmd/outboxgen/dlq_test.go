@@ -44,7 +44,7 @@ func TestDLQCommands(t *testing.T) {
 		t.Fatalf("replay: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
 	// Not a terminal: plain progress lines.
-	if !strings.Contains(r.stderr, "replayed 600/600 (100%)") || strings.Contains(r.stderr, "\r") {
+	if !strings.Contains(r.stderr, "replay 600/600 (100%)") || strings.Contains(r.stderr, "\r") {
 		t.Errorf("progress: %q", r.stderr)
 	}
 	var inOutbox, inDLQ int
@@ -143,5 +143,53 @@ func TestDLQListPages(t *testing.T) {
 	}
 	if r.stderr != "more rows: rerun with -after 3\n" {
 		t.Errorf("list -json -limit 3: stderr %q", r.stderr)
+	}
+}
+
+func TestDLQReplayReportsLiveTimerIDs(t *testing.T) {
+	t.Parallel()
+	d, _, env, flags := migrated(t)
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, timer_id, deliveries_count, attempts_count, created_at, failure_reason)
+		SELECT i, 'orders', 'x', 't-' || i, 1, 1, now(), 'rejected' FROM generate_series(1, 4) AS i;
+		INSERT INTO outbox (queue, payload, timer_id) VALUES ('orders', 'live', 't-2')`); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, env, append([]string{"dlq", "replay", "-queue", "orders"}, flags...)...)
+	want := `replayed 3 rows into the outbox
+skipped 1 row whose timer id is live in the outbox, left in the dead-letter table (-drop-timer-ids replays without it):
+ID  QUEUE   TIMER ID
+2   orders  t-2
+`
+	if diff := cmp.Diff(want, r.stdout); r.code != 0 || diff != "" {
+		t.Errorf("replay: exit %d %s(-want +got):\n%s", r.code, r.stderr, diff)
+	}
+	r = runCLI(t, env, append([]string{"dlq", "replay", "-drop-timer-ids", "-json"}, flags...)...)
+	var res outbox.ReplayResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 {
+		t.Fatalf("replay -drop-timer-ids -json: exit %d, %v: %s%s", r.code, err, r.stdout, r.stderr)
+	}
+	if diff := cmp.Diff(outbox.ReplayResult{Replayed: 1, TimerIDsDropped: []outbox.TimerConflict{{ID: 2, Queue: "orders", TimerID: "t-2"}}}, res); diff != "" {
+		t.Errorf("replay -drop-timer-ids -json (-want +got):\n%s", diff)
+	}
+	var inOutbox, inDLQ int
+	if err := d.Pool.QueryRow(t.Context(), "SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_dlq)").Scan(&inOutbox, &inDLQ); err != nil {
+		t.Fatal(err)
+	}
+	if inOutbox != 5 || inDLQ != 0 {
+		t.Errorf("%d rows in the outbox, %d in the DLQ; want 5 and 0", inOutbox, inDLQ)
+	}
+	// Replayed row 1 holds t-1 now.
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, timer_id, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (9, 'orders', 'x', 't-1', 1, 1, now(), 'rejected')`); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, env, append([]string{"dlq", "replay", "-drop-timer-ids"}, flags...)...)
+	want = `replayed 1 row into the outbox
+1 replayed without the timer id, which is live in the outbox:
+ID  QUEUE   TIMER ID
+9   orders  t-1
+`
+	if diff := cmp.Diff(want, r.stdout); r.code != 0 || diff != "" {
+		t.Errorf("replay -drop-timer-ids: exit %d %s(-want +got):\n%s", r.code, r.stderr, diff)
 	}
 }
