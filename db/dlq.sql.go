@@ -107,7 +107,8 @@ type ListDeadLettersParams struct {
 	MaxRows          int32
 }
 
-// Dead-lettered rows matching the optional filters, oldest failure first.
+// Dead-lettered rows matching the optional filters with ids above
+// @after_id, in id order.
 func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams) ([]OutboxDlq, error) {
 	rows, err := q.db.Query(ctx, listDeadLetters,
 		arg.Queue,
@@ -170,60 +171,102 @@ func (q *Queries) PurgeDeadLetters(ctx context.Context, arg PurgeDeadLettersPara
 }
 
 const replayDeadLetters = `-- name: ReplayDeadLetters :many
-WITH moved AS (
+WITH locked AS MATERIALIZED (
+    SELECT y.id, y.queue, y.timer_id
+    FROM /*outbox:table*/outbox_dlq AS y
+    WHERE ($1::text IS NULL OR y.queue = $1::text)
+      AND ($2::text IS NULL OR y.failure_reason = $2::text)
+      AND y.failed_at <= now() - make_interval(secs => $3::float8)
+      AND y.id > $4::bigint
+      AND y.id <= $5::bigint
+    ORDER BY y.id
+    LIMIT $6::integer
+    FOR UPDATE SKIP LOCKED
+), picked AS MATERIALIZED (
+    SELECT l.id, l.queue, l.timer_id,
+           l.timer_id IS NOT NULL AND (
+               row_number() OVER (PARTITION BY l.queue, l.timer_id ORDER BY l.id) > 1
+               OR EXISTS (
+                   SELECT FROM /*outbox:table*/outbox AS o
+                   WHERE o.queue = l.queue AND o.timer_id = l.timer_id COLLATE "C"
+               )
+           ) AS conflict
+    FROM locked AS l
+), moved AS (
     DELETE FROM /*outbox:table*/outbox_dlq AS x
-    WHERE x.id IN (
-        SELECT y.id FROM /*outbox:table*/outbox_dlq AS y
-        WHERE ($1::text IS NULL OR y.queue = $1::text)
-          AND ($2::text IS NULL OR y.failure_reason = $2::text)
-          AND y.failed_at <= now() - make_interval(secs => $3::float8)
-          AND y.id <= $4::bigint
-        ORDER BY y.id
-        LIMIT $5::integer
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id
+    USING picked AS p
+    WHERE x.id = p.id AND (NOT p.conflict OR $7::boolean)
+    RETURNING x.id, x.queue, x.payload, x.headers, x.ordering_key,
+              CASE WHEN p.conflict THEN NULL ELSE x.timer_id END AS timer_id
+), inserted AS (
+    INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id)
+    SELECT m.queue, m.payload, m.headers, m.ordering_key, m.timer_id
+    FROM moved AS m
+    ORDER BY m.id
+    RETURNING o.id
 )
-INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id)
-SELECT m.queue, m.payload, m.headers, m.ordering_key, m.timer_id
-FROM moved AS m
-ORDER BY m.id
-RETURNING o.id
+SELECT p.id, p.queue, p.timer_id, p.conflict::boolean AS conflict, (m.id IS NOT NULL)::boolean AS moved
+FROM picked AS p
+LEFT JOIN moved AS m ON m.id = p.id
+ORDER BY p.id
 `
 
 type ReplayDeadLettersParams struct {
 	Queue            *string
 	Reason           *string
 	OlderThanSeconds float64
+	AfterID          int64
 	UpToID           int64
 	MaxRows          int32
+	DropTimerIds     bool
 }
 
-// Moves up to @max_rows matching dead-lettered rows back into the outbox in
-// one statement: a row is in exactly one of the two tables whatever
-// happens. Replayed rows get a new id and start again from zero attempts,
-// with their original payload, headers, ordering key and timer id. Only
-// ids up to @up_to_id move, so a row that fails again during a replay is
-// not replayed twice by it.
-func (q *Queries) ReplayDeadLetters(ctx context.Context, arg ReplayDeadLettersParams) ([]int64, error) {
+type ReplayDeadLettersRow struct {
+	ID       int64
+	Queue    string
+	TimerID  *string
+	Conflict bool
+	Moved    bool
+}
+
+// Moves up to @max_rows matching dead-lettered rows with ids in
+// (@after_id, @up_to_id] back into the outbox in one statement: a row is in
+// exactly one of the two tables whatever happens. Replayed rows get a new
+// id and start again from zero attempts, with their original payload,
+// headers, ordering key and timer id. A row whose timer id is live in the
+// outbox (or taken by a lower id of the same batch) conflicts: it stays in
+// the dead-letter table, or with @drop_timer_ids is replayed without its
+// timer id. A publisher that commits the same timer id while the statement
+// runs makes it fail with a unique violation, moving nothing; run again, it
+// sees that row as a conflict. Returns every row the batch looked at, in id
+// order, with whether it conflicted and whether it moved.
+func (q *Queries) ReplayDeadLetters(ctx context.Context, arg ReplayDeadLettersParams) ([]ReplayDeadLettersRow, error) {
 	rows, err := q.db.Query(ctx, replayDeadLetters,
 		arg.Queue,
 		arg.Reason,
 		arg.OlderThanSeconds,
+		arg.AfterID,
 		arg.UpToID,
 		arg.MaxRows,
+		arg.DropTimerIds,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []int64{}
+	items := []ReplayDeadLettersRow{}
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var i ReplayDeadLettersRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.TimerID,
+			&i.Conflict,
+			&i.Moved,
+		); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

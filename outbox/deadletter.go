@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -112,45 +115,127 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID in
 // replayBatch is how many rows one replay statement moves.
 const replayBatch = 500
 
+// replayRetries is how many times one batch is run again after a
+// publisher committed a timer id the batch was moving.
+const replayRetries = 5
+
+// ReplayOpts are options of [Outbox.ReplayDeadLetters]. A nil *ReplayOpts
+// means the defaults.
+type ReplayOpts struct {
+	// DropConflictingTimerIDs replays a row whose timer id is live in the
+	// outbox (a row of its queue holds the same timer id) without its timer
+	// id, instead of leaving it in the dead-letter table. Default false.
+	DropConflictingTimerIDs bool
+
+	// Progress, when not nil, is called after each batch with the rows
+	// handled so far (replayed or skipped) and the total to handle.
+	Progress func(done, total int64)
+}
+
+// TimerConflict names a dead-lettered row whose timer id was live in the
+// outbox when it was to be replayed.
+type TimerConflict struct {
+	// ID is the row's id in the dead-letter table.
+	ID int64 `json:"id"`
+	// Queue is its queue.
+	Queue string `json:"queue"`
+	// TimerID is the timer id a live row of Queue holds.
+	TimerID string `json:"timer_id"`
+}
+
+// ReplayResult is what [Outbox.ReplayDeadLetters] did.
+type ReplayResult struct {
+	// Replayed counts the rows moved into the outbox, TimerIDsDropped
+	// included.
+	Replayed int64 `json:"replayed"`
+	// Skipped lists, in id order, the rows left in the dead-letter table
+	// because their timer id was live in the outbox.
+	Skipped []TimerConflict `json:"skipped,omitempty"`
+	// TimerIDsDropped lists, in id order, the rows replayed without their
+	// timer id under [ReplayOpts.DropConflictingTimerIDs].
+	TimerIDsDropped []TimerConflict `json:"timer_ids_dropped,omitempty"`
+}
+
 // ReplayDeadLetters moves the dead-lettered rows matching f back into the
 // outbox, in batches of 500, each batch one statement: however the replay
 // ends (an error, a cancelled ctx), every row is in exactly one of the two
 // tables, and none twice. Replayed rows get new ids and start from zero
-// attempts with their original payload and headers. Rows dead-lettered
-// after the replay began are left for the next one. progress, when not
-// nil, is called after each batch with the rows moved so far and the
-// total to move. It returns the rows moved.
-func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, progress func(done, total int64)) (int64, error) {
+// attempts with their original payload, headers, ordering key and timer
+// id. Rows dead-lettered after the replay began are left for the next one.
+//
+// A row whose timer id is live in the outbox cannot go back with it (one
+// live row per queue and timer id): it is left in the dead-letter table
+// and listed in [ReplayResult.Skipped], or, with
+// [ReplayOpts.DropConflictingTimerIDs], replayed without its timer id and
+// listed in [ReplayResult.TimerIDsDropped]. It never fails the rows around
+// it. The same holds when two replayed rows share a timer id: the lower id
+// takes it.
+//
+// It returns what it did, also when it returns an error.
+func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts *ReplayOpts) (ReplayResult, error) {
+	var res ReplayResult
 	if err := f.check(); err != nil {
-		return 0, err
+		return res, err
+	}
+	if opts == nil {
+		opts = &ReplayOpts{}
 	}
 	q := o.queries(o.pool)
 	count, err := q.CountDeadLetters(ctx, db.CountDeadLettersParams{
 		Queue: orNil(f.Queue), Reason: orNil(f.Reason), OlderThanSeconds: f.OlderThan.Seconds()})
 	if err != nil {
-		return 0, fmt.Errorf("outbox: ReplayDeadLetters: %w", err)
+		return res, fmt.Errorf("outbox: ReplayDeadLetters: %w", err)
 	}
-	var done int64
+	var done, after int64
 	for done < count.Total {
 		if err := ctx.Err(); err != nil {
-			return done, err
+			return res, err
 		}
-		ids, err := q.ReplayDeadLetters(ctx, db.ReplayDeadLettersParams{
+		p := db.ReplayDeadLettersParams{
 			Queue: orNil(f.Queue), Reason: orNil(f.Reason), OlderThanSeconds: f.OlderThan.Seconds(),
-			UpToID: count.MaxID, MaxRows: replayBatch,
-		})
-		if err != nil {
-			return done, fmt.Errorf("outbox: ReplayDeadLetters after %d rows: %w", done, err)
+			AfterID: after, UpToID: count.MaxID, MaxRows: replayBatch, DropTimerIds: opts.DropConflictingTimerIDs,
 		}
-		if len(ids) == 0 {
+		rows, err := q.ReplayDeadLetters(ctx, p)
+		// A publisher committed a timer id of this batch after the
+		// statement's snapshot was taken; the statement moved nothing, and
+		// run again it sees that row as a conflict.
+		for try := 0; isUniqueViolation(err) && try < replayRetries; try++ {
+			rows, err = q.ReplayDeadLetters(ctx, p)
+		}
+		if err != nil {
+			return res, fmt.Errorf("outbox: ReplayDeadLetters after %d rows: %w", res.Replayed, err)
+		}
+		if len(rows) == 0 {
 			break // another replay took the rest
 		}
-		done += int64(len(ids))
-		if progress != nil {
-			progress(done, count.Total)
+		for _, r := range rows {
+			var c TimerConflict
+			if r.Conflict {
+				c = TimerConflict{ID: r.ID, Queue: r.Queue, TimerID: *r.TimerID}
+			}
+			switch {
+			case r.Moved && r.Conflict:
+				res.TimerIDsDropped = append(res.TimerIDsDropped, c)
+			case r.Conflict:
+				res.Skipped = append(res.Skipped, c)
+			}
+			if r.Moved {
+				res.Replayed++
+			}
+		}
+		done += int64(len(rows))
+		after = rows[len(rows)-1].ID
+		if opts.Progress != nil {
+			opts.Progress(done, count.Total)
 		}
 	}
-	return done, nil
+	return res, nil
+}
+
+// isUniqueViolation reports whether err is PostgreSQL's unique_violation.
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
 // PurgeDeadLetters deletes the dead-lettered rows matching f for good and

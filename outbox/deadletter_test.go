@@ -3,10 +3,13 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/jackc/pgx/v5"
 )
 
 // deadLettered puts n rows of queue straight into the DLQ, ids from first.
@@ -25,13 +28,13 @@ func TestReplayDeadLettersMovesEveryRowOnce(t *testing.T) {
 	e.deadLettered("orders", 1, n, ReasonRetryExhausted)
 	e.deadLettered("other", n+1, 5, ReasonRetryExhausted)
 	var calls int
-	moved, err := e.ob.ReplayDeadLetters(e.ctx, DeadLetterFilter{Queue: "orders"}, func(done, total int64) {
+	res, err := e.ob.ReplayDeadLetters(e.ctx, DeadLetterFilter{Queue: "orders"}, &ReplayOpts{Progress: func(done, total int64) {
 		calls++
 		if total != n || done > total {
 			t.Errorf("progress %d/%d", done, total)
 		}
-	})
-	if err != nil || moved != n {
+	}})
+	if moved := res.Replayed; err != nil || moved != n {
 		t.Fatalf("replayed %d, %v; want %d", moved, err, n)
 	}
 	if calls != n/replayBatch {
@@ -56,11 +59,12 @@ func TestInterruptedReplayLeavesEveryRowInOneTable(t *testing.T) {
 	const n = 3000
 	e.deadLettered("orders", 1, n, ReasonRejected)
 	ctx, cancel := context.WithCancel(e.ctx)
-	moved, err := e.ob.ReplayDeadLetters(ctx, DeadLetterFilter{}, func(done, total int64) {
+	res, err := e.ob.ReplayDeadLetters(ctx, DeadLetterFilter{}, &ReplayOpts{Progress: func(done, total int64) {
 		if done >= total/2 {
 			cancel()
 		}
-	})
+	}})
+	moved := res.Replayed
 	if !errors.Is(err, context.Canceled) || moved == 0 || moved >= n {
 		t.Fatalf("replay: moved %d, %v; want a part, then context.Canceled", moved, err)
 	}
@@ -72,6 +76,129 @@ func TestInterruptedReplayLeavesEveryRowInOneTable(t *testing.T) {
 	}
 	if both != 0 || union != n || e.count("outbox") != int(moved) {
 		t.Errorf("%d rows in both tables, %d distinct in all, %d in the outbox; want 0, %d, %d", both, union, e.count("outbox"), n, moved)
+	}
+}
+
+// timerRow is an outbox row's queue, payload and timer id.
+type timerRow struct {
+	Queue, Payload string
+	TimerID        *string
+}
+
+// timerRows reads every row of table, in payload order.
+func (e *env) timerRows(table string) []timerRow {
+	e.t.Helper()
+	rows, err := e.db.Pool.Query(e.ctx, `SELECT queue, convert_from(payload, 'UTF8'), timer_id FROM `+
+		pgx.Identifier{table}.Sanitize()+` ORDER BY 2`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[timerRow])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func TestReplayDeadLettersConflictingTimerIDs(t *testing.T) {
+	t.Parallel()
+	for _, drop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("drop=%v", drop), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			// Rows 1-6 and 700 in one queue: 3 collides with a live row,
+			// 5 and 700 share a timer id with 4, 6 has none.
+			e.deadLettered("orders", 1, 6, ReasonRejected)
+			e.deadLettered("orders", 700, 1, ReasonRejected)
+			e.exec(`UPDATE outbox_dlq SET timer_id = CASE WHEN id IN (5, 700) THEN 't-4' ELSE 't-' || id END WHERE id <> 6`)
+			e.exec(`INSERT INTO outbox (queue, payload, timer_id) VALUES ('orders', 'live', 't-3'), ('other', 'other', 't-1')`)
+
+			res, err := e.ob.ReplayDeadLetters(e.ctx, DeadLetterFilter{}, &ReplayOpts{DropConflictingTimerIDs: drop})
+			if err != nil {
+				t.Fatal(err)
+			}
+			conflicts := []TimerConflict{{3, "orders", "t-3"}, {5, "orders", "t-4"}, {700, "orders", "t-4"}}
+			want := ReplayResult{Replayed: 4, Skipped: conflicts}
+			wantOutbox := []timerRow{
+				{"orders", "live", ptr("t-3")}, {"other", "other", ptr("t-1")},
+				{"orders", "payload-1", ptr("t-1")}, {"orders", "payload-2", ptr("t-2")},
+				{"orders", "payload-4", ptr("t-4")}, {"orders", "payload-6", nil},
+			}
+			wantDLQ := []timerRow{{"orders", "payload-3", ptr("t-3")}, {"orders", "payload-5", ptr("t-4")}, {"orders", "payload-700", ptr("t-4")}}
+			if drop {
+				want = ReplayResult{Replayed: 7, TimerIDsDropped: conflicts}
+				wantOutbox = append(wantOutbox, timerRow{"orders", "payload-3", nil}, timerRow{"orders", "payload-5", nil}, timerRow{"orders", "payload-700", nil})
+				wantDLQ = []timerRow{}
+			}
+			if diff := cmp.Diff(want, res); diff != "" {
+				t.Errorf("result (-want +got):\n%s", diff)
+			}
+			byPayload := func(a, b timerRow) bool { return a.Payload < b.Payload }
+			if diff := cmp.Diff(wantOutbox, e.timerRows("outbox"), cmpopts.SortSlices(byPayload)); diff != "" {
+				t.Errorf("outbox (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantDLQ, e.timerRows("outbox_dlq"), cmpopts.SortSlices(byPayload)); diff != "" {
+				t.Errorf("DLQ (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// A publisher that commits a timer id while a replay batch is inserting it
+// costs that row only: the batch runs again and skips it.
+func TestReplayDeadLettersRacingPublisher(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.deadLettered("orders", 1, 5, ReasonRejected)
+	e.exec(`UPDATE outbox_dlq SET timer_id = 't-' || id`)
+
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var txPID int
+	if err := tx.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, timer_id) VALUES ('orders', 'racer', 't-3')
+		RETURNING pg_backend_pid()`).Scan(&txPID); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		res ReplayResult
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := e.ob.ReplayDeadLetters(e.ctx, DeadLetterFilter{}, nil)
+		done <- outcome{res, err}
+	}()
+	// Commit once the replay waits on the publisher's uncommitted row.
+	for waiting := false; !waiting; {
+		select {
+		case got := <-done:
+			t.Fatalf("replay ended before it met the publisher's row: %+v", got)
+		default:
+		}
+		if err := e.db.Pool.QueryRow(e.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))`,
+			txPID).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	if diff := cmp.Diff(ReplayResult{Replayed: 4, Skipped: []TimerConflict{{3, "orders", "t-3"}}}, got.res); diff != "" {
+		t.Errorf("result (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]timerRow{{"orders", "payload-3", ptr("t-3")}}, e.timerRows("outbox_dlq")); diff != "" {
+		t.Errorf("DLQ (-want +got):\n%s", diff)
+	}
+	if n := e.count("outbox"); n != 5 {
+		t.Errorf("%d rows in the outbox, want the racer and 4 replayed", n)
 	}
 }
 

@@ -52,10 +52,11 @@ func bindCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(
 	out := fs.String("out", "outbox_bindings.go", "file to write the bindings to, in -dir")
 	doc := fs.String("asyncapi", "", "file to write the AsyncAPI document to, in -dir (default asyncapi.yaml or asyncapi.json)")
 	formatFlag := fs.String("format", "yaml", "AsyncAPI document format: yaml or json")
-	if err := parseFlags(fs, args, "bind"); err != nil {
+	pos, err := parseFlags(fs, args, "bind")
+	if err != nil {
 		return err
 	}
-	if err := noArgs(fs, "bind"); err != nil {
+	if err := noArgs(pos, "bind"); err != nil {
 		return err
 	}
 	if *formatFlag != "yaml" && *formatFlag != "json" {

@@ -19,19 +19,26 @@ import (
 const dlqUsage = `Usage: outboxgen dlq list|show ID|replay|purge [flags]
 
 Operates on the outbox's dead-letter table:
-  list     rows, oldest first, filtered by -queue, -reason, -older-than
+  list     rows in id order, filtered by -queue, -reason, -older-than;
+           -limit rows a page, the next page with -after the last id
   show ID  one row in full, payload included
   replay   moves the matching rows back into the outbox (new ids, attempts
-           reset, headers kept); a row is always in exactly one table
+           reset, headers kept); a row is always in exactly one table. A
+           row whose timer id is live in the outbox stays and is listed;
+           -drop-timer-ids replays it without its timer id instead
   purge    deletes the matching rows; needs -older-than or -yes
 
 Examples:
   outboxgen dlq list -queue orders.created -reason decode_error
+  outboxgen dlq list -limit 50 -after 4211
   outboxgen dlq replay -queue orders.created -reason retry_exhausted
   outboxgen dlq purge -older-than 720h
 
 Flags:
 `
+
+// maxListLimit bounds dlq list's -limit: a page is held in memory.
+const maxListLimit = 100000
 
 func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fs := newFlags("dlq", dlqUsage, stderr)
@@ -40,19 +47,25 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	reason := fs.String("reason", "", "only rows with this reason: max_deliveries, retry_exhausted, rejected, decode_error")
 	olderThan := fs.Duration("older-than", 0, "only rows dead-lettered at least this long ago")
 	limit := fs.Int("limit", 100, "list: at most this many rows")
-	asJSON := fs.Bool("json", false, "list, show: print JSON")
+	after := fs.Int64("after", 0, "list: only rows with ids above this one (the next page after -limit rows)")
+	asJSON := fs.Bool("json", false, "list, show, replay: print JSON")
+	dropTimerIDs := fs.Bool("drop-timer-ids", false, "replay: replay rows whose timer id is live in the outbox without it, instead of skipping them")
 	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row")
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
-			fs.Usage()
-			return nil
-		}
+	pos, err := parseFlags(fs, args, "dlq")
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
 		fs.Usage()
 		return fmt.Errorf("%w: dlq: want list, show ID, replay or purge", errUsage)
 	}
-	sub := args[0]
+	sub, rest := pos[0], pos[1:]
+	switch sub {
+	case "list", "show", "replay", "purge":
+	default:
+		return fmt.Errorf("%w: dlq: unknown command %q (want list, show, replay or purge)", errUsage, sub)
+	}
 	var id int64
-	rest := args[1:]
 	if sub == "show" {
 		if len(rest) == 0 {
 			return fmt.Errorf("%w: dlq show: want a row id", errUsage)
@@ -63,24 +76,18 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		}
 		id, rest = v, rest[1:]
 	}
-	if err := parseFlags(fs, rest, "dlq "+sub); err != nil {
-		return err
-	}
-	if err := noArgs(fs, "dlq "+sub); err != nil {
+	if err := noArgs(rest, "dlq "+sub); err != nil {
 		return err
 	}
 	filter := outbox.DeadLetterFilter{Queue: *queue, Reason: *reason, OlderThan: *olderThan}
-	switch sub {
-	case "list", "show", "replay":
-	case "purge":
-		if *olderThan == 0 && !*yes {
-			return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
-		}
-	default:
-		return fmt.Errorf("%w: dlq: unknown command %q (want list, show, replay or purge)", errUsage, sub)
+	if sub == "purge" && *olderThan == 0 && !*yes {
+		return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
 	}
-	if *limit <= 0 {
-		return fmt.Errorf("%w: dlq: -limit must be positive", errUsage)
+	if *limit <= 0 || *limit > maxListLimit {
+		return fmt.Errorf("%w: dlq: -limit must be between 1 and %d", errUsage, maxListLimit)
+	}
+	if *after < 0 {
+		return fmt.Errorf("%w: dlq: -after must not be negative", errUsage)
 	}
 	if *olderThan < 0 {
 		return fmt.Errorf("%w: dlq: -older-than must not be negative", errUsage)
@@ -93,11 +100,20 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 
 	switch sub {
 	case "list":
-		rows, err := ob.DeadLetters(ctx, filter, 0, *limit)
+		// One row more than asked says whether another page exists.
+		rows, err := ob.DeadLetters(ctx, filter, *after, *limit+1)
 		if err != nil {
 			return usageIfInput(err)
 		}
+		more := len(rows) > *limit
+		rows = rows[:min(len(rows), *limit)]
+		hint := ""
+		if more {
+			hint = fmt.Sprintf("more rows: rerun with -after %d\n", rows[len(rows)-1].ID)
+		}
 		if *asJSON {
+			// stdout stays one JSON document.
+			fmt.Fprint(stderr, hint)
 			return printJSON(stdout, rows)
 		}
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
@@ -106,7 +122,11 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 			last, _, _ := strings.Cut(r.LastError, "\n")
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, r.Reason, r.FailedAt.Format(time.RFC3339), r.Deliveries, clip(last, 80))
 		}
-		return w.Flush()
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprint(stdout, hint)
+		return nil
 	case "show":
 		rows, err := ob.DeadLetters(ctx, outbox.DeadLetterFilter{}, id-1, 1)
 		if err != nil {
@@ -120,10 +140,17 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		}
 		return printDeadLetter(stdout, rows[0])
 	case "replay":
-		bar := newProgress(stderr, "replayed")
-		n, err := ob.ReplayDeadLetters(ctx, filter, bar.update)
+		bar := newProgress(stderr, "replay")
+		res, err := ob.ReplayDeadLetters(ctx, filter, &outbox.ReplayOpts{
+			DropConflictingTimerIDs: *dropTimerIDs, Progress: bar.update})
 		bar.done()
-		fmt.Fprintf(stdout, "replayed %d rows into the outbox\n", n)
+		if *asJSON {
+			if perr := printJSON(stdout, res); perr != nil {
+				return perr
+			}
+		} else if perr := printReplay(stdout, res); perr != nil {
+			return perr
+		}
 		return usageIfInput(err)
 	default: // purge
 		n, err := ob.PurgeDeadLetters(ctx, filter)
@@ -133,6 +160,29 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		fmt.Fprintf(stdout, "purged %d dead-lettered rows\n", n)
 		return nil
 	}
+}
+
+// printReplay says what a replay did, naming each row whose timer id was
+// live in the outbox.
+func printReplay(w io.Writer, res outbox.ReplayResult) error {
+	fmt.Fprintf(w, "replayed %d row%s into the outbox\n", res.Replayed, plural(int(res.Replayed)))
+	rows := res.Skipped
+	switch {
+	case len(res.Skipped) > 0:
+		fmt.Fprintf(w, "skipped %d row%s whose timer id is live in the outbox, left in the dead-letter table (-drop-timer-ids replays without it):\n",
+			len(rows), plural(len(rows)))
+	case len(res.TimerIDsDropped) > 0:
+		rows = res.TimerIDsDropped
+		fmt.Fprintf(w, "%d replayed without the timer id, which is live in the outbox:\n", len(rows))
+	default:
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tQUEUE\tTIMER ID")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", r.ID, r.Queue, r.TimerID)
+	}
+	return tw.Flush()
 }
 
 // usageIfInput marks the library's input errors as usage errors.

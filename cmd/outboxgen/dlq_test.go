@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -42,7 +44,7 @@ func TestDLQCommands(t *testing.T) {
 		t.Fatalf("replay: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
 	// Not a terminal: plain progress lines.
-	if !strings.Contains(r.stderr, "replayed 600/600 (100%)") || strings.Contains(r.stderr, "\r") {
+	if !strings.Contains(r.stderr, "replay 600/600 (100%)") || strings.Contains(r.stderr, "\r") {
 		t.Errorf("progress: %q", r.stderr)
 	}
 	var inOutbox, inDLQ int
@@ -78,12 +80,116 @@ func TestDLQUsageErrors(t *testing.T) {
 		{[]string{"dlq", "show", "x"}, 2, `id "x" is not a number`},
 		{[]string{"dlq", "list", "-bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"dlq", "list", "-reason", "nope"}, 2, `"nope" is not one of`},
-		{[]string{"dlq", "list", "-limit", "0"}, 2, "-limit must be positive"},
+		{[]string{"dlq", "list", "-limit", "0"}, 2, "-limit must be between 1 and 100000"},
+		{[]string{"dlq", "list", "-limit", "100001"}, 2, "-limit must be between 1 and 100000"},
+		{[]string{"dlq", "list", "-after", "-1"}, 2, "-after must not be negative"},
 		{[]string{"dlq", "list"}, 1, "DeadLetters"},
 	} {
 		r := runCLI(t, dead, c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.msg) {
 			t.Errorf("%v: exit %d %q; want %d and %q", c.args, r.code, r.stderr, c.code, c.msg)
 		}
+	}
+}
+
+func TestDLQListPages(t *testing.T) {
+	t.Parallel()
+	d, _, env, flags := migrated(t)
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		SELECT i, 'orders', 'x', 1, 1, now(), 'rejected' FROM generate_series(1, 5) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	// ids reads the ID column of a table listing, and its last line.
+	ids := func(out string) (got []string, last string) {
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		for _, l := range lines[1:] {
+			if f := strings.Fields(l); len(f) > 0 && f[0] != "more" {
+				got = append(got, f[0])
+			}
+		}
+		return got, lines[len(lines)-1]
+	}
+	for _, c := range []struct {
+		args     []string
+		wantIDs  []string
+		wantLast string
+	}{
+		{[]string{"-limit", "2"}, []string{"1", "2"}, "more rows: rerun with -after 2"},
+		{[]string{"-limit", "2", "-after", "2"}, []string{"3", "4"}, "more rows: rerun with -after 4"},
+		{[]string{"-after", "4", "-limit", "2"}, []string{"5"}, ""},
+		{[]string{"-limit", "5"}, []string{"1", "2", "3", "4", "5"}, ""},
+		{nil, []string{"1", "2", "3", "4", "5"}, ""},
+	} {
+		r := runCLI(t, env, append(append([]string{"dlq", "list"}, c.args...), flags...)...)
+		if r.code != 0 {
+			t.Fatalf("list %v: exit %d: %s", c.args, r.code, r.stderr)
+		}
+		got, last := ids(r.stdout)
+		if !strings.HasPrefix(last, "more") {
+			last = ""
+		}
+		if diff := cmp.Diff(c.wantIDs, got); diff != "" {
+			t.Errorf("list %v ids (-want +got):\n%s", c.args, diff)
+		}
+		if last != c.wantLast {
+			t.Errorf("list %v: last line %q, want %q", c.args, last, c.wantLast)
+		}
+	}
+	// With -json, stdout stays one JSON document and the hint goes to stderr.
+	r := runCLI(t, env, append([]string{"dlq", "list", "-json", "-limit", "3"}, flags...)...)
+	var rows []outbox.DeadLetter
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || r.code != 0 || len(rows) != 3 {
+		t.Fatalf("list -json -limit 3: exit %d, %v, %d rows", r.code, err, len(rows))
+	}
+	if r.stderr != "more rows: rerun with -after 3\n" {
+		t.Errorf("list -json -limit 3: stderr %q", r.stderr)
+	}
+}
+
+func TestDLQReplayReportsLiveTimerIDs(t *testing.T) {
+	t.Parallel()
+	d, _, env, flags := migrated(t)
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, timer_id, deliveries_count, attempts_count, created_at, failure_reason)
+		SELECT i, 'orders', 'x', 't-' || i, 1, 1, now(), 'rejected' FROM generate_series(1, 4) AS i;
+		INSERT INTO outbox (queue, payload, timer_id) VALUES ('orders', 'live', 't-2')`); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, env, append([]string{"dlq", "replay", "-queue", "orders"}, flags...)...)
+	want := `replayed 3 rows into the outbox
+skipped 1 row whose timer id is live in the outbox, left in the dead-letter table (-drop-timer-ids replays without it):
+ID  QUEUE   TIMER ID
+2   orders  t-2
+`
+	if diff := cmp.Diff(want, r.stdout); r.code != 0 || diff != "" {
+		t.Errorf("replay: exit %d %s(-want +got):\n%s", r.code, r.stderr, diff)
+	}
+	r = runCLI(t, env, append([]string{"dlq", "replay", "-drop-timer-ids", "-json"}, flags...)...)
+	var res outbox.ReplayResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 {
+		t.Fatalf("replay -drop-timer-ids -json: exit %d, %v: %s%s", r.code, err, r.stdout, r.stderr)
+	}
+	if diff := cmp.Diff(outbox.ReplayResult{Replayed: 1, TimerIDsDropped: []outbox.TimerConflict{{ID: 2, Queue: "orders", TimerID: "t-2"}}}, res); diff != "" {
+		t.Errorf("replay -drop-timer-ids -json (-want +got):\n%s", diff)
+	}
+	var inOutbox, inDLQ int
+	if err := d.Pool.QueryRow(t.Context(), "SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_dlq)").Scan(&inOutbox, &inDLQ); err != nil {
+		t.Fatal(err)
+	}
+	if inOutbox != 5 || inDLQ != 0 {
+		t.Errorf("%d rows in the outbox, %d in the DLQ; want 5 and 0", inOutbox, inDLQ)
+	}
+	// Replayed row 1 holds t-1 now.
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, timer_id, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (9, 'orders', 'x', 't-1', 1, 1, now(), 'rejected')`); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, env, append([]string{"dlq", "replay", "-drop-timer-ids"}, flags...)...)
+	want = `replayed 1 row into the outbox
+1 replayed without the timer id, which is live in the outbox:
+ID  QUEUE   TIMER ID
+9   orders  t-1
+`
+	if diff := cmp.Diff(want, r.stdout); r.code != 0 || diff != "" {
+		t.Errorf("replay -drop-timer-ids: exit %d %s(-want +got):\n%s", r.code, r.stderr, diff)
 	}
 }

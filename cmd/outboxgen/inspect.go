@@ -29,10 +29,11 @@ func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	conn := connFlags(fs)
 	queue := fs.String("queue", "", "show only this queue")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	if err := parseFlags(fs, args, "inspect"); err != nil {
+	pos, err := parseFlags(fs, args, "inspect")
+	if err != nil {
 		return err
 	}
-	if err := noArgs(fs, "inspect"); err != nil {
+	if err := noArgs(pos, "inspect"); err != nil {
 		return err
 	}
 	ob, closeDB, err := conn.open(ctx, "inspect", getenv)

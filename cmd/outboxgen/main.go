@@ -3,16 +3,26 @@
 //
 // Usage:
 //
-//	outboxgen migrate [-dsn DSN] [-schema S] [-table T] up|down|down-to N|reset|status
+//	outboxgen migrate up|down|down-to N|reset|status [-dsn DSN] [-schema S] [-table T]
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
-//	outboxgen inspect [-queue Q] [-json] [-schema S] [-table T]
-//	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D]
+//	outboxgen inspect [-queue Q] [-json] [-lease-ttl D] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D] [-limit N] [-after ID]
+//	    [-drop-timer-ids] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
+//
+// Flags may come before, between or after a command's arguments:
+// "migrate -schema s up" and "migrate up -schema s" are the same.
 //
 // migrate applies, rolls back or lists the outbox's embedded migrations
 // against DATABASE_URL (or -dsn). migrations writes them, rendered for the
-// schema and table, into a repository's goose migrations directory. Exit status is 2 for a usage error and 1
-// when the command fails.
+// schema and table, into a repository's goose migrations directory. Exit
+// status is 2 for a usage error and 1 when the command fails.
+//
+// Environment (a flag wins over its variable):
+//
+//	DATABASE_URL   database of migrate, inspect and dlq (-dsn)
+//	OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
+//	OUTBOX_TABLE   name of the outbox table, default outbox (-table)
 package main
 
 import (
@@ -44,22 +54,36 @@ func newFlags(cmd, usage string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags parses args into fs: errHelp after -h, a usage error naming
-// cmd for anything it cannot parse.
-func parseFlags(fs *flag.FlagSet, args []string, cmd string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errHelp
+// parseFlags parses args into fs and returns the positional arguments.
+// Flags may come before, between and after them ("migrate -schema s up"
+// and "migrate up -schema s" are the same), and "--" ends the flags. It
+// returns errHelp after -h, a usage error naming cmd for anything it
+// cannot parse.
+func parseFlags(fs *flag.FlagSet, args []string, cmd string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, errHelp
+			}
+			return nil, fmt.Errorf("%w: %s: %v", errUsage, cmd, err)
 		}
-		return fmt.Errorf("%w: %s: %v", errUsage, cmd, err)
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
-	return nil
 }
 
-// noArgs rejects positional arguments after the flags.
-func noArgs(fs *flag.FlagSet, cmd string) error {
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: %s: unexpected arguments %q", errUsage, cmd, fs.Args())
+// noArgs rejects positional arguments.
+func noArgs(pos []string, cmd string) error {
+	if len(pos) > 0 {
+		return fmt.Errorf("%w: %s: unexpected arguments %q", errUsage, cmd, pos)
 	}
 	return nil
 }
@@ -95,7 +119,13 @@ Commands:
   dlq          list, show, replay or purge dead-lettered rows
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
 
-Run "outboxgen COMMAND -h" for a command's flags and an example.
+Flags may come before or after a command's arguments. Run
+"outboxgen COMMAND -h" for a command's flags and an example.
+
+Environment (a flag wins over its variable):
+  DATABASE_URL   database of migrate, inspect and dlq (-dsn)
+  OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
+  OUTBOX_TABLE   name of the outbox table, default outbox (-table)
 `
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {

@@ -2,6 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -9,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
+	"github.com/outboxgen/outboxgen/outbox"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -88,7 +94,7 @@ func TestCLIErrors(t *testing.T) {
 		{"unknown action", nil, []string{"migrate", "sideways"}, 2, `unknown action "sideways"`},
 		{"no database", nil, []string{"migrate", "up"}, 2, "set DATABASE_URL or pass -dsn"},
 		{"bad table", dead, []string{"migrate", "-table", "Bad", "up"}, 2, `Config.Table "Bad"`},
-		{"unreachable database", dead, []string{"migrate", "up"}, 1, "outbox: migrate"},
+		{"unreachable database", dead, []string{"migrate", "up"}, 1, "failed to connect"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -113,6 +119,146 @@ func TestHelp(t *testing.T) {
 	for _, cmd := range []string{"migrate", "migrations", "inspect", "dlq", "bind"} {
 		if !strings.Contains(r.stdout, "  "+cmd) {
 			t.Errorf("help does not list %s:\n%s", cmd, r.stdout)
+		}
+	}
+}
+
+func TestFlagsBeforeOrAfterSubcommand(t *testing.T) {
+	t.Parallel()
+	d, _, env, _ := migrated(t)
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (7, 'orders', 'x', 1, 1, now(), 'rejected')`); err != nil {
+		t.Fatal(err)
+	}
+	s := d.Schema
+	for _, c := range []struct{ before, after []string }{
+		{[]string{"migrate", "-schema", s, "status"}, []string{"migrate", "status", "-schema", s}},
+		{[]string{"dlq", "-schema", s, "list"}, []string{"dlq", "list", "-schema", s}},
+		{[]string{"dlq", "-schema", s, "-json", "show", "7"}, []string{"dlq", "show", "7", "-json", "-schema", s}},
+		{[]string{"dlq", "-schema", s, "-queue", "none", "purge", "-yes"}, []string{"dlq", "purge", "-yes", "-queue", "none", "-schema", s}},
+		{[]string{"inspect", "-schema", s, "-json"}, []string{"inspect", "-json", "-schema", s}},
+	} {
+		first := runCLI(t, env, c.before...)
+		if first.code != 0 {
+			t.Errorf("%v: exit %d: %s", c.before, first.code, first.stderr)
+		}
+		if diff := cmp.Diff(first, runCLI(t, env, c.after...), cmp.AllowUnexported(result{})); diff != "" {
+			t.Errorf("%v and %v differ (-before +after):\n%s", c.before, c.after, diff)
+		}
+	}
+	if r := runCLI(t, env, "migrate", "up", "-schema", s, "-table", "events"); r.code != 0 {
+		t.Fatalf("migrate up -schema -table: exit %d: %s", r.code, r.stderr)
+	}
+	if r := runCLI(t, env, "migrate", "-table", "events", "down-to", "-schema", s, "2"); r.code != 0 {
+		t.Fatalf("migrate -table down-to -schema 2: exit %d: %s", r.code, r.stderr)
+	}
+	if r := runCLI(t, env, "migrate", "status", "-table", "events", "-schema", s); r.code != 0 || strings.Count(r.stdout, "pending") != 2 {
+		t.Errorf("status of events after down-to 2: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// After "--" every argument is positional.
+	if r := runCLI(t, env, "dlq", "-schema", s, "show", "7", "--", "-json"); r.code != 2 || !strings.Contains(r.stderr, `unexpected arguments ["-json"]`) {
+		t.Errorf("dlq show 7 -- -json: exit %d %q", r.code, r.stderr)
+	}
+}
+
+func TestEnvironmentNamesTheOutbox(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL(t), "OUTBOX_SCHEMA": d.Schema, "OUTBOX_TABLE": "jobs"}
+
+	dir := t.TempDir()
+	if r := runCLI(t, env, "migrations", "-dir", dir); r.code != 0 {
+		t.Fatalf("migrations: exit %d: %s", r.code, r.stderr)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "00001_outbox_jobs_create_outbox.sql"))
+	if err != nil || !strings.HasPrefix(string(b), "-- outboxgen: "+d.Schema+".jobs ") {
+		t.Fatalf("migrations did not follow OUTBOX_SCHEMA and OUTBOX_TABLE: %v %v", err, keys(dirFiles(t, dir)))
+	}
+	// A flag wins over its variable.
+	if r := runCLI(t, env, "migrations", "-dir", dir, "-table", "audit", "-schema", "billing"); r.code != 0 || !strings.Contains(r.stdout, "_outbox_audit_create_outbox.sql") {
+		t.Errorf("migrations -table audit: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+
+	if r := runCLI(t, env, "migrate", "up"); r.code != 0 {
+		t.Fatalf("migrate up: exit %d: %s", r.code, r.stderr)
+	}
+	var tables []string
+	rows, err := d.Pool.Query(t.Context(), "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", d.Schema)
+	if err == nil {
+		tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if diff := cmp.Diff([]string{"jobs", "jobs_dlq", "jobs_goose_version"}, tables); err != nil || diff != "" {
+		t.Errorf("tables after migrate up (-want +got): %v\n%s", err, diff)
+	}
+	if r := runCLI(t, env, "inspect", "-json"); r.code != 0 || r.stdout != "[]\n" {
+		t.Errorf("inspect: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(t, env, "dlq", "list"); r.code != 0 || !strings.HasPrefix(r.stdout, "ID") {
+		t.Errorf("dlq list: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+
+	bad := map[string]string{"DATABASE_URL": env["DATABASE_URL"], "OUTBOX_SCHEMA": d.Schema, "OUTBOX_TABLE": "Bad"}
+	if r := runCLI(t, bad, "migrate", "status"); r.code != 2 || !strings.Contains(r.stderr, `Config.Table "Bad"`) {
+		t.Errorf("OUTBOX_TABLE=Bad: exit %d %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, bad, "migrate", "status", "-table", "jobs"); r.code != 0 || strings.Contains(r.stdout, "pending") {
+		t.Errorf("-table jobs over OUTBOX_TABLE=Bad: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestMigrateUpSaysWhatItApplied(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL(t)}
+	fsys, err := outbox.Migrations(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil || len(names) < 2 {
+		t.Fatalf("embedded migrations %v: %v", names, err)
+	}
+	last := int64(len(names))
+	applied := func(names []string) string {
+		var b strings.Builder
+		for _, n := range names {
+			b.WriteString("applied " + n + "\n")
+		}
+		return b.String()
+	}
+	// A schema that does not exist yet: up creates it.
+	fresh := d.Schema + "_fresh"
+	t.Cleanup(func() {
+		if _, err := d.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{fresh}.Sanitize()+" CASCADE"); err != nil {
+			t.Error(err)
+		}
+	})
+	for _, step := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "up", "-schema", fresh},
+			applied(names) + fmt.Sprintf("outbox %s.outbox: applied %d migrations, now at version %d\n", fresh, last, last)},
+		{[]string{"migrate", "up", "-schema", fresh},
+			fmt.Sprintf("outbox %s.outbox is already up to date (version %d)\n", fresh, last)},
+		{[]string{"migrate", "down-to", "1", "-schema", fresh},
+			fmt.Sprintf("outbox %s.outbox rolled back to version 1\n", fresh)},
+		{[]string{"migrate", "up", "-schema", fresh},
+			applied(names[1:]) + fmt.Sprintf("outbox %s.outbox: applied %d migrations, now at version %d\n", fresh, last-1, last)},
+		{[]string{"migrate", "down-to", fmt.Sprint(last - 1), "-schema", fresh},
+			fmt.Sprintf("outbox %s.outbox rolled back to version %d\n", fresh, last-1)},
+		{[]string{"migrate", "up", "-schema", fresh},
+			applied(names[last-1:]) + fmt.Sprintf("outbox %s.outbox: applied 1 migration, now at version %d\n", fresh, last)},
+		// An existing schema without the outbox.
+		{[]string{"migrate", "up", "-schema", d.Schema, "-table", "events"},
+			applied(names) + fmt.Sprintf("outbox %s.events: applied %d migrations, now at version %d\n", d.Schema, last, last)},
+	} {
+		r := runCLI(t, env, step.args...)
+		if r.code != 0 {
+			t.Fatalf("%v: exit %d: %s", step.args, r.code, r.stderr)
+		}
+		if diff := cmp.Diff(step.want, r.stdout); diff != "" {
+			t.Errorf("%v (-want +got):\n%s", step.args, diff)
 		}
 	}
 }

@@ -39,23 +39,24 @@ const fileTag = "-- outboxgen: "
 
 var versionRE = regexp.MustCompile(`^(\d+)_.*\.(sql|go)$`)
 
-func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(string) string) error {
+func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	fset := newFlags("migrations", migrationsUsage, stderr)
 	dir := fset.String("dir", "", "directory of the repository's goose migrations (required)")
-	schema := fset.String("schema", outbox.SchemaDefault, "schema of the outbox tables")
-	table := fset.String("table", outbox.TableDefault, "name of the outbox table")
+	names := nameFlags(fset)
 	check := fset.Bool("check", false, "write nothing; exit 1 when -dir lacks migrations")
-	if err := parseFlags(fset, args, "migrations"); err != nil {
+	pos, err := parseFlags(fset, args, "migrations")
+	if err != nil {
 		return err
 	}
-	if err := noArgs(fset, "migrations"); err != nil {
+	if err := noArgs(pos, "migrations"); err != nil {
 		return err
 	}
 	if *dir == "" {
 		fset.Usage()
 		return fmt.Errorf("%w: migrations: -dir is required", errUsage)
 	}
-	files, err := renderedMigrations(*schema, *table)
+	schema, table := names.resolve(getenv)
+	files, err := renderedMigrations(schema, table)
 	if err != nil {
 		return fmt.Errorf("%w: migrations: %v", errUsage, err)
 	}
@@ -63,25 +64,27 @@ func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, _
 	if err != nil {
 		return fmt.Errorf("migrations: -dir %s: %w", *dir, err)
 	}
+	// The path each missing migration is written to.
+	paths := make([]string, len(missing))
+	for i, name := range missing {
+		paths[i] = filepath.Join(*dir, fmt.Sprintf("%0*d_%s", width, next+int64(i), outboxFileName(table, name)))
+	}
 	if *check {
 		if len(missing) > 0 {
-			return fmt.Errorf("migrations: %s lacks %d outbox migration(s) for %s.%s: %s; run outboxgen migrations",
-				*dir, len(missing), *schema, *table, strings.Join(missing, ", "))
+			return fmt.Errorf("migrations: %s lacks %d outbox migration(s) for %s.%s; outboxgen migrations without -check would write:\n  %s",
+				*dir, len(missing), schema, table, strings.Join(paths, "\n  "))
 		}
-		fmt.Fprintf(stdout, "%s has every outbox migration for %s.%s\n", *dir, *schema, *table)
+		fmt.Fprintf(stdout, "%s has every outbox migration for %s.%s\n", *dir, schema, table)
 		return nil
 	}
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
 		return fmt.Errorf("migrations: -dir: %w", err)
 	}
-	for _, name := range missing {
-		out := fmt.Sprintf("%0*d_%s", width, next, outboxFileName(*table, name))
-		path := filepath.Join(*dir, out)
-		if err := os.WriteFile(path, files[name], 0o644); err != nil {
-			return fmt.Errorf("migrations: write %s: %w", path, err)
+	for i, name := range missing {
+		if err := os.WriteFile(paths[i], files[name], 0o644); err != nil {
+			return fmt.Errorf("migrations: write %s: %w", paths[i], err)
 		}
-		fmt.Fprintf(stdout, "wrote %s\n", path)
-		next++
+		fmt.Fprintf(stdout, "wrote %s\n", paths[i])
 	}
 	if len(missing) == 0 {
 		fmt.Fprintf(stdout, "%s is up to date\n", *dir)

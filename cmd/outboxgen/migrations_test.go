@@ -184,3 +184,54 @@ func TestMigrationsAppliedByGooseMatchMigrate(t *testing.T) {
 		t.Errorf("goose built only %d objects", len(byGoose))
 	}
 }
+
+// -check names every missing file by the path a run without it writes.
+func TestMigrationsCheckNamesMissingFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "00007_users.sql"), []byte("-- +goose Up\nSELECT 1;\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	named := func(stderr string) []string {
+		_, list, _ := strings.Cut(stderr, "would write:\n")
+		var out []string
+		for l := range strings.Lines(list) {
+			out = append(out, strings.TrimSpace(l))
+		}
+		return out
+	}
+	wrote := func(stdout string) []string {
+		var out []string
+		for l := range strings.Lines(stdout) {
+			out = append(out, strings.TrimPrefix(strings.TrimSpace(l), "wrote "))
+		}
+		return out
+	}
+	r := runCLI(t, nil, "migrations", "-dir", dir, "-check")
+	want := []string{
+		filepath.Join(dir, "00008_outbox_outbox_create_outbox.sql"),
+		filepath.Join(dir, "00009_outbox_outbox_dlq.sql"),
+		filepath.Join(dir, "00010_outbox_outbox_notify.sql"),
+		filepath.Join(dir, "00011_outbox_outbox_lease_expiry_on_row.sql"),
+	}
+	if diff := cmp.Diff(want, named(r.stderr)); r.code != 1 || diff != "" {
+		t.Errorf("-check: exit %d, files named (-want +got):\n%s\n%s", r.code, diff, r.stderr)
+	}
+	r = runCLI(t, nil, "migrations", "-dir", dir)
+	if diff := cmp.Diff(want, wrote(r.stdout)); r.code != 0 || diff != "" {
+		t.Errorf("write: exit %d, files written (-want +got):\n%s", r.code, diff)
+	}
+	// One lost file comes back numbered after the rest.
+	if err := os.Remove(want[1]); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, nil, "migrations", "-dir", dir, "-check")
+	want = []string{filepath.Join(dir, "00012_outbox_outbox_dlq.sql")}
+	if diff := cmp.Diff(want, named(r.stderr)); r.code != 1 || diff != "" {
+		t.Errorf("-check after a loss: exit %d, files named (-want +got):\n%s\n%s", r.code, diff, r.stderr)
+	}
+	r = runCLI(t, nil, "migrations", "-dir", dir)
+	if diff := cmp.Diff(want, wrote(r.stdout)); r.code != 0 || diff != "" {
+		t.Errorf("write after a loss: exit %d, files written (-want +got):\n%s", r.code, diff)
+	}
+}

@@ -23,7 +23,8 @@ SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
 FROM d;
 
 -- name: ListDeadLetters :many
--- Dead-lettered rows matching the optional filters, oldest failure first.
+-- Dead-lettered rows matching the optional filters with ids above
+-- @after_id, in id order.
 SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
        x.deliveries_count, x.attempts_count, x.created_at, x.failed_at,
        x.failure_reason, x.last_error
@@ -36,31 +37,55 @@ ORDER BY x.id
 LIMIT @max_rows::integer;
 
 -- name: ReplayDeadLetters :many
--- Moves up to @max_rows matching dead-lettered rows back into the outbox in
--- one statement: a row is in exactly one of the two tables whatever
--- happens. Replayed rows get a new id and start again from zero attempts,
--- with their original payload, headers, ordering key and timer id. Only
--- ids up to @up_to_id move, so a row that fails again during a replay is
--- not replayed twice by it.
-WITH moved AS (
+-- Moves up to @max_rows matching dead-lettered rows with ids in
+-- (@after_id, @up_to_id] back into the outbox in one statement: a row is in
+-- exactly one of the two tables whatever happens. Replayed rows get a new
+-- id and start again from zero attempts, with their original payload,
+-- headers, ordering key and timer id. A row whose timer id is live in the
+-- outbox (or taken by a lower id of the same batch) conflicts: it stays in
+-- the dead-letter table, or with @drop_timer_ids is replayed without its
+-- timer id. A publisher that commits the same timer id while the statement
+-- runs makes it fail with a unique violation, moving nothing; run again, it
+-- sees that row as a conflict. Returns every row the batch looked at, in id
+-- order, with whether it conflicted and whether it moved.
+WITH locked AS MATERIALIZED (
+    SELECT y.id, y.queue, y.timer_id
+    FROM /*outbox:table*/outbox_dlq AS y
+    WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
+      AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
+      AND y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8)
+      AND y.id > @after_id::bigint
+      AND y.id <= @up_to_id::bigint
+    ORDER BY y.id
+    LIMIT @max_rows::integer
+    FOR UPDATE SKIP LOCKED
+), picked AS MATERIALIZED (
+    SELECT l.id, l.queue, l.timer_id,
+           l.timer_id IS NOT NULL AND (
+               row_number() OVER (PARTITION BY l.queue, l.timer_id ORDER BY l.id) > 1
+               OR EXISTS (
+                   SELECT FROM /*outbox:table*/outbox AS o
+                   WHERE o.queue = l.queue AND o.timer_id = l.timer_id COLLATE "C"
+               )
+           ) AS conflict
+    FROM locked AS l
+), moved AS (
     DELETE FROM /*outbox:table*/outbox_dlq AS x
-    WHERE x.id IN (
-        SELECT y.id FROM /*outbox:table*/outbox_dlq AS y
-        WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
-          AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
-          AND y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8)
-          AND y.id <= @up_to_id::bigint
-        ORDER BY y.id
-        LIMIT @max_rows::integer
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id
+    USING picked AS p
+    WHERE x.id = p.id AND (NOT p.conflict OR @drop_timer_ids::boolean)
+    RETURNING x.id, x.queue, x.payload, x.headers, x.ordering_key,
+              CASE WHEN p.conflict THEN NULL ELSE x.timer_id END AS timer_id
+), inserted AS (
+    INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id)
+    SELECT m.queue, m.payload, m.headers, m.ordering_key, m.timer_id
+    FROM moved AS m
+    ORDER BY m.id
+    RETURNING o.id
 )
-INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id)
-SELECT m.queue, m.payload, m.headers, m.ordering_key, m.timer_id
-FROM moved AS m
-ORDER BY m.id
-RETURNING o.id;
+SELECT p.id, p.queue, p.timer_id, p.conflict::boolean AS conflict, (m.id IS NOT NULL)::boolean AS moved
+FROM picked AS p
+LEFT JOIN moved AS m ON m.id = p.id
+ORDER BY p.id;
 
 -- name: PurgeDeadLetters :execrows
 -- Deletes the matching dead-lettered rows for good.
