@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -248,5 +249,48 @@ func TestTerminalRowsAreDeletedWhenDeadLetteringIsOff(t *testing.T) {
 	}
 	if e.count("outbox") != 0 || e.count("outbox_dlq") != 0 {
 		t.Error("terminal row not deleted, or dead-lettered although dead-lettering is off")
+	}
+}
+
+// A handler that always asks for RetryAfter still ends after the
+// strategy's MaxAttempts, and the dead letter keeps the handler's error.
+func TestRetryAfterRespectsMaxAttempts(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id := e.publish("q")
+	var calls atomic.Int32
+	cfg := fastConfig[string](nil)
+	cfg.Retry = &ExponentialRetry{Initial: time.Millisecond, Multiplier: 2, MaxAttempts: 3}
+	failing(t, e, "q", cfg, func(*Message[string]) error {
+		calls.Add(1)
+		return RetryAfter(errors.New("downstream busy"), 10*time.Millisecond)
+	})
+	eventually(t, "the dead letter", func() bool { _, ok := e.dlqRow(id); return ok })
+	got, _ := e.dlqRow(id)
+	want := db.OutboxDlq{ID: id, Queue: "q", DeliveriesCount: 3, AttemptsCount: 3, FailureReason: ReasonRetryExhausted,
+		LastError: ptr("retry after 10ms: downstream busy")}
+	if diff := cmp.Diff(want, got); diff != "" || calls.Load() != 3 {
+		t.Errorf("handler ran %d times; dead letter (-want +got):\n%s", calls.Load(), diff)
+	}
+}
+
+// A row that ends by MaxDeliveries (its handler crashed the process, say)
+// keeps the last error its handler returned before that.
+func TestMaxDeliveriesDeadLetterKeepsTheHandlersLastError(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.publish("q")
+	r := e.claim(1, "q")[0]
+	if _, err := e.q.MarkPendingWithLease(e.ctx, db.MarkPendingWithLeaseParams{ID: r.ID, Token: token(t, r), LastError: ptr("payment gateway said no")}); err != nil {
+		t.Fatal(err)
+	}
+	e.exec("UPDATE outbox SET deliveries_count = 3 WHERE id = $1", r.ID)
+	cfg := fastConfig[string](nil)
+	cfg.MaxDeliveries = 3
+	failing(t, e, "q", cfg, func(*Message[string]) error { return nil })
+	eventually(t, "the dead letter", func() bool { _, ok := e.dlqRow(r.ID); return ok })
+	got, _ := e.dlqRow(r.ID)
+	if want := "claimed 4 times; MaxDeliveries is 3; last handler error: payment gateway said no"; deref(got.LastError) != want {
+		t.Errorf("last_error = %q, want %q", deref(got.LastError), want)
 	}
 }

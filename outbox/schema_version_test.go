@@ -1,0 +1,247 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/outboxgen/outboxgen/internal/pgtest"
+)
+
+// upTo returns the rendered migrations of ob numbered at most version.
+func upTo(ob *Outbox, version int64) fstest.MapFS {
+	out := fstest.MapFS{}
+	for name, f := range ob.migrations {
+		if v, _ := migrationVersion(name); v <= version {
+			out[name] = f
+		}
+	}
+	return out
+}
+
+// applyWithOwnGoose applies fsys the way a consuming repository does:
+// its own goose, its own version table.
+func applyWithOwnGoose(t *testing.T, d *pgtest.DB, fsys fstest.MapFS) {
+	t.Helper()
+	sqlDB := stdlib.OpenDBFromPool(d.Pool)
+	defer func(db *sql.DB) { _ = db.Close() }(sqlDB)
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, fsys,
+		goose.WithTableName(d.Schema+".goose_db_version"), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(t.Context()); err != nil {
+		t.Fatalf("goose up: %v", err)
+	}
+}
+
+func newOutbox(t *testing.T, d *pgtest.DB) *Outbox {
+	t.Helper()
+	ob, err := New(d.Pool, &Config{Schema: d.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ob
+}
+
+// A repository that applied the files of `outboxgen migrations` with its
+// own goose has an up-to-date outbox: Migrate does nothing, Check passes,
+// and the status says every migration is applied.
+func TestMigrateAfterAnotherToolAppliedTheMigrations(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	ob := newOutbox(t, d)
+	applyWithOwnGoose(t, d, ob.migrations)
+
+	if err := ob.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate on an outbox another tool migrated: %v", err)
+	}
+	if err := ob.Check(t.Context()); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	st, err := ob.MigrationStatus(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range st {
+		if !s.Applied {
+			t.Errorf("status calls %s pending", s.Name)
+		}
+	}
+}
+
+// A repository whose goose applied migrations 1-3 is brought up to date
+// by the library's Migrate, which applies only what the schema lacks.
+func TestMigrateUpgradesWhatAnotherToolStarted(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	ob := newOutbox(t, d)
+	applyWithOwnGoose(t, d, upTo(ob, 3))
+	var se *SchemaError
+	if err := ob.Check(t.Context()); !errors.As(err, &se) || se.Version != 3 || se.Want != ob.LatestSchemaVersion() {
+		t.Fatalf("Check at version 3: %v", err)
+	}
+	if err := ob.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	if v, err := ob.SchemaVersion(t.Context()); err != nil || v != ob.LatestSchemaVersion() {
+		t.Errorf("version after Migrate = %d, %v; want %d", v, err, ob.LatestSchemaVersion())
+	}
+}
+
+// Check names the fix for a missing or older schema, and Run refuses to
+// start on one instead of logging errors forever.
+func TestCheckAndRunNameTheFixForAMissingOrOldSchema(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	ob := newOutbox(t, d)
+	var se *SchemaError
+	err := ob.Check(t.Context())
+	if !errors.As(err, &se) || se.Version != 0 || !strings.Contains(err.Error(), "outboxgen migrate up") {
+		t.Errorf("Check of a missing outbox: %v", err)
+	}
+	sub, err := NewSubscriber(ob, []string{"q"}, func(context.Context, *Message[string]) error { return nil }, fastConfig[string](nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Run(t.Context()); !errors.As(err, &se) {
+		t.Errorf("Run on a missing outbox: %v, want a *SchemaError", err)
+	}
+
+	if err := ob.withProvider(t.Context(), upTo(ob, 3), func(p *goose.Provider) error { _, err := p.Up(t.Context()); return err }); err != nil {
+		t.Fatal(err)
+	}
+	err = ob.Check(t.Context())
+	want := fmt.Sprintf("outbox: %s.outbox is at schema version 3 and this library needs %d: run `outboxgen migrate up`", d.Schema, ob.LatestSchemaVersion())
+	if !errors.As(err, &se) || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("Check at version 3: %v\nwant it to start %q", err, want)
+	}
+}
+
+// Many processes starting at once on a brand-new schema all succeed.
+func TestConcurrentMigrateOfANewSchema(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	schema := d.Schema + "_fresh"
+	t.Cleanup(func() {
+		_, _ = d.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	var wg sync.WaitGroup
+	errs := make([]error, 24)
+	start := make(chan struct{})
+	for i := range errs {
+		wg.Go(func() {
+			ob, err := New(d.Pool, &Config{Schema: schema})
+			<-start
+			if err == nil {
+				err = ob.Migrate(t.Context())
+			}
+			errs[i] = err
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Migrate %d: %v", i, err)
+		}
+	}
+}
+
+// The upgrade from schema 3 keeps rows in every state and gives each the
+// lease state it had: live leases stay held (for 30 s from their claim),
+// stale leases and due rows are claimable, scheduled rows wait.
+func TestUpgradeFromSchema3KeepsRowsInEveryState(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	ob := newOutbox(t, d)
+	if err := ob.createSchema(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.withProvider(t.Context(), upTo(ob, 3), func(p *goose.Provider) error { _, err := p.Up(t.Context()); return err }); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ctx: t.Context(), db: d, ob: ob, q: ob.queries(d.Pool)}
+	e.exec(`INSERT INTO outbox (queue, payload, headers, ordering_key, timer_id, next_attempt_at,
+			attempts_count, deliveries_count, first_attempt_at, last_attempt_at, acquired_at, acquired_token) VALUES
+		('q', 'due', '{"content-type":"text/plain; charset=utf-8"}', NULL, NULL, now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'scheduled', NULL, NULL, 'timer-1', now() + interval '1 hour', 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'leased', NULL, 'k', NULL, now(), 0, 1, NULL, NULL, now(), gen_random_uuid()),
+		('q', 'stale', NULL, NULL, NULL, now(), 0, 1, NULL, NULL, now() - interval '1 hour', gen_random_uuid()),
+		('q', 'retrying', NULL, 'k2', NULL, now() - interval '1 second', 2, 2, now() - interval '1 minute', now(), NULL, NULL)`)
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason, last_error)
+		VALUES (999, 'q', 'dead', 3, 3, now(), 'rejected', 'no')`)
+
+	if err := ob.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate from 3: %v", err)
+	}
+	if err := ob.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var leasedFor time.Duration
+	if err := d.Pool.QueryRow(e.ctx, `SELECT lease_expires_at - acquired_at FROM outbox WHERE payload = 'leased'`).Scan(&leasedFor); err != nil {
+		t.Fatal(err)
+	}
+	if leasedFor != 30*time.Second {
+		t.Errorf("live lease expires %v after its claim, want 30s", leasedFor)
+	}
+	var claimed []string
+	for _, r := range e.claim(100, "q") {
+		claimed = append(claimed, string(r.Payload))
+	}
+	slices.Sort(claimed)
+	if diff := cmp.Diff([]string{"due", "retrying", "stale"}, claimed); diff != "" {
+		t.Errorf("claimable after the upgrade (-want +got):\n%s", diff)
+	}
+	if n := e.count("outbox"); n != 5 {
+		t.Errorf("%d rows after the upgrade, want 5", n)
+	}
+	if n := e.count("outbox_dlq"); n != 1 {
+		t.Errorf("%d dead letters after the upgrade, want 1", n)
+	}
+
+	// And back down to 3 and up again, rows still there.
+	if err := ob.MigrateDownTo(t.Context(), 3); err != nil {
+		t.Fatalf("down to 3: %v", err)
+	}
+	if v, _ := ob.SchemaVersion(t.Context()); v != 3 {
+		t.Errorf("version after down to 3 = %d", v)
+	}
+	if err := ob.Migrate(t.Context()); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if n := e.count("outbox"); n != 5 {
+		t.Errorf("%d rows after down and up, want 5", n)
+	}
+}
+
+// No two outboxes share a channel: outbox foo's scheduled channel is not
+// outbox foo_scheduled's due channel, in any schema.
+func TestChannelsOfTwoOutboxesNeverCollide(t *testing.T) {
+	t.Parallel()
+	seen := map[string]string{}
+	for _, c := range []naming{
+		{"public", "foo"}, {"public", "foo_scheduled"}, {"public", "foo_scheduled_scheduled"},
+		{"foo", "scheduled"}, {"foo", "bar"}, {"foo", "bar_scheduled"}, {"foo_bar", "baz"}, {"foo", "bar_baz"},
+	} {
+		who := c.schema + "." + c.table
+		for _, ch := range []string{c.channel(), c.scheduledChannel()} {
+			if other, ok := seen[ch]; ok {
+				t.Errorf("channel %q is both %s's and %s's", ch, other, who)
+			}
+			seen[ch] = who
+		}
+	}
+}
