@@ -17,7 +17,11 @@
 //
 // [Outbox.Migrate] applies the embedded goose migrations for that table.
 // Several outboxes, in one schema or in many, can share a database: each
-// has its own tables, channel and migration history.
+// has its own tables, channel and migration history. The schema records
+// its own version, so migrations applied by another tool (a repository's
+// own goose running the files of `outboxgen migrations`) count as applied:
+// Migrate then does nothing, and [Outbox.Check] tells a service at start
+// whether the schema is missing or behind, naming the fix.
 //
 // # Publishing
 //
@@ -60,22 +64,40 @@
 // # Claiming and leases
 //
 // A row is available when its next_attempt_at has come and its lease is
-// unset or expired. Claiming sets a fresh lease token on each row; every
-// statement that deletes, retries or dead-letters a row is filtered by that
-// token, so a handler whose lease was reclaimed can never overwrite the
-// newer delivery's outcome. Claims use FOR UPDATE SKIP LOCKED, so any number
-// of processes can claim from one table without a coordinator.
+// unset or expired. Claiming sets a fresh lease token on each row and an
+// expiry [SubscriberConfig].LeaseTTL ahead; the expiry is the holder's,
+// stored on the row, so subscribers with different lease TTLs never take
+// each other's live rows. Every statement that deletes, retries or
+// dead-letters a row is filtered by that token, so a handler whose lease
+// was reclaimed can never overwrite the newer delivery's outcome. Claims use
+// FOR UPDATE SKIP LOCKED, so any number of processes can claim from one
+// table without a coordinator, and a subscriber of several queues shares
+// each claim among them, so one queue's backlog does not hold back
+// another's rows.
 //
 // While a handler runs, a heartbeat extends its lease; if the lease is lost
 // anyway, the handler's context is cancelled with cause [ErrLeaseLost].
+// A retried or released row wakes the listening subscribers when it is
+// due, as a new row does.
+//
+// One bad outcome never holds back the others: error text is made storable
+// (valid UTF-8, no NUL, at most 2,048 characters), a handler error whose
+// Error method panics is described instead, and an outcome the database
+// still refuses is given up alone, its row left to lease expiry.
+//
 // When a subscriber stops, rows it claimed but never started are handed
-// back at once, running handlers get the graceful timeout to finish, and a
-// handler still running after that keeps its row's lease: the row is
-// delivered again after the lease expires, never deleted unhandled.
+// back at once, and everything else is bounded by the graceful timeout:
+// running handlers get until then to finish, and outcomes not written by
+// then are given up. A row whose handler or outcome was given up keeps its
+// lease: it is delivered again after the lease expires, never deleted
+// unhandled. [Subscriber.Run] returns within GracefulTimeout plus
+// [StopSlack] after its context ends, whatever the database does.
 //
 // # Metrics
 //
 // A [MetricsRecorder] receives [MetricEvent]s: published, fetched,
-// dispatched, acked, retried, dead_lettered, terminal, lease_lost and
-// drain_timeout. Each outcome's event is emitted after its write landed.
+// dispatched, acked, retried, dead_lettered, terminal, lease_lost,
+// write_refused and drain_timeout. Bursts of retries and dead letters are
+// logged as one full line (with the handler's context) and a count per
+// queue and outcome every ten seconds. Each outcome's event is emitted after its write landed.
 package outbox
