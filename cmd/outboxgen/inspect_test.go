@@ -96,3 +96,25 @@ func TestInspectErrors(t *testing.T) {
 		}
 	}
 }
+
+// inspect on an outbox that was never migrated, or is behind, says so and
+// names the fix instead of failing on a missing relation.
+func TestInspectNamesTheFixForAMissingOrOldSchema(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL(t)}
+	r := runCLI(t, env, "inspect", "-schema", d.Schema)
+	if r.code != 1 || !strings.Contains(r.stderr, "does not exist: run `outboxgen migrate up`") {
+		t.Errorf("inspect of a missing outbox: exit %d %q", r.code, r.stderr)
+	}
+	if r := runCLI(t, env, "migrate", "-schema", d.Schema, "up"); r.code != 0 {
+		t.Fatalf("migrate up: exit %d %s", r.code, r.stderr)
+	}
+	if r := runCLI(t, env, "migrate", "-schema", d.Schema, "down-to", "3"); r.code != 0 {
+		t.Fatalf("migrate down-to 3: exit %d %s", r.code, r.stderr)
+	}
+	r = runCLI(t, env, "inspect", "-schema", d.Schema)
+	if r.code != 1 || !strings.Contains(r.stderr, "is at schema version 3 and this library needs") {
+		t.Errorf("inspect of an outbox at version 3: exit %d %q", r.code, r.stderr)
+	}
+}
