@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -43,6 +44,8 @@ func checkHeaders(field string, h map[string]string, reserved int) error {
 			return &InputError{Field: kf, Rule: "must be a W3C traceparent (version-traceid-parentid-flags, lower-case hex)"}
 		case !utf8.ValidString(v):
 			return &InputError{Field: kf, Rule: "header values must be valid UTF-8"}
+		case strings.IndexByte(v, 0) >= 0:
+			return &InputError{Field: kf, Rule: "header values must not contain NUL (U+0000): PostgreSQL's jsonb cannot store it"}
 		}
 		size += len(k) + len(v)
 	}

@@ -142,9 +142,13 @@ func (p *Publisher[T]) Queue() string { return p.queue }
 // caller's transaction. With a pool or connection it commits at once.
 // Subscribers listening on the outbox are notified on commit.
 //
+// A codec that returns a nil payload ([BytesCodec] given a nil slice)
+// stores an empty one.
+//
 // Invalid options, an oversized payload or bad headers give an
-// *[InputError] before anything is written. A timer id already held by a
-// row of the queue gives [ErrTimerExists], and tx stays usable.
+// *[InputError] before any statement is sent, so tx stays usable. A timer
+// id already held by a row of the queue gives [ErrTimerExists], and tx
+// stays usable too.
 func (p *Publisher[T]) Publish(ctx context.Context, tx DBTX, msg T, opts *PublishOpts) (int64, error) {
 	start := time.Now()
 	id, size, err := p.publish(ctx, tx, msg, opts)
@@ -255,6 +259,11 @@ func (p *Publisher[T]) check(tx DBTX, opts *PublishOpts, batch bool) error {
 // indexed by i unless i is negative; the name is built only on failure.
 func (p *Publisher[T]) encode(msg T, field string, i int) ([]byte, error) {
 	b, err := encode(p.codec, msg)
+	if err == nil && b == nil {
+		// The payload column is NOT NULL, and pgx sends a nil slice as
+		// NULL: the violation would abort the caller's transaction.
+		b = []byte{}
+	}
 	if err == nil && len(b) > p.maxPayload {
 		err = &InputError{
 			Rule: fmt.Sprintf("encoded payload is %d bytes; at most %d (PublisherConfig.MaxPayloadBytes)", len(b), p.maxPayload)}
