@@ -99,6 +99,10 @@ func TestPublishRejectsBadInputAndWritesNothing(t *testing.T) {
 			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{HeaderCorrelationID: "x"}})
 			return err
 		}, `PublishOpts.Headers["correlation-id"]`},
+		{"reserved message-type", func() error {
+			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{HeaderMessageType: "x"}})
+			return err
+		}, `PublishOpts.Headers["message-type"]`},
 		{"malformed traceparent", func() error {
 			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{HeaderTraceparent: "nope"}})
 			return err

@@ -66,6 +66,7 @@ type Publisher[T any] struct {
 	queue       string
 	codec       Codec[T]
 	contentType string
+	messageType string
 	maxPayload  int
 	metrics     MetricsRecorder
 	log         *slog.Logger
@@ -90,6 +91,12 @@ func checkQueue(field, q string) error {
 // NewPublisher returns a publisher of T messages to queue. It validates its
 // arguments and returns a *[ConfigError] naming the first one that breaks a
 // rule; it does not touch the database.
+//
+// Every row it writes carries T's name in the message-type header
+// ([HeaderMessageType]): T's package path and name, such as
+// "github.com/acme/shop.OrderPlaced", or the name T's [MessageTyper]
+// method returns. Subscribers of another type refuse the row.
+// Interfaces and byte slices record no type.
 func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Publisher[T], error) {
 	if ob == nil {
 		return nil, &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
@@ -121,11 +128,16 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 		return nil, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T", c.Codec),
 			Rule: "ContentType() must return a non-empty printable string"}
 	}
+	messageType, err := messageTypeOf[T]()
+	if err != nil {
+		return nil, &ConfigError{Field: "T", Value: reflect.TypeFor[T]().String(), Rule: err.Error()}
+	}
 	return &Publisher[T]{
 		ob:          ob,
 		queue:       queue,
 		codec:       c.Codec,
 		contentType: contentType,
+		messageType: messageType,
 		maxPayload:  c.MaxPayloadBytes,
 		metrics:     c.Metrics,
 		log:         c.Logger,
@@ -164,7 +176,7 @@ func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *Publis
 	if err != nil {
 		return 0, 0, err
 	}
-	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts))
+	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts), p.messageType)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -223,7 +235,7 @@ func (p *Publisher[T]) publishBatch(ctx context.Context, tx DBTX, msgs []T, opts
 		payloads[i] = b
 		size += len(b)
 	}
-	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts))
+	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts), p.messageType)
 	if err != nil {
 		return nil, size, err
 	}
@@ -252,6 +264,9 @@ func (p *Publisher[T]) check(tx DBTX, opts *PublishOpts, batch bool) error {
 		return err
 	}
 	reserved := len(HeaderContentType) + len(p.contentType) + len(HeaderCorrelationID) + max(len(correlationIDOf(opts)), 36)
+	if p.messageType != "" {
+		reserved += len(HeaderMessageType) + len(p.messageType)
+	}
 	return checkHeaders("PublishOpts.Headers", opts.headers(), reserved)
 }
 
