@@ -174,3 +174,28 @@ func (q *Queries) QueueStats(ctx context.Context) ([]QueueStatsRow, error) {
 	}
 	return items, nil
 }
+
+const retryBacklog = `-- name: RetryBacklog :one
+SELECT count(*)::bigint AS retrying,
+       coalesce(extract(epoch FROM min(CASE WHEN o.acquired_token IS NULL THEN o.next_attempt_at
+                                            ELSE statement_timestamp() END) - statement_timestamp()), 0)::float8 AS next_due_in_seconds
+FROM /*outbox:table*/outbox AS o
+WHERE o.queue = ANY($1::text[]) AND o.attempts_count > 0
+`
+
+type RetryBacklogRow struct {
+	Retrying         int64
+	NextDueInSeconds float64
+}
+
+// Over the given queues: rows that were handled at least once and are not
+// finished (waiting for their retry, due for it, or leased again), and
+// seconds on the server's clock until the earliest of them is due: a leased
+// one counts as due now (0), an overdue one is negative, and 0 when there is
+// none.
+func (q *Queries) RetryBacklog(ctx context.Context, queues []string) (RetryBacklogRow, error) {
+	row := q.db.QueryRow(ctx, retryBacklog, queues)
+	var i RetryBacklogRow
+	err := row.Scan(&i.Retrying, &i.NextDueInSeconds)
+	return i, err
+}

@@ -57,7 +57,8 @@ func (JSONCodec[T]) ContentType() string { return ContentTypeJSON }
 
 // BytesCodec passes payloads through untouched: what is published is what is
 // delivered, byte for byte, whatever codec wrote it. It is the default codec
-// for []byte.
+// for []byte. A nil slice is published as an empty payload and delivered
+// as an empty slice.
 type BytesCodec struct{}
 
 // Encode implements [Codec].

@@ -4,17 +4,25 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
 
-// Reserved header keys. The publisher sets HeaderContentType from its codec
-// and HeaderCorrelationID from [PublishOpts.CorrelationID] (or a fresh id);
-// HeaderTraceparent, when given, must be a W3C trace-context traceparent.
+// Reserved header keys. The publisher sets HeaderContentType from its codec,
+// HeaderCorrelationID from [PublishOpts.CorrelationID] (or a fresh id), and
+// HeaderMessageType from the message's Go type (see [MessageTyper]);
+// callers may not set them. HeaderTraceparent, when given, must be a W3C
+// trace-context traceparent.
 const (
 	HeaderContentType   = "content-type"
 	HeaderCorrelationID = "correlation-id"
 	HeaderTraceparent   = "traceparent"
+	// HeaderMessageType names the type a row was published as. A typed
+	// subscriber refuses a row of another type as a decode_error; rows
+	// without it (written by plain SQL, or by a Publisher[[]byte]) are
+	// accepted.
+	HeaderMessageType = "message-type"
 )
 
 // HeadersMaxBytes caps a message's headers: the sum of the lengths of every
@@ -39,10 +47,14 @@ func checkHeaders(field string, h map[string]string, reserved int) error {
 			return &InputError{Field: kf, Rule: "is reserved: the publisher's codec sets it"}
 		case k == HeaderCorrelationID:
 			return &InputError{Field: kf, Rule: "is reserved: set PublishOpts.CorrelationID instead"}
+		case k == HeaderMessageType:
+			return &InputError{Field: kf, Rule: "is reserved: the publisher sets it from the message type (see MessageTyper)"}
 		case k == HeaderTraceparent && !traceparentRE.MatchString(v):
 			return &InputError{Field: kf, Rule: "must be a W3C traceparent (version-traceid-parentid-flags, lower-case hex)"}
 		case !utf8.ValidString(v):
 			return &InputError{Field: kf, Rule: "header values must be valid UTF-8"}
+		case strings.IndexByte(v, 0) >= 0:
+			return &InputError{Field: kf, Rule: "header values must not contain NUL (U+0000): PostgreSQL's jsonb cannot store it"}
 		}
 		size += len(k) + len(v)
 	}
@@ -68,14 +80,17 @@ func printable(s string, spaces bool) bool {
 }
 
 // encodeHeaders adds the reserved headers to the caller's and encodes them
-// for the headers column.
-func encodeHeaders(h map[string]string, contentType, correlationID string) (json.RawMessage, error) {
-	all := make(map[string]string, len(h)+2)
+// for the headers column. An empty messageType is left out.
+func encodeHeaders(h map[string]string, contentType, correlationID, messageType string) (json.RawMessage, error) {
+	all := make(map[string]string, len(h)+3)
 	for k, v := range h {
 		all[k] = v
 	}
 	all[HeaderContentType] = contentType
 	all[HeaderCorrelationID] = correlationID
+	if messageType != "" {
+		all[HeaderMessageType] = messageType
+	}
 	b, err := json.Marshal(all)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: encode headers: %w", err)

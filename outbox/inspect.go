@@ -45,6 +45,38 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	return out, nil
 }
 
+// RetryBacklog describes the rows of some queues that were handled at
+// least once and are not finished: each waits for its retry, is due for
+// it, or is being handled again.
+type RetryBacklog struct {
+	// Rows counts them.
+	Rows int64
+	// NextDueIn is how long, on the server's clock, until the earliest of
+	// them is due, a row being handled counting as due now: negative when
+	// one is overdue, zero when Rows is zero.
+	NextDueIn time.Duration
+}
+
+// RetryBacklog reports the rows of queues that failed and are not
+// finished. Rows scheduled at publish and never handled do not count. Like
+// QueueStats it reads without locks, for operators and tests, not hot
+// paths.
+func (o *Outbox) RetryBacklog(ctx context.Context, queues []string) (RetryBacklog, error) {
+	if len(queues) == 0 {
+		return RetryBacklog{}, &InputError{Field: "queues", Rule: "must name at least one queue"}
+	}
+	for i, q := range queues {
+		if err := checkQueue(fmt.Sprintf("queues[%d]", i), q); err != nil {
+			return RetryBacklog{}, err
+		}
+	}
+	r, err := o.queries(o.pool).RetryBacklog(ctx, queues)
+	if err != nil {
+		return RetryBacklog{}, fmt.Errorf("outbox: RetryBacklog: %w", err)
+	}
+	return RetryBacklog{Rows: r.Retrying, NextDueIn: time.Duration(r.NextDueInSeconds * float64(time.Second))}, nil
+}
+
 // PendingMessage is a row still in the outbox, as [Outbox.Unprocessed]
 // reads it: not yet acknowledged, whether due, scheduled or leased.
 type PendingMessage struct {

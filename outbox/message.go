@@ -38,6 +38,10 @@ func (m *Message[T]) CorrelationID() string { return m.Headers[HeaderCorrelation
 // ContentType returns the content-type header.
 func (m *Message[T]) ContentType() string { return m.Headers[HeaderContentType] }
 
+// MessageType returns the message-type header: the type the row was
+// published as, or empty.
+func (m *Message[T]) MessageType() string { return m.Headers[HeaderMessageType] }
+
 // contentTypeAccepter is implemented by codecs that read more than their
 // own content type. Other codecs accept their ContentType() or rows
 // written without one (by plain SQL, say).
@@ -50,10 +54,16 @@ func (BytesCodec) Accepts(string) bool { return true }
 
 // headerCache remembers the last headers a worker decoded: rows published
 // by one PublishBatch share their header bytes, and parsing JSON costs more
-// than comparing and copying a small map.
+// than comparing and copying a small map. It also holds the message type
+// the worker's T expects, worked out (with reflection) on first use, so a
+// cache serves one T.
 type headerCache struct {
 	raw string
 	m   map[string]string
+
+	typeKnown bool
+	msgType   string
+	typeErr   error
 }
 
 func (c *headerCache) decode(raw []byte) (map[string]string, error) {
@@ -69,7 +79,8 @@ func (c *headerCache) decode(raw []byte) (map[string]string, error) {
 }
 
 // decodeMessage turns a claimed row into a Message. An error means the row
-// can never be handled: its headers or payload are unreadable.
+// can never be handled: its headers or payload are unreadable, or it was
+// published as another type than T.
 func decodeMessage[T any](c Codec[T], contentType string, row *db.ClaimRow, hc *headerCache) (*Message[T], error) {
 	m := &Message[T]{
 		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: int(row.AttemptsCount),
@@ -92,6 +103,18 @@ func decodeMessage[T any](c Codec[T], contentType string, row *db.ClaimRow, hc *
 		a, ok := c.(contentTypeAccepter)
 		if !ok || !a.Accepts(ct) {
 			return nil, fmt.Errorf("content type %q; codec %T reads %q", ct, c, contentType)
+		}
+	}
+	if mt := m.Headers[HeaderMessageType]; mt != "" {
+		if !hc.typeKnown {
+			hc.msgType, hc.typeErr = messageTypeOf[T]()
+			hc.typeKnown = true
+		}
+		switch {
+		case hc.typeErr != nil:
+			return nil, fmt.Errorf("message type %q; the subscriber's own type has no valid name: %w", mt, hc.typeErr)
+		case hc.msgType != "" && mt != hc.msgType:
+			return nil, fmt.Errorf("message type %q; this subscriber reads %q", mt, hc.msgType)
 		}
 	}
 	payload, err := decodePayload(c, row.Payload)

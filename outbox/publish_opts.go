@@ -9,10 +9,11 @@ import (
 // [Publisher.PublishBatch]. A nil *PublishOpts means none.
 type PublishOpts struct {
 	// Headers travel with the message. Keys must be non-empty printable
-	// UTF-8 without spaces; the reserved keys content-type and
-	// correlation-id are set by the publisher, and traceparent must be a
-	// W3C traceparent. Keys and values together, reserved ones included,
-	// are capped at HeadersMaxBytes.
+	// UTF-8 without spaces; values must be UTF-8 without NUL (U+0000),
+	// which PostgreSQL's jsonb cannot store. The reserved keys
+	// content-type and correlation-id are set by the publisher, and
+	// traceparent must be a W3C traceparent. Keys and values together,
+	// reserved ones included, are capped at HeadersMaxBytes.
 	Headers map[string]string
 
 	// CorrelationID is stored in the correlation-id header. Empty means a
@@ -26,11 +27,16 @@ type PublishOpts struct {
 
 	// Delay makes the message deliverable this long after the publishing
 	// statement runs, measured on the database server's clock. Must not be
-	// negative. Zero means now.
+	// negative. Zero means now. Every non-negative Duration is accepted:
+	// the largest, about 292 years, is far inside the range of PostgreSQL's
+	// timestamptz.
 	Delay time.Duration
 
 	// At makes the message deliverable at this time; a time in the past
-	// means now. Zero means now. At and Delay are mutually exclusive.
+	// means now. Zero means now. At and Delay are mutually exclusive. At
+	// must lie in PostgreSQL's timestamptz range, 4714-11-24 00:00:00 UTC
+	// BC to 294276-12-31 23:59:59.999999 UTC; it is stored to the
+	// microsecond, truncated.
 	At time.Time
 
 	// TimerID names a scheduled message so it can be cancelled with
@@ -38,6 +44,14 @@ type PublishOpts struct {
 	// Publish returns [ErrTimerExists]. Not allowed in PublishBatch.
 	TimerID string
 }
+
+// atMin and atMax bound PublishOpts.At: PostgreSQL's timestamptz range.
+// Go's year -4713 is 4714 BC. pgx truncates to the microsecond, so atMax
+// is the last nanosecond that lands inside.
+var (
+	atMin = time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
+	atMax = time.Date(294276, time.December, 31, 23, 59, 59, 999999999, time.UTC)
+)
 
 // maxKeyBytes caps correlation ids, ordering keys and timer ids: they are
 // indexed or compared on every claim, not payload.
@@ -53,6 +67,10 @@ func (o *PublishOpts) check(batch bool) error {
 	}
 	if o.Delay != 0 && !o.At.IsZero() {
 		return &InputError{Field: "PublishOpts.At", Rule: "set Delay or At, not both"}
+	}
+	if !o.At.IsZero() && (o.At.Before(atMin) || o.At.After(atMax)) {
+		return &InputError{Field: "PublishOpts.At", Rule: fmt.Sprintf(
+			"is %v; must lie in PostgreSQL's timestamptz range, 4714-11-24 00:00:00 UTC BC to 294276-12-31 23:59:59.999999 UTC", o.At)}
 	}
 	if batch && o.TimerID != "" {
 		return &InputError{Field: "PublishOpts.TimerID", Rule: "not allowed in PublishBatch: timers are published one at a time"}

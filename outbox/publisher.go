@@ -66,6 +66,7 @@ type Publisher[T any] struct {
 	queue       string
 	codec       Codec[T]
 	contentType string
+	messageType string
 	maxPayload  int
 	metrics     MetricsRecorder
 	log         *slog.Logger
@@ -90,6 +91,12 @@ func checkQueue(field, q string) error {
 // NewPublisher returns a publisher of T messages to queue. It validates its
 // arguments and returns a *[ConfigError] naming the first one that breaks a
 // rule; it does not touch the database.
+//
+// Every row it writes carries T's name in the message-type header
+// ([HeaderMessageType]): T's package path and name, such as
+// "github.com/acme/shop.OrderPlaced", or the name T's [MessageTyper]
+// method returns. Subscribers of another type refuse the row.
+// Interfaces and byte slices record no type.
 func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Publisher[T], error) {
 	if ob == nil {
 		return nil, &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
@@ -121,11 +128,16 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 		return nil, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T", c.Codec),
 			Rule: "ContentType() must return a non-empty printable string"}
 	}
+	messageType, err := messageTypeOf[T]()
+	if err != nil {
+		return nil, &ConfigError{Field: "T", Value: reflect.TypeFor[T]().String(), Rule: err.Error()}
+	}
 	return &Publisher[T]{
 		ob:          ob,
 		queue:       queue,
 		codec:       c.Codec,
 		contentType: contentType,
+		messageType: messageType,
 		maxPayload:  c.MaxPayloadBytes,
 		metrics:     c.Metrics,
 		log:         c.Logger,
@@ -142,9 +154,13 @@ func (p *Publisher[T]) Queue() string { return p.queue }
 // caller's transaction. With a pool or connection it commits at once.
 // Subscribers listening on the outbox are notified on commit.
 //
+// A codec that returns a nil payload ([BytesCodec] given a nil slice)
+// stores an empty one.
+//
 // Invalid options, an oversized payload or bad headers give an
-// *[InputError] before anything is written. A timer id already held by a
-// row of the queue gives [ErrTimerExists], and tx stays usable.
+// *[InputError] before any statement is sent, so tx stays usable. A timer
+// id already held by a row of the queue gives [ErrTimerExists], and tx
+// stays usable too.
 func (p *Publisher[T]) Publish(ctx context.Context, tx DBTX, msg T, opts *PublishOpts) (int64, error) {
 	start := time.Now()
 	id, size, err := p.publish(ctx, tx, msg, opts)
@@ -160,7 +176,7 @@ func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *Publis
 	if err != nil {
 		return 0, 0, err
 	}
-	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts))
+	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts), p.messageType)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -219,7 +235,7 @@ func (p *Publisher[T]) publishBatch(ctx context.Context, tx DBTX, msgs []T, opts
 		payloads[i] = b
 		size += len(b)
 	}
-	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts))
+	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts), p.messageType)
 	if err != nil {
 		return nil, size, err
 	}
@@ -248,6 +264,9 @@ func (p *Publisher[T]) check(tx DBTX, opts *PublishOpts, batch bool) error {
 		return err
 	}
 	reserved := len(HeaderContentType) + len(p.contentType) + len(HeaderCorrelationID) + max(len(correlationIDOf(opts)), 36)
+	if p.messageType != "" {
+		reserved += len(HeaderMessageType) + len(p.messageType)
+	}
 	return checkHeaders("PublishOpts.Headers", opts.headers(), reserved)
 }
 
@@ -255,6 +274,11 @@ func (p *Publisher[T]) check(tx DBTX, opts *PublishOpts, batch bool) error {
 // indexed by i unless i is negative; the name is built only on failure.
 func (p *Publisher[T]) encode(msg T, field string, i int) ([]byte, error) {
 	b, err := encode(p.codec, msg)
+	if err == nil && b == nil {
+		// The payload column is NOT NULL, and pgx sends a nil slice as
+		// NULL: the violation would abort the caller's transaction.
+		b = []byte{}
+	}
 	if err == nil && len(b) > p.maxPayload {
 		err = &InputError{
 			Rule: fmt.Sprintf("encoded payload is %d bytes; at most %d (PublisherConfig.MaxPayloadBytes)", len(b), p.maxPayload)}

@@ -203,7 +203,8 @@ func TestPublishHeadersAndCorrelationID(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, h := e.claimOne("orders")
-	want := map[string]string{"tenant": "acme", HeaderTraceparent: tp, HeaderCorrelationID: "req-7", HeaderContentType: ContentTypeJSON}
+	want := map[string]string{"tenant": "acme", HeaderTraceparent: tp, HeaderCorrelationID: "req-7", HeaderContentType: ContentTypeJSON,
+		HeaderMessageType: "github.com/outboxgen/outboxgen/outbox.order"}
 	if diff := cmp.Diff(want, h); diff != "" {
 		t.Errorf("headers (-want +got):\n%s", diff)
 	}

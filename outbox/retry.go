@@ -43,6 +43,39 @@ type limits struct {
 	maxTotalDelay time.Duration
 }
 
+func (l limits) validate() error {
+	if l.maxAttempts < 0 {
+		return retryError("MaxAttempts", l.maxAttempts, "must not be negative; 0 means no cap")
+	}
+	if l.maxTotalDelay < 0 {
+		return retryError("MaxTotalDelay", l.maxTotalDelay, "must not be negative; 0 means no cap")
+	}
+	return nil
+}
+
+// retryError reports a field of a built-in strategy; validateRetry adds
+// the path to the strategy.
+func retryError(field string, v any, rule string) *ConfigError {
+	return &ConfigError{Field: field, Value: fmt.Sprint(v), Rule: rule}
+}
+
+// validateRetry checks the settings of the built-in strategies, naming
+// fields under path (e.g. "SubscriberConfig.Retry"). Other strategies are
+// the caller's own and are not checked.
+func validateRetry(s RetryStrategy, path string) error {
+	v, ok := s.(interface{ validate() error })
+	if !ok {
+		return nil
+	}
+	if err := v.validate(); err != nil {
+		if ce, ok := err.(*ConfigError); ok {
+			ce.Field = path + "." + ce.Field
+		}
+		return err
+	}
+	return nil
+}
+
 // allow reports whether another attempt after delay fits the caps.
 func (l limits) allow(attempt int, elapsed, delay time.Duration) bool {
 	if l.maxAttempts > 0 && attempt >= l.maxAttempts {
@@ -58,14 +91,23 @@ type NoRetry struct{}
 func (NoRetry) NextDelay(int, time.Duration, error) (time.Duration, bool) { return 0, false }
 
 // ConstantRetry waits the same Delay before every retry.
+//
+// [NewSubscriber] rejects negative fields with a *[ConfigError].
 type ConstantRetry struct {
-	// Delay is the wait before each retry.
+	// Delay is the wait before each retry; 0 retries at once.
 	Delay time.Duration
 	// MaxAttempts caps handled attempts, the first included; 0 means no cap.
 	MaxAttempts int
 	// MaxTotalDelay caps the time from the first attempt to the next one;
 	// 0 means no cap.
 	MaxTotalDelay time.Duration
+}
+
+func (r ConstantRetry) validate() error {
+	if r.Delay < 0 {
+		return retryError("Delay", r.Delay, "must not be negative")
+	}
+	return limits{r.MaxAttempts, r.MaxTotalDelay}.validate()
 }
 
 // NextDelay implements [RetryStrategy].
@@ -75,18 +117,36 @@ func (r ConstantRetry) NextDelay(attempt int, elapsed time.Duration, _ error) (t
 
 // LinearRetry waits Initial, then Initial+Step, Initial+2·Step, ... capped
 // at MaxDelay.
+//
+// [NewSubscriber] rejects negative fields, and a MaxDelay below Initial,
+// with a *[ConfigError].
 type LinearRetry struct {
-	// Initial is the wait before the first retry.
+	// Initial is the wait before the first retry; 0 retries at once.
 	Initial time.Duration
 	// Step is added for each later retry.
 	Step time.Duration
-	// MaxDelay caps one wait; 0 means no cap.
+	// MaxDelay caps one wait; 0 means no cap. When set, it must be at
+	// least Initial.
 	MaxDelay time.Duration
 	// MaxAttempts caps handled attempts, the first included; 0 means no cap.
 	MaxAttempts int
 	// MaxTotalDelay caps the time from the first attempt to the next one;
 	// 0 means no cap.
 	MaxTotalDelay time.Duration
+}
+
+func (r LinearRetry) validate() error {
+	switch {
+	case r.Initial < 0:
+		return retryError("Initial", r.Initial, "must not be negative")
+	case r.Step < 0:
+		return retryError("Step", r.Step, "must not be negative")
+	case r.MaxDelay < 0:
+		return retryError("MaxDelay", r.MaxDelay, "must not be negative; 0 means no cap")
+	case r.MaxDelay > 0 && r.MaxDelay < r.Initial:
+		return retryError("MaxDelay", r.MaxDelay, fmt.Sprintf("must be at least Initial (%v), or 0 for no cap", r.Initial))
+	}
+	return limits{r.MaxAttempts, r.MaxTotalDelay}.validate()
 }
 
 // NextDelay implements [RetryStrategy].
@@ -99,14 +159,21 @@ func (r LinearRetry) NextDelay(attempt int, elapsed time.Duration, _ error) (tim
 // ExponentialRetry waits Initial, then multiplies the wait by Multiplier
 // for each retry, capped at MaxDelay, and spreads each wait by ±Jitter
 // (a fraction) so failed rows do not retry in lockstep.
+//
+// Zero fields are not defaulted: [DefaultRetry] gives the defaults.
+// [NewSubscriber] rejects, with a *[ConfigError], an Initial that is not
+// positive, a Multiplier below 1, a MaxDelay below Initial, a Jitter
+// outside 0 to 1, and negative caps.
 type ExponentialRetry struct {
-	// Initial is the wait before the first retry.
+	// Initial is the wait before the first retry; it must be positive.
 	Initial time.Duration
-	// Multiplier grows the wait; values below 1 are treated as 1.
+	// Multiplier grows the wait; it must be at least 1 (1 waits Initial
+	// every time) and finite.
 	Multiplier float64
-	// MaxDelay caps one wait before jitter; 0 means no cap.
+	// MaxDelay caps one wait before jitter; 0 means no cap. When set, it
+	// must be at least Initial.
 	MaxDelay time.Duration
-	// Jitter is the fraction (0 to 1) by which each wait varies.
+	// Jitter is the fraction, from 0 to 1, by which each wait varies.
 	Jitter float64
 	// MaxAttempts caps handled attempts, the first included; 0 means no cap.
 	MaxAttempts int
@@ -115,8 +182,26 @@ type ExponentialRetry struct {
 	MaxTotalDelay time.Duration
 }
 
+func (r *ExponentialRetry) validate() error {
+	switch {
+	case r.Initial <= 0:
+		return retryError("Initial", r.Initial, "must be positive")
+	case !(r.Multiplier >= 1) || math.IsInf(r.Multiplier, 0):
+		return retryError("Multiplier", r.Multiplier, "must be at least 1 and finite")
+	case r.MaxDelay < 0:
+		return retryError("MaxDelay", r.MaxDelay, "must not be negative; 0 means no cap")
+	case r.MaxDelay > 0 && r.MaxDelay < r.Initial:
+		return retryError("MaxDelay", r.MaxDelay, fmt.Sprintf("must be at least Initial (%v), or 0 for no cap", r.Initial))
+	case !(r.Jitter >= 0 && r.Jitter <= 1):
+		return retryError("Jitter", r.Jitter, "must be between 0 and 1")
+	}
+	return limits{r.MaxAttempts, r.MaxTotalDelay}.validate()
+}
+
 // NextDelay implements [RetryStrategy].
 func (r *ExponentialRetry) NextDelay(attempt int, elapsed time.Duration, _ error) (time.Duration, bool) {
+	// NewSubscriber rejects values outside these ranges; the clamps keep
+	// a strategy that is called directly, unvalidated, well defined.
 	mult := math.Max(r.Multiplier, 1)
 	d := float64(r.Initial) * math.Pow(mult, float64(attempt-1))
 	if r.MaxDelay > 0 {

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -292,5 +293,76 @@ func TestMaxDeliveriesDeadLetterKeepsTheHandlersLastError(t *testing.T) {
 	got, _ := e.dlqRow(r.ID)
 	if want := "claimed 4 times; MaxDeliveries is 3; last handler error: payment gateway said no"; deref(got.LastError) != want {
 		t.Errorf("last_error = %q, want %q", deref(got.LastError), want)
+	}
+}
+
+func TestRetrySettingsAreValidated(t *testing.T) {
+	t.Parallel()
+	ob, err := New(unreachablePool(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(context.Context, *Message[string]) error { return nil }
+	exp := func(f func(r *ExponentialRetry)) *ExponentialRetry {
+		r := DefaultRetry()
+		f(r)
+		return r
+	}
+	tests := []struct {
+		name  string
+		s     RetryStrategy
+		field string // "" when valid
+	}{
+		{"default", DefaultRetry(), ""},
+		{"no retry", NoRetry{}, ""},
+		{"custom strategies are not checked", panicRetry{}, ""},
+		{"exponential minimal", &ExponentialRetry{Initial: time.Nanosecond, Multiplier: 1}, ""},
+		{"exponential at the edges", &ExponentialRetry{Initial: time.Second, Multiplier: 1, MaxDelay: time.Second, Jitter: 1}, ""},
+		{"exponential zero initial", exp(func(r *ExponentialRetry) { r.Initial = 0 }), "Initial"},
+		{"exponential negative initial", exp(func(r *ExponentialRetry) { r.Initial = -time.Second }), "Initial"},
+		{"exponential zero multiplier", exp(func(r *ExponentialRetry) { r.Multiplier = 0 }), "Multiplier"},
+		{"exponential multiplier below 1", exp(func(r *ExponentialRetry) { r.Multiplier = 0.5 }), "Multiplier"},
+		{"exponential NaN multiplier", exp(func(r *ExponentialRetry) { r.Multiplier = math.NaN() }), "Multiplier"},
+		{"exponential infinite multiplier", exp(func(r *ExponentialRetry) { r.Multiplier = math.Inf(1) }), "Multiplier"},
+		{"exponential negative max delay", exp(func(r *ExponentialRetry) { r.MaxDelay = -1 }), "MaxDelay"},
+		{"exponential max delay below initial", exp(func(r *ExponentialRetry) { r.MaxDelay = r.Initial - 1 }), "MaxDelay"},
+		{"exponential negative jitter", exp(func(r *ExponentialRetry) { r.Jitter = -0.1 }), "Jitter"},
+		{"exponential jitter above 1", exp(func(r *ExponentialRetry) { r.Jitter = 1.5 }), "Jitter"},
+		{"exponential NaN jitter", exp(func(r *ExponentialRetry) { r.Jitter = math.NaN() }), "Jitter"},
+		{"exponential negative max attempts", exp(func(r *ExponentialRetry) { r.MaxAttempts = -1 }), "MaxAttempts"},
+		{"exponential negative max total delay", exp(func(r *ExponentialRetry) { r.MaxTotalDelay = -time.Second }), "MaxTotalDelay"},
+		{"constant", ConstantRetry{Delay: time.Second, MaxAttempts: 3, MaxTotalDelay: time.Minute}, ""},
+		{"constant zero delay", ConstantRetry{}, ""},
+		{"constant by pointer", &ConstantRetry{Delay: time.Second}, ""},
+		{"constant negative delay", ConstantRetry{Delay: -time.Second}, "Delay"},
+		{"constant negative delay by pointer", &ConstantRetry{Delay: -time.Second}, "Delay"},
+		{"constant negative max attempts", ConstantRetry{MaxAttempts: -1}, "MaxAttempts"},
+		{"constant negative max total delay", ConstantRetry{MaxTotalDelay: -1}, "MaxTotalDelay"},
+		{"linear", LinearRetry{Initial: time.Second, Step: time.Second, MaxDelay: time.Second}, ""},
+		{"linear from zero", LinearRetry{Step: time.Second}, ""},
+		{"linear negative initial", LinearRetry{Initial: -1}, "Initial"},
+		{"linear negative step", LinearRetry{Initial: time.Second, Step: -1}, "Step"},
+		{"linear negative max delay", LinearRetry{MaxDelay: -1}, "MaxDelay"},
+		{"linear max delay below initial", LinearRetry{Initial: time.Minute, MaxDelay: time.Second}, "MaxDelay"},
+		{"linear negative max attempts", LinearRetry{MaxAttempts: -1}, "MaxAttempts"},
+		{"linear negative max total delay", LinearRetry{MaxTotalDelay: -1}, "MaxTotalDelay"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewSubscriber(ob, []string{"q"}, h, &SubscriberConfig[string]{Retry: tt.s})
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("NewSubscriber: %v; want no error", err)
+				}
+				return
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("NewSubscriber: %v; want a *ConfigError", err)
+			}
+			if diff := cmp.Diff("SubscriberConfig.Retry."+tt.field, ce.Field); diff != "" {
+				t.Errorf("field (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -196,6 +196,8 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 		r.Retry = DefaultRetry()
 	} else if v := reflect.ValueOf(r.Retry); v.Kind() == reflect.Pointer && v.IsNil() {
 		return r, bad("Retry", fmt.Sprintf("%T(nil)", r.Retry), "must not be a nil pointer")
+	} else if err := validateRetry(r.Retry, "SubscriberConfig.Retry"); err != nil {
+		return r, err
 	}
 	if r.Codec == nil {
 		r.Codec = DefaultCodec[T]()

@@ -84,3 +84,66 @@ func TestUnprocessedRejectsBadInput(t *testing.T) {
 		t.Errorf("empty queue: %v, want a *ConfigError", err)
 	}
 }
+
+func TestDrainWaitsForRetriesDueWithinItsTimeout(t *testing.T) {
+	t.Parallel()
+	d, ob, pub := setup(t)
+	if _, err := pub.Publish(t.Context(), d.Pool, Order{"o-1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	start := time.Now()
+	n := outboxtest.Drain(t, ob, []string{"orders"}, func(context.Context, *outbox.Message[Order]) error {
+		if calls.Add(1) <= 2 {
+			return outbox.RetryAfter(errors.New("flaky"), 200*time.Millisecond)
+		}
+		return nil
+	}, nil, 10*time.Second)
+	if n != 3 {
+		t.Errorf("Drain saw %d deliveries, want 3 (two failures, then the success)", n)
+	}
+	if took := time.Since(start); took < 400*time.Millisecond {
+		t.Errorf("Drain returned after %v, before two 200ms retries could fall due", took)
+	}
+	if left := outboxtest.Published[Order](t, ob, "orders", nil); len(left) != 0 {
+		t.Errorf("left in the outbox: %v", left)
+	}
+}
+
+func TestDrainReturnsAfterADeadLetter(t *testing.T) {
+	t.Parallel()
+	d, ob, pub := setup(t)
+	if _, err := pub.Publish(t.Context(), d.Pool, Order{"o-1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := outboxtest.Drain(t, ob, []string{"orders"}, func(context.Context, *outbox.Message[Order]) error {
+		return errors.New("broken")
+	}, &outbox.SubscriberConfig[Order]{Retry: outbox.NoRetry{}}, 10*time.Second)
+	if n != 1 {
+		t.Errorf("Drain saw %d deliveries, want 1", n)
+	}
+	dead, err := ob.DeadLetters(t.Context(), outbox.DeadLetterFilter{Queue: "orders"}, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].Reason != outbox.ReasonRetryExhausted {
+		t.Errorf("dead letters %+v; want the row, retry_exhausted", dead)
+	}
+}
+
+func TestDrainLeavesRetriesDueAfterItsTimeout(t *testing.T) {
+	t.Parallel()
+	d, ob, pub := setup(t)
+	if _, err := pub.Publish(t.Context(), d.Pool, Order{"o-1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := outboxtest.Drain(t, ob, []string{"orders"}, func(context.Context, *outbox.Message[Order]) error {
+		return outbox.RetryAfter(errors.New("later"), time.Hour)
+	}, nil, 5*time.Second)
+	if n != 1 {
+		t.Errorf("Drain saw %d deliveries, want 1", n)
+	}
+	if diff := cmp.Diff([]Order{{"o-1"}}, outboxtest.Published[Order](t, ob, "orders", nil)); diff != "" {
+		t.Errorf("left (-want +got):\n%s", diff)
+	}
+}

@@ -55,3 +55,15 @@ CROSS JOIN LATERAL (
 ) AS n
 ORDER BY n.next_attempt_at
 LIMIT 1;
+
+-- name: RetryBacklog :one
+-- Over the given queues: rows that were handled at least once and are not
+-- finished (waiting for their retry, due for it, or leased again), and
+-- seconds on the server's clock until the earliest of them is due: a leased
+-- one counts as due now (0), an overdue one is negative, and 0 when there is
+-- none.
+SELECT count(*)::bigint AS retrying,
+       coalesce(extract(epoch FROM min(CASE WHEN o.acquired_token IS NULL THEN o.next_attempt_at
+                                            ELSE statement_timestamp() END) - statement_timestamp()), 0)::float8 AS next_due_in_seconds
+FROM /*outbox:table*/outbox AS o
+WHERE o.queue = ANY(@queues::text[]) AND o.attempts_count > 0;

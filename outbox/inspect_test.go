@@ -1,0 +1,56 @@
+package outbox
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestRetryBacklog(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	backlog := func(queues ...string) RetryBacklog {
+		t.Helper()
+		b, err := e.ob.RetryBacklog(e.ctx, queues)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	e.publish("q")                                                                                             // due now, never handled
+	e.exec(`INSERT INTO outbox (queue, payload, next_attempt_at) VALUES ('q', '', now() + interval '1 hour')`) // scheduled at publish
+	if diff := cmp.Diff(RetryBacklog{}, backlog("q")); diff != "" {
+		t.Errorf("rows never handled (-want +got):\n%s", diff)
+	}
+
+	e.exec(`INSERT INTO outbox (queue, payload, attempts_count, next_attempt_at) VALUES
+		('q', '', 1, now() + interval '10 minutes'), ('q', '', 2, now() + interval '20 minutes'),
+		('other', '', 1, now() + interval '5 minutes')`)
+	approx := cmp.Comparer(func(a, b time.Duration) bool { return (a - b).Abs() < time.Second })
+	if diff := cmp.Diff(RetryBacklog{Rows: 2, NextDueIn: 10 * time.Minute}, backlog("q"), approx); diff != "" {
+		t.Errorf("waiting retries (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(RetryBacklog{Rows: 3, NextDueIn: 5 * time.Minute}, backlog("q", "other"), approx); diff != "" {
+		t.Errorf("two queues (-want +got):\n%s", diff)
+	}
+	e.exec(`UPDATE outbox SET next_attempt_at = now() - interval '1 minute' WHERE queue = 'other'`)
+	if diff := cmp.Diff(RetryBacklog{Rows: 1, NextDueIn: -time.Minute}, backlog("other"), approx); diff != "" {
+		t.Errorf("an overdue retry (-want +got):\n%s", diff)
+	}
+	e.exec(`UPDATE outbox SET next_attempt_at = now() WHERE queue = 'other'`)
+	e.claim(1, "other")
+	if diff := cmp.Diff(RetryBacklog{Rows: 1, NextDueIn: 0}, backlog("other")); diff != "" {
+		t.Errorf("a retry being handled (-want +got):\n%s", diff)
+	}
+
+	var in *InputError
+	if _, err := e.ob.RetryBacklog(e.ctx, nil); !errors.As(err, &in) {
+		t.Errorf("no queues: %v, want an *InputError", err)
+	}
+	var ce *ConfigError
+	if _, err := e.ob.RetryBacklog(e.ctx, []string{"q", ""}); !errors.As(err, &ce) || ce.Field != "queues[1]" {
+		t.Errorf("an empty queue: %v, want a *ConfigError for queues[1]", err)
+	}
+}
