@@ -192,6 +192,10 @@ func TestBadInputLeavesTheTransactionUsable(t *testing.T) {
 		{"At a nanosecond before timestamptz begins", opts(PublishOpts{At: pgMin.Add(-time.Nanosecond)}), "PublishOpts.At"},
 		{"At just after timestamptz ends", opts(PublishOpts{At: pgMax.Add(time.Microsecond)}), "PublishOpts.At"},
 		{"At far past timestamptz", batch(PublishOpts{At: time.Date(1<<40, 1, 1, 0, 0, 0, 0, time.UTC)}), "PublishOpts.At"},
+		{"NUL in a timer id to cancel", func(tx DBTX) error {
+			_, err := e.ob.CancelTimer(e.ctx, tx, "q", "a\x00b")
+			return err
+		}, "timerID"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

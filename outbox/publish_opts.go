@@ -80,12 +80,22 @@ func (o *PublishOpts) check(batch bool) error {
 		{"PublishOpts.OrderingKey", o.OrderingKey},
 		{"PublishOpts.TimerID", o.TimerID},
 	} {
-		if len(k.v) > maxKeyBytes {
-			return &InputError{Field: k.field, Rule: fmt.Sprintf("is %d bytes; at most %d", len(k.v), maxKeyBytes)}
+		if err := checkKey(k.field, k.v); err != nil {
+			return err
 		}
-		if !printable(k.v, true) {
-			return &InputError{Field: k.field, Rule: "must be printable UTF-8"}
-		}
+	}
+	return nil
+}
+
+// checkKey enforces the rule for correlation ids, ordering keys and timer
+// ids: at most maxKeyBytes of printable UTF-8 (so no NUL, which text
+// cannot hold and which would abort the caller's transaction).
+func checkKey(field, v string) error {
+	if len(v) > maxKeyBytes {
+		return &InputError{Field: field, Rule: fmt.Sprintf("is %d bytes; at most %d", len(v), maxKeyBytes)}
+	}
+	if !printable(v, true) {
+		return &InputError{Field: field, Rule: "must be printable UTF-8"}
 	}
 	return nil
 }

@@ -11,7 +11,8 @@ import (
 // and reports whether there was one to delete. It returns false once a
 // subscriber has claimed the row: the delivery is under way and is no
 // longer the publisher's to cancel. With a pgx.Tx the cancellation takes
-// effect when the caller commits.
+// effect when the caller commits. A timer id that no publish could have
+// stored (a NUL, say) is an *[InputError], and tx stays usable.
 func (o *Outbox) CancelTimer(ctx context.Context, tx DBTX, queue, timerID string) (bool, error) {
 	if tx == nil {
 		return false, &InputError{Field: "tx", Rule: "must not be nil"}
@@ -21,6 +22,9 @@ func (o *Outbox) CancelTimer(ctx context.Context, tx DBTX, queue, timerID string
 	}
 	if timerID == "" {
 		return false, &InputError{Field: "timerID", Rule: "must not be empty"}
+	}
+	if err := checkKey("timerID", timerID); err != nil {
+		return false, err
 	}
 	n, err := o.queries(tx).CancelTimer(ctx, db.CancelTimerParams{Queue: queue, TimerID: timerID})
 	if err != nil {
