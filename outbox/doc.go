@@ -50,6 +50,13 @@
 //		}, &outbox.SubscriberConfig[OrderCreated]{Workers: 16})
 //	err = sub.Run(ctx) // until ctx is done, then a graceful drain
 //
+// A row published as one type is never silently decoded as another: the
+// publisher records the message type in the row's message-type header
+// ([HeaderMessageType], from [MessageTyper] or the Go type's name), and a
+// subscriber of another type dead-letters the row with reason
+// decode_error. Subscribers of []byte, and rows written without the
+// header, accept any row.
+//
 // A handler's error is retried by the [RetryStrategy] (by default
 // exponential: 1 s doubling to 5 min, 10 attempts); [RetryAfter] picks the
 // delay and [Reject] ends the delivery at once. Rows that end without
