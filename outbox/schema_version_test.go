@@ -31,6 +31,17 @@ func upTo(ob *Outbox, version int64) fstest.MapFS {
 	return out
 }
 
+// migrateTo applies the library's migrations numbered at most version.
+func migrateTo(t *testing.T, ob *Outbox, version int64) {
+	t.Helper()
+	if err := ob.withProvider(t.Context(), upTo(ob, version), func(p *goose.Provider) error {
+		_, err := p.Up(t.Context())
+		return err
+	}); err != nil {
+		t.Fatalf("migrate to %d: %v", version, err)
+	}
+}
+
 // applyWithOwnGoose applies fsys the way a consuming repository does:
 // its own goose, its own version table.
 func applyWithOwnGoose(t *testing.T, d *pgtest.DB, fsys fstest.MapFS) {
@@ -120,9 +131,7 @@ func TestCheckAndRunNameTheFixForAMissingOrOldSchema(t *testing.T) {
 		t.Errorf("Run on a missing outbox: %v, want a *SchemaError", err)
 	}
 
-	if err := ob.withProvider(t.Context(), upTo(ob, 3), func(p *goose.Provider) error { _, err := p.Up(t.Context()); return err }); err != nil {
-		t.Fatal(err)
-	}
+	migrateTo(t, ob, 3)
 	err = ob.Check(t.Context())
 	want := fmt.Sprintf("outbox: %s.outbox is at schema version 3 and this library needs %d: run `outboxgen migrate up`", d.Schema, ob.LatestSchemaVersion())
 	if !errors.As(err, &se) || !strings.HasPrefix(err.Error(), want) {
@@ -170,9 +179,7 @@ func TestUpgradeFromSchema3KeepsRowsInEveryState(t *testing.T) {
 	if err := ob.createSchema(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if err := ob.withProvider(t.Context(), upTo(ob, 3), func(p *goose.Provider) error { _, err := p.Up(t.Context()); return err }); err != nil {
-		t.Fatal(err)
-	}
+	migrateTo(t, ob, 3)
 	e := &env{t: t, ctx: t.Context(), db: d, ob: ob, q: ob.queries(d.Pool)}
 	e.exec(`INSERT INTO outbox (queue, payload, headers, ordering_key, timer_id, next_attempt_at,
 			attempts_count, deliveries_count, first_attempt_at, last_attempt_at, acquired_at, acquired_token) VALUES
