@@ -150,7 +150,7 @@ func TestRunReturnsWithinGracefulTimeoutWhileWritesFail(t *testing.T) {
 	if took > cfg.GracefulTimeout+StopSlack {
 		t.Errorf("Run took %v after its context ended; want at most %v", took, cfg.GracefulTimeout+StopSlack)
 	}
-	if !errors.Is(err, ErrGracefulTimeout) || !strings.Contains(err.Error(), "3 outcomes not written") {
+	if !errors.Is(err, ErrGracefulTimeout) || !strings.Contains(err.Error(), "0 handler(s) abandoned, 3 outcome(s) not written") {
 		t.Errorf("Run: %v; want ErrGracefulTimeout counting 3 outcomes", err)
 	}
 	if n := e.count("outbox"); n != 3 {

@@ -167,6 +167,8 @@ type run[T any] struct {
 	// the stop, and nothing is written after that.
 	writes     context.Context
 	stopWrites context.CancelFunc
+	// abandoned counts handlers the forced stop gave up on.
+	abandoned atomic.Int64
 }
 
 func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
@@ -212,7 +214,7 @@ func (r *run[T]) run(ctx context.Context) error {
 	defer stopTimer.Stop()
 	fetcher.Wait()
 	r.release() // rows no worker started go back at once
-	abandoned := r.drain(deadline, &workers)
+	r.drain(deadline, &workers)
 	r.release() // rows a worker took after the stop began
 	close(r.outcomes)
 	unwritten := <-ackDone
@@ -220,16 +222,16 @@ func (r *run[T]) run(ctx context.Context) error {
 	side.Wait()
 	r.logs.close()
 	r.metrics.close(max(time.Until(deadline), StopSlack/2))
-	if abandoned+unwritten > 0 {
-		return fmt.Errorf("%w: %d handlers abandoned and %d outcomes not written; their rows are delivered again when their leases expire",
+	if abandoned := r.abandoned.Load(); abandoned+int64(unwritten) > 0 {
+		return fmt.Errorf("%w: %d handler(s) abandoned, %d outcome(s) not written; their rows are delivered again when their leases expire",
 			ErrGracefulTimeout, abandoned, unwritten)
 	}
 	return nil
 }
 
 // drain waits for running handlers until deadline, then abandons the
-// rest and returns how many it abandoned.
-func (r *run[T]) drain(deadline time.Time, workers *sync.WaitGroup) int {
+// rest.
+func (r *run[T]) drain(deadline time.Time, workers *sync.WaitGroup) {
 	done := make(chan struct{})
 	go func() {
 		workers.Wait()
@@ -239,7 +241,7 @@ func (r *run[T]) drain(deadline time.Time, workers *sync.WaitGroup) int {
 	defer t.Stop()
 	select {
 	case <-done:
-		return 0
+		return
 	case <-t.C:
 	}
 	running := r.leases.held()
@@ -248,7 +250,6 @@ func (r *run[T]) drain(deadline time.Time, workers *sync.WaitGroup) int {
 	r.emit(MetricEvent{Name: EventDrainTimeout, Queue: r.s.queues[0], Count: running})
 	r.forceStop(ErrSubscriberStopped)
 	<-done
-	return running
 }
 
 // release hands back the rows claimed but never started.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -199,7 +200,7 @@ func TestWedgedHandlerDoesNotHoldRunAndItsRowSurvives(t *testing.T) {
 	}, cfg)
 	<-entered
 	began := time.Now()
-	if err := s.stop(); !errors.Is(err, ErrGracefulTimeout) {
+	if err := s.stop(); !errors.Is(err, ErrGracefulTimeout) || !strings.Contains(err.Error(), "1 handler(s) abandoned, 0 outcome(s) not written") {
 		t.Fatalf("Run: %v, want ErrGracefulTimeout (one handler abandoned)", err)
 	}
 	if took := time.Since(began); took > 5*time.Second {

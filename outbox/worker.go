@@ -57,6 +57,7 @@ func (r *run[T]) handle(d *delivery, hc *headerCache) {
 	case !returned || r.handlerCtx.Err() != nil:
 		// Forced stop: the outcome is unknown or raced the stop. The row
 		// keeps its lease and is delivered again after it expires.
+		r.abandoned.Add(1)
 		r.leases.remove(d)
 		return
 	case r.leases.isLost(d):
