@@ -56,8 +56,8 @@ SET acquired_token   = gen_random_uuid(),
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-          o.created_at, o.next_attempt_at, o.attempts_count, o.deliveries_count,
-          o.first_attempt_at, o.last_attempt_at, o.acquired_at, o.acquired_token
+          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          o.acquired_token
 `
 
 type ClaimParams struct {
@@ -74,12 +74,9 @@ type ClaimRow struct {
 	OrderingKey     *string
 	TimerID         *string
 	CreatedAt       time.Time
-	NextAttemptAt   time.Time
 	AttemptsCount   int32
 	DeliveriesCount int32
 	FirstAttemptAt  *time.Time
-	LastAttemptAt   *time.Time
-	AcquiredAt      *time.Time
 	AcquiredToken   pgtype.UUID
 }
 
@@ -114,12 +111,106 @@ func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]ClaimRow, error
 			&i.OrderingKey,
 			&i.TimerID,
 			&i.CreatedAt,
-			&i.NextAttemptAt,
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
 			&i.FirstAttemptAt,
-			&i.LastAttemptAt,
-			&i.AcquiredAt,
+			&i.AcquiredToken,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const claimQueue = `-- name: ClaimQueue :many
+WITH candidates AS (
+    SELECT p.id, p.next_attempt_at
+    FROM (
+        SELECT o.id, o.next_attempt_at
+        FROM /*outbox:table*/outbox AS o
+        WHERE o.queue = $2::text
+          AND o.acquired_token IS NULL
+          AND o.next_attempt_at <= now()
+        ORDER BY o.next_attempt_at, o.id
+        LIMIT $3::integer
+        FOR UPDATE OF o SKIP LOCKED
+    ) AS p
+    UNION ALL
+    SELECT e.id, e.next_attempt_at
+    FROM (
+        SELECT o.id, o.next_attempt_at
+        FROM /*outbox:table*/outbox AS o
+        WHERE o.queue = $2::text
+          AND o.acquired_token IS NOT NULL
+          AND o.lease_expires_at < now()
+        ORDER BY o.lease_expires_at
+        LIMIT $3::integer
+        FOR UPDATE OF o SKIP LOCKED
+    ) AS e
+), picked AS (
+    SELECT c.id FROM candidates AS c
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT $3::integer
+)
+UPDATE /*outbox:table*/outbox AS o
+SET acquired_token   = gen_random_uuid(),
+    acquired_at      = now(),
+    lease_expires_at = now() + make_interval(secs => $1::float8),
+    deliveries_count = o.deliveries_count + 1
+FROM picked
+WHERE o.id = picked.id
+RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
+          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          o.acquired_token
+`
+
+type ClaimQueueParams struct {
+	LeaseTtlSeconds float64
+	Queue           string
+	MaxRows         int32
+}
+
+type ClaimQueueRow struct {
+	ID              int64
+	Queue           string
+	Payload         []byte
+	Headers         []byte
+	OrderingKey     *string
+	TimerID         *string
+	CreatedAt       time.Time
+	AttemptsCount   int32
+	DeliveriesCount int32
+	FirstAttemptAt  *time.Time
+	AcquiredToken   pgtype.UUID
+}
+
+// Claim for a subscriber of one queue: the rows Claim would take, without
+// the ranking that shares a batch across queues (one queue needs none),
+// and with the same columns.
+func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]ClaimQueueRow, error) {
+	rows, err := q.db.Query(ctx, claimQueue, arg.LeaseTtlSeconds, arg.Queue, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ClaimQueueRow{}
+	for rows.Next() {
+		var i ClaimQueueRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Payload,
+			&i.Headers,
+			&i.OrderingKey,
+			&i.TimerID,
+			&i.CreatedAt,
+			&i.AttemptsCount,
+			&i.DeliveriesCount,
+			&i.FirstAttemptAt,
 			&i.AcquiredToken,
 		); err != nil {
 			return nil, err

@@ -23,14 +23,18 @@ func TestClaimTakesDueUnleasedRows(t *testing.T) {
 		t.Fatalf("claimed ids (-want +got):\n%s", diff)
 	}
 	for _, r := range rows {
-		if !r.AcquiredToken.Valid || r.AcquiredAt == nil {
-			t.Errorf("row %d: lease not set: token %v at %v", r.ID, r.AcquiredToken, r.AcquiredAt)
+		stored, _ := e.row(r.ID)
+		if !r.AcquiredToken.Valid || stored.AcquiredAt == nil || stored.LeaseExpiresAt == nil {
+			t.Fatalf("row %d: lease not set: token %v at %v until %v", r.ID, r.AcquiredToken, stored.AcquiredAt, stored.LeaseExpiresAt)
 		}
 		if r.DeliveriesCount != 1 || r.AttemptsCount != 0 {
 			t.Errorf("row %d: deliveries %d attempts %d, want 1 and 0", r.ID, r.DeliveriesCount, r.AttemptsCount)
 		}
-		if r.AcquiredAt != nil && r.AcquiredAt.Before(before.Add(-time.Second)) {
-			t.Errorf("row %d: acquired_at %v before the claim (%v)", r.ID, r.AcquiredAt, before)
+		if stored.AcquiredAt.Before(before.Add(-time.Second)) {
+			t.Errorf("row %d: acquired_at %v before the claim (%v)", r.ID, stored.AcquiredAt, before)
+		}
+		if ttl := stored.LeaseExpiresAt.Sub(*stored.AcquiredAt); ttl != time.Minute {
+			t.Errorf("row %d: lease runs %v, want the claim's one minute", r.ID, ttl)
 		}
 	}
 	if token(t, rows[0]) == token(t, rows[1]) {

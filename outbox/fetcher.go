@@ -33,9 +33,7 @@ func (r *run[T]) fetch(ctx context.Context) {
 			}
 			continue
 		}
-		rows, err := q.Claim(ctx, db.ClaimParams{
-			Queues: r.s.queues, MaxRows: int32(min(free, cfg.FetchBatchSize)), LeaseTtlSeconds: cfg.LeaseTTL.Seconds(),
-		})
+		rows, err := r.claim(ctx, q, int32(min(free, cfg.FetchBatchSize)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -56,6 +54,21 @@ func (r *run[T]) fetch(ctx context.Context) {
 		idle = min(idle+1, 30)
 		r.idle(ctx, q, idle)
 	}
+}
+
+// claim leases up to n rows of the subscriber's queues. A subscriber of
+// one queue uses the claim without the ranking across queues.
+func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) ([]db.ClaimRow, error) {
+	ttl := r.s.cfg.LeaseTTL.Seconds()
+	if len(r.s.queues) > 1 {
+		return q.Claim(ctx, db.ClaimParams{Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
+	}
+	rows, err := q.ClaimQueue(ctx, db.ClaimQueueParams{Queue: r.s.queues[0], MaxRows: n, LeaseTtlSeconds: ttl})
+	out := make([]db.ClaimRow, len(rows))
+	for i, row := range rows {
+		out[i] = db.ClaimRow(row)
+	}
+	return out, err
 }
 
 // idle waits after an empty claim.

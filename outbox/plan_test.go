@@ -82,6 +82,15 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 		}
 	}
 
+	plan = e.explain(func(q *db.Queries) {
+		_, _ = q.ClaimQueue(e.ctx, db.ClaimQueueParams{Queue: "q1", MaxRows: 100, LeaseTtlSeconds: 30})
+	})
+	for _, idx := range []string{"outbox_pending_idx", "outbox_lease_expiry_idx"} {
+		if strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, idx) {
+			t.Errorf("one-queue claim plan does not use %s:\n%s", idx, plan)
+		}
+	}
+
 	plan = e.explain(func(q *db.Queries) { _, _ = q.NextDueIn(e.ctx, params.Queues) })
 	if strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, "outbox_pending_idx") {
 		t.Errorf("next-due plan does not use outbox_pending_idx:\n%s", plan)

@@ -246,8 +246,9 @@ func TestPublishScheduling(t *testing.T) {
 	for {
 		got := e.claim(1, "later")
 		if len(got) == 1 {
-			if got[0].AcquiredAt.Before(row.NextAttemptAt) || got[0].AcquiredAt.Sub(row.CreatedAt) < delay {
-				t.Errorf("claimed at %v, before its due time %v", got[0].AcquiredAt, row.NextAttemptAt)
+			claimed, _ := e.row(got[0].ID)
+			if claimed.AcquiredAt.Before(row.NextAttemptAt) || claimed.AcquiredAt.Sub(row.CreatedAt) < delay {
+				t.Errorf("claimed at %v, before its due time %v", claimed.AcquiredAt, row.NextAttemptAt)
 			}
 			break
 		}

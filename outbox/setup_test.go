@@ -61,10 +61,23 @@ func (e *env) publishWith(p db.PublishParams) int64 {
 	return id
 }
 
-// claim claims up to n rows of queues with a one-minute lease.
+// claim claims up to n rows of queues with a one-minute lease, through the
+// claim a subscriber of those queues uses (ClaimQueue for one queue).
 func (e *env) claim(n int32, queues ...string) []db.ClaimRow {
 	e.t.Helper()
-	rows, err := e.q.Claim(e.ctx, db.ClaimParams{Queues: queues, MaxRows: n, LeaseTtlSeconds: 60})
+	var (
+		rows []db.ClaimRow
+		err  error
+	)
+	if len(queues) == 1 {
+		var one []db.ClaimQueueRow
+		one, err = e.q.ClaimQueue(e.ctx, db.ClaimQueueParams{Queue: queues[0], MaxRows: n, LeaseTtlSeconds: 60})
+		for _, r := range one {
+			rows = append(rows, db.ClaimRow(r))
+		}
+	} else {
+		rows, err = e.q.Claim(e.ctx, db.ClaimParams{Queues: queues, MaxRows: n, LeaseTtlSeconds: 60})
+	}
 	if err != nil {
 		e.t.Fatalf("Claim: %v", err)
 	}

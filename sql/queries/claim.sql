@@ -56,5 +56,49 @@ SET acquired_token   = gen_random_uuid(),
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-          o.created_at, o.next_attempt_at, o.attempts_count, o.deliveries_count,
-          o.first_attempt_at, o.last_attempt_at, o.acquired_at, o.acquired_token;
+          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          o.acquired_token;
+
+-- name: ClaimQueue :many
+-- Claim for a subscriber of one queue: the rows Claim would take, without
+-- the ranking that shares a batch across queues (one queue needs none),
+-- and with the same columns.
+WITH candidates AS (
+    SELECT p.id, p.next_attempt_at
+    FROM (
+        SELECT o.id, o.next_attempt_at
+        FROM /*outbox:table*/outbox AS o
+        WHERE o.queue = @queue::text
+          AND o.acquired_token IS NULL
+          AND o.next_attempt_at <= now()
+        ORDER BY o.next_attempt_at, o.id
+        LIMIT @max_rows::integer
+        FOR UPDATE OF o SKIP LOCKED
+    ) AS p
+    UNION ALL
+    SELECT e.id, e.next_attempt_at
+    FROM (
+        SELECT o.id, o.next_attempt_at
+        FROM /*outbox:table*/outbox AS o
+        WHERE o.queue = @queue::text
+          AND o.acquired_token IS NOT NULL
+          AND o.lease_expires_at < now()
+        ORDER BY o.lease_expires_at
+        LIMIT @max_rows::integer
+        FOR UPDATE OF o SKIP LOCKED
+    ) AS e
+), picked AS (
+    SELECT c.id FROM candidates AS c
+    ORDER BY c.next_attempt_at, c.id
+    LIMIT @max_rows::integer
+)
+UPDATE /*outbox:table*/outbox AS o
+SET acquired_token   = gen_random_uuid(),
+    acquired_at      = now(),
+    lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
+    deliveries_count = o.deliveries_count + 1
+FROM picked
+WHERE o.id = picked.id
+RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
+          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          o.acquired_token;
