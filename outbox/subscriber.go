@@ -221,7 +221,9 @@ func (r *run[T]) run(ctx context.Context) error {
 	r.stopWrites()
 	side.Wait()
 	r.logs.close()
-	r.metrics.close(max(time.Until(deadline), StopSlack/2))
+	// The recorder gets what is left of the slack, so a stuck one cannot
+	// hold Run past it.
+	r.metrics.close(max(time.Until(deadline.Add(StopSlack)), 10*time.Millisecond))
 	if abandoned := r.abandoned.Load(); abandoned+int64(unwritten) > 0 {
 		return fmt.Errorf("%w: %d handler(s) abandoned, %d outcome(s) not written; their rows are delivered again when their leases expire",
 			ErrGracefulTimeout, abandoned, unwritten)
