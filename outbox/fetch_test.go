@@ -77,8 +77,9 @@ func TestReleasedAndRetriedRowsWakeOtherSubscribers(t *testing.T) {
 	e := setup(t)
 	now := e.publish("q")
 	later := e.publish("q")
-	rows := e.claim(2, "q")
-	byID := map[int64]db.ClaimRow{rows[0].ID: rows[0], rows[1].ID: rows[1]}
+	released := e.publish("q")
+	rows := e.claim(3, "q")
+	byID := map[int64]db.ClaimRow{rows[0].ID: rows[0], rows[1].ID: rows[1], rows[2].ID: rows[2]}
 	handled := idleSubscriber(t, e, nil)
 	eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
 
@@ -96,6 +97,17 @@ func TestReleasedAndRetriedRowsWakeOtherSubscribers(t *testing.T) {
 	}
 	if d := second.Sub(start); d < 450*time.Millisecond || d > 2*time.Second {
 		t.Errorf("row due in 500ms handled after %v", d)
+	}
+
+	// A release at another subscriber's shutdown wakes it the same way.
+	start = time.Now()
+	if _, err := e.q.ReleaseBatchWithLease(e.ctx, db.ReleaseBatchWithLeaseParams{
+		Ids: []int64{released}, Tokens: tokens(byID[released]),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if d := within(t, handled, 5*time.Second, "the released row").Sub(start); d > time.Second {
+		t.Errorf("released row handled after %v", d)
 	}
 }
 

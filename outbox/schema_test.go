@@ -26,9 +26,15 @@ func TestCheckConstraintRejectsHalfSetLease(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	id := e.publish("q")
-	for _, set := range []string{"acquired_token = gen_random_uuid()", "acquired_at = now()"} {
+	for _, set := range []string{
+		"acquired_token = gen_random_uuid()",
+		"acquired_at = now()",
+		"lease_expires_at = now()",
+		"acquired_token = gen_random_uuid(), acquired_at = now()",
+		"acquired_token = gen_random_uuid(), lease_expires_at = now()",
+	} {
 		_, err := e.db.Pool.Exec(e.ctx, "UPDATE outbox SET "+set+" WHERE id = $1", id)
-		wantConstraint(t, err, "23514", "outbox_lease_chk")
+		wantConstraint(t, err, "23514", "outbox_lease_state_chk")
 	}
 }
 

@@ -219,6 +219,13 @@ func TestUpgradeFromSchema3KeepsRowsInEveryState(t *testing.T) {
 		t.Errorf("%d dead letters after the upgrade, want 1", n)
 	}
 
+	// A subscriber of an older release claims without stamping the lease
+	// expiry; schema 4 refuses that claim rather than lose the row.
+	_, err := d.Pool.Exec(e.ctx, `UPDATE outbox SET acquired_token = gen_random_uuid(), acquired_at = now() WHERE payload = 'scheduled'`)
+	if sqlState(err) != "23514" {
+		t.Errorf("an old-style claim under schema 4: %v, want a check violation", err)
+	}
+
 	// And back down to 3 and up again, rows still there.
 	if err := ob.MigrateDownTo(t.Context(), 3); err != nil {
 		t.Fatalf("down to 3: %v", err)
