@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
@@ -260,5 +262,40 @@ func TestMigrateUpSaysWhatItApplied(t *testing.T) {
 		if diff := cmp.Diff(step.want, r.stdout); diff != "" {
 			t.Errorf("%v (-want +got):\n%s", step.args, diff)
 		}
+	}
+}
+
+// The README's two migration paths agree: a repository applies the files
+// of `outboxgen migrations` with its own goose, and `migrate status` and
+// `migrate up` then see an up-to-date outbox.
+func TestMigrateSeesMigrationsAppliedByTheRepositorysGoose(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	env := map[string]string{"DATABASE_URL": pgtest.URL(t)}
+	dir := t.TempDir()
+	if r := runCLI(t, env, "migrations", "-dir", dir, "-schema", d.Schema); r.code != 0 {
+		t.Fatalf("migrations: exit %d %s", r.code, r.stderr)
+	}
+	sqlDB := stdlib.OpenDBFromPool(d.Pool)
+	defer func() { _ = sqlDB.Close() }()
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, os.DirFS(dir),
+		goose.WithTableName(d.Schema+".goose_db_version"), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(t.Context()); err != nil {
+		t.Fatalf("the repository's goose: %v", err)
+	}
+
+	r := runCLI(t, env, "migrate", "status", "-schema", d.Schema)
+	if r.code != 0 || strings.Contains(r.stdout, "pending") || strings.Count(r.stdout, "applied by another tool") != 4 {
+		t.Errorf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, "migrate", "up", "-schema", d.Schema)
+	if want := fmt.Sprintf("outbox %s.outbox is already up to date (version 4)\n", d.Schema); r.code != 0 || r.stdout != want {
+		t.Errorf("up: exit %d %q %s; want %q", r.code, r.stdout, r.stderr, want)
+	}
+	if r := runCLI(t, env, "inspect", "-schema", d.Schema); r.code != 0 {
+		t.Errorf("inspect: exit %d %s", r.code, r.stderr)
 	}
 }

@@ -76,7 +76,10 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		fmt.Fprintln(w, "VERSION\tNAME\tAPPLIED AT")
 		for _, s := range st {
 			at := "pending"
-			if s.Applied {
+			switch {
+			case s.Applied && s.AppliedAt.IsZero():
+				at = "applied by another tool"
+			case s.Applied:
 				at = s.AppliedAt.Format("2006-01-02 15:04:05")
 			}
 			fmt.Fprintf(w, "%d\t%s\t%s\n", s.Version, s.Name, at)
