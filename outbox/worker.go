@@ -56,8 +56,11 @@ func (r *run[T]) handle(d *delivery, hc *headerCache) {
 	switch {
 	case !returned || r.handlerCtx.Err() != nil:
 		// Forced stop: the outcome is unknown or raced the stop. The row
-		// keeps its lease and is delivered again after it expires.
+		// keeps its lease and is delivered again after it expires. The
+		// stop's cause may not have reached d's context yet (a parent
+		// cancels its children one by one); hand it over first.
 		r.abandoned.Add(1)
+		d.cancel(context.Cause(r.handlerCtx))
 		r.leases.remove(d)
 		return
 	case r.leases.isLost(d):
