@@ -186,6 +186,9 @@ func (o *Outbox) MigrateDown(ctx context.Context) error {
 
 // MigrateDownTo rolls back the applied migrations numbered above version,
 // newest first; version 0 means all of them, like [Outbox.MigrateDown].
+// It rolls back only what this library's Migrate (or outboxgen migrate)
+// recorded applying; migrations another tool applied are that tool's to
+// roll back.
 func (o *Outbox) MigrateDownTo(ctx context.Context, version int64) error {
 	if version < 0 {
 		return &InputError{Field: "version", Rule: "must not be negative"}
