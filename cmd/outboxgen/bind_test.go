@@ -163,7 +163,7 @@ type A struct{ X int }
 type A struct{ X int }
 
 func (*A) OutboxMessageType() string { return "a" }
-`, "messages.go:3: A: type= would generate method OutboxMessageType, but A already has method OutboxMessageType (" },
+`, "messages.go:3: A: type= would generate method OutboxMessageType, but A already has method OutboxMessageType ("},
 		{"type with a promoted OutboxMessageType", `package p
 
 type Named struct{}
