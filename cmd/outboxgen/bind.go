@@ -25,12 +25,19 @@ import (
 const bindUsage = `Usage: outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
 
 Reads the Go package in DIR and, for every type whose doc comment has a line
-  //outbox:message queue=NAME
+  //outbox:message queue=NAME [type=TYPENAME]
 writes, next to it, one gofmt-clean file with the queue's constant and a
 typed publisher and subscriber constructor per type, and an AsyncAPI 3.0
 document of the queues and their payloads' JSON Schemas (derived from the
 types as encoding/json sees them). Nothing is written unless every
 annotation is valid.
+
+type=TYPENAME (printable ASCII, no spaces) names the message type that
+publishers record in the message-type header, instead of the Go package
+path and type name: the file gets a method
+  func (T) OutboxMessageType() string { return "TYPENAME" }
+and the document a message-type header schema. The type must not declare
+OutboxMessageType itself.
 
 Example, in the package that declares the messages:
   //go:generate go run github.com/outboxgen/outboxgen/cmd/outboxgen bind
@@ -43,7 +50,9 @@ var annotationRE = regexp.MustCompile(`^//outbox:message(\s.*)?$`)
 // binding is one annotated message type.
 type binding struct {
 	Type, Queue, ChannelID string
-	pos                    token.Position
+	// MessageType is the annotation's type=, "" when it has none.
+	MessageType string
+	pos         token.Position
 }
 
 func bindCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(string) string) error {
@@ -173,7 +182,7 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 				if doc == nil && len(gd.Specs) == 1 {
 					doc = gd.Doc
 				}
-				queue, at, found, err := annotation(pkg.Fset, doc)
+				ann, at, found, err := annotation(pkg.Fset, doc)
 				if !found {
 					continue
 				}
@@ -191,7 +200,14 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 					errs = append(errs, fmt.Errorf("%s: %s is generic; messages must be concrete types", where, ts.Name.Name))
 					continue
 				}
-				b := binding{Type: ts.Name.Name, Queue: queue, ChannelID: channelID(queue), pos: at}
+				if ann.messageType != "" {
+					if err := noOwnTyper(pkg, obj, out); err != nil {
+						errs = append(errs, fmt.Errorf("%s: %s: %w", where, ts.Name.Name, err))
+						continue
+					}
+				}
+				queue := ann.queue
+				b := binding{Type: ts.Name.Name, Queue: queue, ChannelID: channelID(queue), MessageType: ann.messageType, pos: at}
 				if prev, dup := byQueue[queue]; dup {
 					errs = append(errs, fmt.Errorf("%s: %s and %s (%s) are both bound to queue %q", where, b.Type, prev.Type, relPos(prev.pos), queue))
 					continue
@@ -212,10 +228,17 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 	return bs, nil
 }
 
-// annotation finds //outbox:message in doc and returns its queue.
-func annotation(fset *token.FileSet, doc *ast.CommentGroup) (queue string, at token.Position, found bool, err error) {
+// annotationArgs are the key=value pairs of an //outbox:message line.
+type annotationArgs struct {
+	queue, messageType string
+}
+
+const annotationForm = "//outbox:message queue=NAME [type=TYPENAME]"
+
+// annotation finds //outbox:message in doc and returns its arguments.
+func annotation(fset *token.FileSet, doc *ast.CommentGroup) (args annotationArgs, at token.Position, found bool, err error) {
 	if doc == nil {
-		return "", at, false, nil
+		return args, at, false, nil
 	}
 	for _, c := range doc.List {
 		m := annotationRE.FindStringSubmatch(c.Text)
@@ -223,22 +246,100 @@ func annotation(fset *token.FileSet, doc *ast.CommentGroup) (queue string, at to
 			continue
 		}
 		at = fset.Position(c.Slash)
-		for _, field := range strings.Fields(m[1]) {
-			k, v, ok := strings.Cut(field, "=")
-			if !ok || k != "queue" {
-				return "", at, true, fmt.Errorf("annotation %q: want //outbox:message queue=NAME", c.Text)
-			}
-			queue = v
+		args, err := parseAnnotation(m[1])
+		if err != nil {
+			return args, at, true, fmt.Errorf("annotation %q: %w", c.Text, err)
 		}
-		if queue == "" {
-			return "", at, true, fmt.Errorf("annotation %q: want //outbox:message queue=NAME", c.Text)
+		if err := outbox.ValidateQueue(args.queue); err != nil {
+			return args, at, true, err
 		}
-		if err := outbox.ValidateQueue(queue); err != nil {
-			return "", at, true, err
-		}
-		return queue, at, true, nil
+		return args, at, true, nil
 	}
-	return "", at, false, nil
+	return args, at, false, nil
+}
+
+// parseAnnotation parses the key=value pairs after //outbox:message, in any
+// order: queue= is required, type= optional.
+func parseAnnotation(text string) (annotationArgs, error) {
+	var args annotationArgs
+	seen := map[string]bool{}
+	for _, field := range strings.Fields(text) {
+		k, v, ok := strings.Cut(field, "=")
+		if !ok {
+			return args, fmt.Errorf("%q is not key=value; want %s", field, annotationForm)
+		}
+		switch k {
+		case "queue", "type":
+		default:
+			return args, fmt.Errorf("unknown key %q; want %s", k, annotationForm)
+		}
+		if seen[k] {
+			return args, fmt.Errorf("duplicate key %q; want %s", k, annotationForm)
+		}
+		seen[k] = true
+		switch k {
+		case "queue":
+			if v == "" {
+				return args, fmt.Errorf("empty queue; want %s", annotationForm)
+			}
+			args.queue = v
+		case "type":
+			if err := validMessageType(v); err != nil {
+				return args, err
+			}
+			args.messageType = v
+		}
+	}
+	if args.queue == "" {
+		return args, fmt.Errorf("no queue; want %s", annotationForm)
+	}
+	return args, nil
+}
+
+// messageTypeMaxBytes is the longest name outbox accepts from
+// OutboxMessageType.
+const messageTypeMaxBytes = 1024
+
+// validMessageType accepts a type= value: printable ASCII without spaces,
+// which outbox accepts from OutboxMessageType and which needs no quoting
+// in the annotation.
+func validMessageType(name string) error {
+	if name == "" {
+		return fmt.Errorf("empty type; want type=TYPENAME or no type=")
+	}
+	if len(name) > messageTypeMaxBytes {
+		return fmt.Errorf("type is %d bytes; at most %d", len(name), messageTypeMaxBytes)
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("type %q: want printable ASCII without spaces", name)
+		}
+	}
+	return nil
+}
+
+// noOwnTyper fails when the type of obj already has a field or method
+// OutboxMessageType (its own, or promoted from an embedded field) outside
+// the bindings file out, which a generated one would clash with or
+// silently shadow.
+func noOwnTyper(pkg *packages.Package, obj types.Object, out string) error {
+	found, _, _ := types.LookupFieldOrMethod(obj.Type(), true, pkg.Types, "OutboxMessageType")
+	if found == nil {
+		return nil
+	}
+	pos := pkg.Fset.Position(found.Pos())
+	if pos.IsValid() && filepath.Base(pos.Filename) == out && found.Pkg() == pkg.Types {
+		return nil // generated by an earlier run
+	}
+	what := "method"
+	if _, isVar := found.(*types.Var); isVar {
+		what = "field"
+	}
+	where := ""
+	if pos.IsValid() {
+		where = " (" + relPos(pos) + ")"
+	}
+	return fmt.Errorf("type= would generate method OutboxMessageType, but %s already has %s OutboxMessageType%s: drop type= or the %s", obj.Name(), what, where, what)
 }
 
 // relPos is file:line relative to the working directory when it can be.
@@ -280,6 +381,11 @@ func New{{.Type}}Publisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[{{.Typ
 func New{{.Type}}Subscriber(ob *outbox.Outbox, h outbox.Handler[{{.Type}}], cfg *outbox.SubscriberConfig[{{.Type}}]) (*outbox.Subscriber[{{.Type}}], error) {
 	return outbox.NewSubscriber(ob, []string{Queue{{.Type}}}, h, cfg)
 }
+{{- if .MessageType}}
+
+// OutboxMessageType names {{.Type}} in the message-type header (see outbox.MessageTyper).
+func ({{.Type}}) OutboxMessageType() string { return {{printf "%q" .MessageType}} }
+{{- end}}
 {{end}}`))
 
 func bindingsCode(pkgName string, bs []binding) ([]byte, error) {
@@ -307,10 +413,18 @@ func asyncAPI(pkg *packages.Package, bs []binding, formatName string) ([]byte, e
 		if err != nil {
 			return nil, fmt.Errorf("bind: %s: %s: %w", relPos(b.pos), b.Type, err)
 		}
-		messages.set(b.Type, obj().
+		msg := obj().
 			set("name", b.Type).
-			set("contentType", outbox.ContentTypeJSON).
-			set("payload", ref))
+			set("contentType", outbox.ContentTypeJSON)
+		if b.MessageType != "" {
+			msg.set("headers", obj().
+				set("type", "object").
+				set("properties", obj().set(outbox.HeaderMessageType, obj().
+					set("type", "string").
+					set("const", b.MessageType))).
+				set("required", []string{outbox.HeaderMessageType}))
+		}
+		messages.set(b.Type, msg.set("payload", ref))
 		channels.set(b.ChannelID, obj().
 			set("address", b.Queue).
 			set("messages", obj().set(b.Type, obj().set("$ref", "#/components/messages/"+b.Type))))

@@ -65,7 +65,17 @@ func TestBindGolden(t *testing.T) {
 					t.Errorf("%s differs from %s (-golden +got; make golden updates it):\n%s", name, golden, diff)
 				}
 			}
-			// Generating again over the output gives the same output.
+			// The generated file compiles with the package: type=
+			// makes PaymentFailed an outbox.MessageTyper.
+			pkg, err := loadPackage(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range pkg.Errors {
+				t.Errorf("generated package: %v", e)
+			}
+			// Generating again over the output (and its
+			// OutboxMessageType) gives the same output.
 			before := dirFiles(t, dir)
 			if r := runCLI(t, nil, "bind", "-dir", dir, "-format", format); r.code != 0 {
 				t.Fatalf("second run: exit %d: %s", r.code, r.stderr)
@@ -105,6 +115,69 @@ type A struct{ X int }
 //outbox:message topic=orders
 type A struct{ X int }
 `, "want //outbox:message queue=NAME"},
+		{"not key=value", `package p
+
+//outbox:message queue=orders typed
+type A struct{ X int }
+`, `annotation "//outbox:message queue=orders typed": "typed" is not key=value`},
+		{"no queue", `package p
+
+//outbox:message type=orders.A
+type A struct{ X int }
+`, `annotation "//outbox:message type=orders.A": no queue`},
+		{"unknown key", `package p
+
+//outbox:message queue=orders type=A version=2
+type A struct{ X int }
+`, `annotation "//outbox:message queue=orders type=A version=2": unknown key "version"`},
+		{"duplicate queue", `package p
+
+//outbox:message queue=orders queue=other
+type A struct{ X int }
+`, `annotation "//outbox:message queue=orders queue=other": duplicate key "queue"`},
+		{"duplicate type", `package p
+
+//outbox:message type=A queue=orders type=B
+type A struct{ X int }
+`, `messages.go:3: A: annotation "//outbox:message type=A queue=orders type=B": duplicate key "type"`},
+		{"empty type", `package p
+
+//outbox:message queue=orders type=
+type A struct{ X int }
+`, `annotation "//outbox:message queue=orders type=": empty type`},
+		{"non-ASCII type", `package p
+
+//outbox:message queue=orders type=café
+type A struct{ X int }
+`, `type "café": want printable ASCII without spaces`},
+		{"control character in type", "package p\n\n//outbox:message queue=orders type=a\x7fb\ntype A struct{ X int }\n",
+			`type "a\x7fb": want printable ASCII without spaces`},
+		{"long type", `package p
+
+//outbox:message queue=orders type=` + strings.Repeat("t", 1025) + `
+type A struct{ X int }
+`, "type is 1025 bytes; at most 1024"},
+		{"type with its own OutboxMessageType", `package p
+
+//outbox:message queue=orders type=orders.A
+type A struct{ X int }
+
+func (*A) OutboxMessageType() string { return "a" }
+`, "messages.go:3: A: type= would generate method OutboxMessageType, but A already has method OutboxMessageType ("},
+		{"type with a promoted OutboxMessageType", `package p
+
+type Named struct{}
+
+func (Named) OutboxMessageType() string { return "n" }
+
+//outbox:message queue=orders type=orders.A
+type A struct{ Named }
+`, "A already has method OutboxMessageType"},
+		{"type with a field OutboxMessageType", `package p
+
+//outbox:message queue=orders type=orders.A
+type A struct{ OutboxMessageType string }
+`, "A already has field OutboxMessageType"},
 		{"unencodable field", `package p
 
 //outbox:message queue=orders

@@ -15,8 +15,11 @@
 //
 // migrate applies, rolls back or lists the outbox's embedded migrations
 // against DATABASE_URL (or -dsn). migrations writes them, rendered for the
-// schema and table, into a repository's goose migrations directory. Exit
-// status is 2 for a usage error and 1 when the command fails.
+// schema and table, into a repository's goose migrations directory. bind
+// writes typed constructors and an AsyncAPI document for the types
+// annotated //outbox:message queue=NAME [type=TYPENAME]; type= also
+// generates the type's OutboxMessageType method. Exit status is 2 for a
+// usage error and 1 when the command fails.
 //
 // Environment (a flag wins over its variable):
 //

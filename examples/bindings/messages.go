@@ -18,9 +18,11 @@ type OrderPlaced struct {
 	Coupon   *string   `json:"coupon,omitempty"`
 }
 
-// OrderShipped is published when the parcel leaves the warehouse.
+// OrderShipped is published when the parcel leaves the warehouse. Its
+// message type is named, so a shipping service may consume it with a Go
+// type of its own that names the same message type.
 //
-//outbox:message queue=shop.order_shipped
+//outbox:message queue=shop.order_shipped type=shop.OrderShipped
 type OrderShipped struct {
 	OrderID  string   `json:"order_id"`
 	Carrier  string   `json:"carrier"`

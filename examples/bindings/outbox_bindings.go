@@ -29,3 +29,6 @@ func NewOrderShippedPublisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[Ord
 func NewOrderShippedSubscriber(ob *outbox.Outbox, h outbox.Handler[OrderShipped], cfg *outbox.SubscriberConfig[OrderShipped]) (*outbox.Subscriber[OrderShipped], error) {
 	return outbox.NewSubscriber(ob, []string{QueueOrderShipped}, h, cfg)
 }
+
+// OutboxMessageType names OrderShipped in the message-type header (see outbox.MessageTyper).
+func (OrderShipped) OutboxMessageType() string { return "shop.OrderShipped" }

@@ -25,3 +25,6 @@ func Shipping(ob *outbox.Outbox, ship func(context.Context, OrderPlaced) error) 
 		return ship(ctx, m.Payload)
 	}, nil)
 }
+
+// OrderShipped names its message type (type= in its annotation).
+var _ outbox.MessageTyper = OrderShipped{}

@@ -29,3 +29,6 @@ func NewPaymentFailedPublisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[Pa
 func NewPaymentFailedSubscriber(ob *outbox.Outbox, h outbox.Handler[PaymentFailed], cfg *outbox.SubscriberConfig[PaymentFailed]) (*outbox.Subscriber[PaymentFailed], error) {
 	return outbox.NewSubscriber(ob, []string{QueuePaymentFailed}, h, cfg)
 }
+
+// OutboxMessageType names PaymentFailed in the message-type header (see outbox.MessageTyper).
+func (PaymentFailed) OutboxMessageType() string { return "payments.PaymentFailed/v1" }

@@ -53,9 +53,10 @@ type Audit struct {
 	CreatedBy string `json:"created_by"`
 }
 
-// PaymentFailed is a second message type on its own queue.
+// PaymentFailed is a second message type on its own queue, with a
+// message type name of its own.
 //
-//outbox:message queue=payments.failed
+//outbox:message type=payments.PaymentFailed/v1 queue=payments.failed
 type PaymentFailed struct {
 	OrderID string `json:"order_id"`
 	Reason  string `json:"reason"`
