@@ -24,14 +24,16 @@ const schemaObjects = `-- name: SchemaObjects :one
 SELECT to_regclass($1::text) IS NOT NULL AS has_table,
        to_regclass($2::text) IS NOT NULL AS has_dlq,
        to_regprocedure($3::text) IS NOT NULL AS has_notify,
-       to_regprocedure($4::text) IS NOT NULL AS has_version
+       to_regprocedure($4::text) IS NOT NULL AS has_version,
+       (to_regclass($5::text) IS NOT NULL)::boolean AS has_history
 `
 
 type SchemaObjectsParams struct {
-	TableName string
-	DlqName   string
-	NotifyFn  string
-	VersionFn string
+	TableName   string
+	DlqName     string
+	NotifyFn    string
+	VersionFn   string
+	HistoryName string
 }
 
 type SchemaObjectsRow struct {
@@ -39,17 +41,20 @@ type SchemaObjectsRow struct {
 	HasDlq     interface{}
 	HasNotify  interface{}
 	HasVersion interface{}
+	HasHistory bool
 }
 
 // Which of the outbox's objects exist, for telling the schema's version
 // when its version function does not exist yet (schemas older than
-// migration 4). Arguments are schema-qualified, quoted names.
+// migration 4), and whether the library's migration history exists.
+// Arguments are schema-qualified, quoted names.
 func (q *Queries) SchemaObjects(ctx context.Context, arg SchemaObjectsParams) (SchemaObjectsRow, error) {
 	row := q.db.QueryRow(ctx, schemaObjects,
 		arg.TableName,
 		arg.DlqName,
 		arg.NotifyFn,
 		arg.VersionFn,
+		arg.HistoryName,
 	)
 	var i SchemaObjectsRow
 	err := row.Scan(
@@ -57,6 +62,7 @@ func (q *Queries) SchemaObjects(ctx context.Context, arg SchemaObjectsParams) (S
 		&i.HasDlq,
 		&i.HasNotify,
 		&i.HasVersion,
+		&i.HasHistory,
 	)
 	return i, err
 }

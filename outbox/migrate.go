@@ -1,12 +1,14 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"testing/fstest"
@@ -47,7 +49,7 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 	if err := o.createSchema(ctx); err != nil {
 		return err
 	}
-	have, err := o.schemaVersion(ctx)
+	have, err := o.SchemaVersion(ctx)
 	if err != nil {
 		return err
 	}
@@ -114,7 +116,7 @@ func (e *SchemaError) Error() string {
 // wrapped. [Subscriber.Run] calls it before it starts; call it at service
 // start to fail fast.
 func (o *Outbox) Check(ctx context.Context) error {
-	have, err := o.schemaVersion(ctx)
+	have, err := o.SchemaVersion(ctx)
 	if err != nil {
 		return err
 	}
@@ -127,42 +129,47 @@ func (o *Outbox) Check(ctx context.Context) error {
 // SchemaVersion returns the version of the outbox's schema: the number of
 // the last migration applied to it, by any tool, or 0 when the outbox
 // table does not exist.
-func (o *Outbox) SchemaVersion(ctx context.Context) (int64, error) { return o.schemaVersion(ctx) }
+func (o *Outbox) SchemaVersion(ctx context.Context) (int64, error) {
+	v, _, err := o.schemaState(ctx)
+	return v, err
+}
 
 // LatestSchemaVersion returns the version this library's migrations bring
 // an outbox to.
 func (o *Outbox) LatestSchemaVersion() int64 { return o.latest }
 
-// schemaVersion reads the version function the schema has had since
-// migration 4, and tells older schemas by the objects their migrations
-// created.
-func (o *Outbox) schemaVersion(ctx context.Context) (int64, error) {
+// schemaState reads the version function the schema has had since
+// migration 4, tells older schemas by the objects their migrations
+// created, and reports whether this library's migration history (goose's
+// version table) exists.
+func (o *Outbox) schemaState(ctx context.Context) (version int64, history bool, err error) {
 	n := o.naming
 	q := o.queries(o.pool)
 	objs, err := q.SchemaObjects(ctx, db.SchemaObjectsParams{
-		TableName: n.qualified(n.table),
-		DlqName:   n.qualified(n.table + "_dlq"),
-		NotifyFn:  n.qualified(n.table+"_notify") + "()",
-		VersionFn: n.qualified(n.table+"_schema_version") + "()",
+		TableName:   n.qualified(n.table),
+		DlqName:     n.qualified(n.table + "_dlq"),
+		NotifyFn:    n.qualified(n.table+"_notify") + "()",
+		VersionFn:   n.qualified(n.table+"_schema_version") + "()",
+		HistoryName: n.qualified(n.versionTable()),
 	})
 	if err != nil {
-		return 0, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.schema, n.table, err)
+		return 0, false, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.schema, n.table, err)
 	}
 	switch {
 	case objs.HasVersion:
 		v, err := q.SchemaVersion(ctx)
 		if err != nil {
-			return 0, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.schema, n.table, err)
+			return 0, false, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.schema, n.table, err)
 		}
-		return int64(v), nil
+		version = int64(v)
 	case objs.HasNotify:
-		return 3, nil
+		version = 3
 	case objs.HasDlq:
-		return 2, nil
+		version = 2
 	case objs.HasTable:
-		return 1, nil
+		version = 1
 	}
-	return 0, nil
+	return version, objs.HasHistory, nil
 }
 
 // migrationVersion parses the number a migration file name starts with.
@@ -200,16 +207,27 @@ func (o *Outbox) MigrateDownTo(ctx context.Context, version int64) error {
 }
 
 // MigrationStatus reports every migration the library ships and whether it
-// is applied to this outbox. A migration counts as applied when the schema
+// is applied to this outbox. It changes nothing in the database. A migration counts as applied when the schema
 // is at its version or later, whichever tool applied it; AppliedAt is
 // known only for those this library's Migrate (or outboxgen migrate)
 // applied, and zero for the rest.
 func (o *Outbox) MigrationStatus(ctx context.Context) ([]MigrationState, error) {
-	have, err := o.schemaVersion(ctx)
+	have, history, err := o.schemaState(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var out []MigrationState
+	if !history {
+		// Nothing this library applied: the schema's version says it all,
+		// and goose, asked, would create its version table.
+		for name := range o.migrations {
+			if v, ok := migrationVersion(name); ok {
+				out = append(out, MigrationState{Version: v, Name: name, Applied: v <= have})
+			}
+		}
+		slices.SortFunc(out, func(a, b MigrationState) int { return cmp.Compare(a.Version, b.Version) })
+		return out, nil
+	}
 	err = o.withProvider(ctx, o.migrations, func(p *goose.Provider) error {
 		st, err := p.Status(ctx)
 		if err != nil {

@@ -82,6 +82,9 @@ func TestMigrateAfterAnotherToolAppliedTheMigrations(t *testing.T) {
 	if err := ob.Check(t.Context()); err != nil {
 		t.Errorf("Check: %v", err)
 	}
+	if hasHistory(t, d) {
+		t.Errorf("Migrate of an up-to-date outbox created the library's migration history")
+	}
 	st, err := ob.MigrationStatus(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -110,6 +113,41 @@ func TestMigrateUpgradesWhatAnotherToolStarted(t *testing.T) {
 	if v, err := ob.SchemaVersion(t.Context()); err != nil || v != ob.LatestSchemaVersion() {
 		t.Errorf("version after Migrate = %d, %v; want %d", v, err, ob.LatestSchemaVersion())
 	}
+}
+
+// MigrationStatus only reads: on a schema nothing migrated it reports every
+// migration pending and creates nothing.
+func TestMigrationStatusChangesNothing(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	ob := newOutbox(t, d)
+	st, err := ob.MigrationStatus(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != int(ob.LatestSchemaVersion()) {
+		t.Fatalf("status lists %d migrations, want %d", len(st), ob.LatestSchemaVersion())
+	}
+	for i, s := range st {
+		if s.Applied || s.Version != int64(i+1) {
+			t.Errorf("status[%d] = %+v, want version %d pending", i, s, i+1)
+		}
+	}
+	if got := pgtest.Catalog(t, d.Pool, d.Schema); len(got) != 0 {
+		t.Errorf("MigrationStatus created %v", got)
+	}
+}
+
+// hasHistory reports whether the library's migration history (goose's
+// version table) exists in the test's schema.
+func hasHistory(t *testing.T, d *pgtest.DB) bool {
+	t.Helper()
+	var ok bool
+	if err := d.Pool.QueryRow(t.Context(), "SELECT to_regclass($1) IS NOT NULL",
+		pgx.Identifier{d.Schema, "outbox_goose_version"}.Sanitize()).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
 }
 
 // Check names the fix for a missing or older schema, and Run refuses to

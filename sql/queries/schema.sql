@@ -6,11 +6,13 @@ CREATE SCHEMA IF NOT EXISTS /*outbox:schema*/public;
 -- name: SchemaObjects :one
 -- Which of the outbox's objects exist, for telling the schema's version
 -- when its version function does not exist yet (schemas older than
--- migration 4). Arguments are schema-qualified, quoted names.
+-- migration 4), and whether the library's migration history exists.
+-- Arguments are schema-qualified, quoted names.
 SELECT to_regclass(@table_name::text) IS NOT NULL AS has_table,
        to_regclass(@dlq_name::text) IS NOT NULL AS has_dlq,
        to_regprocedure(@notify_fn::text) IS NOT NULL AS has_notify,
-       to_regprocedure(@version_fn::text) IS NOT NULL AS has_version;
+       to_regprocedure(@version_fn::text) IS NOT NULL AS has_version,
+       (to_regclass(@history_name::text) IS NOT NULL)::boolean AS has_history;
 
 -- name: SchemaVersion :one
 -- The version the schema's own function reports (migration 4 on).
