@@ -107,12 +107,12 @@ func (r ConstantRetry) validate() error {
 	if r.Delay < 0 {
 		return retryError("Delay", r.Delay, "must not be negative")
 	}
-	return limits{r.MaxAttempts, r.MaxTotalDelay}.validate()
+	return r.caps().validate()
 }
 
 // NextDelay implements [RetryStrategy].
 func (r ConstantRetry) NextDelay(attempt int, elapsed time.Duration, _ error) (time.Duration, bool) {
-	return r.Delay, limits{r.MaxAttempts, r.MaxTotalDelay}.allow(attempt, elapsed, r.Delay)
+	return r.Delay, r.caps().allow(attempt, elapsed, r.Delay)
 }
 
 // LinearRetry waits Initial, then Initial+Step, Initial+2·Step, ... capped
@@ -146,14 +146,14 @@ func (r LinearRetry) validate() error {
 	case r.MaxDelay > 0 && r.MaxDelay < r.Initial:
 		return retryError("MaxDelay", r.MaxDelay, fmt.Sprintf("must be at least Initial (%v), or 0 for no cap", r.Initial))
 	}
-	return limits{r.MaxAttempts, r.MaxTotalDelay}.validate()
+	return r.caps().validate()
 }
 
 // NextDelay implements [RetryStrategy].
 func (r LinearRetry) NextDelay(attempt int, elapsed time.Duration, _ error) (time.Duration, bool) {
 	d := float64(r.Initial) + float64(r.Step)*float64(attempt-1)
 	delay, ok := capDelay(d, r.MaxDelay)
-	return delay, ok && limits{r.MaxAttempts, r.MaxTotalDelay}.allow(attempt, elapsed, delay)
+	return delay, ok && r.caps().allow(attempt, elapsed, delay)
 }
 
 // ExponentialRetry waits Initial, then multiplies the wait by Multiplier
@@ -195,7 +195,7 @@ func (r *ExponentialRetry) validate() error {
 	case !(r.Jitter >= 0 && r.Jitter <= 1):
 		return retryError("Jitter", r.Jitter, "must be between 0 and 1")
 	}
-	return limits{r.MaxAttempts, r.MaxTotalDelay}.validate()
+	return r.caps().validate()
 }
 
 // NextDelay implements [RetryStrategy].
@@ -211,7 +211,7 @@ func (r *ExponentialRetry) NextDelay(attempt int, elapsed time.Duration, _ error
 		d *= 1 + j*(2*rand.Float64()-1)
 	}
 	delay, ok := capDelay(d, 0)
-	return delay, ok && limits{r.MaxAttempts, r.MaxTotalDelay}.allow(attempt, elapsed, delay)
+	return delay, ok && r.caps().allow(attempt, elapsed, delay)
 }
 
 // capDelay converts d (nanoseconds) to a Duration, capped at max when max

@@ -5,28 +5,22 @@ import (
 	"time"
 )
 
-// retryLimiter is implemented by the built-in strategies: it applies
-// their caps (MaxAttempts, MaxTotalDelay) to a delay they did not choose,
+// retryLimiter is implemented by the built-in strategies: their caps
+// (MaxAttempts, MaxTotalDelay) also apply to a delay they did not choose,
 // the one a handler asked for with [RetryAfter].
 type retryLimiter interface {
-	allows(attempt int, elapsed, delay time.Duration) bool
+	caps() limits
 }
 
 // NoRetry has no caps: it declines to choose a delay, but a handler's own
 // RetryAfter is honoured.
-func (NoRetry) allows(int, time.Duration, time.Duration) bool { return true }
+func (NoRetry) caps() limits { return limits{} }
 
-func (r ConstantRetry) allows(attempt int, elapsed, delay time.Duration) bool {
-	return limits{r.MaxAttempts, r.MaxTotalDelay}.allow(attempt, elapsed, delay)
-}
+func (r ConstantRetry) caps() limits { return limits{r.MaxAttempts, r.MaxTotalDelay} }
 
-func (r LinearRetry) allows(attempt int, elapsed, delay time.Duration) bool {
-	return limits{r.MaxAttempts, r.MaxTotalDelay}.allow(attempt, elapsed, delay)
-}
+func (r LinearRetry) caps() limits { return limits{r.MaxAttempts, r.MaxTotalDelay} }
 
-func (r *ExponentialRetry) allows(attempt int, elapsed, delay time.Duration) bool {
-	return limits{r.MaxAttempts, r.MaxTotalDelay}.allow(attempt, elapsed, delay)
-}
+func (r *ExponentialRetry) caps() limits { return limits{r.MaxAttempts, r.MaxTotalDelay} }
 
 // allowRetry reports whether s lets a delivery retry after delay, a delay
 // the handler chose. Built-in strategies apply their caps; any other
@@ -39,7 +33,7 @@ func allowRetry(s RetryStrategy, attempt int, elapsed, delay time.Duration, err 
 				ok, problem = false, fmt.Errorf("retry strategy %T panicked: %s", s, recoveredText(p))
 			}
 		}()
-		return l.allows(attempt, elapsed, delay), nil
+		return l.caps().allow(attempt, elapsed, delay), nil
 	}
 	_, ok, problem = nextDelay(s, attempt, elapsed, err)
 	return ok, problem
