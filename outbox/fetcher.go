@@ -33,7 +33,7 @@ func (r *run[T]) fetch(ctx context.Context) {
 			}
 			continue
 		}
-		rows, err := r.claim(ctx, q, int32(min(free, cfg.FetchBatchSize)))
+		n, err := r.claim(ctx, q, int32(min(free, cfg.FetchBatchSize)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -43,11 +43,8 @@ func (r *run[T]) fetch(ctx context.Context) {
 			sleep(ctx, wait)
 			continue
 		}
-		r.emit(MetricEvent{Name: EventFetched, Queue: r.s.queues[0], Count: len(rows)})
-		for _, row := range rows {
-			r.buf <- r.leases.add(r.handlerCtx, row)
-		}
-		if len(rows) > 0 {
+		r.emit(MetricEvent{Name: EventFetched, Queue: r.s.queues[0], Count: n})
+		if n > 0 {
 			idle = 0
 			continue
 		}
@@ -56,19 +53,23 @@ func (r *run[T]) fetch(ctx context.Context) {
 	}
 }
 
-// claim leases up to n rows of the subscriber's queues. A subscriber of
-// one queue uses the claim without the ranking across queues.
-func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) ([]db.ClaimRow, error) {
+// claim leases up to n rows of the subscriber's queues into buf, which
+// has room for them, and returns how many it claimed. A subscriber of one
+// queue uses the claim without the ranking across queues.
+func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (int, error) {
 	ttl := r.s.cfg.LeaseTTL.Seconds()
 	if len(r.s.queues) > 1 {
-		return q.Claim(ctx, db.ClaimParams{Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
+		rows, err := q.Claim(ctx, db.ClaimParams{Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
+		for _, row := range rows {
+			r.buf <- r.leases.add(r.handlerCtx, row)
+		}
+		return len(rows), err
 	}
 	rows, err := q.ClaimQueue(ctx, db.ClaimQueueParams{Queue: r.s.queues[0], MaxRows: n, LeaseTtlSeconds: ttl})
-	out := make([]db.ClaimRow, len(rows))
-	for i, row := range rows {
-		out[i] = db.ClaimRow(row)
+	for _, row := range rows {
+		r.buf <- r.leases.add(r.handlerCtx, db.ClaimRow(row))
 	}
-	return out, err
+	return len(rows), err
 }
 
 // idle waits after an empty claim.
