@@ -23,21 +23,10 @@ func errorText(err error) (text string) {
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			text = storableText(fmt.Sprintf("error of type %T whose Error method panicked: %s", err, recoveredText(p)))
+			text = storableText(fmt.Sprintf("error of type %T whose Error method panicked: %v", err, p))
 		}
 	}()
 	return storableText(err.Error())
-}
-
-// recoveredText describes a recovered panic value without calling methods
-// that could panic again.
-func recoveredText(p any) (s string) {
-	defer func() {
-		if recover() != nil {
-			s = fmt.Sprintf("a panic of type %T", p)
-		}
-	}()
-	return fmt.Sprint(p)
 }
 
 // storableText makes s storable as PostgreSQL text: invalid UTF-8 and NUL

@@ -30,7 +30,7 @@ func allowRetry(s RetryStrategy, attempt int, elapsed, delay time.Duration, err 
 	if l, is := s.(retryLimiter); is {
 		defer func() {
 			if p := recover(); p != nil {
-				ok, problem = false, fmt.Errorf("retry strategy %T panicked: %s", s, recoveredText(p))
+				ok, problem = false, fmt.Errorf("retry strategy %T panicked: %v", s, p)
 			}
 		}()
 		return l.caps().allow(attempt, elapsed, delay), nil
