@@ -21,6 +21,7 @@ WITH candidates AS (
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = q.name
           AND o.acquired_token IS NULL
+          AND NOT o.blocked
           AND o.next_attempt_at <= now()
         ORDER BY o.next_attempt_at, o.id
         LIMIT $3::integer
@@ -81,10 +82,12 @@ type ClaimRow struct {
 }
 
 // Leases up to @max_rows available rows of the given queues: rows whose
-// lease is unset and whose next_attempt_at has come, and rows whose lease
-// expired (lease_expires_at, stamped by the holder from its own TTL, has
-// passed). Each claimed row gets a fresh lease token, an expiry
-// @lease_ttl_seconds from now, and one more delivery.
+// lease is unset, that are not blocked behind their key's head, and whose
+// next_attempt_at has come, and rows whose lease expired (lease_expires_at,
+// stamped by the holder from its own TTL, has passed). Each claimed row
+// gets a fresh lease token, an expiry @lease_ttl_seconds from now, and one
+// more delivery. A key has one unblocked row at a time, so a batch never
+// holds two rows of one key.
 //
 // Each queue is scanned through its own partial-index ranges (LATERAL), so
 // the cost of a claim is bounded by @max_rows per queue, not by the
@@ -134,6 +137,7 @@ WITH candidates AS (
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = $2::text
           AND o.acquired_token IS NULL
+          AND NOT o.blocked
           AND o.next_attempt_at <= now()
         ORDER BY o.next_attempt_at, o.id
         LIMIT $3::integer
@@ -221,4 +225,17 @@ func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]Claim
 		return nil, err
 	}
 	return items, nil
+}
+
+const handOff = `-- name: HandOff :one
+SELECT /*outbox:table*/outbox_hand_off($1::text[])::integer AS waiting
+`
+
+// Completes the key hand-overs recorded for the given queues that no other
+// transaction holds (see migration 5) and returns how many still wait.
+func (q *Queries) HandOff(ctx context.Context, queues []string) (int32, error) {
+	row := q.db.QueryRow(ctx, handOff, queues)
+	var waiting int32
+	err := row.Scan(&waiting)
+	return waiting, err
 }

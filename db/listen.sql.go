@@ -20,6 +20,15 @@ func (q *Queries) Listen(ctx context.Context) error {
 	return err
 }
 
+const listenHandoff = `-- name: ListenHandoff :exec
+LISTEN /*outbox:listen*/"outbox_outbox:handoff"
+`
+
+func (q *Queries) ListenHandoff(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, listenHandoff)
+	return err
+}
+
 const listenScheduled = `-- name: ListenScheduled :exec
 LISTEN /*outbox:listen*/"outbox_outbox:scheduled"
 `

@@ -27,6 +27,7 @@ type Outbox struct {
 	AcquiredToken   pgtype.UUID
 	LeaseExpiresAt  *time.Time
 	LastError       *string
+	Blocked         bool
 }
 
 type OutboxDlq struct {
@@ -42,4 +43,10 @@ type OutboxDlq struct {
 	FailedAt        time.Time
 	FailureReason   string
 	LastError       *string
+}
+
+type OutboxHandoff struct {
+	Queue       string
+	OrderingKey string
+	CreatedAt   time.Time
 }

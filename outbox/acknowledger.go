@@ -119,6 +119,11 @@ func (r *run[T]) flush(ctx context.Context, batch []outcome) ([]outcome, error) 
 	if left, err := r.write(ctx, deletes, r.writeDeletes); err != nil {
 		return append(append(left, retries...), dead...), err
 	}
+	if keyed(deletes) {
+		// The deletes handed their keys to the keys' next rows; claim
+		// them without waiting for the notification's round trip.
+		defer r.wakeFetcher()
+	}
 	if left, err := r.write(ctx, retries, r.writeRetries); err != nil {
 		return append(left, dead...), err
 	}
@@ -132,7 +137,20 @@ func (r *run[T]) flush(ctx context.Context, batch []outcome) ([]outcome, error) 
 			return append(left, dead[i+1:]...), err
 		}
 	}
+	if keyed(dead) {
+		r.wakeFetcher()
+	}
 	return nil, nil
+}
+
+// keyed reports whether any of os is a row with an ordering key.
+func keyed(os []outcome) bool {
+	for _, o := range os {
+		if o.d.row.OrderingKey != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // writeFunc writes outcomes in one statement and returns the lease tokens

@@ -33,6 +33,7 @@ func (r *run[T]) fetch(ctx context.Context) {
 			}
 			continue
 		}
+		r.handOff(ctx, q)
 		n, err := r.claim(ctx, q, int32(min(free, cfg.FetchBatchSize)))
 		if err != nil {
 			if ctx.Err() != nil {
@@ -82,6 +83,7 @@ func (r *run[T]) idle(ctx context.Context, q *db.Queries, n int) {
 	} else if !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
 		r.s.log.WarnContext(ctx, "outbox: next due time unknown", slog.Any("error", err))
 	}
+	d = r.untilHandOff(d)
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

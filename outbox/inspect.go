@@ -15,6 +15,9 @@ type QueueStats struct {
 	Ready int64 `json:"ready"`
 	// Scheduled counts rows due later (delayed, or waiting to retry).
 	Scheduled int64 `json:"scheduled"`
+	// Blocked counts rows waiting behind an earlier row of their ordering
+	// key; each becomes claimable when the rows before it are finished.
+	Blocked int64 `json:"blocked"`
 	// Leased counts rows a subscriber holds with a live lease.
 	Leased int64 `json:"leased"`
 	// Expired counts leased rows whose lease expiry (set by the holder from
@@ -25,6 +28,17 @@ type QueueStats struct {
 	OldestAge time.Duration `json:"oldest_age_ns"`
 	// DeadLettered counts the queue's rows in the dead-letter table.
 	DeadLettered int64 `json:"dead_lettered"`
+	// HeldKeysRetrying counts ordering keys whose head is waiting for its
+	// retry while later rows of the key wait behind it.
+	HeldKeysRetrying int64 `json:"held_keys_retrying"`
+	// HeldKeysScheduled counts ordering keys whose head is scheduled for
+	// later (never handled yet) while later rows of the key wait behind it.
+	HeldKeysScheduled int64 `json:"held_keys_scheduled"`
+	// OldestHeldKey is the held key (retrying or scheduled) whose waiting
+	// rows have waited longest, and OldestHeldAge how long its first
+	// waiting row has existed; empty and zero when no key is held.
+	OldestHeldKey string        `json:"oldest_held_key,omitempty"`
+	OldestHeldAge time.Duration `json:"oldest_held_age_ns,omitempty"`
 }
 
 // QueueStats reports every queue that has rows in the outbox or its
@@ -38,12 +52,17 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	out := make([]QueueStats, len(rows))
 	for i, r := range rows {
 		out[i] = QueueStats{
-			Queue: r.Queue, Ready: r.Ready, Scheduled: r.Scheduled, Leased: r.Leased, Expired: r.Expired,
-			OldestAge: time.Duration(r.OldestAgeSeconds * float64(time.Second)), DeadLettered: r.DeadLettered,
+			Queue: r.Queue, Ready: r.Ready, Scheduled: r.Scheduled, Blocked: r.Blocked, Leased: r.Leased, Expired: r.Expired,
+			OldestAge: seconds(r.OldestAgeSeconds), DeadLettered: r.DeadLettered,
+			HeldKeysRetrying: r.HeldKeysRetrying, HeldKeysScheduled: r.HeldKeysScheduled,
+			OldestHeldKey: r.OldestHeldKey, OldestHeldAge: seconds(r.OldestHeldAgeSeconds),
 		}
 	}
 	return out, nil
 }
+
+// seconds converts a server-side count of seconds.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // RetryBacklog describes the rows of some queues that were handled at
 // least once and are not finished: each waits for its retry, is due for
@@ -74,7 +93,7 @@ func (o *Outbox) RetryBacklog(ctx context.Context, queues []string) (RetryBacklo
 	if err != nil {
 		return RetryBacklog{}, fmt.Errorf("outbox: RetryBacklog: %w", err)
 	}
-	return RetryBacklog{Rows: r.Retrying, NextDueIn: time.Duration(r.NextDueInSeconds * float64(time.Second))}, nil
+	return RetryBacklog{Rows: r.Retrying, NextDueIn: seconds(r.NextDueInSeconds)}, nil
 }
 
 // PendingMessage is a row still in the outbox, as [Outbox.Unprocessed]

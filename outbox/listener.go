@@ -14,7 +14,8 @@ import (
 // silently dead socket turns into a reconnect instead of a subscriber that
 // only polls. While it is down, the fetcher keeps polling; after every
 // (re)connect it wakes the fetcher once, since notifications sent while it
-// was down are lost.
+// was down are lost (so it also has the fetcher complete any recorded
+// hand-overs of ordering keys).
 func (r *run[T]) listen(ctx context.Context) {
 	errs := backoff{base: 100 * time.Millisecond, max: 30 * time.Second}
 	for ctx.Err() == nil {
@@ -61,6 +62,10 @@ func (r *run[T]) listenOnce(ctx context.Context) error {
 	if err := q.ListenScheduled(ctx); err != nil {
 		return err
 	}
+	if err := q.ListenHandoff(ctx); err != nil {
+		return err
+	}
+	r.handoffs.pending.Store(true)
 	r.wakeFetcher()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, r.s.cfg.ListenProbeInterval)
@@ -71,6 +76,9 @@ func (r *run[T]) listenOnce(ctx context.Context) error {
 			return nil
 		case err == nil:
 			if r.wants(n.Payload) {
+				if n.Channel == r.s.ob.naming.handoffChannel() {
+					r.handoffs.pending.Store(true)
+				}
 				r.wakeFetcher()
 			}
 		case wctx.Err() != nil:

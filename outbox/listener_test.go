@@ -16,7 +16,7 @@ func (e *env) listeners(ch string) []int32 {
 	e.t.Helper()
 	rows, err := e.db.Pool.Query(e.ctx, `SELECT pid FROM pg_stat_activity
 		WHERE application_name = $1 AND query = $2 AND pid <> pg_backend_pid()`,
-		e.db.Schema, "-- name: ListenScheduled :exec\nLISTEN "+pgx.Identifier{ch + scheduledSuffix}.Sanitize()+"\n")
+		e.db.Schema, "-- name: ListenHandoff :exec\nLISTEN "+pgx.Identifier{ch + handoffSuffix}.Sanitize()+"\n")
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -106,6 +106,12 @@ func (n naming) channel() string {
 // another's scheduled channel (outbox foo's and outbox foo_scheduled's, say).
 func (n naming) scheduledChannel() string { return n.channel() + scheduledSuffix }
 
+// handoffChannel carries the queue names of ordering-key hand-overs the
+// deleting transaction recorded instead of completing.
+func (n naming) handoffChannel() string { return n.channel() + handoffSuffix }
+
+const handoffSuffix = ":handoff"
+
 // scheduledSuffix turns a due channel into its scheduled channel; the
 // migrations write it after the channel marker.
 const scheduledSuffix = ":scheduled"

@@ -20,6 +20,9 @@ import (
 //	/*outbox:table*/outbox_dlq   schema-qualified derived name ("s"."t_dlq")
 //	/*outbox:name*/outbox_pkey   unqualified derived name ("t_pkey")
 //	/*outbox:schema*/public      the schema ("s")
+//	/*outbox:literal*/'outbox_x' the schema-qualified derived name as a
+//	                             string literal ('"s"."t_x"'), for functions
+//	                             that take a relation by name (nextval)
 //	/*outbox:channel*/'outbox_outbox[_suffix]'  the NOTIFY channel (plus
 //	                             suffix) as a string literal
 //	/*outbox:listen*/outbox_outbox[_suffix]     the same channel as an
@@ -56,6 +59,14 @@ func (n naming) render(sql string) (string, []string, error) {
 				return pgx.Identifier{ch}.Sanitize()
 			}
 			return "'" + strings.ReplaceAll(ch, "'", "''") + "'"
+		case "literal":
+			name, ok := n.derive(strings.Trim(tok, "'"))
+			if !ok {
+				bad = fmt.Errorf("outbox: marker %s: name does not start with %q", m, defaultTable)
+				return m
+			}
+			idents = append(idents, name)
+			return "'" + strings.ReplaceAll(n.qualified(name), "'", "''") + "'"
 		case "table", "name":
 			name, ok := n.derive(tok)
 			if !ok {

@@ -98,7 +98,7 @@ func (e *env) row(id int64) (db.Outbox, bool) {
 	rows, err := e.db.Pool.Query(e.ctx, `SELECT id, queue, payload, headers, ordering_key, timer_id,
 		created_at, next_attempt_at, attempts_count, deliveries_count,
 		first_attempt_at, last_attempt_at, acquired_at, acquired_token,
-		lease_expires_at, last_error
+		lease_expires_at, last_error, blocked
 		FROM `+pgx.Identifier{e.ob.Table()}.Sanitize()+` WHERE id = $1`, id)
 	if err != nil {
 		e.t.Fatalf("read row: %v", err)

@@ -104,6 +104,9 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 		return err
 	}
 	r := newRun(ctx, s)
+	// Hand-overs recorded while no subscriber listened are completed
+	// before the first claim.
+	r.handoffs.pending.Store(true)
 	return r.run(ctx)
 }
 
@@ -154,8 +157,9 @@ type run[T any] struct {
 	// outcomes carries handler outcomes to the acknowledger.
 	outcomes chan outcome
 
-	leases  leases
-	metrics *metricsSink
+	leases   leases
+	handoffs handoffs
+	metrics  *metricsSink
 	logs    *logSummary
 	// unstarted holds rows a worker took after the stop began.
 	unstartedMu sync.Mutex

@@ -1,9 +1,11 @@
 -- name: Claim :many
 -- Leases up to @max_rows available rows of the given queues: rows whose
--- lease is unset and whose next_attempt_at has come, and rows whose lease
--- expired (lease_expires_at, stamped by the holder from its own TTL, has
--- passed). Each claimed row gets a fresh lease token, an expiry
--- @lease_ttl_seconds from now, and one more delivery.
+-- lease is unset, that are not blocked behind their key's head, and whose
+-- next_attempt_at has come, and rows whose lease expired (lease_expires_at,
+-- stamped by the holder from its own TTL, has passed). Each claimed row
+-- gets a fresh lease token, an expiry @lease_ttl_seconds from now, and one
+-- more delivery. A key has one unblocked row at a time, so a batch never
+-- holds two rows of one key.
 --
 -- Each queue is scanned through its own partial-index ranges (LATERAL), so
 -- the cost of a claim is bounded by @max_rows per queue, not by the
@@ -21,6 +23,7 @@ WITH candidates AS (
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = q.name
           AND o.acquired_token IS NULL
+          AND NOT o.blocked
           AND o.next_attempt_at <= now()
         ORDER BY o.next_attempt_at, o.id
         LIMIT @max_rows::integer
@@ -70,6 +73,7 @@ WITH candidates AS (
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = @queue::text
           AND o.acquired_token IS NULL
+          AND NOT o.blocked
           AND o.next_attempt_at <= now()
         ORDER BY o.next_attempt_at, o.id
         LIMIT @max_rows::integer
@@ -102,3 +106,8 @@ WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
           o.acquired_token;
+
+-- name: HandOff :one
+-- Completes the key hand-overs recorded for the given queues that no other
+-- transaction holds (see migration 5) and returns how many still wait.
+SELECT /*outbox:table*/outbox_hand_off(@queues::text[])::integer AS waiting;

@@ -10,18 +10,41 @@ ORDER BY o.id
 LIMIT @max_rows::integer;
 
 -- name: QueueStats :many
--- Per queue: rows ready now, scheduled for later, leased, leased past
--- their expiry, the age of the oldest row in seconds, and the dead-lettered
--- count.
+-- Per queue: rows ready now, scheduled for later, blocked behind their
+-- key's head, leased, leased past their expiry, the age of the oldest row
+-- in seconds, the dead-lettered count, and the keys whose head holds rows
+-- back while it waits for its retry or its scheduled time, with the key
+-- that has held its rows back longest.
 WITH live AS (
     SELECT o.queue,
-           count(*) FILTER (WHERE o.acquired_token IS NULL AND o.next_attempt_at <= now()) AS ready,
-           count(*) FILTER (WHERE o.acquired_token IS NULL AND o.next_attempt_at > now()) AS scheduled,
+           count(*) FILTER (WHERE o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at <= now()) AS ready,
+           count(*) FILTER (WHERE o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at > now()) AS scheduled,
+           count(*) FILTER (WHERE o.blocked) AS blocked,
            count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at >= now()) AS leased,
            count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at < now()) AS expired,
            min(o.created_at) AS oldest_created_at
     FROM /*outbox:table*/outbox AS o
     GROUP BY o.queue
+), waiting_heads AS (
+    SELECT h.queue, h.ordering_key, h.attempts_count > 0 AS retrying, w.created_at AS waiting_since
+    FROM /*outbox:table*/outbox AS h
+    CROSS JOIN LATERAL (
+        SELECT b.created_at
+        FROM /*outbox:table*/outbox AS b
+        WHERE b.queue = h.queue AND b.ordering_key = h.ordering_key AND b.blocked
+        ORDER BY b.id
+        LIMIT 1
+    ) AS w
+    WHERE h.ordering_key IS NOT NULL AND NOT h.blocked
+      AND h.acquired_token IS NULL AND h.next_attempt_at > now()
+), held AS (
+    SELECT wh.queue,
+           count(*) FILTER (WHERE wh.retrying) AS keys_retrying,
+           count(*) FILTER (WHERE NOT wh.retrying) AS keys_scheduled,
+           (array_agg(wh.ordering_key ORDER BY wh.waiting_since, wh.ordering_key))[1] AS oldest_key,
+           min(wh.waiting_since) AS oldest_since
+    FROM waiting_heads AS wh
+    GROUP BY wh.queue
 ), dead AS (
     SELECT x.queue, count(*) AS dead_lettered
     FROM /*outbox:table*/outbox_dlq AS x
@@ -30,12 +53,18 @@ WITH live AS (
 SELECT coalesce(l.queue, d.queue)::text AS queue,
        coalesce(l.ready, 0)::bigint AS ready,
        coalesce(l.scheduled, 0)::bigint AS scheduled,
+       coalesce(l.blocked, 0)::bigint AS blocked,
        coalesce(l.leased, 0)::bigint AS leased,
        coalesce(l.expired, 0)::bigint AS expired,
        coalesce(extract(epoch FROM now() - l.oldest_created_at), 0)::float8 AS oldest_age_seconds,
-       coalesce(d.dead_lettered, 0)::bigint AS dead_lettered
+       coalesce(d.dead_lettered, 0)::bigint AS dead_lettered,
+       coalesce(k.keys_retrying, 0)::bigint AS held_keys_retrying,
+       coalesce(k.keys_scheduled, 0)::bigint AS held_keys_scheduled,
+       coalesce(k.oldest_key, '')::text AS oldest_held_key,
+       coalesce(extract(epoch FROM now() - k.oldest_since), 0)::float8 AS oldest_held_age_seconds
 FROM live AS l
 FULL JOIN dead AS d ON d.queue = l.queue
+LEFT JOIN held AS k ON k.queue = l.queue
 ORDER BY 1;
 
 -- name: NextDueIn :one
@@ -49,7 +78,7 @@ FROM unnest(@queues::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT o.next_attempt_at
     FROM /*outbox:table*/outbox AS o
-    WHERE o.queue = q.name AND o.acquired_token IS NULL AND o.next_attempt_at > clock_timestamp()
+    WHERE o.queue = q.name AND o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at > clock_timestamp()
     ORDER BY o.next_attempt_at
     LIMIT 1
 ) AS n

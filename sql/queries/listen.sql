@@ -6,6 +6,9 @@ LISTEN /*outbox:listen*/outbox_outbox;
 -- name: ListenScheduled :exec
 LISTEN /*outbox:listen*/"outbox_outbox:scheduled";
 
+-- name: ListenHandoff :exec
+LISTEN /*outbox:listen*/"outbox_outbox:handoff";
+
 -- name: Probe :one
 -- A bounded round trip that proves a connection is alive.
 SELECT 1::integer AS alive;

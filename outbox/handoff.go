@@ -1,0 +1,61 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// handoffs tracks the per-key hand-overs the fetcher completes. When a
+// key's head leaves the table, the deleting transaction unblocks the key's
+// next row itself; when it cannot without waiting (a publisher of the key
+// has not committed yet), it records the hand-over and announces it on the
+// outbox's handoff channel, and the subscribers of the queue complete it.
+type handoffs struct {
+	// pending is set by the listener (a notification, a reconnect) and at
+	// start: run the hand-over before the next claim.
+	pending atomic.Bool
+	// retryAt is when to try again the hand-overs whose keys another
+	// transaction still held; zero when none wait. Fetcher only.
+	retryAt time.Time
+	delay   time.Duration
+}
+
+// Hand-overs whose key another transaction holds are retried after
+// handoffRetryMin, doubling up to MaxFetchInterval: the holder is a
+// publisher whose commit (or rollback) frees the key.
+const handoffRetryMin = 5 * time.Millisecond
+
+// handOff completes the recorded hand-overs of the subscriber's queues
+// when one was announced or a retry is due.
+func (r *run[T]) handOff(ctx context.Context, q *db.Queries) {
+	h := &r.handoffs
+	if !h.pending.Swap(false) && (h.retryAt.IsZero() || time.Now().Before(h.retryAt)) {
+		return
+	}
+	h.retryAt = time.Time{}
+	waiting, err := q.HandOff(ctx, r.s.queues)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		h.pending.Store(true)
+		return
+	case err != nil:
+		r.s.log.WarnContext(ctx, "outbox: completing ordering-key hand-overs failed; retrying", slog.Any("error", err))
+	case waiting == 0:
+		h.delay = 0
+		return
+	}
+	h.delay = min(max(2*h.delay, handoffRetryMin), r.s.cfg.MaxFetchInterval)
+	h.retryAt = time.Now().Add(h.delay)
+}
+
+// untilHandOff bounds an idle wait by the next hand-over retry.
+func (r *run[T]) untilHandOff(d time.Duration) time.Duration {
+	if at := r.handoffs.retryAt; !at.IsZero() {
+		return max(min(d, time.Until(at)), 0)
+	}
+	return d
+}
