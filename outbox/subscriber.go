@@ -160,7 +160,7 @@ type run[T any] struct {
 	leases   leases
 	handoffs handoffs
 	metrics  *metricsSink
-	logs    *logSummary
+	logs     *logSummary
 	// unstarted holds rows a worker took after the stop began.
 	unstartedMu sync.Mutex
 	unstarted   []*delivery
