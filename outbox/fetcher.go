@@ -89,6 +89,11 @@ func (r *run[T]) idle(ctx context.Context, q *db.Queries, n int) {
 	select {
 	case <-ctx.Done():
 	case <-r.wake:
+		// A publisher holding a waiting hand-over's key notifies when it
+		// commits: try the hand-over again now.
+		if !r.handoffs.retryAt.IsZero() {
+			r.handoffs.pending.Store(true)
+		}
 	case <-t.C:
 	}
 }
