@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
+	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -295,5 +296,96 @@ func TestChannelsOfTwoOutboxesNeverCollide(t *testing.T) {
 			}
 			seen[ch] = who
 		}
+	}
+}
+
+// Upgrading from schema 4 orders the keys that already have rows: each
+// key's lowest row and any leased row stay claimable, every other row of a
+// key waits behind them, and unkeyed rows are untouched.
+func TestUpgradeFromSchema4OrdersKeyedRowsInEveryState(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	ob := newOutbox(t, d)
+	if err := ob.createSchema(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	migrateTo(t, ob, 4)
+	e := &env{t: t, ctx: t.Context(), db: d, ob: ob, q: ob.queries(d.Pool)}
+	e.exec(`INSERT INTO outbox (queue, payload, ordering_key, next_attempt_at, attempts_count, deliveries_count,
+			first_attempt_at, acquired_at, acquired_token, lease_expires_at) VALUES
+		('q', 'a1 leased',     'a', now(), 0, 1, NULL, now(), gen_random_uuid(), now() + interval '1 minute'),
+		('q', 'a2 due',        'a', now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'a3 scheduled',  'a', now() + interval '1 hour', 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'b1 retrying',   'b', now() + interval '1 hour', 1, 1, now(), NULL, NULL, NULL),
+		('q', 'b2 due',        'b', now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'c1 due',        'c', now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'c2 leased',     'c', now(), 0, 1, NULL, now(), gen_random_uuid(), now() + interval '1 minute'),
+		('q', 'c3 due',        'c', now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'd1 scheduled',  'd', now() + interval '1 hour', 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'd2 due',        'd', now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'e1 expired',    'e', now(), 0, 1, NULL, now() - interval '2 minutes', gen_random_uuid(), now() - interval '1 minute'),
+		('q', 'e2 due',        'e', now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'u due',         NULL, now(), 0, 0, NULL, NULL, NULL, NULL),
+		('r', 'a1 other queue', 'a', now(), 0, 0, NULL, NULL, NULL, NULL)`)
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, ordering_key, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (999, 'q', 'dead', 'a', 3, 3, now(), 'rejected')`)
+
+	blocked := func() []string {
+		t.Helper()
+		rows, err := d.Pool.Query(e.ctx, `SELECT convert_from(payload, 'UTF8') FROM outbox WHERE blocked ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	wantBlocked := []string{"a2 due", "a3 scheduled", "b2 due", "c3 due", "d2 due", "e2 due"}
+	for _, step := range []string{"upgrade", "down to 4 and up again"} {
+		if step != "upgrade" {
+			if err := ob.MigrateDownTo(t.Context(), 4); err != nil {
+				t.Fatalf("down to 4: %v", err)
+			}
+			if v, _ := ob.SchemaVersion(t.Context()); v != 4 {
+				t.Errorf("version after down to 4 = %d", v)
+			}
+		}
+		if err := ob.Migrate(t.Context()); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if err := ob.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(wantBlocked, blocked()); diff != "" {
+			t.Errorf("%s: blocked rows (-want +got):\n%s", step, diff)
+		}
+		if n := e.count("outbox"); n != 14 {
+			t.Errorf("%s: %d rows, want 14", step, n)
+		}
+	}
+
+	payloads := func(rows []db.ClaimRow) []string {
+		out := make([]string, len(rows))
+		for i, r := range rows {
+			out[i] = string(r.Payload)
+		}
+		slices.Sort(out)
+		return out
+	}
+	first := e.claim(100, "q", "r")
+	if diff := cmp.Diff([]string{"a1 other queue", "c1 due", "e1 expired", "u due"}, payloads(first)); diff != "" {
+		t.Errorf("claimable after the upgrade (-want +got):\n%s", diff)
+	}
+	// The rows leased before the upgrade finish under their old tokens,
+	// and hand their keys on.
+	e.exec(`DELETE FROM outbox WHERE convert_from(payload, 'UTF8') IN ('a1 leased', 'c2 leased')`)
+	e.ack(first...)
+	if diff := cmp.Diff([]string{"a2 due", "c3 due", "e2 due"}, payloads(e.claim(100, "q"))); diff != "" {
+		t.Errorf("claimable once the old leases ended (-want +got):\n%s", diff)
+	}
+	if n := e.count("outbox_dlq"); n != 1 {
+		t.Errorf("%d dead letters, want 1", n)
 	}
 }
