@@ -138,6 +138,10 @@ WITH live AS (
            min(wh.waiting_since) AS oldest_since
     FROM waiting_heads AS wh
     GROUP BY wh.queue
+), handing AS (
+    SELECT h.queue, count(DISTINCT h.ordering_key) AS hand_offs
+    FROM /*outbox:table*/outbox_handoff AS h
+    GROUP BY h.queue
 ), dead AS (
     SELECT x.queue, count(*) AS dead_lettered
     FROM /*outbox:table*/outbox_dlq AS x
@@ -154,10 +158,12 @@ SELECT coalesce(l.queue, d.queue)::text AS queue,
        coalesce(k.keys_retrying, 0)::bigint AS held_keys_retrying,
        coalesce(k.keys_scheduled, 0)::bigint AS held_keys_scheduled,
        coalesce(k.oldest_key, '')::text AS oldest_held_key,
-       coalesce(extract(epoch FROM now() - k.oldest_since), 0)::float8 AS oldest_held_age_seconds
+       coalesce(extract(epoch FROM now() - k.oldest_since), 0)::float8 AS oldest_held_age_seconds,
+       coalesce(ho.hand_offs, 0)::bigint AS hand_offs
 FROM live AS l
 FULL JOIN dead AS d ON d.queue = l.queue
 LEFT JOIN held AS k ON k.queue = l.queue
+LEFT JOIN handing AS ho ON ho.queue = l.queue
 ORDER BY 1
 `
 
@@ -174,13 +180,15 @@ type QueueStatsRow struct {
 	HeldKeysScheduled    int64
 	OldestHeldKey        string
 	OldestHeldAgeSeconds float64
+	HandOffs             int64
 }
 
 // Per queue: rows ready now, scheduled for later, blocked behind their
 // key's head, leased, leased past their expiry, the age of the oldest row
 // in seconds, the dead-lettered count, and the keys whose head holds rows
 // back while it waits for its retry or its scheduled time, with the key
-// that has held its rows back longest.
+// that has held its rows back longest, and the keys whose hand-over to
+// their next row is recorded and not yet completed.
 func (q *Queries) QueueStats(ctx context.Context) ([]QueueStatsRow, error) {
 	rows, err := q.db.Query(ctx, queueStats)
 	if err != nil {
@@ -203,6 +211,7 @@ func (q *Queries) QueueStats(ctx context.Context) ([]QueueStatsRow, error) {
 			&i.HeldKeysScheduled,
 			&i.OldestHeldKey,
 			&i.OldestHeldAgeSeconds,
+			&i.HandOffs,
 		); err != nil {
 			return nil, err
 		}

@@ -39,6 +39,11 @@ type QueueStats struct {
 	// waiting row has existed; empty and zero when no key is held.
 	OldestHeldKey string        `json:"oldest_held_key,omitempty"`
 	OldestHeldAge time.Duration `json:"oldest_held_age_ns,omitempty"`
+	// HandOffs counts ordering keys whose head is gone and whose next row
+	// waits for a subscriber to complete the hand-over (the deleting
+	// transaction could not, because a publisher of the key had not
+	// committed). It stays near zero while subscribers run.
+	HandOffs int64 `json:"hand_offs"`
 }
 
 // QueueStats reports every queue that has rows in the outbox or its
@@ -56,6 +61,7 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 			OldestAge: seconds(r.OldestAgeSeconds), DeadLettered: r.DeadLettered,
 			HeldKeysRetrying: r.HeldKeysRetrying, HeldKeysScheduled: r.HeldKeysScheduled,
 			OldestHeldKey: r.OldestHeldKey, OldestHeldAge: seconds(r.OldestHeldAgeSeconds),
+			HandOffs: r.HandOffs,
 		}
 	}
 	return out, nil

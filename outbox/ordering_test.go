@@ -555,3 +555,47 @@ func TestSubscriberHandlesAKeyOneAtATimeInOrder(t *testing.T) {
 		t.Errorf("at most %d handlers ran at once; keys should run in parallel", peak)
 	}
 }
+
+// QueueStats tells blocked rows from ready ones, and names the keys whose
+// head holds rows back while it waits for a retry or its scheduled time.
+func TestQueueStatsReportsHeldKeys(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// Key r: its head waits for a retry, two rows behind it.
+	e.publishKeyed("q", "r")
+	e.publishKeyed("q", "r")
+	e.publishKeyed("q", "r")
+	head := e.claim(1, "q")[0]
+	if n, err := e.q.MarkPendingWithLease(e.ctx, db.MarkPendingWithLeaseParams{DelaySeconds: 3600, ID: head.ID, Token: head.AcquiredToken}); err != nil || n != 1 {
+		t.Fatalf("retry: %d, %v", n, err)
+	}
+	// Key s: its head is scheduled, one row behind it, which has waited
+	// longest.
+	k := "s"
+	e.publishWith(db.PublishParams{Queue: "q", Payload: []byte(`{}`), OrderingKey: &k, DelaySeconds: 3600})
+	behind := e.publishKeyed("q", k)
+	e.exec("UPDATE outbox SET created_at = now() - interval '1 hour' WHERE id = $1", behind)
+	// Key l: its head is leased (not held: it is being handled).
+	e.publishKeyed("q", "l")
+	e.publishKeyed("q", "l")
+	e.claim(1, "q")
+	// Key alone: a scheduled head with nothing behind it holds nothing.
+	k2 := "alone"
+	e.publishWith(db.PublishParams{Queue: "q", Payload: []byte(`{}`), OrderingKey: &k2, DelaySeconds: 3600})
+	// Key h: its hand-over is recorded, to be completed.
+	e.exec(`INSERT INTO outbox_handoff (queue, ordering_key) VALUES ('q', 'h'), ('q', 'h')`)
+
+	got, err := e.ob.QueueStats(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].OldestHeldAge < 59*time.Minute || got[0].OldestHeldAge > 61*time.Minute {
+		t.Fatalf("stats %+v: want one queue whose oldest held key waited about an hour", got)
+	}
+	got[0].OldestAge, got[0].OldestHeldAge = 0, 0
+	want := QueueStats{Queue: "q", Scheduled: 3, Blocked: 4, Leased: 1,
+		HeldKeysRetrying: 1, HeldKeysScheduled: 1, OldestHeldKey: "s", HandOffs: 1}
+	if diff := cmp.Diff(want, got[0]); diff != "" {
+		t.Errorf("stats (-want +got):\n%s", diff)
+	}
+}

@@ -43,7 +43,8 @@ func Published[T any](tb testing.TB, ob *outbox.Outbox, queue string, codec outb
 // is due, leased, or waiting for a retry that falls due within timeout,
 // then stops it, and returns how many deliveries the handler saw. Rows
 // scheduled at publish for later stay, and so do rows whose retry falls due
-// after timeout. cfg may be nil; Drain polls every few milliseconds
+// after timeout, and the rows of an ordering key waiting behind such a
+// row. cfg may be nil; Drain polls every few milliseconds
 // whatever cfg says, and fails tb if the queues are not drained within
 // timeout (0 means 30 s).
 func Drain[T any](tb testing.TB, ob *outbox.Outbox, queues []string, handler outbox.Handler[T], cfg *outbox.SubscriberConfig[T], timeout time.Duration) (count int) {
@@ -118,7 +119,7 @@ func idle(tb testing.TB, ob *outbox.Outbox, queues []string) bool {
 	}
 	for _, s := range stats {
 		for _, q := range queues {
-			if s.Queue == q && s.Ready+s.Leased+s.Expired > 0 {
+			if s.Queue == q && s.Ready+s.Leased+s.Expired+s.HandOffs > 0 {
 				return false
 			}
 		}

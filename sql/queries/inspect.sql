@@ -14,7 +14,8 @@ LIMIT @max_rows::integer;
 -- key's head, leased, leased past their expiry, the age of the oldest row
 -- in seconds, the dead-lettered count, and the keys whose head holds rows
 -- back while it waits for its retry or its scheduled time, with the key
--- that has held its rows back longest.
+-- that has held its rows back longest, and the keys whose hand-over to
+-- their next row is recorded and not yet completed.
 WITH live AS (
     SELECT o.queue,
            count(*) FILTER (WHERE o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at <= now()) AS ready,
@@ -45,6 +46,10 @@ WITH live AS (
            min(wh.waiting_since) AS oldest_since
     FROM waiting_heads AS wh
     GROUP BY wh.queue
+), handing AS (
+    SELECT h.queue, count(DISTINCT h.ordering_key) AS hand_offs
+    FROM /*outbox:table*/outbox_handoff AS h
+    GROUP BY h.queue
 ), dead AS (
     SELECT x.queue, count(*) AS dead_lettered
     FROM /*outbox:table*/outbox_dlq AS x
@@ -61,10 +66,12 @@ SELECT coalesce(l.queue, d.queue)::text AS queue,
        coalesce(k.keys_retrying, 0)::bigint AS held_keys_retrying,
        coalesce(k.keys_scheduled, 0)::bigint AS held_keys_scheduled,
        coalesce(k.oldest_key, '')::text AS oldest_held_key,
-       coalesce(extract(epoch FROM now() - k.oldest_since), 0)::float8 AS oldest_held_age_seconds
+       coalesce(extract(epoch FROM now() - k.oldest_since), 0)::float8 AS oldest_held_age_seconds,
+       coalesce(ho.hand_offs, 0)::bigint AS hand_offs
 FROM live AS l
 FULL JOIN dead AS d ON d.queue = l.queue
 LEFT JOIN held AS k ON k.queue = l.queue
+LEFT JOIN handing AS ho ON ho.queue = l.queue
 ORDER BY 1;
 
 -- name: NextDueIn :one
