@@ -599,3 +599,57 @@ func TestQueueStatsReportsHeldKeys(t *testing.T) {
 		t.Errorf("stats (-want +got):\n%s", diff)
 	}
 }
+
+// One key stuck behind a failing head never holds back other keys or
+// unkeyed rows.
+func TestFailingHeadHoldsBackOnlyItsKey(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pub := newPublisher[int](t, e, "q", nil)
+	for i := range 20 {
+		if _, err := pub.Publish(e.ctx, e.db.Pool, -1-i, &PublishOpts{OrderingKey: "stuck"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 500 {
+		opts := &PublishOpts{}
+		if i%5 == 0 {
+			opts.OrderingKey = fmt.Sprint("k", i%50)
+		}
+		if _, err := pub.Publish(e.ctx, e.db.Pool, i, opts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		mu      sync.Mutex
+		handled = map[int]int{}
+	)
+	cfg := fastConfig[int](nil)
+	cfg.Retry = ConstantRetry{Delay: 20 * time.Millisecond}
+	startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[int]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		handled[m.Payload]++
+		if m.OrderingKey == "stuck" {
+			return fmt.Errorf("always fails")
+		}
+		return nil
+	}, cfg)
+	eventually(t, "every row of the other keys and every unkeyed row", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range 500 {
+			if handled[i] == 0 {
+				return false
+			}
+		}
+		return handled[-1] >= 3
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 2; i <= 20; i++ {
+		if handled[-i] > 0 {
+			t.Errorf("row %d of the stuck key was handled while its head fails", i)
+		}
+	}
+}

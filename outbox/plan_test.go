@@ -96,3 +96,59 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 		t.Errorf("next-due plan does not use outbox_pending_idx:\n%s", plan)
 	}
 }
+
+// claimBuffers runs a one-queue claim of n rows under EXPLAIN (ANALYZE,
+// BUFFERS) in a transaction it rolls back, and returns the rows it claimed
+// and the shared buffers it touched.
+func (e *env) claimBuffers(n int32) (rows, buffers int) {
+	e.t.Helper()
+	rec := &recorder{}
+	_, _ = e.ob.queries(rec).ClaimQueue(e.ctx, db.ClaimQueueParams{Queue: "q", MaxRows: n, LeaseTtlSeconds: 30})
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer tx.Rollback(e.ctx)
+	var plan []struct {
+		Plan struct {
+			ActualRows int `json:"Actual Rows"`
+			Hit        int `json:"Shared Hit Blocks"`
+			Read       int `json:"Shared Read Blocks"`
+		} `json:"Plan"`
+	}
+	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&plan); err != nil {
+		e.t.Fatalf("EXPLAIN: %v", err)
+	}
+	var claimed int
+	if err := tx.QueryRow(e.ctx, "SELECT count(*) FROM outbox WHERE acquired_token IS NOT NULL").Scan(&claimed); err != nil {
+		e.t.Fatal(err)
+	}
+	return claimed, plan[0].Plan.Hit + plan[0].Plan.Read
+}
+
+// A claim's cost does not grow with the backlog of keyed rows: rows
+// waiting behind their key's head are not in the pending index, so a
+// claim of 100 rows touches about as many buffers over a one-key backlog
+// of 20,000 rows and 20,000 rows spread over 2,000 keys as over 2,000
+// rows of 2,000 keys.
+func TestClaimCostDoesNotGrowWithKeyBacklogs(t *testing.T) {
+	t.Parallel()
+	small, large := setup(t), setup(t)
+	small.exec(`INSERT INTO outbox (queue, payload, ordering_key)
+		SELECT 'q', '\x00', 'k' || i FROM generate_series(1, 2000) AS i`)
+	large.exec(`INSERT INTO outbox (queue, payload, ordering_key)
+		SELECT 'q', '\x00', CASE WHEN i % 2 = 0 THEN 'hot' ELSE 'k' || (i % 2000) END
+		FROM generate_series(1, 40000) AS i`)
+	for _, e := range []*env{small, large} {
+		e.exec("VACUUM ANALYZE outbox")
+	}
+	smallRows, smallBuf := small.claimBuffers(100)
+	largeRows, largeBuf := large.claimBuffers(100)
+	t.Logf("claim of 100: %d buffers over 2,000 keyed rows, %d over 40,000 (a hot key of 20,000)", smallBuf, largeBuf)
+	if smallRows != 100 || largeRows != 100 {
+		t.Fatalf("claimed %d and %d rows, want 100", smallRows, largeRows)
+	}
+	if largeBuf > smallBuf*3/2+20 {
+		t.Errorf("claim of 100 touched %d buffers over the large backlog, %d over the small one", largeBuf, smallBuf)
+	}
+}
