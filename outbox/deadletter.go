@@ -162,6 +162,8 @@ type ReplayResult struct {
 // tables, and none twice. Replayed rows get new ids and start from zero
 // attempts with their original payload, headers, ordering key and timer
 // id. Rows dead-lettered after the replay began are left for the next one.
+// A replayed row with an ordering key joins the end of its key, behind rows
+// of the key published since it was dead-lettered.
 //
 // A row whose timer id is live in the outbox cannot go back with it (one
 // live row per queue and timer id): it is left in the dead-letter table

@@ -39,6 +39,11 @@
 // schedule messages ([PublishOpts].Delay, At), name them for cancellation
 // ([PublishOpts].TimerID, [Outbox.CancelTimer]) and attach headers.
 //
+// Messages with the same [PublishOpts].OrderingKey in one queue are handled
+// one at a time, in the commit order of their transactions, by every
+// subscriber in every process; the database enforces it for rows from any
+// writer (see the README's per-key order and migration 5).
+//
 // # Subscribing
 //
 // A [Subscriber] delivers each committed message to a typed [Handler] at

@@ -22,7 +22,15 @@ type PublishOpts struct {
 	CorrelationID string
 
 	// OrderingKey groups messages that must be handled one at a time, in
-	// publish order, within the queue. Empty means no ordering.
+	// the commit order of the transactions that published them, within the
+	// queue, by every subscriber in every process. Empty means no ordering.
+	//
+	// Only the oldest row of a key is claimable; it holds the key while it
+	// is leased, waiting for a retry, or scheduled for later (Delay, At),
+	// and its acknowledgement or dead-lettering makes the next row
+	// claimable. The publishing transaction holds the key until it ends:
+	// concurrent transactions publishing the same key wait for each other,
+	// so keep them short and publish several keys in a consistent order.
 	OrderingKey string
 
 	// Delay makes the message deliverable this long after the publishing
