@@ -388,4 +388,12 @@ func TestUpgradeFromSchema4OrdersKeyedRowsInEveryState(t *testing.T) {
 	if n := e.count("outbox_dlq"); n != 1 {
 		t.Errorf("%d dead letters, want 1", n)
 	}
+
+	// A subscriber of an older release claims without knowing blocked
+	// rows; schema 5 refuses a claim that reaches one.
+	_, err := d.Pool.Exec(e.ctx, `UPDATE outbox SET acquired_token = gen_random_uuid(), acquired_at = now(),
+		lease_expires_at = now() + interval '1 minute' WHERE blocked`)
+	if sqlState(err) != "23514" {
+		t.Errorf("an old-style claim of blocked rows under schema 5: %v, want a check violation", err)
+	}
 }
