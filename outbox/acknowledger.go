@@ -36,7 +36,9 @@ type outcome struct {
 
 // acknowledge writes outcomes in batches, flushing when a batch holds
 // AckBatchSize outcomes or its oldest is AckLinger old, until outcomes is
-// closed; then it writes what is left. Every write is filtered by the lease
+// closed; then it writes what is left. An outcome of a row with an
+// ordering key does not linger: its key's next row waits for the write,
+// so the batch is written with whatever outcomes are already queued. Every write is filtered by the lease
 // token, and each outcome's metric is emitted only after its write lands.
 //
 // ctx bounds every write: once it is done (the graceful timeout after a
@@ -70,6 +72,17 @@ func (r *run[T]) acknowledge(ctx context.Context) (unwritten int) {
 				continue
 			}
 			batch = append(batch, o)
+			if o.d.row.OrderingKey != nil {
+				// The row's key waits for this write: take what is
+				// already queued and write without lingering.
+				closed := false
+				batch, closed = r.takeQueued(batch, cfg.AckBatchSize)
+				flush()
+				if closed {
+					return unwritten
+				}
+				continue
+			}
 			if len(batch) >= cfg.AckBatchSize {
 				flush()
 			} else if due == nil {
@@ -80,6 +93,24 @@ func (r *run[T]) acknowledge(ctx context.Context) (unwritten int) {
 			flush()
 		}
 	}
+}
+
+// takeQueued appends the outcomes already waiting in r.outcomes to batch,
+// without blocking, until it holds max; closed reports that the channel
+// was closed (the run is ending).
+func (r *run[T]) takeQueued(batch []outcome, max int) (_ []outcome, closed bool) {
+	for len(batch) < max {
+		select {
+		case o, ok := <-r.outcomes:
+			if !ok {
+				return batch, true
+			}
+			batch = append(batch, o)
+		default:
+			return batch, false
+		}
+	}
+	return batch, false
 }
 
 // flushRetrying writes batch, retrying failed statements with backoff

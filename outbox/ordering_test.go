@@ -653,3 +653,35 @@ func TestFailingHeadHoldsBackOnlyItsKey(t *testing.T) {
 		}
 	}
 }
+
+// A key's next row waits for its head's acknowledgement, so keyed outcomes
+// are written at once instead of lingering for a fuller batch.
+func TestKeyedOutcomesDoNotLinger(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pub := newPublisher[int](t, e, "q", nil)
+	for i := range 5 {
+		if _, err := pub.Publish(e.ctx, e.db.Pool, i, &PublishOpts{OrderingKey: "k"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	handled := make(chan int, 5)
+	cfg := fastConfig[int](nil)
+	cfg.AckLinger = time.Minute
+	startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[int]) error {
+		handled <- m.Payload
+		return nil
+	}, cfg)
+	var got []int
+	for range 5 {
+		select {
+		case v := <-handled:
+			got = append(got, v)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("handled %v; the rest waited for the one-minute ack linger", got)
+		}
+	}
+	if diff := cmp.Diff([]int{0, 1, 2, 3, 4}, got); diff != "" {
+		t.Errorf("order (-want +got):\n%s", diff)
+	}
+}
