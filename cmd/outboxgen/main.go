@@ -118,7 +118,7 @@ const usage = `outboxgen manages transactional outbox tables.
 Commands:
   migrate      apply, roll back or list the outbox migrations (up, down, down-to N, reset, status)
   migrations   write the outbox's goose migrations into a repository's directory
-  inspect      show each queue's depth, leases, age and dead letters
+  inspect      show each queue's depth, leases, age, dead letters and held ordering keys
   dlq          list, show, replay or purge dead-lettered rows
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
 
