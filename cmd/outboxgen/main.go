@@ -5,7 +5,7 @@
 //
 //	outboxgen migrate up|down|down-to N|reset|status [-dsn DSN] [-schema S] [-table T]
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
-//	outboxgen inspect [-queue Q] [-json] [-lease-ttl D] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen inspect [-queue Q] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D] [-limit N] [-after ID]
 //	    [-drop-timer-ids] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
