@@ -5,17 +5,24 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
 const inspectUsage = `Usage: outboxgen inspect [-queue Q] [-json] [flags]
 
-Shows, per queue: rows ready now, scheduled for later, leased, leased past
-their lease expiry (their subscriber stalled or died), the oldest row's age, and
-rows in the dead-letter table.
+Shows, per queue: rows ready now, scheduled for later, blocked behind an
+earlier row of their ordering key, leased, leased past their lease expiry
+(their subscriber stalled or died), the oldest row's age, and rows in the
+dead-letter table; and the ordering keys whose head holds later rows back:
+how many while it waits for its retry, how many while it waits for its
+scheduled time, and the key whose rows have waited longest, with how long.
 
 Example:
   DATABASE_URL=postgres://localhost/app outboxgen inspect -schema billing
@@ -65,14 +72,34 @@ func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		}
 		return enc.Encode(stats)
 	}
+	columns := []string{"QUEUE", "READY", "SCHEDULED", "BLOCKED", "LEASED", "EXPIRED", "OLDEST", "DEAD-LETTERED",
+		"HELD KEYS (retry/sched)", "OLDEST HELD KEY"}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "QUEUE\tREADY\tSCHEDULED\tLEASED\tEXPIRED\tOLDEST\tDEAD-LETTERED\t")
+	fmt.Fprintln(w, strings.Join(columns, "\t")+"\t")
 	for _, s := range stats {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t\n", s.Queue, s.Ready, s.Scheduled, s.Leased, s.Expired,
-			s.OldestAge.Round(time.Second), s.DeadLettered)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d/%d\t%s\t\n", s.Queue, s.Ready, s.Scheduled, s.Blocked,
+			s.Leased, s.Expired, s.OldestAge.Round(time.Second), s.DeadLettered,
+			s.HeldKeysRetrying, s.HeldKeysScheduled, heldKey(s))
 	}
 	if len(stats) == 0 {
-		fmt.Fprintln(w, "(no rows)\t\t\t\t\t\t\t")
+		fmt.Fprintln(w, "(no rows)"+strings.Repeat("\t", len(columns)))
 	}
 	return w.Flush()
+}
+
+// heldKeyWidth caps the key shown in the table; -json carries it whole.
+const heldKeyWidth = 40
+
+// heldKey is the OLDEST HELD KEY cell: the key and how long its rows have
+// waited, or "-" when no key is held. A key that is empty or holds
+// characters a table cannot show (tabs, newlines) is quoted.
+func heldKey(s outbox.QueueStats) string {
+	if s.HeldKeysRetrying+s.HeldKeysScheduled == 0 {
+		return "-"
+	}
+	k := s.OldestHeldKey
+	if k == "" || !utf8.ValidString(k) || strings.ContainsFunc(k, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		k = strconv.Quote(k)
+	}
+	return fmt.Sprintf("%s (%s)", clip(k, heldKeyWidth), s.OldestHeldAge.Round(time.Second))
 }

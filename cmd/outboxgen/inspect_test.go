@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
+	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
 
 // migrated returns an outbox in a fresh schema and the CLI environment and
@@ -75,6 +78,10 @@ func TestInspect(t *testing.T) {
 	if len(lines) == 2 && len(lines[0]) != len(lines[1]) {
 		t.Errorf("columns not aligned:\n%s", r.stdout)
 	}
+	// No key is held.
+	if f := strings.Fields(lines[len(lines)-1]); len(f) < 2 || f[len(f)-2] != "0/0" || f[len(f)-1] != "-" {
+		t.Errorf("held keys of orders: want 0/0 and -:\n%s", r.stdout)
+	}
 }
 
 func TestInspectErrors(t *testing.T) {
@@ -116,5 +123,107 @@ func TestInspectNamesTheFixForAMissingOrOldSchema(t *testing.T) {
 	r = runCLI(t, env, "inspect", "-schema", d.Schema)
 	if r.code != 1 || !strings.Contains(r.stderr, "is at schema version 3 and this library needs") {
 		t.Errorf("inspect of an outbox at version 3: exit %d %q", r.code, r.stderr)
+	}
+}
+
+// inspect names the ordering keys whose head holds later rows back: one
+// waiting for its retry, one scheduled for later, and not one whose head
+// is ready.
+func TestInspectNamesHeldKeys(t *testing.T) {
+	t.Parallel()
+	d, ob, env, flags := migrated(t)
+	pub, err := outbox.NewPublisher[string](ob, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(opts *outbox.PublishOpts, msgs ...string) {
+		t.Helper()
+		for _, m := range msgs {
+			if _, err := pub.Publish(t.Context(), d.Pool, m, opts); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// customer-2's head is scheduled for later, with a row behind it.
+	publish(&outbox.PublishOpts{OrderingKey: "customer-2", Delay: time.Hour}, "s1")
+	publish(&outbox.PublishOpts{OrderingKey: "customer-2"}, "s2")
+	// customer-1's head fails and waits an hour for its retry, with two
+	// rows behind it.
+	publish(&outbox.PublishOpts{OrderingKey: "customer-1"}, "r1", "r2", "r3")
+	n := outboxtest.Drain(t, ob, []string{"orders"}, func(context.Context, *outbox.Message[string]) error {
+		return outbox.RetryAfter(errors.New("later"), time.Hour)
+	}, nil, 10*time.Second)
+	if n != 1 {
+		t.Fatalf("Drain saw %d deliveries, want 1 (customer-1's head)", n)
+	}
+	// customer-3's head is ready: its key is busy, not held.
+	publish(&outbox.PublishOpts{OrderingKey: "customer-3"}, "f1", "f2")
+	// customer-2's waiting row is the oldest.
+	if _, err := d.Pool.Exec(t.Context(), `UPDATE outbox SET created_at = now() - interval '2 hours' WHERE ordering_key = 'customer-2'`); err != nil {
+		t.Fatal(err)
+	}
+
+	r := runCLI(t, env, append([]string{"inspect", "-json"}, flags...)...)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	for _, field := range []string{`"blocked": 4`, `"held_keys_retrying": 1`, `"held_keys_scheduled": 1`, `"oldest_held_key": "customer-2"`, `"oldest_held_age_ns"`} {
+		if !strings.Contains(r.stdout, field) {
+			t.Errorf("JSON lacks %s:\n%s", field, r.stdout)
+		}
+	}
+	var got []outbox.QueueStats
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("%v in %s", err, r.stdout)
+	}
+	want := []outbox.QueueStats{{Queue: "orders", Ready: 1, Scheduled: 2, Blocked: 4,
+		HeldKeysRetrying: 1, HeldKeysScheduled: 1, OldestHeldKey: "customer-2"}}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(outbox.QueueStats{}, "OldestAge", "OldestHeldAge")); diff != "" {
+		t.Errorf("stats (-want +got):\n%s", diff)
+	}
+	if len(got) == 1 && (got[0].OldestHeldAge < 2*time.Hour || got[0].OldestHeldAge > 2*time.Hour+time.Minute) {
+		t.Errorf("OldestHeldAge %v; want customer-2's 2h", got[0].OldestHeldAge)
+	}
+
+	r = runCLI(t, env, append([]string{"inspect"}, flags...)...)
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	if r.code != 0 || len(lines) != 2 {
+		t.Fatalf("table: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, col := range []string{"BLOCKED", "HELD KEYS (retry/sched)", "OLDEST HELD KEY"} {
+		if !strings.Contains(lines[0], col) {
+			t.Errorf("header lacks %s:\n%s", col, r.stdout)
+		}
+	}
+	// QUEUE READY SCHEDULED BLOCKED LEASED EXPIRED OLDEST DEAD-LETTERED
+	// HELD KEYS OLDEST HELD KEY (its key, then its age).
+	fields := strings.Fields(lines[1])
+	if len(fields) != 11 || fields[0] != "orders" || fields[3] != "4" || fields[8] != "1/1" ||
+		fields[9] != "customer-2" || !strings.HasPrefix(fields[10], "(2h0m") {
+		t.Errorf("orders line %q; want 4 blocked, 1/1 held keys, customer-2 held for 2h:\n%s", fields, r.stdout)
+	}
+	if len(lines[0]) != len(lines[1]) {
+		t.Errorf("columns not aligned:\n%s", r.stdout)
+	}
+}
+
+// A held key the table cannot show as it is (written by another client) is
+// quoted, and a long one is clipped.
+func TestHeldKeyCell(t *testing.T) {
+	t.Parallel()
+	held := outbox.QueueStats{HeldKeysRetrying: 1, OldestHeldAge: 90 * time.Second}
+	for _, c := range []struct{ key, want string }{
+		{"customer 42", "customer 42 (1m30s)"},
+		{"", `"" (1m30s)`},
+		{"a\tb\nc", `"a\tb\nc" (1m30s)`},
+		{strings.Repeat("k", 50), strings.Repeat("k", 39) + "… (1m30s)"},
+	} {
+		held.OldestHeldKey = c.key
+		if got := heldKey(held); got != c.want {
+			t.Errorf("heldKey(%q) = %q; want %q", c.key, got, c.want)
+		}
+	}
+	if got := heldKey(outbox.QueueStats{}); got != "-" {
+		t.Errorf("no held key: %q; want -", got)
 	}
 }

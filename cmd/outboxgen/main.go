@@ -5,7 +5,7 @@
 //
 //	outboxgen migrate up|down|down-to N|reset|status [-dsn DSN] [-schema S] [-table T]
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
-//	outboxgen inspect [-queue Q] [-json] [-lease-ttl D] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen inspect [-queue Q] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D] [-limit N] [-after ID]
 //	    [-drop-timer-ids] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
@@ -118,7 +118,7 @@ const usage = `outboxgen manages transactional outbox tables.
 Commands:
   migrate      apply, roll back or list the outbox migrations (up, down, down-to N, reset, status)
   migrations   write the outbox's goose migrations into a repository's directory
-  inspect      show each queue's depth, leases, age and dead letters
+  inspect      show each queue's depth, leases, age, dead letters and held ordering keys
   dlq          list, show, replay or purge dead-lettered rows
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,14 +74,19 @@ func TestMigrationsAppendsAndNeverRewrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if r := runCLI(t, nil, "migrations", "-dir", dir, "-check"); r.code != 1 || !strings.Contains(r.stderr, "lacks 4 outbox migration(s)") {
-		t.Errorf("-check on a directory without them: exit %d, %q", r.code, r.stderr)
+	names := embeddedMigrations(t)
+	lacks := fmt.Sprintf("lacks %d outbox migration(s)", len(names))
+	if r := runCLI(t, nil, "migrations", "-dir", dir, "-check"); r.code != 1 || !strings.Contains(r.stderr, lacks) {
+		t.Errorf("-check on a directory without them: exit %d, %q; want %q", r.code, r.stderr, lacks)
 	}
 	if r := runCLI(t, nil, "migrations", "-dir", dir); r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
+	// Numbered after the repository's highest version, in order
+	// (TestMigrationsGolden pins the names).
 	got := dirFiles(t, dir)
-	for _, want := range []string{"20240102120001_outbox_outbox_create_outbox.sql", "20240102120002_outbox_outbox_dlq.sql", "20240102120003_outbox_outbox_notify.sql", "20240102120004_outbox_outbox_lease_expiry_on_row.sql"} {
+	for i, name := range names {
+		want := fmt.Sprintf("%d_%s", 20240102120001+i, outboxFileName("outbox", name))
 		if _, ok := got[want]; !ok {
 			t.Errorf("no %s among %v", want, keys(got))
 		}
@@ -105,7 +111,7 @@ func TestMigrationsAppendsAndNeverRewrites(t *testing.T) {
 	if r := runCLI(t, nil, "migrations", "-dir", dir, "-table", "audit"); r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
-	if _, ok := dirFiles(t, dir)["20240102120005_outbox_audit_create_outbox.sql"]; !ok {
+	if _, ok := dirFiles(t, dir)[fmt.Sprintf("%d_outbox_audit_create_outbox.sql", 20240102120001+len(names))]; !ok {
 		t.Errorf("second outbox's files: %v", keys(dirFiles(t, dir)))
 	}
 }
@@ -207,13 +213,13 @@ func TestMigrationsCheckNamesMissingFiles(t *testing.T) {
 		}
 		return out
 	}
-	r := runCLI(t, nil, "migrations", "-dir", dir, "-check")
-	want := []string{
-		filepath.Join(dir, "00008_outbox_outbox_create_outbox.sql"),
-		filepath.Join(dir, "00009_outbox_outbox_dlq.sql"),
-		filepath.Join(dir, "00010_outbox_outbox_notify.sql"),
-		filepath.Join(dir, "00011_outbox_outbox_lease_expiry_on_row.sql"),
+	// The repository is at 00007: the outbox's files follow it.
+	names := embeddedMigrations(t)
+	var want []string
+	for i, name := range names {
+		want = append(want, filepath.Join(dir, fmt.Sprintf("%05d_%s", 8+i, outboxFileName("outbox", name))))
 	}
+	r := runCLI(t, nil, "migrations", "-dir", dir, "-check")
 	if diff := cmp.Diff(want, named(r.stderr)); r.code != 1 || diff != "" {
 		t.Errorf("-check: exit %d, files named (-want +got):\n%s\n%s", r.code, diff, r.stderr)
 	}
@@ -226,7 +232,7 @@ func TestMigrationsCheckNamesMissingFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = runCLI(t, nil, "migrations", "-dir", dir, "-check")
-	want = []string{filepath.Join(dir, "00012_outbox_outbox_dlq.sql")}
+	want = []string{filepath.Join(dir, fmt.Sprintf("%05d_%s", 8+len(names), outboxFileName("outbox", names[1])))}
 	if diff := cmp.Diff(want, named(r.stderr)); r.code != 1 || diff != "" {
 		t.Errorf("-check after a loss: exit %d, files named (-want +got):\n%s\n%s", r.code, diff, r.stderr)
 	}
