@@ -24,7 +24,9 @@
 --
 -- Upgrading: rows of a key that were leased when this migration runs stay
 -- claimable and finish first; every other row of a key but its lowest id
--- is blocked.
+-- is blocked. Stop subscribers of older releases before applying it: their
+-- claims do not know blocked rows, and the check below refuses a claim
+-- that reaches one rather than deliver it out of order.
 
 -- +goose Up
 ALTER TABLE "public"."outbox"
@@ -38,6 +40,10 @@ FROM (
     WHERE k.ordering_key IS NOT NULL
 ) AS r
 WHERE o.id = r.id AND r.pos > 1 AND o.acquired_token IS NULL;
+
+-- A blocked row is never leased, whoever writes the lease.
+ALTER TABLE "public"."outbox"
+    ADD CONSTRAINT "outbox_blocked_chk" CHECK (NOT blocked OR acquired_token IS NULL);
 
 -- Only rows that are not blocked wait in the pending index.
 DROP INDEX "public"."outbox_pending_idx";
@@ -230,4 +236,6 @@ CREATE INDEX "outbox_pending_idx"
     WITH (deduplicate_items = off)
     WHERE acquired_token IS NULL;
 
-ALTER TABLE "public"."outbox" DROP COLUMN blocked;
+ALTER TABLE "public"."outbox"
+    DROP CONSTRAINT "outbox_blocked_chk",
+    DROP COLUMN blocked;
