@@ -30,17 +30,6 @@ func (e *env) ack(rows ...db.ClaimRow) {
 	}
 }
 
-// keysOf returns the ordering keys of rows ("" for none), in order.
-func keysOf(rows []db.ClaimRow) []string {
-	out := make([]string, len(rows))
-	for i, r := range rows {
-		if r.OrderingKey != nil {
-			out[i] = *r.OrderingKey
-		}
-	}
-	return out
-}
-
 // handOffs counts the hand-overs recorded for later completion.
 func (e *env) handOffs() int { return e.count(e.ob.Table() + "_handoff") }
 
