@@ -218,7 +218,7 @@ func (r *run[T]) write(ctx context.Context, os []outcome, w writeFunc) ([]outcom
 
 func (r *run[T]) writeDeletes(ctx context.Context, os []outcome) ([]pgtype.UUID, error) {
 	ids, tokens := leaseArgs(os)
-	return r.s.ob.queries(r.s.ob.pool).DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids, Tokens: tokens})
+	return r.queries().DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids, Tokens: tokens})
 }
 
 func (r *run[T]) writeRetries(ctx context.Context, os []outcome) ([]pgtype.UUID, error) {
@@ -228,7 +228,7 @@ func (r *run[T]) writeRetries(ctx context.Context, os []outcome) ([]pgtype.UUID,
 	for i, o := range os {
 		delays[i], texts[i] = o.delay.Seconds(), o.text
 	}
-	return r.s.ob.queries(r.s.ob.pool).MarkPendingBatchWithLease(ctx, db.MarkPendingBatchWithLeaseParams{
+	return r.queries().MarkPendingBatchWithLease(ctx, db.MarkPendingBatchWithLeaseParams{
 		Ids: ids, Tokens: tokens, DelaySeconds: delays, LastErrors: texts})
 }
 
@@ -236,7 +236,7 @@ func (r *run[T]) writeRetries(ctx context.Context, os []outcome) ([]pgtype.UUID,
 // database refuse the error text, the row goes with a placeholder instead.
 func (r *run[T]) writeDeadLetter(ctx context.Context, os []outcome) ([]pgtype.UUID, error) {
 	o := os[0]
-	q := r.s.ob.queries(r.s.ob.pool)
+	q := r.queries()
 	p := db.DeadLetterWithLeaseParams{ID: o.d.row.ID, Token: o.d.token, Attempted: o.attempted, Reason: o.reason, LastError: &o.text}
 	n, err := q.DeadLetterWithLease(ctx, p)
 	if isDataError(err) {

@@ -20,7 +20,7 @@ import (
 // past the earliest scheduled row's due time.
 func (r *run[T]) fetch(ctx context.Context) {
 	cfg := &r.s.cfg
-	q := r.s.ob.queries(r.s.ob.pool)
+	q := r.queries()
 	errs := backoff{base: 100 * time.Millisecond, max: 30 * time.Second}
 	idle := 0
 	for ctx.Err() == nil {

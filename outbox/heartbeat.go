@@ -13,7 +13,7 @@ import (
 // statement misses lost its lease: its handler's context is cancelled with
 // cause ErrLeaseLost.
 func (r *run[T]) heartbeat(ctx context.Context) {
-	q := r.s.ob.queries(r.s.ob.pool)
+	q := r.queries()
 	t := time.NewTicker(r.s.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {

@@ -55,7 +55,9 @@ func (r *run[T]) listenOnce(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	q := r.s.ob.queries(conn)
+	// Every statement on it is bounded like the probe, so a stalled
+	// socket during LISTEN is noticed too.
+	q := r.s.ob.queries(boundedDBTX{inner: conn, timeout: r.s.cfg.ListenProbeTimeout})
 	if err := q.Listen(ctx); err != nil {
 		return err
 	}
@@ -82,10 +84,7 @@ func (r *run[T]) listenOnce(ctx context.Context) error {
 				r.wakeFetcher()
 			}
 		case wctx.Err() != nil:
-			pctx, cancel := context.WithTimeout(ctx, r.s.cfg.ListenProbeTimeout)
-			_, err := q.Probe(pctx)
-			cancel()
-			if err != nil {
+			if _, err := q.Probe(ctx); err != nil {
 				return err
 			}
 		default:

@@ -3,89 +3,53 @@ package outbox
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/internal/faultproxy"
 )
 
-// stallProxy forwards TCP connections to target until stall is called;
-// from then on it accepts every byte and delivers none, the way a
-// blackholed network path behaves.
-type stallProxy struct {
-	ln      net.Listener
-	target  string
-	stalled atomic.Bool
-	mu      sync.Mutex
-	conns   []net.Conn
-}
-
-func newStallProxy(t *testing.T, target string) *stallProxy {
+// newProxy starts a fault proxy to target, closed when the test ends.
+func newProxy(t *testing.T, target string) *faultproxy.Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := faultproxy.Listen(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &stallProxy{ln: ln, target: target}
-	go p.accept()
-	t.Cleanup(p.close)
+	t.Cleanup(p.Close)
 	return p
 }
 
-func (p *stallProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		go p.pipe(s, c)
-		go p.pipe(c, s)
+// proxiedOutbox returns an outbox like e's whose pool connects through a
+// fault proxy.
+func proxiedOutbox(t *testing.T, e *env) (*Outbox, *faultproxy.Proxy) {
+	t.Helper()
+	u, err := url.Parse(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-// pipe copies from src to dst while the proxy is not stalled, and reads
-// and drops everything once it is.
-func (p *stallProxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !p.stalled.Load() {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				_ = dst.Close()
-			}
-			return
-		}
+	proxy := newProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	pool, err := pgxpool.New(e.ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-func (p *stallProxy) stall() { p.stalled.Store(true) }
-
-func (p *stallProxy) close() {
-	_ = p.ln.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
+	// Cut the proxy first: closing a pool whose sockets are stalled waits
+	// for each connection's goodbye.
+	t.Cleanup(func() {
+		proxy.Close()
+		pool.Close()
+	})
+	ob, err := New(pool, &Config{Schema: e.db.Schema})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return ob, proxy
 }
 
 // A database that stops answering (a stalled socket, not a refused one)
@@ -97,23 +61,7 @@ func TestRunReturnsWithinGracefulTimeoutWhenTheDatabaseStalls(t *testing.T) {
 	for range 3 {
 		e.publish("q")
 	}
-	u, err := url.Parse(e.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := newStallProxy(t, u.Host)
-	u.Host = proxy.ln.Addr().String()
-	pool, err := pgxpool.New(e.ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Cut the proxy first: closing a pool whose sockets are stalled waits
-	// for each connection's goodbye.
-	t.Cleanup(func() { proxy.close(); pool.Close() })
-	ob, err := New(pool, &Config{Schema: e.db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ob, proxy := proxiedOutbox(t, e)
 
 	stalled := make(chan struct{})
 	var handled atomic.Int32
@@ -121,7 +69,7 @@ func TestRunReturnsWithinGracefulTimeoutWhenTheDatabaseStalls(t *testing.T) {
 	cfg.GracefulTimeout = 500 * time.Millisecond
 	s := startSub(t, ob, []string{"q"}, func(ctx context.Context, _ *Message[string]) error {
 		if handled.Add(1) == 3 {
-			proxy.stall()
+			proxy.Stall()
 			close(stalled)
 		}
 		<-stalled
@@ -130,7 +78,7 @@ func TestRunReturnsWithinGracefulTimeoutWhenTheDatabaseStalls(t *testing.T) {
 	<-stalled
 	time.Sleep(50 * time.Millisecond) // the acknowledger is blocked on the stalled socket
 	began := time.Now()
-	err = s.stop()
+	err := s.stop()
 	took := time.Since(began)
 	if took > cfg.GracefulTimeout+StopSlack {
 		t.Errorf("Run took %v after its context ended; want at most %v", took, cfg.GracefulTimeout+StopSlack)
@@ -140,5 +88,52 @@ func TestRunReturnsWithinGracefulTimeoutWhenTheDatabaseStalls(t *testing.T) {
 	}
 	if n := e.count("outbox"); n != 3 {
 		t.Errorf("%d rows left, want all 3 (left to lease expiry)", n)
+	}
+}
+
+// A connection whose socket stalls in the middle of the subscriber's work
+// costs at most QueryTimeout: the statement on it is abandoned, the
+// connection closed, and the subscriber goes on with fresh connections.
+func TestStalledConnectionsCostAtMostTheQueryTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ob, proxy := proxiedOutbox(t, e)
+	handled := make(chan string, 10)
+	cfg := fastConfig[string](nil)
+	cfg.QueryTimeout = 300 * time.Millisecond
+	cfg.ListenProbeInterval, cfg.ListenProbeTimeout = 300*time.Millisecond, 200*time.Millisecond
+	startSub(t, ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+		handled <- m.Payload
+		return nil
+	}, cfg)
+	pub := newPublisher[string](t, e, "q", nil)
+	if _, err := pub.Publish(e.ctx, e.db.Pool, "before", nil); err != nil {
+		t.Fatal(err)
+	}
+	if p := waitFor(t, handled, "before the stall"); p != "before" {
+		t.Errorf("handled %q, want before", p)
+	}
+	if n := proxy.StallExisting(); n == 0 {
+		t.Fatal("no connection to stall")
+	}
+	if _, err := pub.Publish(e.ctx, e.db.Pool, "after", nil); err != nil {
+		t.Fatal(err)
+	}
+	if p := waitFor(t, handled, "after the stall (a subscriber stuck on its stalled connections delivers nothing)"); p != "after" {
+		t.Errorf("handled %q, want after", p)
+	}
+	eventually(t, "the acknowledgement", func() bool { return e.count("outbox") == 0 })
+}
+
+// waitFor returns the next value of ch, failing the test after 10 s.
+func waitFor[V any](t *testing.T, ch chan V, what string) V {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: nothing within 10 s", what)
+		var zero V
+		return zero
 	}
 }

@@ -115,7 +115,9 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 func (s *Subscriber[T]) checkSchema(ctx context.Context) error {
 	errs := backoff{base: 100 * time.Millisecond, max: 30 * time.Second}
 	for {
-		err := s.ob.Check(ctx)
+		cctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+		err := s.ob.Check(cctx)
+		cancel()
 		var se *SchemaError
 		switch {
 		case err == nil:
@@ -173,6 +175,12 @@ type run[T any] struct {
 	stopWrites context.CancelFunc
 	// abandoned counts handlers the forced stop gave up on.
 	abandoned atomic.Int64
+}
+
+// queries returns the generated queries on the pool, each statement
+// bounded by QueryTimeout.
+func (r *run[T]) queries() *db.Queries {
+	return r.s.ob.queries(boundedDBTX{inner: r.s.ob.pool, timeout: r.s.cfg.QueryTimeout})
 }
 
 func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
@@ -282,7 +290,7 @@ func (r *run[T]) release() {
 		ids[i], tokens[i] = d.row.ID, d.token
 		r.leases.remove(d)
 	}
-	released, err := r.s.ob.queries(r.s.ob.pool).ReleaseBatchWithLease(r.writes, db.ReleaseBatchWithLeaseParams{Ids: ids, Tokens: tokens})
+	released, err := r.queries().ReleaseBatchWithLease(r.writes, db.ReleaseBatchWithLeaseParams{Ids: ids, Tokens: tokens})
 	if err != nil {
 		r.s.log.Warn("outbox: could not release unstarted rows; they will be claimed again when their leases expire",
 			slog.Int("rows", len(ids)), slog.Any("error", err))

@@ -24,6 +24,7 @@ const (
 	AckLingerDefault           = 5 * time.Millisecond
 	ListenProbeIntervalDefault = 30 * time.Second
 	ListenProbeTimeoutDefault  = 5 * time.Second
+	QueryTimeoutDefault        = 30 * time.Second
 )
 
 // SubscriberConfig configures a [Subscriber]. A nil *SubscriberConfig means
@@ -95,6 +96,16 @@ type SubscriberConfig[T any] struct {
 	// AckLinger: see AckBatchSize.
 	AckLinger time.Duration
 
+	// QueryTimeout bounds each statement the subscriber runs: claims,
+	// acknowledgements, retries, dead letters, heartbeats, hand-overs. A
+	// statement that exceeds it is abandoned and its connection closed,
+	// and the subscriber carries on as after any failed statement, so a
+	// connection whose socket stalls (a network partition, a dead
+	// middlebox) delays the subscriber by at most QueryTimeout. It must
+	// leave room for the slowest honest claim or acknowledgement of a
+	// batch. Default: QueryTimeoutDefault (30 s).
+	QueryTimeout time.Duration
+
 	// ListenProbeInterval is how often the LISTEN connection is probed with
 	// SELECT 1, and ListenProbeTimeout bounds the probe, so a silently dead
 	// socket becomes a reconnect. Defaults: 30 s and 5 s.
@@ -144,6 +155,7 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 		{"MinFetchInterval", r.MinFetchInterval}, {"MaxFetchInterval", r.MaxFetchInterval}, {"LeaseTTL", r.LeaseTTL},
 		{"GracefulTimeout", r.GracefulTimeout}, {"AckLinger", r.AckLinger},
 		{"ListenProbeInterval", r.ListenProbeInterval}, {"ListenProbeTimeout", r.ListenProbeTimeout},
+		{"QueryTimeout", r.QueryTimeout},
 	} {
 		if f.v < 0 {
 			return r, bad(f.name, f.v, "must not be negative")
@@ -168,6 +180,7 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 	setDur(&r.AckLinger, AckLingerDefault)
 	setDur(&r.ListenProbeInterval, ListenProbeIntervalDefault)
 	setDur(&r.ListenProbeTimeout, ListenProbeTimeoutDefault)
+	setDur(&r.QueryTimeout, QueryTimeoutDefault)
 	setDur(&r.HeartbeatInterval, r.LeaseTTL/3)
 	if r.FetchBatchSize > 10000 {
 		return r, bad("FetchBatchSize", r.FetchBatchSize, "must be at most 10000")
