@@ -38,6 +38,13 @@ golden: ## Rewrite the CLI's golden files from the current output
 test: ## Run every test with the race detector against PostgreSQL
 	$(GO) test -race -count=1 ./...
 
+# CHAOS_DURATION is how long faults are injected; CI runs the default.
+CHAOS_DURATION ?= 60s
+
+.PHONY: chaos
+chaos: ## Break an outbox on purpose (kills, backend terminations, stalls, cuts) on $DATABASE_URL and check the accounting
+	$(GO) run -race ./internal/chaos -duration $(CHAOS_DURATION)
+
 # BENCH_ARGS passes flags to the benchmark, e.g. BENCH_ARGS="-suite batch -rounds 15".
 BENCH_ARGS ?=
 

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// accounting is what the run's tables say happened.
+type accounting struct {
+	committed, rolledBack, acked, deadLettered int64
+	// lost: committed, neither acknowledged nor dead-lettered.
+	lost int64
+	// both: acknowledged and dead-lettered.
+	both int64
+	// phantom: delivered but never committed (rolled back, or unknown).
+	phantom int64
+	// left: rows still in the outbox.
+	left int64
+	// duplicates are deliveries after one that ended the message (or never
+	// ended), by explanation; unexplained ones are bugs.
+	duplicates map[string]int64
+	// overlaps: two deliveries of one row running at once, by explanation.
+	overlaps map[string]int64
+	// orderViolations: a key's message delivered after a later one of the
+	// key had started.
+	orderViolations int64
+	// keyOverlaps: two messages of one key handled at once, by explanation.
+	keyOverlaps map[string]int64
+	// recovery: per fault kind, the time from its end to the affected
+	// worker's next finished delivery.
+	recovery map[string][]time.Duration
+
+	pubAttempted, pubFailed int64
+}
+
+// endOf is when delivery d1 ended: when its handler returned, or when
+// its process was killed, or never.
+const endOf = `coalesce(d1.ended, (
+        SELECT min(k.at) FROM events AS k
+        WHERE k.kind = 'kill' AND k.worker = d1.worker AND k.at >= d1.started), 'infinity')`
+
+// explanation of a redelivery or an overlap: the fault that touched the
+// first delivery's worker between its start and the second's start, or
+// the first delivery's lease having had time to expire.
+const explain = `
+    coalesce((
+        SELECT e.kind FROM events AS e
+        WHERE (e.worker = d1.worker OR e.worker IS NULL)
+          AND e.until >= d1.started AND e.at <= d2.started
+        ORDER BY e.at LIMIT 1),
+      CASE WHEN d2.started >= d1.started + make_interval(secs => d1.lease_ttl_ms / 1000.0) THEN 'lease_expiry' END,
+      'unexplained')`
+
+func (c *coordinator) account(ctx context.Context, p *publishers) (*accounting, error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{c.schema}.Sanitize()); err != nil {
+		return nil, err
+	}
+	a := &accounting{duplicates: map[string]int64{}, overlaps: map[string]int64{}, keyOverlaps: map[string]int64{},
+		recovery: map[string][]time.Duration{}, pubAttempted: p.attempted.Load(), pubFailed: p.failed.Load()}
+	dlq := pgx.Identifier{c.ob.DeadLetterTable()}.Sanitize()
+	dead := `(SELECT (convert_from(x.payload, 'UTF8')::jsonb->>'id')::bigint AS msg_id FROM ` + dlq + ` AS x)`
+	err = tx.QueryRow(ctx, `
+		WITH ok AS (SELECT DISTINCT msg_id FROM deliveries WHERE outcome = 'ok'), dead AS `+dead+`
+		SELECT (SELECT count(*) FROM published),
+		       (SELECT count(*) FROM rolled_back),
+		       (SELECT count(*) FROM ok),
+		       (SELECT count(*) FROM dead),
+		       (SELECT count(*) FROM published AS p WHERE p.msg_id NOT IN (SELECT msg_id FROM ok) AND p.msg_id NOT IN (SELECT msg_id FROM dead)),
+		       (SELECT count(*) FROM ok WHERE msg_id IN (SELECT msg_id FROM dead)),
+		       (SELECT count(DISTINCT d.msg_id) FROM deliveries AS d WHERE d.msg_id NOT IN (SELECT msg_id FROM published)),
+		       (SELECT count(*) FROM `+pgx.Identifier{c.ob.Table()}.Sanitize()+`)`).
+		Scan(&a.committed, &a.rolledBack, &a.acked, &a.deadLettered, &a.lost, &a.both, &a.phantom, &a.left)
+	if err != nil {
+		return nil, fmt.Errorf("accounting: %w", err)
+	}
+	// Redeliveries: a delivery that follows one which succeeded, rejected
+	// or never ended. One after a failed attempt is a retry.
+	if err := collect(ctx, tx, a.duplicates, `
+		SELECT `+explain+`, count(*)
+		FROM deliveries AS d1
+		JOIN LATERAL (SELECT * FROM deliveries AS n WHERE n.msg_id = d1.msg_id AND n.started > d1.started
+		              ORDER BY n.started LIMIT 1) AS d2 ON true
+		WHERE d1.outcome IS DISTINCT FROM 'fail'
+		GROUP BY 1`); err != nil {
+		return nil, err
+	}
+	// Two deliveries of one message running at once.
+	if err := collect(ctx, tx, a.overlaps, `
+		SELECT `+explain+`, count(*)
+		FROM deliveries AS d1 JOIN deliveries AS d2
+		  ON d2.msg_id = d1.msg_id AND d2.started > d1.started AND d2.started < `+endOf+`
+		GROUP BY 1`); err != nil {
+		return nil, err
+	}
+	// Two messages of one key running at once.
+	if err := collect(ctx, tx, a.keyOverlaps, `
+		SELECT `+explain+`, count(*)
+		FROM deliveries AS d1 JOIN deliveries AS d2
+		  ON d2.ordering_key = d1.ordering_key AND d2.msg_id <> d1.msg_id
+		 AND d2.started > d1.started AND d2.started < `+endOf+`
+		GROUP BY 1`); err != nil {
+		return nil, err
+	}
+	err = tx.QueryRow(ctx, `
+		SELECT count(*) FROM deliveries AS d1 JOIN deliveries AS d2
+		  ON d2.ordering_key = d1.ordering_key AND d2.started > d1.started AND d2.seq < d1.seq`).Scan(&a.orderViolations)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT e.kind, extract(epoch FROM min(d.ended) - e.until)::float8
+		FROM events AS e
+		JOIN deliveries AS d ON (d.worker = e.worker OR e.worker IS NULL) AND d.ended > e.until
+		GROUP BY e.id, e.kind`)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var kind string
+		var secs float64
+		if err := rows.Scan(&kind, &secs); err != nil {
+			return nil, err
+		}
+		a.recovery[kind] = append(a.recovery[kind], time.Duration(secs*float64(time.Second)))
+	}
+	return a, rows.Err()
+}
+
+// collect adds the (explanation, count) rows of sql to m.
+func collect(ctx context.Context, tx pgx.Tx, m map[string]int64, sql string) error {
+	rows, err := tx.Query(ctx, sql)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var why string
+		var n int64
+		if err := rows.Scan(&why, &n); err != nil {
+			return err
+		}
+		m[why] += n
+	}
+	return rows.Err()
+}
+
+func total(m map[string]int64) (n int64) {
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func breakdown(m map[string]int64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, m[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// line is the run's one accounting line.
+func (a *accounting) line(c *coordinator) string {
+	return fmt.Sprintf("chaos: committed %d = acked %d + dead-lettered %d; lost %d; rolled back %d (delivered %d); "+
+		"duplicates %d (%s); overlapping deliveries %d (%s); key overlaps %d (%s); order violations %d; left %d; "+
+		"faults: kills %d, backend terminations %d, stalls %d, cuts %d, pg restarts %d; publish transactions %d (%d failed by faults)",
+		a.committed, a.acked, a.deadLettered, a.lost, a.rolledBack, a.phantom,
+		total(a.duplicates), breakdown(a.duplicates), total(a.overlaps), breakdown(a.overlaps),
+		total(a.keyOverlaps), breakdown(a.keyOverlaps), a.orderViolations, a.left,
+		c.kills.Load(), c.terminations.Load(), c.stalls.Load(), c.cuts.Load(), c.restarts.Load(),
+		a.pubAttempted, a.pubFailed)
+}
+
+// recoveries summarises the recovery times per fault kind.
+func (a *accounting) recoveries() []string {
+	var out []string
+	for kind, ds := range a.recovery {
+		slices.Sort(ds)
+		out = append(out, fmt.Sprintf("%-10s n=%-3d p50 %v  max %v", kind, len(ds),
+			ds[len(ds)/2].Round(time.Millisecond), ds[len(ds)-1].Round(time.Millisecond)))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// problems lists every broken promise.
+func (a *accounting) problems() []string {
+	var out []string
+	check := func(bad bool, format string, args ...any) {
+		if bad {
+			out = append(out, fmt.Sprintf(format, args...))
+		}
+	}
+	check(a.lost != 0, "%d committed messages lost", a.lost)
+	check(a.acked+a.deadLettered != a.committed+a.both, "committed %d != acked %d + dead-lettered %d", a.committed, a.acked, a.deadLettered)
+	check(a.both != 0, "%d messages both acknowledged and dead-lettered", a.both)
+	check(a.phantom != 0, "%d messages delivered that were never committed", a.phantom)
+	check(a.left != 0, "%d rows left in the outbox", a.left)
+	check(a.duplicates["unexplained"] != 0, "%d unexplained duplicates", a.duplicates["unexplained"])
+	check(a.overlaps["unexplained"] != 0, "%d unexplained overlapping deliveries of one row", a.overlaps["unexplained"])
+	check(a.keyOverlaps["unexplained"] != 0, "%d unexplained overlapping deliveries of one key", a.keyOverlaps["unexplained"])
+	check(a.orderViolations != 0, "%d per-key order violations", a.orderViolations)
+	check(a.committed == 0, "nothing was published")
+	return out
+}

@@ -1,0 +1,388 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/internal/faultproxy"
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+type coordinator struct {
+	dsn       string
+	duration  time.Duration
+	workers   int
+	rate      int
+	keep      bool
+	restartPG bool
+	log       *slog.Logger
+
+	schema string
+	pool   *pgxpool.Pool
+	ob     *outbox.Outbox
+	proxy  *faultproxy.Proxy
+
+	mu    sync.Mutex
+	procs []*workerProc
+
+	// counts of what was done to the system
+	kills, terminations, stalls, cuts, restarts atomic.Int64
+}
+
+// workerProc is one running worker process.
+type workerProc struct {
+	n     int
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	done  chan struct{}
+}
+
+// tables the coordinator and the workers write, in the scratch schema.
+const tables = `
+CREATE TABLE published (
+    msg_id       bigint PRIMARY KEY,
+    ordering_key text,
+    seq          int,
+    mode         text NOT NULL);
+CREATE TABLE rolled_back (msg_id bigint PRIMARY KEY);
+CREATE TABLE deliveries (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    msg_id       bigint NOT NULL,
+    row_id       bigint NOT NULL,
+    ordering_key text,
+    seq          int,
+    worker       int NOT NULL,
+    pid          int NOT NULL,
+    sub          text NOT NULL,
+    lease_ttl_ms int NOT NULL,
+    attempt      int NOT NULL,
+    started      timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended        timestamptz,
+    outcome      text);
+CREATE INDEX ON deliveries (msg_id, started);
+CREATE TABLE events (
+    id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    kind   text NOT NULL,
+    worker int,
+    at     timestamptz NOT NULL,
+    until  timestamptz NOT NULL);`
+
+func (c *coordinator) run(ctx context.Context) (bool, error) {
+	var err error
+	c.pool, err = pgxpool.New(ctx, c.dsn)
+	if err != nil {
+		return false, err
+	}
+	defer c.pool.Close()
+	c.schema = fmt.Sprintf("chaos_%d", os.Getpid())
+	if _, err := c.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{c.schema}.Sanitize()); err != nil {
+		return false, err
+	}
+	if c.ob, err = outbox.New(c.pool, &outbox.Config{Schema: c.schema}); err != nil {
+		return false, err
+	}
+	if err := c.ob.Migrate(ctx); err != nil {
+		return false, err
+	}
+	if _, err := c.pool.Exec(ctx, "SET search_path TO "+pgx.Identifier{c.schema}.Sanitize()+";"+tables); err != nil {
+		return false, err
+	}
+	u, err := url.Parse(c.dsn)
+	if err != nil {
+		return false, err
+	}
+	if c.proxy, err = faultproxy.Listen(u.Host); err != nil {
+		return false, err
+	}
+	defer c.proxy.Close()
+	fmt.Printf("chaos: schema %s, %d workers (worker 0 through a fault proxy), %v of faults at %d msgs/s\n",
+		c.schema, c.workers, c.duration, c.rate)
+
+	for n := range c.workers {
+		if err := c.start(ctx, n); err != nil {
+			return false, err
+		}
+	}
+	defer c.stopAll()
+
+	began := time.Now()
+	pctx, stopPublishing := context.WithCancel(ctx)
+	var pubs sync.WaitGroup
+	pub := newPublishers(c, 4)
+	pub.run(pctx, &pubs)
+	c.breakThings(ctx, began)
+	stopPublishing()
+	pubs.Wait()
+	c.proxy.Restore()
+	fmt.Printf("chaos: published for %v; draining\n", time.Since(began).Round(time.Second))
+
+	drained := c.drain(ctx, 2*time.Minute)
+	c.stopAll()
+	a, err := c.account(context.WithoutCancel(ctx), pub)
+	if err != nil {
+		return false, err
+	}
+	fmt.Println(a.line(c))
+	for _, r := range a.recoveries() {
+		fmt.Println("chaos: recovery", r)
+	}
+	problems := a.problems()
+	if !drained {
+		problems = append(problems, "the outbox did not drain within 2 minutes")
+	}
+	for _, p := range problems {
+		fmt.Println("chaos: FAIL:", p)
+	}
+	if len(problems) == 0 && !c.keep {
+		_, _ = c.pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{c.schema}.Sanitize()+" CASCADE")
+	} else {
+		fmt.Printf("chaos: schema %s kept for inspection\n", c.schema)
+	}
+	return len(problems) == 0, nil
+}
+
+// start runs worker n; worker 0 connects through the fault proxy.
+func (c *coordinator) start(ctx context.Context, n int) error {
+	dsn := c.dsn
+	if n == 0 {
+		u, _ := url.Parse(c.dsn)
+		u.Host = c.proxy.Addr()
+		dsn = u.String()
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self, "-worker", fmt.Sprint(n), "-schema", c.schema, "-dsn", dsn)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	p := &workerProc{n: n, cmd: cmd, stdin: stdin, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	ready := make(chan struct{})
+	go func() {
+		buf := make([]byte, 64)
+		k, _ := stdout.Read(buf)
+		if strings.Contains(string(buf[:k]), "ready") {
+			close(ready)
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case <-ready:
+	case <-p.done:
+		return fmt.Errorf("worker %d exited at start", n)
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("worker %d not ready within 30 s", n)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.mu.Lock()
+	c.procs = append(c.without(n), p)
+	c.mu.Unlock()
+	return nil
+}
+
+// without returns the running workers other than n. c.mu is held.
+func (c *coordinator) without(n int) []*workerProc {
+	var out []*workerProc
+	for _, p := range c.procs {
+		if p.n != n {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (c *coordinator) proc(n int) *workerProc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.procs {
+		if p.n == n {
+			return p
+		}
+	}
+	return nil
+}
+
+// stopAll stops every worker gracefully (closing its standard input),
+// killing those that do not exit within 10 s.
+func (c *coordinator) stopAll() {
+	c.mu.Lock()
+	procs := c.procs
+	c.procs = nil
+	c.mu.Unlock()
+	for _, p := range procs {
+		_ = p.stdin.Close()
+	}
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+}
+
+// event records a fault in the events table, on the server's clock.
+func (c *coordinator) event(ctx context.Context, kind string, worker int, lasted time.Duration) {
+	_, err := c.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.events (kind, worker, at, until)
+		VALUES ($1, nullif($2, -1), clock_timestamp() - make_interval(secs => $3), clock_timestamp())`,
+		pgx.Identifier{c.schema}.Sanitize()), kind, worker, lasted.Seconds())
+	if err != nil {
+		c.log.Warn("chaos: record event", slog.String("kind", kind), slog.Any("error", err))
+	}
+}
+
+// breakThings injects faults until the duration has passed.
+func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
+	restartAt := began.Add(c.duration / 2)
+	restarted := !c.restartPG
+	faults := rand.IntN(4)
+	for time.Since(began) < c.duration && ctx.Err() == nil {
+		sleep(ctx, time.Duration(2000+rand.IntN(3000))*time.Millisecond)
+		if !restarted && time.Now().After(restartAt) {
+			restarted = true
+			c.restartPostgres(ctx)
+			continue
+		}
+		// Every kind of fault in turn, each at a random target.
+		faults++
+		switch faults % 4 {
+		case 0:
+			c.kill(ctx, rand.IntN(c.workers))
+		case 1:
+			c.terminate(ctx, rand.IntN(c.workers))
+		case 2:
+			c.stall(ctx, time.Duration(1000+rand.IntN(3000))*time.Millisecond)
+		case 3:
+			n := c.proxy.Cut()
+			c.cuts.Add(1)
+			c.event(ctx, "cut", 0, 0)
+			c.log.Info("chaos: cut", slog.Int("connections", n))
+		}
+	}
+}
+
+// kill SIGKILLs worker n mid-batch and starts it again.
+func (c *coordinator) kill(ctx context.Context, n int) {
+	p := c.proc(n)
+	if p == nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	c.kills.Add(1)
+	c.event(ctx, "kill", n, 0)
+	sleep(ctx, time.Duration(200+rand.IntN(800))*time.Millisecond)
+	if err := c.start(ctx, n); err != nil && ctx.Err() == nil {
+		c.log.Error("chaos: restart worker", slog.Int("worker", n), slog.Any("error", err))
+	}
+}
+
+// terminate ends every backend of worker n (its pool, its listener).
+func (c *coordinator) terminate(ctx context.Context, n int) {
+	var k int
+	err := c.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE application_name = $1 AND pid <> pg_backend_pid()`, workerApp(n)).Scan(&k)
+	if err != nil {
+		c.log.Warn("chaos: terminate", slog.Any("error", err))
+		return
+	}
+	c.terminations.Add(int64(k))
+	c.event(ctx, "terminate", n, 0)
+}
+
+// stall blackholes worker 0's connections for d: every byte is accepted
+// and none delivered, then traffic flows again (the connections that
+// carried bytes meanwhile are broken and must be noticed).
+func (c *coordinator) stall(ctx context.Context, d time.Duration) {
+	c.proxy.Stall()
+	sleep(ctx, d)
+	c.proxy.Restore()
+	c.stalls.Add(1)
+	c.event(ctx, "stall", 0, d)
+}
+
+// restartPostgres restarts the server (OUTBOX_CHAOS_PG_RESTART overrides
+// the command).
+func (c *coordinator) restartPostgres(ctx context.Context) {
+	cmdline := os.Getenv("OUTBOX_CHAOS_PG_RESTART")
+	if cmdline == "" {
+		versions, _ := filepath.Glob("/etc/postgresql/*")
+		if len(versions) == 0 {
+			c.log.Error("chaos: no /etc/postgresql cluster to restart; set OUTBOX_CHAOS_PG_RESTART")
+			return
+		}
+		cmdline = "pg_ctlcluster --skip-systemctl-redirect " + filepath.Base(versions[0]) + " main restart"
+	}
+	began := time.Now()
+	out, err := exec.CommandContext(ctx, "sh", "-c", cmdline).CombinedOutput()
+	if err != nil {
+		c.log.Error("chaos: restart PostgreSQL", slog.Any("error", err), slog.String("output", string(out)))
+		return
+	}
+	c.restarts.Add(1)
+	for ctx.Err() == nil {
+		if err := c.pool.Ping(ctx); err == nil {
+			break
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+	c.event(ctx, "pg_restart", -1, time.Since(began))
+}
+
+// drain waits until the outbox holds no row: every committed message
+// acknowledged or dead-lettered.
+func (c *coordinator) drain(ctx context.Context, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		var n int
+		err := c.pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{c.schema, c.ob.Table()}.Sanitize()).Scan(&n)
+		if err == nil && n == 0 {
+			return true
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+	return false
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// errRolledBack marks a transaction the publisher rolled back on purpose.
+var errRolledBack = errors.New("rolled back on purpose")

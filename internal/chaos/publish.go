@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+// keysPerPublisher is how many ordering keys each publisher owns. A key
+// is published by one publisher, one transaction after another, so its
+// sequence numbers follow the commit order of its transactions.
+const keysPerPublisher = 10
+
+// publishers write messages with unique ids in transactions, recording
+// each committed message in the published table in the same transaction.
+type publishers struct {
+	c      *coordinator
+	n      int
+	nextID atomic.Int64
+	// attempted counts transactions; rolledBack those rolled back on
+	// purpose; failed those that ended in an error (their fate is read
+	// from the published table).
+	attempted, rolledBack, failed atomic.Int64
+}
+
+func newPublishers(c *coordinator, n int) *publishers { return &publishers{c: c, n: n} }
+
+func (p *publishers) run(ctx context.Context, wg *sync.WaitGroup) {
+	for i := range p.n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.publisher(ctx, i)
+		}()
+	}
+}
+
+// publisher i publishes at its share of the rate until ctx ends.
+func (p *publishers) publisher(ctx context.Context, i int) {
+	c := p.c
+	pubs := map[string]*outbox.Publisher[msg]{}
+	for _, q := range queues {
+		pub, err := outbox.NewPublisher[msg](c.ob, q, nil)
+		if err != nil {
+			c.log.Error("chaos: publisher", "error", err)
+			return
+		}
+		pubs[q] = pub
+	}
+	seq := map[string]int{}
+	const perTx = 3 // messages per transaction, on average
+	tick := time.NewTicker(time.Duration(float64(time.Second) * perTx * float64(p.n) / float64(c.rate)))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		p.attempted.Add(1)
+		rollback := rand.IntN(10) == 0
+		var ids []int64
+		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+			for range 1 + rand.IntN(2*perTx-1) {
+				m := msg{ID: p.nextID.Add(1), Mode: mode()}
+				opts := &outbox.PublishOpts{}
+				q := queues[rand.IntN(len(queues))]
+				if rand.IntN(2) == 0 {
+					// A key is (queue, ordering key): each key name
+					// lives in one queue, so key names identify keys.
+					k := rand.IntN(keysPerPublisher)
+					m.Key, q = fmt.Sprintf("p%d-k%d", i, k), queues[k%len(queues)]
+					seq[m.Key]++
+					m.Seq = seq[m.Key]
+					opts.OrderingKey = m.Key
+				} else if rand.IntN(10) == 0 {
+					opts.Delay = time.Duration(rand.IntN(2000)) * time.Millisecond
+				}
+				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.published (msg_id, ordering_key, seq, mode) VALUES ($1, nullif($2, ''), $3, $4)`,
+					pgx.Identifier{c.schema}.Sanitize()), m.ID, m.Key, m.Seq, m.Mode); err != nil {
+					return err
+				}
+				if _, err := pubs[q].Publish(ctx, tx, m, opts); err != nil {
+					return err
+				}
+				ids = append(ids, m.ID)
+			}
+			if rollback {
+				return errRolledBack
+			}
+			return nil
+		})
+		switch {
+		case err == errRolledBack:
+			p.rolledBack.Add(1)
+			_, rerr := c.pool.Exec(context.WithoutCancel(ctx), fmt.Sprintf(`INSERT INTO %s.rolled_back SELECT unnest($1::bigint[])`,
+				pgx.Identifier{c.schema}.Sanitize()), ids)
+			if rerr != nil {
+				c.log.Warn("chaos: record rollback", "error", rerr)
+			}
+		case err != nil && ctx.Err() == nil:
+			p.failed.Add(1)
+			sleep(ctx, 50*time.Millisecond)
+		}
+	}
+}
+
+// mode picks what a message's handler will do.
+func mode() string {
+	switch r := rand.IntN(100); {
+	case r < 2:
+		return modeReject
+	case r < 3:
+		return modeFail
+	case r < 10:
+		return modeRetry
+	default:
+		return modeOK
+	}
+}
