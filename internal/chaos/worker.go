@@ -135,6 +135,8 @@ func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 		select {
 		case <-time.After(time.Duration(rand.IntN(15)) * time.Millisecond):
 		case <-ctx.Done():
+			// The lease was lost: the handler gives up.
+			go r.recordFailure(id, time.Now())
 			return context.Cause(ctx)
 		}
 		outcome, herr := modeOK, error(nil)
