@@ -61,7 +61,7 @@ CREATE TABLE published (
     mode         text NOT NULL);
 CREATE TABLE rolled_back (msg_id bigint PRIMARY KEY);
 CREATE TABLE deliveries (
-    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id           bigint PRIMARY KEY, -- chosen by the worker, so it can finish a record whose insert's fate it does not know
     msg_id       bigint NOT NULL,
     row_id       bigint NOT NULL,
     ordering_key text,

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -114,6 +115,7 @@ type recorder struct {
 	schema string
 	worker int
 	pid    int
+	seq    atomic.Int64
 }
 
 // recordTimeout bounds each record: a stalled connection fails the handler
@@ -122,14 +124,16 @@ const recordTimeout = 2 * time.Second
 
 func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 	return func(ctx context.Context, m *outbox.Message[msg]) error {
-		var id int64
+		id := int64(r.pid)<<32 | r.seq.Add(1)
 		sctx, cancel := context.WithTimeout(ctx, recordTimeout)
-		err := r.pool.QueryRow(sctx, fmt.Sprintf(`INSERT INTO %q.deliveries
-			(msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt)
-			VALUES ($1, $2, nullif($3, ''), $4, $5, $6, $7, $8, $9) RETURNING id`, r.schema),
-			m.Payload.ID, m.ID, m.Payload.Key, m.Payload.Seq, r.worker, r.pid, sub, ttl.Milliseconds(), m.Attempts+1).Scan(&id)
+		_, err := r.pool.Exec(sctx, fmt.Sprintf(`INSERT INTO %q.deliveries
+			(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt)
+			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, r.schema),
+			id, m.Payload.ID, m.ID, m.Payload.Key, m.Payload.Seq, r.worker, r.pid, sub, ttl.Milliseconds(), m.Attempts+1)
 		cancel()
 		if err != nil {
+			// The insert may have landed before its answer was lost.
+			go r.recordFailure(id, time.Now())
 			return fmt.Errorf("record start: %w", err)
 		}
 		select {
