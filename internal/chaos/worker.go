@@ -124,23 +124,22 @@ const recordTimeout = 2 * time.Second
 
 func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 	return func(ctx context.Context, m *outbox.Message[msg]) error {
-		id := int64(r.pid)<<32 | r.seq.Add(1)
+		d := delivery{id: int64(r.pid)<<32 | r.seq.Add(1), began: time.Now(), sub: sub, ttl: ttl, m: m}
 		sctx, cancel := context.WithTimeout(ctx, recordTimeout)
 		_, err := r.pool.Exec(sctx, fmt.Sprintf(`INSERT INTO %q.deliveries
 			(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt)
-			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, r.schema),
-			id, m.Payload.ID, m.ID, m.Payload.Key, m.Payload.Seq, r.worker, r.pid, sub, ttl.Milliseconds(), m.Attempts+1)
+			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, r.schema), r.args(d)...)
 		cancel()
 		if err != nil {
-			// The insert may have landed before its answer was lost.
-			go r.recordFailure(id, time.Now())
+			// The insert may land after its answer was lost.
+			go r.recordFailure(d, time.Now())
 			return fmt.Errorf("record start: %w", err)
 		}
 		select {
 		case <-time.After(time.Duration(rand.IntN(15)) * time.Millisecond):
 		case <-ctx.Done():
 			// The lease was lost: the handler gives up.
-			go r.recordFailure(id, time.Now())
+			go r.recordFailure(d, time.Now())
 			return context.Cause(ctx)
 		}
 		outcome, herr := modeOK, error(nil)
@@ -151,24 +150,42 @@ func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 			outcome, herr = "fail", errors.New("failed by design")
 		}
 		sctx, cancel = context.WithTimeout(ctx, recordTimeout)
-		_, err = r.pool.Exec(sctx, fmt.Sprintf(`UPDATE %q.deliveries SET ended = clock_timestamp(), outcome = $2 WHERE id = $1`, r.schema), id, outcome)
+		_, err = r.pool.Exec(sctx, fmt.Sprintf(`UPDATE %q.deliveries SET ended = clock_timestamp(), outcome = $2 WHERE id = $1`, r.schema), d.id, outcome)
 		cancel()
 		if err != nil {
 			// The handler fails (its row is retried); record that, with
 			// the time it ended, once the database answers again.
-			go r.recordFailure(id, time.Now())
+			go r.recordFailure(d, time.Now())
 			return fmt.Errorf("record end: %w", err)
 		}
 		return herr
 	}
 }
 
-// recordFailure marks delivery id as failed at ended, retrying for up to a
-// minute.
-func (r *recorder) recordFailure(id int64, ended time.Time) {
+// delivery is one handler call being recorded.
+type delivery struct {
+	id    int64
+	began time.Time
+	sub   string
+	ttl   time.Duration
+	m     *outbox.Message[msg]
+}
+
+func (r *recorder) args(d delivery) []any {
+	return []any{d.id, d.m.Payload.ID, d.m.ID, d.m.Payload.Key, d.m.Payload.Seq, r.worker, r.pid, d.sub, d.ttl.Milliseconds(), d.m.Attempts + 1}
+}
+
+// recordFailure records delivery d as failed at ended, whether or not its
+// start was recorded (an insert whose answer was lost may even land
+// later, and then fails on the key), retrying for up to a minute.
+func (r *recorder) recordFailure(d delivery, ended time.Time) {
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
-		_, err := r.pool.Exec(ctx, fmt.Sprintf(`UPDATE %q.deliveries SET ended = $2, outcome = 'fail' WHERE id = $1 AND ended IS NULL`, r.schema), id, ended)
+		_, err := r.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.deliveries AS d
+			(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt, started, ended, outcome)
+			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11, $12, 'fail')
+			ON CONFLICT (id) DO UPDATE SET ended = excluded.ended, outcome = 'fail' WHERE d.ended IS NULL`, r.schema),
+			append(r.args(d), d.began, ended)...)
 		cancel()
 		if err == nil {
 			return
