@@ -1,0 +1,199 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Rows written by other clients: psql, COPY, another language. They hold
+// what the library never writes; each must end delivered, dead-lettered
+// with a reason and an error that says what was wrong, or refused by the
+// database with a clear error. Nothing stalls, nothing is lost.
+
+// foreign is one row another client writes into queue: the INSERT's
+// extra columns and their SQL values.
+type foreign struct {
+	name    string
+	columns string // after queue, e.g. "payload, headers"
+	values  string // SQL for columns
+}
+
+// insertForeign inserts r into queue and returns its id.
+func (e *env) insertForeign(queue string, r foreign) int64 {
+	e.t.Helper()
+	var id int64
+	override := ""
+	if strings.HasPrefix(r.columns, "id,") {
+		override = "OVERRIDING SYSTEM VALUE "
+	}
+	sql := fmt.Sprintf(`INSERT INTO outbox (queue, %s) %sVALUES ($1, %s) RETURNING id`, r.columns, override, r.values)
+	if err := e.db.Pool.QueryRow(e.ctx, sql, queue).Scan(&id); err != nil {
+		e.t.Fatalf("%s: %s: %v", r.name, sql, err)
+	}
+	return id
+}
+
+// fate is what became of a row: handled (acked by the handler) or
+// dead-lettered with a reason and an error text.
+type fate struct {
+	Handled bool
+	Reason  string
+	Error   string
+}
+
+// fateOf reads what became of row id; handled are the ids a handler
+// acknowledged.
+func (e *env) fateOf(id int64, handled map[int64]bool) fate {
+	e.t.Helper()
+	if handled[id] {
+		return fate{Handled: true}
+	}
+	if _, ok := e.row(id); ok {
+		return fate{Reason: "(still in the outbox)"}
+	}
+	r, ok := e.dlqRow(id)
+	if !ok {
+		return fate{Reason: "(lost)"}
+	}
+	return fate{Reason: r.FailureReason, Error: deref(r.LastError)}
+}
+
+// drainForeign runs a subscriber of queue with handler h until queue has
+// no rows left, and returns the ids it acknowledged.
+func drainForeign[T any](t *testing.T, e *env, queue string, cfg *SubscriberConfig[T], h func(*Message[T]) error) map[int64]bool {
+	t.Helper()
+	var (
+		mu      sync.Mutex
+		handled = map[int64]bool{}
+	)
+	sub := startSub(t, e.ob, []string{queue}, func(_ context.Context, m *Message[T]) error {
+		err := h(m)
+		if err == nil {
+			mu.Lock()
+			handled[m.ID] = true
+			mu.Unlock()
+		}
+		return err
+	}, cfg)
+	eventually(t, "queue "+queue+" drained", func() bool {
+		return e.countWhere(fmt.Sprintf("queue = '%s'", queue)) == 0
+	})
+	if err := sub.stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return handled
+}
+
+// wantFate is the expected fate of a case: handled when reason is empty,
+// else dead-lettered with reason and an error containing text.
+type wantFate struct {
+	reason string
+	text   string
+}
+
+// checkFates compares what became of each case's row with want.
+func checkFates(t *testing.T, e *env, ids map[string]int64, handled map[int64]bool, want map[string]wantFate) {
+	t.Helper()
+	for name, id := range ids {
+		got := e.fateOf(id, handled)
+		w := want[name]
+		switch {
+		case w.reason == "" && !got.Handled:
+			t.Errorf("%s: %+v; want it handled", name, got)
+		case w.reason != "" && (got.Reason != w.reason || !strings.Contains(got.Error, w.text)):
+			t.Errorf("%s: %+v; want reason %s and an error containing %q", name, got, w.reason, w.text)
+		}
+	}
+}
+
+// headerCases are headers no publisher of this library writes.
+var headerCases = []struct {
+	foreign
+	typed, raw wantFate
+}{
+	{foreign{"number value", "payload, headers", `'{}', '{"a": 1}'`},
+		wantFate{ReasonDecodeError, `header "a" is a number, not a string`}, wantFate{ReasonDecodeError, `header "a" is a number, not a string`}},
+	{foreign{"null value", "payload, headers", `'{}', '{"a": null}'`},
+		wantFate{ReasonDecodeError, `header "a" is null, not a string`}, wantFate{ReasonDecodeError, `header "a" is null, not a string`}},
+	{foreign{"object value", "payload, headers", `'{}', '{"a": {"b": "c"}}'`},
+		wantFate{ReasonDecodeError, `header "a" is an object, not a string`}, wantFate{ReasonDecodeError, `header "a" is an object, not a string`}},
+	{foreign{"array value", "payload, headers", `'{}', '{"a": ["x"]}'`},
+		wantFate{ReasonDecodeError, `header "a" is an array, not a string`}, wantFate{ReasonDecodeError, `header "a" is an array, not a string`}},
+	{foreign{"boolean value", "payload, headers", `'{}', '{"ok": "yes", "a": false}'`},
+		wantFate{ReasonDecodeError, `header "a" is a boolean, not a string`}, wantFate{ReasonDecodeError, `header "a" is a boolean, not a string`}},
+	{foreign{"null content type", "payload, headers", `'{}', '{"content-type": null}'`},
+		wantFate{ReasonDecodeError, `header "content-type" is null, not a string`}, wantFate{ReasonDecodeError, `header "content-type" is null, not a string`}},
+	{foreign{"deeply nested", "payload, headers", `'{}', (repeat('{"a": ', 5000) || '"x"' || repeat('}', 5000))::jsonb`},
+		wantFate{ReasonDecodeError, `header "a" is an object, not a string`}, wantFate{ReasonDecodeError, `header "a" is an object, not a string`}},
+	{foreign{"huge, of strings", "payload, headers", `'{}', (SELECT jsonb_object_agg('k' || i, repeat('v', 1000)) FROM generate_series(1, 2000) AS i)`},
+		wantFate{}, wantFate{}},
+	{foreign{"odd keys", "payload, headers", `'{}', jsonb_build_object('', 'empty', 'a b', 'space', E'tab\t', 'tab', E'\x1b[31m', 'escape', '😀', 'emoji', '"''', 'quotes')`},
+		wantFate{}, wantFate{}},
+	{foreign{"empty object", "payload, headers", `'{}', '{}'`}, wantFate{}, wantFate{}},
+	{foreign{"NULL", "payload, headers", `'{}', NULL`}, wantFate{}, wantFate{}},
+	{foreign{"wrong content type", "payload, headers", `'{}', '{"content-type": "text/xml"}'`},
+		wantFate{ReasonDecodeError, `content type "text/xml"`}, wantFate{}},
+	{foreign{"wrong message type", "payload, headers", `'{}', '{"message-type": "acme.Invoice"}'`},
+		wantFate{ReasonDecodeError, `message type "acme.Invoice"; this subscriber reads "github.com/outboxgen/outboxgen/outbox.shipment"`}, wantFate{}},
+}
+
+func TestHeadersThatAreNotStringsAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	t.Run("typed", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		ids := map[string]int64{}
+		want := map[string]wantFate{}
+		for _, c := range headerCases {
+			ids[c.name], want[c.name] = e.insertForeign("h", c.foreign), c.typed
+		}
+		var headers sync.Map
+		handled := drainForeign(t, e, "h", fastConfig[shipment](nil), func(m *Message[shipment]) error {
+			headers.Store(m.ID, m.Headers)
+			return nil
+		})
+		checkFates(t, e, ids, handled, want)
+		if h, _ := headers.Load(ids["odd keys"]); !cmp.Equal(h, map[string]string{
+			"": "empty", "a b": "space", "tab\t": "tab", "\x1b[31m": "escape", "😀": "emoji", `"'`: "quotes"}) {
+			t.Errorf("odd keys delivered as %q", h)
+		}
+		if h, _ := headers.Load(ids["huge, of strings"]); len(h.(map[string]string)) != 2000 {
+			t.Errorf("huge headers delivered with %d keys, want 2000", len(h.(map[string]string)))
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		ids := map[string]int64{}
+		want := map[string]wantFate{}
+		for _, c := range headerCases {
+			ids[c.name], want[c.name] = e.insertForeign("h", c.foreign), c.raw
+		}
+		handled := drainForeign(t, e, "h", fastConfig[[]byte](nil), func(*Message[[]byte]) error { return nil })
+		checkFates(t, e, ids, handled, want)
+	})
+}
+
+func TestHeadersThatAreNotAnObjectAreRefusedByTheTable(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, h := range []string{`[]`, `["a", "b"]`, `"x"`, `1`, `true`, `null`} {
+		_, err := e.db.Pool.Exec(e.ctx, `INSERT INTO outbox (queue, payload, headers) VALUES ('q', '', $1::jsonb)`, h)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "23514" || pe.ConstraintName != "outbox_headers_chk" {
+			t.Errorf("headers %s: %v; want a check violation of outbox_headers_chk", h, err)
+		}
+	}
+	if n := e.count("outbox"); n != 0 {
+		t.Errorf("%d rows inserted", n)
+	}
+}
