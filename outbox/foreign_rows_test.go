@@ -197,3 +197,68 @@ func TestHeadersThatAreNotAnObjectAreRefusedByTheTable(t *testing.T) {
 		t.Errorf("%d rows inserted", n)
 	}
 }
+
+// payloadCases are payloads a JSON subscriber of shipment cannot read,
+// and one it can.
+var payloadCases = []struct {
+	foreign
+	typed wantFate
+}{
+	{foreign{"not json", "payload", `'not json'`}, wantFate{ReasonDecodeError, "invalid character 'o' in literal null"}},
+	{foreign{"empty", "payload", `''`}, wantFate{ReasonDecodeError, "unexpected end of JSON input"}},
+	{foreign{"array for a struct", "payload", `'[1, 2]'`}, wantFate{ReasonDecodeError, "cannot unmarshal array into Go value of type outbox.shipment"}},
+	{foreign{"number for a string field", "payload", `'{"id": 5}'`}, wantFate{ReasonDecodeError, "cannot unmarshal number into Go struct field shipment.id of type string"}},
+	{foreign{"truncated", "payload", `'{"id": "s-1"'`}, wantFate{ReasonDecodeError, "unexpected end of JSON input"}},
+	{foreign{"not UTF-8", "payload", `'\xfffe'::bytea`}, wantFate{ReasonDecodeError, "invalid character"}},
+	{foreign{"another type's message", "payload, headers", `'{"id": "s-1"}', '{"content-type": "application/json", "message-type": "acme.Invoice"}'`},
+		wantFate{ReasonDecodeError, `message type "acme.Invoice"; this subscriber reads`}},
+	{foreign{"fits", "payload, headers", `'{"id": "s-1", "carrier": "ups"}', '{"content-type": "application/json"}'`}, wantFate{}},
+}
+
+func TestPayloadsTheCodecCannotReadAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	t.Run("typed", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		ids := map[string]int64{}
+		want := map[string]wantFate{}
+		for _, c := range payloadCases {
+			ids[c.name], want[c.name] = e.insertForeign("p", c.foreign), c.typed
+		}
+		var got shipment
+		handled := drainForeign(t, e, "p", fastConfig[shipment](nil), func(m *Message[shipment]) error {
+			got = m.Payload
+			return nil
+		})
+		checkFates(t, e, ids, handled, want)
+		if got != (shipment{ID: "s-1", Carrier: "ups"}) {
+			t.Errorf("delivered %+v", got)
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		ids := map[string]int64{}
+		want := map[string]wantFate{}
+		for _, c := range payloadCases {
+			ids[c.name], want[c.name] = e.insertForeign("p", c.foreign), wantFate{}
+		}
+		var (
+			mu  sync.Mutex
+			got = map[int64][]byte{}
+		)
+		handled := drainForeign(t, e, "p", fastConfig[[]byte](nil), func(m *Message[[]byte]) error {
+			mu.Lock()
+			got[m.ID] = m.Payload
+			mu.Unlock()
+			return nil
+		})
+		checkFates(t, e, ids, handled, want)
+		if p := got[ids["empty"]]; p == nil || len(p) != 0 {
+			t.Errorf("empty payload delivered as %#v, want an empty slice", p)
+		}
+		if p := got[ids["not UTF-8"]]; string(p) != "\xff\xfe" {
+			t.Errorf("bytes delivered as %q", p)
+		}
+	})
+}
