@@ -53,7 +53,7 @@ UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = gen_random_uuid(),
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => $1::float8),
-    deliveries_count = o.deliveries_count + 1
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
@@ -88,6 +88,11 @@ type ClaimRow struct {
 // gets a fresh lease token, an expiry @lease_ttl_seconds from now, and one
 // more delivery. A key has one unblocked row at a time, so a batch never
 // holds two rows of one key.
+//
+// Rows written by other clients may hold values this library never
+// writes, and one row must not fail the claim of its batch: the delivery
+// count saturates at the integer maximum (a negative one starts again
+// from zero).
 //
 // Each queue is scanned through its own partial-index ranges (LATERAL), so
 // the cost of a claim is bounded by @max_rows per queue, not by the
@@ -164,7 +169,7 @@ UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = gen_random_uuid(),
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => $1::float8),
-    deliveries_count = o.deliveries_count + 1
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,

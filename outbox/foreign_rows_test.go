@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -261,4 +263,46 @@ func TestPayloadsTheCodecCannotReadAreDeadLettered(t *testing.T) {
 			t.Errorf("bytes delivered as %q", p)
 		}
 	})
+}
+
+// The claim adds a delivery: at the integer maximum it must stay there
+// rather than fail the claim of the whole batch.
+func TestClaimOfARowAtMaxDeliveriesDoesNotOverflow(t *testing.T) {
+	t.Parallel()
+	for _, maxDeliveries := range []int{0, -1} {
+		t.Run(fmt.Sprintf("MaxDeliveries=%d", maxDeliveries), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			before := e.publish("q")
+			huge := e.insertForeign("q", foreign{"max deliveries", "payload, deliveries_count, last_error", `'{}', 2147483647, 'crashed'`})
+			long := e.insertForeign("q", foreign{"long error", "payload, deliveries_count, last_error", `'{}', 2147483647, repeat('é', 1000000)`})
+			after := e.publish("q")
+			cfg := fastConfig[[]byte](nil)
+			cfg.MaxDeliveries = maxDeliveries
+			var deliveries sync.Map
+			handled := drainForeign(t, e, "q", cfg, func(m *Message[[]byte]) error {
+				deliveries.Store(m.ID, m.Deliveries)
+				return nil
+			})
+			if !handled[before] || !handled[after] {
+				t.Errorf("rows claimed with it: handled %v; want %d and %d", handled, before, after)
+			}
+			if maxDeliveries < 0 {
+				if n, _ := deliveries.Load(huge); n != math.MaxInt32 {
+					t.Errorf("delivered %v times; want %d", n, math.MaxInt32)
+				}
+				return
+			}
+			got, _ := e.dlqRow(huge)
+			want := "claimed 2147483647 times; MaxDeliveries is 25; last handler error: crashed"
+			if got.FailureReason != ReasonMaxDeliveries || deref(got.LastError) != want || got.DeliveriesCount != math.MaxInt32 {
+				t.Errorf("dead letter %+v (%s); want max_deliveries, %d deliveries, %q", got, deref(got.LastError), math.MaxInt32, want)
+			}
+			// Another client's last_error of any length is cut with the rest.
+			got, _ = e.dlqRow(long)
+			if n := utf8.RuneCountInString(deref(got.LastError)); got.FailureReason != ReasonMaxDeliveries || n != lastErrorMaxRunes {
+				t.Errorf("dead letter %+v with a last error of %d characters; want max_deliveries and %d", got.ID, n, lastErrorMaxRunes)
+			}
+		})
+	}
 }
