@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
@@ -265,6 +266,73 @@ func TestPayloadsTheCodecCannotReadAreDeadLettered(t *testing.T) {
 	})
 }
 
+// columnCases set columns the library fills itself: NULL where it writes
+// a value, and values it never writes. Payloads are valid JSON.
+var columnCases = []foreign{
+	{"explicit NULLs", "payload, headers, ordering_key, timer_id, first_attempt_at, last_attempt_at, last_error, acquired_at, acquired_token, lease_expires_at",
+		`'{}', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL`},
+	{"negative attempts", "payload, attempts_count", `'{}', -5`},
+	{"negative deliveries", "payload, deliveries_count", `'{}', -5`},
+	{"minimum counts", "payload, attempts_count, deliveries_count", `'{}', -2147483648, -2147483648`},
+	{"next_attempt_at -infinity", "payload, next_attempt_at", `'{}', '-infinity'`},
+	{"created_at in the future", "payload, created_at", `'{}', now() + interval '10 years'`},
+	{"created_at infinity", "payload, created_at", `'{}', 'infinity'`},
+	{"created_at -infinity", "payload, created_at", `'{}', '-infinity'`},
+	{"first_attempt_at infinity", "payload, first_attempt_at, attempts_count", `'{}', 'infinity', 1`},
+	{"first_attempt_at -infinity", "payload, first_attempt_at, attempts_count", `'{}', '-infinity', 1`},
+	{"last_attempt_at infinity", "payload, last_attempt_at", `'{}', 'infinity'`},
+	{"huge last_error", "payload, last_error", `'{}', repeat('é', 1000000)`},
+	{"empty timer id", "payload, timer_id", `'{}', ''`},
+	{"odd timer id", "payload, timer_id", `'{}', E'\t😀\n'`},
+	{"negative id", "id, payload", `-42, '{}'`},
+	{"leased, expired", "payload, acquired_at, acquired_token, lease_expires_at", `'{}', now(), gen_random_uuid(), now() - interval '1 second'`},
+	{"leased at infinity until -infinity", "payload, acquired_at, acquired_token, lease_expires_at", `'{}', 'infinity', gen_random_uuid(), '-infinity'`},
+	{"keyed, blocked by hand", "payload, ordering_key, blocked", `'{}', 'k', true`},
+}
+
+func TestRowsWithOddColumnValuesAreDelivered(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ids := map[string]int64{}
+	want := map[string]wantFate{}
+	for _, c := range columnCases {
+		ids[c.name] = e.insertForeign("c", c)
+	}
+	var (
+		mu  sync.Mutex
+		got = map[int64]*Message[shipment]{}
+	)
+	handled := drainForeign(t, e, "c", fastConfig[shipment](nil), func(m *Message[shipment]) error {
+		mu.Lock()
+		got[m.ID] = m
+		mu.Unlock()
+		return nil
+	})
+	checkFates(t, e, ids, handled, want)
+	for _, name := range []string{"negative attempts", "negative deliveries", "minimum counts"} {
+		if m := got[ids[name]]; m == nil || m.Attempts != 0 || m.Deliveries != 1 {
+			t.Errorf("%s: delivered %+v; want 0 attempts and the first delivery", name, m)
+		}
+	}
+	if m := got[ids["created_at infinity"]]; m == nil || !m.CreatedAt.Equal(timeMax) {
+		t.Errorf("created_at infinity: delivered %+v; want CreatedAt %v", m, timeMax)
+	}
+	if m := got[ids["created_at -infinity"]]; m == nil || !m.CreatedAt.Equal(timeMin) {
+		t.Errorf("created_at -infinity: delivered %+v; want CreatedAt %v", m, timeMin)
+	}
+	if m := got[ids["odd timer id"]]; m == nil || m.TimerID != "\t😀\n" {
+		t.Errorf("odd timer id: delivered %+v", m)
+	}
+}
+
+// Timestamps are read within the years 1 to 9999, which Go prints and
+// encodes as JSON: infinity as the last microsecond, -infinity as the
+// first.
+var (
+	timeMax = time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+	timeMin = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
 // The claim adds a delivery: at the integer maximum it must stay there
 // rather than fail the claim of the whole batch.
 func TestClaimOfARowAtMaxDeliveriesDoesNotOverflow(t *testing.T) {
@@ -304,5 +372,27 @@ func TestClaimOfARowAtMaxDeliveriesDoesNotOverflow(t *testing.T) {
 				t.Errorf("dead letter %+v with a last error of %d characters; want max_deliveries and %d", got.ID, n, lastErrorMaxRunes)
 			}
 		})
+	}
+}
+
+// The time since a first attempt written as ±infinity saturates: one in
+// the infinite past has used up any MaxTotalDelay (the sum with the next
+// delay must not wrap around to a small one), one in the infinite future
+// none of it.
+func TestRetryCapsHoldForAFirstAttemptAtInfinity(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	past := e.insertForeign("q", foreign{"past", "payload, first_attempt_at, attempts_count", `'{}', '-infinity', 1`})
+	future := e.insertForeign("q", foreign{"future", "payload, first_attempt_at, attempts_count", `'{}', 'infinity', 1`})
+	cfg := fastConfig[[]byte](nil)
+	cfg.Retry = ConstantRetry{Delay: time.Millisecond, MaxAttempts: 3, MaxTotalDelay: time.Hour}
+	drainForeign(t, e, "q", cfg, func(*Message[[]byte]) error { return errors.New("boom") })
+	for id, attempts := range map[int64]int32{past: 2, future: 3} {
+		if got, _ := e.dlqRow(id); got.FailureReason != ReasonRetryExhausted || got.AttemptsCount != attempts {
+			t.Errorf("row %d: %+v; want retry_exhausted after %d attempts", id, got, attempts)
+		}
+	}
+	if ok := (ConstantRetry{Delay: time.Hour, MaxTotalDelay: 2 * time.Hour}).caps().allow(1, math.MaxInt64, time.Hour); ok {
+		t.Error("a retry after the longest elapsed time is allowed")
 	}
 }

@@ -3,8 +3,10 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"github.com/outboxgen/outboxgen/db"
+	"math"
 	"time"
+
+	"github.com/outboxgen/outboxgen/db"
 )
 
 // QueueStats describes one queue of an outbox at one moment.
@@ -67,8 +69,21 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	return out, nil
 }
 
-// seconds converts a server-side count of seconds.
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+// seconds converts a server-side count of seconds, saturating at the
+// Duration range: counts measured to timestamps other clients wrote far
+// off, or infinite, exceed it. NaN is 0.
+func seconds(s float64) time.Duration {
+	ns := s * float64(time.Second)
+	switch {
+	case math.IsNaN(ns):
+		return 0
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	case ns <= math.MinInt64:
+		return math.MinInt64
+	}
+	return time.Duration(ns)
+}
 
 // RetryBacklog describes the rows of some queues that were handled at
 // least once and are not finished: each waits for its retry, is due for

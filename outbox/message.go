@@ -32,7 +32,9 @@ type Message[T any] struct {
 	Deliveries int
 	// Attempts counts the earlier handled attempts that failed.
 	Attempts int
-	// CreatedAt is when the row was published (server clock).
+	// CreatedAt is when the row was published (server clock), within the
+	// years 1 to 9999: another client's infinity is the last microsecond
+	// of 9999, and its -infinity the first of year 1.
 	CreatedAt time.Time
 }
 
@@ -127,7 +129,7 @@ func notStrings(raw []byte) error {
 // published as another type than T.
 func decodeMessage[T any](c Codec[T], contentType string, row *db.ClaimRow, hc *headerCache) (*Message[T], error) {
 	m := &Message[T]{
-		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: int(row.AttemptsCount),
+		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: attempts(row.AttemptsCount),
 		CreatedAt: row.CreatedAt,
 	}
 	if row.OrderingKey != nil {

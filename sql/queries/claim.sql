@@ -10,7 +10,11 @@
 -- Rows written by other clients may hold values this library never
 -- writes, and one row must not fail the claim of its batch: the delivery
 -- count saturates at the integer maximum (a negative one starts again
--- from zero).
+-- from zero), created_at is read within the years 1 to 9999, which Go
+-- prints and encodes as JSON (infinity as the last microsecond of 9999,
+-- -infinity as the first of year 1), and the time since the first attempt
+-- is returned in seconds on the server's clock: 0 when there was none,
+-- infinite when first_attempt_at is.
 --
 -- Each queue is scanned through its own partial-index ranges (LATERAL), so
 -- the cost of a claim is bounded by @max_rows per queue, not by the
@@ -64,7 +68,9 @@ SET acquired_token   = gen_random_uuid(),
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+          o.attempts_count, o.deliveries_count,
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
           o.acquired_token;
 
 -- name: ClaimQueue :many
@@ -109,7 +115,9 @@ SET acquired_token   = gen_random_uuid(),
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+          o.attempts_count, o.deliveries_count,
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
           o.acquired_token;
 
 -- name: HandOff :one
