@@ -51,7 +51,7 @@ INSERT INTO /*outbox:table*/outbox_dlq AS x (
     deliveries_count, attempts_count, created_at, failed_at, failure_reason, last_error
 )
 SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
-       d.deliveries_count, d.attempts_count + ($1::boolean)::integer, d.created_at,
+       d.deliveries_count, least(greatest(d.attempts_count, 0)::bigint + ($1::boolean)::integer, 2147483647)::integer, d.created_at,
        now(), $2::text,
        left(CASE WHEN $1::boolean OR d.last_error IS NULL THEN $3::text
                  ELSE concat_ws('; last handler error: ', $3::text, d.last_error) END,
@@ -71,7 +71,8 @@ type DeadLetterWithLeaseParams struct {
 // leaves the outbox only if the dead-letter insert succeeds. @attempted says
 // whether the handler ran (and so counts as an attempt); when it did not
 // (max_deliveries, decode_error), the last handler error the row recorded
-// is kept after @last_error. The text is cut to 2048 characters.
+// is kept after @last_error. The text is cut to 2048 characters. The
+// attempt count saturates as MarkPendingWithLease's does.
 func (q *Queries) DeadLetterWithLease(ctx context.Context, arg DeadLetterWithLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, deadLetterWithLease,
 		arg.Attempted,

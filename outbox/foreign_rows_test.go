@@ -375,6 +375,67 @@ func TestClaimOfARowAtMaxDeliveriesDoesNotOverflow(t *testing.T) {
 	}
 }
 
+// Recording an attempt adds one: at the integer maximum the retry and the
+// dead letter must be written, not refused by the database again and
+// again.
+func TestAttemptsAtTheirMaximumSaturate(t *testing.T) {
+	t.Parallel()
+	t.Run("retry exhausted", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		id := e.insertForeign("q", foreign{"max attempts", "payload, attempts_count", `'{}', 2147483647`})
+		drainForeign(t, e, "q", fastConfig[[]byte](nil), func(*Message[[]byte]) error { return errors.New("boom") })
+		got, _ := e.dlqRow(id)
+		if got.FailureReason != ReasonRetryExhausted || got.AttemptsCount != math.MaxInt32 || deref(got.LastError) != "boom" {
+			t.Errorf("dead letter %+v (%s); want retry_exhausted after %d attempts", got, deref(got.LastError), math.MaxInt32)
+		}
+	})
+	t.Run("retried", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		id := e.insertForeign("q", foreign{"max attempts", "payload, attempts_count", `'{}', 2147483647`})
+		cfg := fastConfig[[]byte](nil)
+		cfg.Retry = ConstantRetry{}
+		var (
+			mu    sync.Mutex
+			calls []int
+		)
+		handled := drainForeign(t, e, "q", cfg, func(m *Message[[]byte]) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, m.Attempts)
+			if len(calls) < 3 {
+				return errors.New("again")
+			}
+			return nil
+		})
+		if !handled[id] || !cmp.Equal(calls, []int{math.MaxInt32, math.MaxInt32, math.MaxInt32}) {
+			t.Errorf("handled %v, attempts seen %v; want it handled on the third call, at the maximum each time", handled[id], calls)
+		}
+	})
+	t.Run("negative", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		id := e.insertForeign("q", foreign{"negative attempts", "payload, attempts_count", `'{}', -7`})
+		cfg := fastConfig[[]byte](nil)
+		cfg.Retry = LinearRetry{Initial: time.Millisecond, Step: time.Millisecond, MaxAttempts: 2}
+		var (
+			mu    sync.Mutex
+			calls []int
+		)
+		drainForeign(t, e, "q", cfg, func(m *Message[[]byte]) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, m.Attempts)
+			return errors.New("boom")
+		})
+		got, _ := e.dlqRow(id)
+		if got.FailureReason != ReasonRetryExhausted || got.AttemptsCount != 2 || !cmp.Equal(calls, []int{0, 1}) {
+			t.Errorf("dead letter %+v after calls with attempts %v; want retry_exhausted after 2 attempts, seen as 0 and 1", got, calls)
+		}
+	})
+}
+
 // The time since a first attempt written as ±infinity saturates: one in
 // the infinite past has used up any MaxTotalDelay (the sum with the next
 // delay must not wrap around to a small one), one in the infinite future

@@ -3,7 +3,8 @@
 -- leaves the outbox only if the dead-letter insert succeeds. @attempted says
 -- whether the handler ran (and so counts as an attempt); when it did not
 -- (max_deliveries, decode_error), the last handler error the row recorded
--- is kept after @last_error. The text is cut to 2048 characters.
+-- is kept after @last_error. The text is cut to 2048 characters. The
+-- attempt count saturates as MarkPendingWithLease's does.
 WITH d AS (
     DELETE FROM /*outbox:table*/outbox AS o
     WHERE o.id = @id AND o.acquired_token = @token::uuid
@@ -15,7 +16,7 @@ INSERT INTO /*outbox:table*/outbox_dlq AS x (
     deliveries_count, attempts_count, created_at, failed_at, failure_reason, last_error
 )
 SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
-       d.deliveries_count, d.attempts_count + (@attempted::boolean)::integer, d.created_at,
+       d.deliveries_count, least(greatest(d.attempts_count, 0)::bigint + (@attempted::boolean)::integer, 2147483647)::integer, d.created_at,
        now(), @reason::text,
        left(CASE WHEN @attempted::boolean OR d.last_error IS NULL THEN sqlc.narg(last_error)::text
                  ELSE concat_ws('; last handler error: ', sqlc.narg(last_error)::text, d.last_error) END,
