@@ -87,7 +87,8 @@ FROM unnest($1::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT o.next_attempt_at
     FROM /*outbox:table*/outbox AS o
-    WHERE o.queue = q.name AND o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at > clock_timestamp()
+    WHERE o.queue = q.name AND o.acquired_token IS NULL AND NOT o.blocked
+      AND o.next_attempt_at > clock_timestamp() AND o.next_attempt_at < 'infinity'
     ORDER BY o.next_attempt_at
     LIMIT 1
 ) AS n
@@ -99,7 +100,8 @@ LIMIT 1
 // to come among unleased rows of the given queues; no row when none is due
 // later. Rows already due are left out: a claim that just found nothing
 // could not take them (another transaction holds their locks), so waking
-// for them would only spin. One index probe per queue.
+// for them would only spin. Rows due at infinity are never due. One index
+// probe per queue.
 func (q *Queries) NextDueIn(ctx context.Context, queues []string) (float64, error) {
 	row := q.db.QueryRow(ctx, nextDueIn, queues)
 	var due_in_seconds float64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"strings"
 	"sync"
@@ -434,6 +435,51 @@ func TestAttemptsAtTheirMaximumSaturate(t *testing.T) {
 			t.Errorf("dead letter %+v after calls with attempts %v; want retry_exhausted after 2 attempts, seen as 0 and 1", got, calls)
 		}
 	})
+}
+
+// A row due at infinity, or so far ahead that the wait overflows a
+// Duration, is never due: the idle fetcher must back off as usual, not
+// claim in a loop, and not warn about it.
+func TestRowsDueAtInfinityDoNotMakeTheFetcherSpin(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, at := range []string{"infinity", "100000-01-01", "294276-12-31 23:59:59.999999+00"} {
+		e.insertForeign("q", foreign{at, "payload, next_attempt_at", fmt.Sprintf("'{}', '%s'", at)})
+	}
+	due := e.insertForeign("q", foreign{"-infinity", "payload, next_attempt_at", `'{}', '-infinity'`})
+	rec := &events{}
+	cfg := fastConfig[[]byte](rec)
+	cfg.MinFetchInterval, cfg.MaxFetchInterval = 50*time.Millisecond, time.Second
+	var (
+		mu   sync.Mutex
+		logs []loggedRecord
+	)
+	cfg.Logger = slog.New(recordingHandler{mu: &mu, recs: &logs})
+	handled := make(chan int64, 1)
+	s := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[[]byte]) error {
+		handled <- m.ID
+		return nil
+	}, cfg)
+	if got := receive(t, handled); got != due {
+		t.Errorf("handled row %d, want %d (due at -infinity)", got, due)
+	}
+	time.Sleep(time.Second)
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(rec.named(EventFetched)); n > 20 {
+		t.Errorf("%d claims in about a second with rows due at infinity; want a handful", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, r := range logs {
+		if r.level >= slog.LevelWarn {
+			t.Errorf("logged %v %q", r.level, r.msg)
+		}
+	}
+	if n := e.count("outbox"); n != 3 {
+		t.Errorf("%d rows left, want the 3 never due", n)
+	}
 }
 
 // The time since a first attempt written as ±infinity saturates: one in
