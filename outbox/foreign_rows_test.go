@@ -482,6 +482,78 @@ func TestRowsDueAtInfinityDoNotMakeTheFetcherSpin(t *testing.T) {
 	}
 }
 
+// Timestamps no publisher writes (infinite, far ahead, in the future)
+// must not fail the operator's reads of the queue or the dead-letter
+// table, nor those of other queues.
+func TestInfiniteTimestampsDoNotBreakInspection(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.publish("other")
+	rows := []foreign{
+		{"created_at -infinity", "payload, created_at", `'{}', '-infinity'`},
+		{"created_at infinity", "payload, created_at", `'{}', 'infinity'`},
+		{"created_at in the future", "payload, created_at", `'{}', now() + interval '1 year'`},
+		{"due at infinity", "payload, next_attempt_at, attempts_count", `'{}', 'infinity', 1`},
+		{"due at -infinity", "payload, next_attempt_at, attempts_count", `'{}', '-infinity', 1`},
+		{"attempted at infinity", "payload, first_attempt_at, last_attempt_at", `'{}', 'infinity', '-infinity'`},
+	}
+	for _, r := range rows {
+		e.insertForeign("q", r)
+		e.insertForeign("future", foreign{r.name, "payload, created_at", `'{}', now() + interval '1 year'`})
+	}
+	// Keys held by heads scheduled at infinity, whose waiting rows were
+	// created at -infinity and in the future.
+	e.insertForeign("keyed", foreign{"head", "payload, ordering_key, next_attempt_at", `'{}', 'a', 'infinity'`})
+	e.insertForeign("keyed", foreign{"waiting", "payload, ordering_key, created_at", `'{}', 'a', '-infinity'`})
+	e.insertForeign("keyed", foreign{"head", "payload, ordering_key, next_attempt_at", `'{}', 'b', 'infinity'`})
+	e.insertForeign("keyed", foreign{"waiting", "payload, ordering_key, created_at", `'{}', 'b', now() + interval '1 day'`})
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failed_at, failure_reason)
+		VALUES (-1, 'q', '', 1, 1, '-infinity', 'infinity', 'rejected'), (-2, 'q', '', 1, 1, 'infinity', '-infinity', 'rejected')`)
+
+	stats, err := e.ob.QueueStats(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byQueue := map[string]QueueStats{}
+	for _, s := range stats {
+		byQueue[s.Queue] = s
+	}
+	if s := byQueue["q"]; s.OldestAge != math.MaxInt64 || s.Ready != 5 || s.Scheduled != 1 || s.DeadLettered != 2 {
+		t.Errorf("q: %+v; want the saturated age of a row created at -infinity, 5 ready, 1 scheduled, 2 dead-lettered", s)
+	}
+	if s := byQueue["future"]; s.OldestAge != 0 || s.Ready != len64(rows) {
+		t.Errorf("future: %+v; want age 0 and %d ready", s, len(rows))
+	}
+	if s := byQueue["keyed"]; s.HeldKeysScheduled != 2 || s.OldestHeldKey != "a" || s.OldestHeldAge != math.MaxInt64 || s.Blocked != 2 {
+		t.Errorf("keyed: %+v; want 2 keys held, the oldest a, its age saturated", s)
+	}
+	if s := byQueue["other"]; s.Ready != 1 || s.OldestAge < 0 || s.OldestAge > time.Minute {
+		t.Errorf("other: %+v", s)
+	}
+
+	b, err := e.ob.RetryBacklog(e.ctx, []string{"q"})
+	if err != nil || b.Rows != 2 || b.NextDueIn != math.MinInt64 {
+		t.Errorf("RetryBacklog: %+v, %v; want 2 rows, the earliest overdue without bound", b, err)
+	}
+	pending, err := e.ob.Unprocessed(e.ctx, "q", 100)
+	if err != nil || len(pending) != len(rows) {
+		t.Fatalf("Unprocessed: %d rows, %v; want %d", len(pending), err, len(rows))
+	}
+	if due := pending[3].DueAt; !due.Equal(timeMax) {
+		t.Errorf("Unprocessed: a row due at infinity is due at %v; want %v", due, timeMax)
+	}
+	dead, err := e.ob.DeadLetters(e.ctx, DeadLetterFilter{}, math.MinInt64, 10)
+	if err != nil || len(dead) != 2 {
+		t.Fatalf("DeadLetters: %+v, %v", dead, err)
+	}
+	if !dead[0].CreatedAt.Equal(timeMax) || !dead[0].FailedAt.Equal(timeMin) ||
+		!dead[1].CreatedAt.Equal(timeMin) || !dead[1].FailedAt.Equal(timeMax) {
+		t.Errorf("DeadLetters read infinite timestamps as %v %v, %v %v", dead[0].CreatedAt, dead[0].FailedAt, dead[1].CreatedAt, dead[1].FailedAt)
+	}
+}
+
+func len64[T any](s []T) int64 { return int64(len(s)) }
+
 // The time since a first attempt written as ±infinity saturates: one in
 // the infinite past has used up any MaxTotalDelay (the sum with the next
 // delay must not wrap around to a small one), one in the infinite future
