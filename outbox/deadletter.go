@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -71,7 +72,8 @@ func orNil(s string) *string {
 
 // DeadLetters returns up to limit dead-lettered rows matching f with ids
 // above afterID, in id order; pass the last id back as afterID for the
-// next page.
+// next page. Ids are positive unless another client wrote the rows: pass
+// math.MinInt64 for a first page that cannot miss one.
 func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID int64, limit int) ([]DeadLetter, error) {
 	if err := f.check(); err != nil {
 		return nil, err
@@ -188,7 +190,9 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 	if err != nil {
 		return res, fmt.Errorf("outbox: ReplayDeadLetters: %w", err)
 	}
-	var done, after int64
+	// Ids start below zero too when other clients wrote them.
+	var done int64
+	after := int64(math.MinInt64)
 	for done < count.Total {
 		if err := ctx.Err(); err != nil {
 			return res, err

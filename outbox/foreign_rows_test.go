@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -553,6 +554,106 @@ func TestInfiniteTimestampsDoNotBreakInspection(t *testing.T) {
 }
 
 func len64[T any](s []T) int64 { return int64(len(s)) }
+
+// Queue names other clients may use. Printable ones are served like any
+// other; names with control characters are refused by NewSubscriber, so
+// their rows wait for an operator, and must not disturb other queues or
+// the operator's reads.
+var (
+	printableQueues = []string{"with space", `quo"te's`, "😀 emoji", strings.Repeat("q", QueueMaxBytes), strings.Repeat("😀", 63) + "abc", "x"}
+	controlQueues   = []string{"tab\there", "new\nline", "\x1b[31mred", "bell\a"}
+)
+
+func TestOddQueueNamesNeverBreakOtherQueuesOrReads(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ids := map[string]int64{}
+	for _, q := range append(slices.Clone(printableQueues), controlQueues...) {
+		ids[q] = e.insertForeign(q, foreign{q, "payload", `'{}'`})
+	}
+	for _, q := range []string{"", strings.Repeat("q", QueueMaxBytes+1), strings.Repeat("😀", 64)} {
+		_, err := e.db.Pool.Exec(e.ctx, `INSERT INTO outbox (queue, payload) VALUES ($1, '')`, q)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "23514" || pe.ConstraintName != "outbox_queue_chk" {
+			t.Errorf("queue of %d bytes: %v; want a check violation of outbox_queue_chk", len(q), err)
+		}
+	}
+	for _, q := range controlQueues {
+		_, err := NewSubscriber(e.ob, []string{q}, func(context.Context, *Message[[]byte]) error { return nil }, nil)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != "queues[0]" || ce.Rule != "must be printable UTF-8" {
+			t.Errorf("NewSubscriber(%q): %v; want a *ConfigError", q, err)
+		}
+	}
+
+	// The operator's reads see every queue, whatever its name.
+	stats, err := e.ob.QueueStats(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range stats {
+		names = append(names, s.Queue)
+	}
+	want := append(slices.Clone(printableQueues), controlQueues...)
+	slices.Sort(want)
+	if diff := cmp.Diff(want, names); diff != "" {
+		t.Errorf("QueueStats queues (-want +got):\n%s", diff)
+	}
+	for _, q := range controlQueues {
+		if p, err := e.ob.Unprocessed(e.ctx, q, 10); err != nil || len(p) != 1 || p[0].ID != ids[q] {
+			t.Errorf("Unprocessed(%q): %+v, %v", q, p, err)
+		}
+		if b, err := e.ob.RetryBacklog(e.ctx, []string{q}); err != nil || b.Rows != 0 {
+			t.Errorf("RetryBacklog(%q): %+v, %v", q, b, err)
+		}
+	}
+
+	// One subscriber serves every printable queue; the others' rows stay.
+	handled := make(chan int64, len(printableQueues))
+	s := startSub(t, e.ob, printableQueues, func(_ context.Context, m *Message[[]byte]) error {
+		if m.ID != ids[m.Queue] {
+			t.Errorf("row %d delivered with queue %q", m.ID, m.Queue)
+		}
+		handled <- m.ID
+		return nil
+	}, fastConfig[[]byte](nil))
+	for range printableQueues {
+		receive(t, handled)
+	}
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count("outbox"); n != len(controlQueues) {
+		t.Errorf("%d rows left; want the %d of queues no subscriber can serve", n, len(controlQueues))
+	}
+
+	// Dead letters of every queue are listed, filtered, replayed and
+	// purged by name.
+	for i, q := range controlQueues {
+		e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+			VALUES ($1, $2, '', 1, 1, now(), 'rejected')`, -1-i, q)
+	}
+	for _, q := range controlQueues {
+		dead, err := e.ob.DeadLetters(e.ctx, DeadLetterFilter{Queue: q}, math.MinInt64, 10)
+		if err != nil || len(dead) != 1 || dead[0].Queue != q {
+			t.Errorf("DeadLetters of %q: %+v, %v", q, dead, err)
+		}
+	}
+	res, err := e.ob.ReplayDeadLetters(e.ctx, DeadLetterFilter{Queue: controlQueues[0]}, nil)
+	if err != nil || res.Replayed != 1 {
+		t.Errorf("replay of %q: %+v, %v", controlQueues[0], res, err)
+	}
+	if n, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{Queue: controlQueues[1]}); err != nil || n != 1 {
+		t.Errorf("purge of %q: %d, %v", controlQueues[1], n, err)
+	}
+	if n := e.countWhere(fmt.Sprintf("queue = %s", quoteLiteral(controlQueues[0]))); n != 2 {
+		t.Errorf("%q holds %d rows after the replay, want 2", controlQueues[0], n)
+	}
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // The time since a first attempt written as ±infinity saturates: one in
 // the infinite past has used up any MaxTotalDelay (the sum with the next

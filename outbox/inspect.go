@@ -100,13 +100,14 @@ type RetryBacklog struct {
 // RetryBacklog reports the rows of queues that failed and are not
 // finished. Rows scheduled at publish and never handled do not count. Like
 // QueueStats it reads without locks, for operators and tests, not hot
-// paths.
+// paths. Any queue name the table can hold may be given, also one a
+// subscriber cannot serve.
 func (o *Outbox) RetryBacklog(ctx context.Context, queues []string) (RetryBacklog, error) {
 	if len(queues) == 0 {
 		return RetryBacklog{}, &InputError{Field: "queues", Rule: "must name at least one queue"}
 	}
 	for i, q := range queues {
-		if err := checkQueue(fmt.Sprintf("queues[%d]", i), q); err != nil {
+		if err := checkQueueToRead(fmt.Sprintf("queues[%d]", i), q); err != nil {
 			return RetryBacklog{}, err
 		}
 	}
@@ -139,8 +140,10 @@ type PendingMessage struct {
 // Unprocessed returns up to limit rows of queue still in the outbox,
 // oldest first, without claiming them: it takes no lease and changes
 // nothing, so it is safe beside running subscribers (tests, debugging).
+// Any queue name the table can hold may be given, also one that
+// [ValidateQueue] refuses (rows other clients wrote).
 func (o *Outbox) Unprocessed(ctx context.Context, queue string, limit int) ([]PendingMessage, error) {
-	if err := checkQueue("queue", queue); err != nil {
+	if err := checkQueueToRead("queue", queue); err != nil {
 		return nil, err
 	}
 	if limit <= 0 {
