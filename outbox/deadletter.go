@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -22,6 +23,10 @@ type DeadLetter struct {
 	Payload []byte `json:"payload"`
 	// Headers are its headers.
 	Headers map[string]string `json:"headers,omitempty"`
+	// RawHeaders holds the headers column as stored when it is not an
+	// object of strings (another client wrote it; such a row ends with
+	// reason decode_error), and Headers is nil. Otherwise it is nil.
+	RawHeaders json.RawMessage `json:"raw_headers,omitempty"`
 	// OrderingKey and TimerID are as published, or empty.
 	OrderingKey string `json:"ordering_key,omitempty"`
 	// TimerID: see OrderingKey.
@@ -104,11 +109,7 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID in
 		if r.LastError != nil {
 			d.LastError = *r.LastError
 		}
-		if len(r.Headers) > 0 {
-			// Headers written by other clients may not be a string map;
-			// they are left out rather than failing the read.
-			d.Headers, _ = hc.decode(r.Headers)
-		}
+		d.Headers, d.RawHeaders = readHeaders(&hc, r.Headers)
 		out[i] = d
 	}
 	return out, nil

@@ -161,12 +161,31 @@ func TestHeadersThatAreNotStringsAreDeadLettered(t *testing.T) {
 		for _, c := range headerCases {
 			ids[c.name], want[c.name] = e.insertForeign("h", c.foreign), c.typed
 		}
+		// Before and after: the operator's reads show headers that are not
+		// strings as stored.
+		pending, err := e.ob.Unprocessed(e.ctx, "h", 100)
+		if err != nil || len(pending) != len(headerCases) {
+			t.Fatalf("Unprocessed: %d rows, %v", len(pending), err)
+		}
+		if p := pending[0]; p.Headers != nil || string(p.RawHeaders) != `{"a": 1}` {
+			t.Errorf("Unprocessed: headers %v, raw %s", p.Headers, p.RawHeaders)
+		}
 		var headers sync.Map
 		handled := drainForeign(t, e, "h", fastConfig[shipment](nil), func(m *Message[shipment]) error {
 			headers.Store(m.ID, m.Headers)
 			return nil
 		})
 		checkFates(t, e, ids, handled, want)
+		dead, err := e.ob.DeadLetters(e.ctx, DeadLetterFilter{}, 0, 100)
+		if err != nil || len(dead) == 0 {
+			t.Fatalf("DeadLetters: %v, %v", dead, err)
+		}
+		if d := dead[0]; d.ID != ids["number value"] || d.Headers != nil || string(d.RawHeaders) != `{"a": 1}` {
+			t.Errorf("DeadLetters: row %d, headers %v, raw %s", d.ID, d.Headers, d.RawHeaders)
+		}
+		if d := dead[len(dead)-1]; d.ID != ids["wrong message type"] || d.RawHeaders != nil || d.Headers["message-type"] != "acme.Invoice" {
+			t.Errorf("DeadLetters: row %d, headers %v, raw %s", d.ID, d.Headers, d.RawHeaders)
+		}
 		if h, _ := headers.Load(ids["odd keys"]); !cmp.Equal(h, map[string]string{
 			"": "empty", "a b": "space", "tab\t": "tab", "\x1b[31m": "escape", "😀": "emoji", `"'`: "quotes"}) {
 			t.Errorf("odd keys delivered as %q", h)

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"time"
@@ -129,6 +130,11 @@ type PendingMessage struct {
 	Payload []byte
 	// Headers are its headers.
 	Headers map[string]string
+	// RawHeaders holds the headers column as stored when it is not an
+	// object of strings (another client wrote it; a subscriber ends such a
+	// row with reason decode_error), and Headers is nil. Otherwise it is
+	// nil.
+	RawHeaders json.RawMessage
 	// Deliveries counts its claims so far.
 	Deliveries int
 	// Leased says whether a subscriber holds it now.
@@ -158,11 +164,7 @@ func (o *Outbox) Unprocessed(ctx context.Context, queue string, limit int) ([]Pe
 	for i, r := range rows {
 		out[i] = PendingMessage{ID: r.ID, Queue: r.Queue, Payload: r.Payload, Deliveries: int(r.DeliveriesCount),
 			Leased: r.AcquiredToken.Valid, DueAt: r.NextAttemptAt}
-		if len(r.Headers) > 0 {
-			// Headers written by other clients may not be a string map;
-			// they are left out rather than failing the read.
-			out[i].Headers, _ = hc.decode(r.Headers)
-		}
+		out[i].Headers, out[i].RawHeaders = readHeaders(&hc, r.Headers)
 	}
 	return out, nil
 }

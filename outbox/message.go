@@ -124,6 +124,19 @@ func notStrings(raw []byte) error {
 	return nil
 }
 
+// readHeaders reads a headers column for an operator: as a map when it is
+// an object of strings, else as stored, so that reading rows other clients
+// wrote never fails and shows what they wrote.
+func readHeaders(hc *headerCache, raw []byte) (map[string]string, json.RawMessage) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	if h, err := hc.decode(raw); err == nil {
+		return h, nil
+	}
+	return nil, json.RawMessage(slices.Clone(raw))
+}
+
 // decodeMessage turns a claimed row into a Message. An error means the row
 // can never be handled: its headers or payload are unreadable, or it was
 // published as another type than T.
