@@ -674,6 +674,67 @@ func TestOddQueueNamesNeverBreakOtherQueuesOrReads(t *testing.T) {
 // quoteLiteral quotes s as an SQL string literal.
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
+// Ordering keys no publisher of this library writes: the empty string
+// (PublishOpts treats "" as no key, SQL can write it), blanks, control
+// characters, the separator the key lock hashes with, emoji, a long key.
+// Each is simply a key: its rows are handled one at a time, in order.
+func TestEveryOrderingKeyIsAKeyTheEmptyStringToo(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	keys := []string{"", " ", "\t", "\n", "a\x1fb", "a", "😀", strings.Repeat("k", 4000)}
+	const perKey = 4
+	want := map[string][]int64{}
+	for range perKey {
+		for _, k := range keys {
+			want[k] = append(want[k], e.insertForeign("q", foreign{"keyed", "payload, ordering_key", fmt.Sprintf("'{}', %s", quoteLiteral(k))}))
+		}
+		e.insertForeign("q", foreign{"unkeyed", "payload", `'{}'`})
+	}
+	stats, err := e.ob.QueueStats(e.ctx)
+	if err != nil || len(stats) != 1 || stats[0].Blocked != int64(len(keys)*(perKey-1)) || stats[0].Ready != int64(len(keys)+perKey) {
+		t.Fatalf("QueueStats: %+v, %v; want %d blocked, %d ready", stats, err, len(keys)*(perKey-1), len(keys)+perKey)
+	}
+
+	var (
+		mu      sync.Mutex
+		got     = map[string][]int64{}
+		running = map[string]bool{}
+	)
+	cfg := fastConfig[[]byte](nil)
+	cfg.Workers = 8
+	drainForeign(t, e, "q", cfg, func(m *Message[[]byte]) error {
+		k, ok := "", false
+		mu.Lock()
+		for _, key := range keys {
+			if slices.Contains(want[key], m.ID) {
+				k, ok = key, true
+			}
+		}
+		if ok {
+			if running[k] {
+				t.Errorf("key %q: row %d handled while another row of the key runs", k, m.ID)
+			}
+			running[k] = true
+			got[k] = append(got[k], m.ID)
+			if m.OrderingKey != k {
+				t.Errorf("row %d delivered with key %q, want %q", m.ID, m.OrderingKey, k)
+			}
+		}
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		mu.Lock()
+		running[k] = false
+		mu.Unlock()
+		return nil
+	})
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rows handled per key, in order (-want +got):\n%s", diff)
+	}
+	if n := e.handOffs(); n != 0 {
+		t.Errorf("%d hand-overs left", n)
+	}
+}
+
 // The time since a first attempt written as ±infinity saturates: one in
 // the infinite past has used up any MaxTotalDelay (the sum with the next
 // delay must not wrap around to a small one), one in the infinite future

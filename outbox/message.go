@@ -23,7 +23,9 @@ type Message[T any] struct {
 	// headers are not an object of strings (another client wrote it)
 	// never reaches a handler: it ends with reason decode_error.
 	Headers map[string]string
-	// OrderingKey is the row's ordering key, or empty.
+	// OrderingKey is the row's ordering key, or empty. A row another
+	// client wrote with the key "" (which PublishOpts treats as no key) is
+	// keyed all the same: its key's rows are handled one at a time.
 	OrderingKey string
 	// TimerID is the row's timer id, or empty.
 	TimerID string
