@@ -53,11 +53,13 @@ UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = gen_random_uuid(),
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => $1::float8),
-    deliveries_count = o.deliveries_count + 1
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+          o.attempts_count, o.deliveries_count,
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
           o.acquired_token
 `
 
@@ -68,17 +70,17 @@ type ClaimParams struct {
 }
 
 type ClaimRow struct {
-	ID              int64
-	Queue           string
-	Payload         []byte
-	Headers         []byte
-	OrderingKey     *string
-	TimerID         *string
-	CreatedAt       time.Time
-	AttemptsCount   int32
-	DeliveriesCount int32
-	FirstAttemptAt  *time.Time
-	AcquiredToken   pgtype.UUID
+	ID                       int64
+	Queue                    string
+	Payload                  []byte
+	Headers                  []byte
+	OrderingKey              *string
+	TimerID                  *string
+	CreatedAt                time.Time
+	AttemptsCount            int32
+	DeliveriesCount          int32
+	SinceFirstAttemptSeconds float64
+	AcquiredToken            pgtype.UUID
 }
 
 // Leases up to @max_rows available rows of the given queues: rows whose
@@ -88,6 +90,15 @@ type ClaimRow struct {
 // gets a fresh lease token, an expiry @lease_ttl_seconds from now, and one
 // more delivery. A key has one unblocked row at a time, so a batch never
 // holds two rows of one key.
+//
+// Rows written by other clients may hold values this library never
+// writes, and one row must not fail the claim of its batch: the delivery
+// count saturates at the integer maximum (a negative one starts again
+// from zero), created_at is read within the years 1 to 9999, which Go
+// prints and encodes as JSON (infinity as the last microsecond of 9999,
+// -infinity as the first of year 1), and the time since the first attempt
+// is returned in seconds on the server's clock: 0 when there was none,
+// infinite when first_attempt_at is.
 //
 // Each queue is scanned through its own partial-index ranges (LATERAL), so
 // the cost of a claim is bounded by @max_rows per queue, not by the
@@ -116,7 +127,7 @@ func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]ClaimRow, error
 			&i.CreatedAt,
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
-			&i.FirstAttemptAt,
+			&i.SinceFirstAttemptSeconds,
 			&i.AcquiredToken,
 		); err != nil {
 			return nil, err
@@ -164,11 +175,13 @@ UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = gen_random_uuid(),
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => $1::float8),
-    deliveries_count = o.deliveries_count + 1
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+          o.attempts_count, o.deliveries_count,
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
           o.acquired_token
 `
 
@@ -179,17 +192,17 @@ type ClaimQueueParams struct {
 }
 
 type ClaimQueueRow struct {
-	ID              int64
-	Queue           string
-	Payload         []byte
-	Headers         []byte
-	OrderingKey     *string
-	TimerID         *string
-	CreatedAt       time.Time
-	AttemptsCount   int32
-	DeliveriesCount int32
-	FirstAttemptAt  *time.Time
-	AcquiredToken   pgtype.UUID
+	ID                       int64
+	Queue                    string
+	Payload                  []byte
+	Headers                  []byte
+	OrderingKey              *string
+	TimerID                  *string
+	CreatedAt                time.Time
+	AttemptsCount            int32
+	DeliveriesCount          int32
+	SinceFirstAttemptSeconds float64
+	AcquiredToken            pgtype.UUID
 }
 
 // Claim for a subscriber of one queue: the rows Claim would take, without
@@ -214,7 +227,7 @@ func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]Claim
 			&i.CreatedAt,
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
-			&i.FirstAttemptAt,
+			&i.SinceFirstAttemptSeconds,
 			&i.AcquiredToken,
 		); err != nil {
 			return nil, err

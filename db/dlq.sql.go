@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -16,7 +17,7 @@ SELECT count(*)::bigint AS total, coalesce(max(x.id), 0)::bigint AS max_id
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($1::text IS NULL OR x.queue = $1::text)
   AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND x.failed_at <= now() - make_interval(secs => $3::float8)
+  AND ($3::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $3::float8))
 `
 
 type CountDeadLettersParams struct {
@@ -51,7 +52,7 @@ INSERT INTO /*outbox:table*/outbox_dlq AS x (
     deliveries_count, attempts_count, created_at, failed_at, failure_reason, last_error
 )
 SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
-       d.deliveries_count, d.attempts_count + ($1::boolean)::integer, d.created_at,
+       d.deliveries_count, least(greatest(d.attempts_count, 0)::bigint + ($1::boolean)::integer, 2147483647)::integer, d.created_at,
        now(), $2::text,
        left(CASE WHEN $1::boolean OR d.last_error IS NULL THEN $3::text
                  ELSE concat_ws('; last handler error: ', $3::text, d.last_error) END,
@@ -71,7 +72,8 @@ type DeadLetterWithLeaseParams struct {
 // leaves the outbox only if the dead-letter insert succeeds. @attempted says
 // whether the handler ran (and so counts as an attempt); when it did not
 // (max_deliveries, decode_error), the last handler error the row recorded
-// is kept after @last_error. The text is cut to 2048 characters.
+// is kept after @last_error. The text is cut to 2048 characters. The
+// attempt count saturates as MarkPendingWithLease's does.
 func (q *Queries) DeadLetterWithLease(ctx context.Context, arg DeadLetterWithLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, deadLetterWithLease,
 		arg.Attempted,
@@ -88,12 +90,14 @@ func (q *Queries) DeadLetterWithLease(ctx context.Context, arg DeadLetterWithLea
 
 const listDeadLetters = `-- name: ListDeadLetters :many
 SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
-       x.deliveries_count, x.attempts_count, x.created_at, x.failed_at,
+       x.deliveries_count, x.attempts_count,
+       least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
        x.failure_reason, x.last_error
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($1::text IS NULL OR x.queue = $1::text)
   AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND x.failed_at <= now() - make_interval(secs => $3::float8)
+  AND ($3::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $3::float8))
   AND x.id > $4::bigint
 ORDER BY x.id
 LIMIT $5::integer
@@ -107,9 +111,28 @@ type ListDeadLettersParams struct {
 	MaxRows          int32
 }
 
+type ListDeadLettersRow struct {
+	ID              int64
+	Queue           string
+	Payload         []byte
+	Headers         []byte
+	OrderingKey     *string
+	TimerID         *string
+	DeliveriesCount int32
+	AttemptsCount   int32
+	CreatedAt       time.Time
+	FailedAt        time.Time
+	FailureReason   string
+	LastError       *string
+}
+
 // Dead-lettered rows matching the optional filters with ids above
-// @after_id, in id order.
-func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams) ([]OutboxDlq, error) {
+// @after_id, in id order. An @older_than_seconds of 0 selects rows of
+// every age, also one whose failed_at another client wrote in the future;
+// the statements below filter the same way. Timestamps are read within
+// the years 1 to 9999, as Claim reads created_at (which is copied from
+// the outbox row, and any client may have written it).
+func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams) ([]ListDeadLettersRow, error) {
 	rows, err := q.db.Query(ctx, listDeadLetters,
 		arg.Queue,
 		arg.Reason,
@@ -121,9 +144,9 @@ func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams
 		return nil, err
 	}
 	defer rows.Close()
-	items := []OutboxDlq{}
+	items := []ListDeadLettersRow{}
 	for rows.Next() {
-		var i OutboxDlq
+		var i ListDeadLettersRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.Queue,
@@ -152,7 +175,7 @@ const purgeDeadLetters = `-- name: PurgeDeadLetters :execrows
 DELETE FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($1::text IS NULL OR x.queue = $1::text)
   AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND x.failed_at <= now() - make_interval(secs => $3::float8)
+  AND ($3::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $3::float8))
 `
 
 type PurgeDeadLettersParams struct {
@@ -176,7 +199,7 @@ WITH locked AS MATERIALIZED (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE ($1::text IS NULL OR y.queue = $1::text)
       AND ($2::text IS NULL OR y.failure_reason = $2::text)
-      AND y.failed_at <= now() - make_interval(secs => $3::float8)
+      AND ($3::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $3::float8))
       AND y.id > $4::bigint
       AND y.id <= $5::bigint
     ORDER BY y.id

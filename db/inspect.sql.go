@@ -13,9 +13,9 @@ import (
 )
 
 const fetchUnprocessed = `-- name: FetchUnprocessed :many
-SELECT o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-       o.created_at, o.next_attempt_at, o.attempts_count, o.deliveries_count,
-       o.first_attempt_at, o.last_attempt_at, o.acquired_at, o.acquired_token
+SELECT o.id, o.queue, o.payload, o.headers, o.deliveries_count,
+       least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
+       o.acquired_token
 FROM /*outbox:table*/outbox AS o
 WHERE o.queue = $1::text
 ORDER BY o.id
@@ -32,20 +32,14 @@ type FetchUnprocessedRow struct {
 	Queue           string
 	Payload         []byte
 	Headers         []byte
-	OrderingKey     *string
-	TimerID         *string
-	CreatedAt       time.Time
-	NextAttemptAt   time.Time
-	AttemptsCount   int32
 	DeliveriesCount int32
-	FirstAttemptAt  *time.Time
-	LastAttemptAt   *time.Time
-	AcquiredAt      *time.Time
+	NextAttemptAt   time.Time
 	AcquiredToken   pgtype.UUID
 }
 
 // A lease-free peek at the rows of a queue, oldest first. It takes no locks
-// and changes nothing.
+// and changes nothing. next_attempt_at is read within the years 1 to 9999,
+// as Claim reads created_at.
 func (q *Queries) FetchUnprocessed(ctx context.Context, arg FetchUnprocessedParams) ([]FetchUnprocessedRow, error) {
 	rows, err := q.db.Query(ctx, fetchUnprocessed, arg.Queue, arg.MaxRows)
 	if err != nil {
@@ -60,15 +54,8 @@ func (q *Queries) FetchUnprocessed(ctx context.Context, arg FetchUnprocessedPara
 			&i.Queue,
 			&i.Payload,
 			&i.Headers,
-			&i.OrderingKey,
-			&i.TimerID,
-			&i.CreatedAt,
-			&i.NextAttemptAt,
-			&i.AttemptsCount,
 			&i.DeliveriesCount,
-			&i.FirstAttemptAt,
-			&i.LastAttemptAt,
-			&i.AcquiredAt,
+			&i.NextAttemptAt,
 			&i.AcquiredToken,
 		); err != nil {
 			return nil, err
@@ -87,7 +74,8 @@ FROM unnest($1::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT o.next_attempt_at
     FROM /*outbox:table*/outbox AS o
-    WHERE o.queue = q.name AND o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at > clock_timestamp()
+    WHERE o.queue = q.name AND o.acquired_token IS NULL AND NOT o.blocked
+      AND o.next_attempt_at > clock_timestamp() AND o.next_attempt_at < 'infinity'
     ORDER BY o.next_attempt_at
     LIMIT 1
 ) AS n
@@ -99,7 +87,8 @@ LIMIT 1
 // to come among unleased rows of the given queues; no row when none is due
 // later. Rows already due are left out: a claim that just found nothing
 // could not take them (another transaction holds their locks), so waking
-// for them would only spin. One index probe per queue.
+// for them would only spin. Rows due at infinity are never due. One index
+// probe per queue.
 func (q *Queries) NextDueIn(ctx context.Context, queues []string) (float64, error) {
 	row := q.db.QueryRow(ctx, nextDueIn, queues)
 	var due_in_seconds float64
@@ -153,12 +142,12 @@ SELECT coalesce(l.queue, d.queue)::text AS queue,
        coalesce(l.blocked, 0)::bigint AS blocked,
        coalesce(l.leased, 0)::bigint AS leased,
        coalesce(l.expired, 0)::bigint AS expired,
-       coalesce(extract(epoch FROM now() - l.oldest_created_at), 0)::float8 AS oldest_age_seconds,
+       coalesce(greatest(extract(epoch FROM now()) - extract(epoch FROM l.oldest_created_at), 0), 0)::float8 AS oldest_age_seconds,
        coalesce(d.dead_lettered, 0)::bigint AS dead_lettered,
        coalesce(k.keys_retrying, 0)::bigint AS held_keys_retrying,
        coalesce(k.keys_scheduled, 0)::bigint AS held_keys_scheduled,
        coalesce(k.oldest_key, '')::text AS oldest_held_key,
-       coalesce(extract(epoch FROM now() - k.oldest_since), 0)::float8 AS oldest_held_age_seconds,
+       coalesce(greatest(extract(epoch FROM now()) - extract(epoch FROM k.oldest_since), 0), 0)::float8 AS oldest_held_age_seconds,
        coalesce(ho.hand_offs, 0)::bigint AS hand_offs
 FROM live AS l
 FULL JOIN dead AS d ON d.queue = l.queue
@@ -188,7 +177,10 @@ type QueueStatsRow struct {
 // in seconds, the dead-lettered count, and the keys whose head holds rows
 // back while it waits for its retry or its scheduled time, with the key
 // that has held its rows back longest, and the keys whose hand-over to
-// their next row is recorded and not yet completed.
+// their next row is recorded and not yet completed. Ages are measured
+// with epochs, which are infinite for infinite timestamps (where
+// subtracting the timestamps fails), and a row created in the future has
+// age 0.
 func (q *Queries) QueueStats(ctx context.Context) ([]QueueStatsRow, error) {
 	rows, err := q.db.Query(ctx, queueStats)
 	if err != nil {
@@ -226,7 +218,8 @@ func (q *Queries) QueueStats(ctx context.Context) ([]QueueStatsRow, error) {
 const retryBacklog = `-- name: RetryBacklog :one
 SELECT count(*)::bigint AS retrying,
        coalesce(extract(epoch FROM min(CASE WHEN o.acquired_token IS NULL THEN o.next_attempt_at
-                                            ELSE statement_timestamp() END) - statement_timestamp()), 0)::float8 AS next_due_in_seconds
+                                            ELSE statement_timestamp() END))
+                - extract(epoch FROM statement_timestamp()), 0)::float8 AS next_due_in_seconds
 FROM /*outbox:table*/outbox AS o
 WHERE o.queue = ANY($1::text[]) AND o.attempts_count > 0
 `
@@ -240,7 +233,7 @@ type RetryBacklogRow struct {
 // finished (waiting for their retry, due for it, or leased again), and
 // seconds on the server's clock until the earliest of them is due: a leased
 // one counts as due now (0), an overdue one is negative, and 0 when there is
-// none.
+// none. Infinite next_attempt_at gives an infinite answer.
 func (q *Queries) RetryBacklog(ctx context.Context, queues []string) (RetryBacklogRow, error) {
 	row := q.db.QueryRow(ctx, retryBacklog, queues)
 	var i RetryBacklogRow

@@ -2,8 +2,10 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -21,6 +23,10 @@ type DeadLetter struct {
 	Payload []byte `json:"payload"`
 	// Headers are its headers.
 	Headers map[string]string `json:"headers,omitempty"`
+	// RawHeaders holds the headers column as stored when it is not an
+	// object of strings (another client wrote it; such a row ends with
+	// reason decode_error), and Headers is nil. Otherwise it is nil.
+	RawHeaders json.RawMessage `json:"raw_headers,omitempty"`
 	// OrderingKey and TimerID are as published, or empty.
 	OrderingKey string `json:"ordering_key,omitempty"`
 	// TimerID: see OrderingKey.
@@ -71,7 +77,8 @@ func orNil(s string) *string {
 
 // DeadLetters returns up to limit dead-lettered rows matching f with ids
 // above afterID, in id order; pass the last id back as afterID for the
-// next page.
+// next page. Ids are positive unless another client wrote the rows: pass
+// math.MinInt64 for a first page that cannot miss one.
 func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID int64, limit int) ([]DeadLetter, error) {
 	if err := f.check(); err != nil {
 		return nil, err
@@ -102,11 +109,7 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID in
 		if r.LastError != nil {
 			d.LastError = *r.LastError
 		}
-		if len(r.Headers) > 0 {
-			// Headers written by other clients may not be a string map;
-			// they are left out rather than failing the read.
-			d.Headers, _ = hc.decode(r.Headers)
-		}
+		d.Headers, d.RawHeaders = readHeaders(&hc, r.Headers)
 		out[i] = d
 	}
 	return out, nil
@@ -188,7 +191,9 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 	if err != nil {
 		return res, fmt.Errorf("outbox: ReplayDeadLetters: %w", err)
 	}
-	var done, after int64
+	// Ids start below zero too when other clients wrote them.
+	var done int64
+	after := int64(math.MinInt64)
 	for done < count.Total {
 		if err := ctx.Err(); err != nil {
 			return res, err

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 type delivery struct {
 	row   db.ClaimRow
 	token pgtype.UUID
+	// claimed is when the claim returned, on this process's clock.
+	claimed time.Time
 
 	// ctx is the handler's context: cancelled with ErrLeaseLost when the
 	// lease expires unextended or a heartbeat finds it taken, and with
@@ -26,6 +29,27 @@ type delivery struct {
 	expiry *time.Timer
 	lost   bool // guarded by leases.mu
 }
+
+// sinceFirstAttempt is the time from the row's first handled attempt to
+// now: what the server measured at the claim plus the time since, on this
+// process's monotonic clock, so clock skew between the two does not count.
+// It is 0 when the row was never attempted, and saturates rather than
+// overflow for a first attempt another client wrote as ±infinity.
+func (d *delivery) sinceFirstAttempt() time.Duration {
+	s := d.row.SinceFirstAttemptSeconds
+	if s == 0 {
+		return 0
+	}
+	elapsed, more := seconds(s), time.Since(d.claimed)
+	if elapsed > math.MaxInt64-more {
+		return math.MaxInt64
+	}
+	return elapsed + more
+}
+
+// attempts reads an attempt count: a negative one, written by another
+// client, is 0.
+func attempts(n int32) int { return max(int(n), 0) }
 
 // leases tracks every delivery this run holds, by lease token, for
 // heartbeats and expiry.
@@ -38,7 +62,7 @@ type leases struct {
 // add starts tracking a claimed row; its context is a child of parent.
 func (l *leases) add(parent context.Context, row db.ClaimRow) *delivery {
 	ctx, cancel := context.WithCancelCause(parent)
-	d := &delivery{row: row, token: row.AcquiredToken, ctx: ctx, cancel: cancel}
+	d := &delivery{row: row, token: row.AcquiredToken, claimed: time.Now(), ctx: ctx, cancel: cancel}
 	d.expiry = time.AfterFunc(l.ttl, func() { cancel(ErrLeaseLost) })
 	l.mu.Lock()
 	l.m[d.token] = d

@@ -79,7 +79,7 @@ func (r *run[T]) idle(ctx context.Context, q *db.Queries, n int) {
 	wait := float64(cfg.MinFetchInterval) * float64(uint64(1)<<(n-1)) * (0.75 + rand.Float64()/2)
 	d := min(time.Duration(wait), cfg.MaxFetchInterval)
 	if dueIn, err := q.NextDueIn(ctx, r.s.queues); err == nil {
-		d = min(d, max(time.Duration(dueIn*float64(time.Second)), 0))
+		d = min(d, max(seconds(dueIn), 0))
 	} else if !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
 		r.s.log.WarnContext(ctx, "outbox: next due time unknown", slog.Any("error", err))
 	}

@@ -2,9 +2,12 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"github.com/outboxgen/outboxgen/db"
+	"math"
 	"time"
+
+	"github.com/outboxgen/outboxgen/db"
 )
 
 // QueueStats describes one queue of an outbox at one moment.
@@ -67,8 +70,21 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	return out, nil
 }
 
-// seconds converts a server-side count of seconds.
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+// seconds converts a server-side count of seconds, saturating at the
+// Duration range: counts measured to timestamps other clients wrote far
+// off, or infinite, exceed it. NaN is 0.
+func seconds(s float64) time.Duration {
+	ns := s * float64(time.Second)
+	switch {
+	case math.IsNaN(ns):
+		return 0
+	case ns >= math.MaxInt64:
+		return math.MaxInt64
+	case ns <= math.MinInt64:
+		return math.MinInt64
+	}
+	return time.Duration(ns)
+}
 
 // RetryBacklog describes the rows of some queues that were handled at
 // least once and are not finished: each waits for its retry, is due for
@@ -85,13 +101,14 @@ type RetryBacklog struct {
 // RetryBacklog reports the rows of queues that failed and are not
 // finished. Rows scheduled at publish and never handled do not count. Like
 // QueueStats it reads without locks, for operators and tests, not hot
-// paths.
+// paths. Any queue name the table can hold may be given, also one a
+// subscriber cannot serve.
 func (o *Outbox) RetryBacklog(ctx context.Context, queues []string) (RetryBacklog, error) {
 	if len(queues) == 0 {
 		return RetryBacklog{}, &InputError{Field: "queues", Rule: "must name at least one queue"}
 	}
 	for i, q := range queues {
-		if err := checkQueue(fmt.Sprintf("queues[%d]", i), q); err != nil {
+		if err := checkQueueToRead(fmt.Sprintf("queues[%d]", i), q); err != nil {
 			return RetryBacklog{}, err
 		}
 	}
@@ -113,6 +130,11 @@ type PendingMessage struct {
 	Payload []byte
 	// Headers are its headers.
 	Headers map[string]string
+	// RawHeaders holds the headers column as stored when it is not an
+	// object of strings (another client wrote it; a subscriber ends such a
+	// row with reason decode_error), and Headers is nil. Otherwise it is
+	// nil.
+	RawHeaders json.RawMessage
 	// Deliveries counts its claims so far.
 	Deliveries int
 	// Leased says whether a subscriber holds it now.
@@ -124,8 +146,10 @@ type PendingMessage struct {
 // Unprocessed returns up to limit rows of queue still in the outbox,
 // oldest first, without claiming them: it takes no lease and changes
 // nothing, so it is safe beside running subscribers (tests, debugging).
+// Any queue name the table can hold may be given, also one that
+// [ValidateQueue] refuses (rows other clients wrote).
 func (o *Outbox) Unprocessed(ctx context.Context, queue string, limit int) ([]PendingMessage, error) {
-	if err := checkQueue("queue", queue); err != nil {
+	if err := checkQueueToRead("queue", queue); err != nil {
 		return nil, err
 	}
 	if limit <= 0 {
@@ -140,11 +164,7 @@ func (o *Outbox) Unprocessed(ctx context.Context, queue string, limit int) ([]Pe
 	for i, r := range rows {
 		out[i] = PendingMessage{ID: r.ID, Queue: r.Queue, Payload: r.Payload, Deliveries: int(r.DeliveriesCount),
 			Leased: r.AcquiredToken.Valid, DueAt: r.NextAttemptAt}
-		if len(r.Headers) > 0 {
-			// Headers written by other clients may not be a string map;
-			// they are left out rather than failing the read.
-			out[i].Headers, _ = hc.decode(r.Headers)
-		}
+		out[i].Headers, out[i].RawHeaders = readHeaders(&hc, r.Headers)
 	}
 	return out, nil
 }

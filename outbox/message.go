@@ -1,9 +1,11 @@
 package outbox
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
@@ -17,9 +19,13 @@ type Message[T any] struct {
 	Queue string
 	// Payload is the decoded message.
 	Payload T
-	// Headers are the row's headers, reserved ones included.
+	// Headers are the row's headers, reserved ones included. A row whose
+	// headers are not an object of strings (another client wrote it)
+	// never reaches a handler: it ends with reason decode_error.
 	Headers map[string]string
-	// OrderingKey is the row's ordering key, or empty.
+	// OrderingKey is the row's ordering key, or empty. A row another
+	// client wrote with the key "" (which PublishOpts treats as no key) is
+	// keyed all the same: its key's rows are handled one at a time.
 	OrderingKey string
 	// TimerID is the row's timer id, or empty.
 	TimerID string
@@ -28,7 +34,9 @@ type Message[T any] struct {
 	Deliveries int
 	// Attempts counts the earlier handled attempts that failed.
 	Attempts int
-	// CreatedAt is when the row was published (server clock).
+	// CreatedAt is when the row was published (server clock), within the
+	// years 1 to 9999: another client's infinity is the last microsecond
+	// of 9999, and its -infinity the first of year 1.
 	CreatedAt time.Time
 }
 
@@ -66,16 +74,69 @@ type headerCache struct {
 	typeErr   error
 }
 
+// decode reads a headers column, which must be an object of strings: this
+// library writes nothing else, and the table refuses anything but an
+// object. Values of other types, written by other clients, are an error
+// naming the first such key; a null value is one too, where
+// encoding/json alone would read it as "".
 func (c *headerCache) decode(raw []byte) (map[string]string, error) {
 	if c.m != nil && string(raw) == c.raw {
 		return maps.Clone(c.m), nil
 	}
 	var m map[string]string
-	if err := json.Unmarshal(raw, &m); err != nil {
+	err := json.Unmarshal(raw, &m)
+	if err != nil || bytes.Contains(raw, []byte("null")) {
+		if bad := notStrings(raw); bad != nil {
+			return nil, bad
+		}
+	}
+	if err != nil {
 		return nil, err
 	}
 	c.raw, c.m = string(raw), m
 	return maps.Clone(m), nil
+}
+
+// notStrings returns an error naming the first key, in byte order, of the
+// JSON object raw whose value is not a string, or nil when there is none
+// (or raw is no object).
+func notStrings(raw []byte) error {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return nil
+	}
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		v := bytes.TrimLeft(m[k], " \t\r\n")
+		if len(v) == 0 || v[0] == '"' {
+			continue
+		}
+		kind := "a number"
+		switch v[0] {
+		case 'n':
+			kind = "null"
+		case 't', 'f':
+			kind = "a boolean"
+		case '{':
+			kind = "an object"
+		case '[':
+			kind = "an array"
+		}
+		return fmt.Errorf("header %q is %s, not a string", k, kind)
+	}
+	return nil
+}
+
+// readHeaders reads a headers column for an operator: as a map when it is
+// an object of strings, else as stored, so that reading rows other clients
+// wrote never fails and shows what they wrote.
+func readHeaders(hc *headerCache, raw []byte) (map[string]string, json.RawMessage) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	if h, err := hc.decode(raw); err == nil {
+		return h, nil
+	}
+	return nil, json.RawMessage(slices.Clone(raw))
 }
 
 // decodeMessage turns a claimed row into a Message. An error means the row
@@ -83,7 +144,7 @@ func (c *headerCache) decode(raw []byte) (map[string]string, error) {
 // published as another type than T.
 func decodeMessage[T any](c Codec[T], contentType string, row *db.ClaimRow, hc *headerCache) (*Message[T], error) {
 	m := &Message[T]{
-		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: int(row.AttemptsCount),
+		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: attempts(row.AttemptsCount),
 		CreatedAt: row.CreatedAt,
 	}
 	if row.OrderingKey != nil {

@@ -88,6 +88,18 @@ func checkQueue(field, q string) error {
 	return nil
 }
 
+// checkQueueToRead enforces what reads of a queue need: a name the table
+// can hold, 1 to QueueMaxBytes bytes. Other clients may have written rows
+// to queues whose names break the rule for publishing and subscribing
+// (control characters, say), and an operator must still be able to look
+// at them.
+func checkQueueToRead(field, q string) error {
+	if q == "" || len(q) > QueueMaxBytes {
+		return &ConfigError{Field: field, Value: q, Rule: fmt.Sprintf("must be 1 to %d bytes; is %d", QueueMaxBytes, len(q))}
+	}
+	return nil
+}
+
 // NewPublisher returns a publisher of T messages to queue. It validates its
 // arguments and returns a *[ConfigError] naming the first one that breaks a
 // rule; it does not touch the database.

@@ -81,7 +81,9 @@ func (l limits) allow(attempt int, elapsed, delay time.Duration) bool {
 	if l.maxAttempts > 0 && attempt >= l.maxAttempts {
 		return false
 	}
-	return l.maxTotalDelay <= 0 || elapsed+delay <= l.maxTotalDelay
+	// Compared without adding: elapsed can be near the Duration range (a
+	// first attempt another client wrote far in the past).
+	return l.maxTotalDelay <= 0 || elapsed <= l.maxTotalDelay-delay
 }
 
 // NoRetry gives up after the first failure.

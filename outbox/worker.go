@@ -116,11 +116,8 @@ func (r *run[T]) decide(d *delivery, err error) outcome {
 	if rejected {
 		return outcome{kind: r.terminalKind(), reason: ReasonRejected, text: text}
 	}
-	attempt := int(d.row.AttemptsCount) + 1
-	var elapsed time.Duration
-	if d.row.FirstAttemptAt != nil {
-		elapsed = time.Since(*d.row.FirstAttemptAt)
-	}
+	attempt := attempts(d.row.AttemptsCount) + 1
+	elapsed := d.sinceFirstAttempt()
 	var (
 		delay   time.Duration
 		ok      bool

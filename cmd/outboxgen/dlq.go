@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -47,7 +51,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	reason := fs.String("reason", "", "only rows with this reason: max_deliveries, retry_exhausted, rejected, decode_error")
 	olderThan := fs.Duration("older-than", 0, "only rows dead-lettered at least this long ago")
 	limit := fs.Int("limit", 100, "list: at most this many rows")
-	after := fs.Int64("after", 0, "list: only rows with ids above this one (the next page after -limit rows)")
+	after := fs.Int64("after", 0, "list: only rows with ids above this one (the next page after -limit rows); default: from the lowest id")
 	asJSON := fs.Bool("json", false, "list, show, replay: print JSON")
 	dropTimerIDs := fs.Bool("drop-timer-ids", false, "replay: replay rows whose timer id is live in the outbox without it, instead of skipping them")
 	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row")
@@ -86,9 +90,14 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if *limit <= 0 || *limit > maxListLimit {
 		return fmt.Errorf("%w: dlq: -limit must be between 1 and %d", errUsage, maxListLimit)
 	}
-	if *after < 0 {
-		return fmt.Errorf("%w: dlq: -after must not be negative", errUsage)
-	}
+	// Without -after the list starts at the lowest id: rows other clients
+	// wrote may have ids of zero or below.
+	from := int64(math.MinInt64)
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "after" {
+			from = *after
+		}
+	})
 	if *olderThan < 0 {
 		return fmt.Errorf("%w: dlq: -older-than must not be negative", errUsage)
 	}
@@ -101,7 +110,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	switch sub {
 	case "list":
 		// One row more than asked says whether another page exists.
-		rows, err := ob.DeadLetters(ctx, filter, *after, *limit+1)
+		rows, err := ob.DeadLetters(ctx, filter, from, *limit+1)
 		if err != nil {
 			return usageIfInput(err)
 		}
@@ -120,7 +129,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		fmt.Fprintln(w, "ID\tQUEUE\tREASON\tFAILED AT\tDELIVERIES\tLAST ERROR")
 		for _, r := range rows {
 			last, _, _ := strings.Cut(r.LastError, "\n")
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\n", r.ID, r.Queue, r.Reason, r.FailedAt.Format(time.RFC3339), r.Deliveries, clip(last, 80))
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\n", r.ID, cell(r.Queue), cell(r.Reason), r.FailedAt.Format(time.RFC3339), r.Deliveries, clip(lastErrorCell(last), 80))
 		}
 		if err := w.Flush(); err != nil {
 			return err
@@ -180,7 +189,7 @@ func printReplay(w io.Writer, res outbox.ReplayResult) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tQUEUE\tTIMER ID")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%d\t%s\t%s\n", r.ID, r.Queue, r.TimerID)
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", r.ID, cell(r.Queue), cell(r.TimerID))
 	}
 	return tw.Flush()
 }
@@ -200,29 +209,44 @@ func printJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
+// printDeadLetter shows one row in full. Headers are sorted by key; headers
+// that are not an object of strings are shown as stored, and a payload
+// that is not printable text in hex.
 func printDeadLetter(w io.Writer, r outbox.DeadLetter) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "id\t%d\nqueue\t%s\nreason\t%s\nfailed at\t%s\ncreated at\t%s\ndeliveries\t%d\nattempts\t%d\n",
-		r.ID, r.Queue, r.Reason, r.FailedAt.Format(time.RFC3339Nano), r.CreatedAt.Format(time.RFC3339Nano), r.Deliveries, r.Attempts)
+		r.ID, cell(r.Queue), cell(r.Reason), r.FailedAt.Format(time.RFC3339Nano), r.CreatedAt.Format(time.RFC3339Nano), r.Deliveries, r.Attempts)
 	if r.OrderingKey != "" {
-		fmt.Fprintf(tw, "ordering key\t%s\n", r.OrderingKey)
+		fmt.Fprintf(tw, "ordering key\t%s\n", cell(r.OrderingKey))
 	}
 	if r.TimerID != "" {
-		fmt.Fprintf(tw, "timer id\t%s\n", r.TimerID)
+		fmt.Fprintf(tw, "timer id\t%s\n", cell(r.TimerID))
 	}
-	for k, v := range r.Headers {
-		fmt.Fprintf(tw, "header %s\t%s\n", k, v)
+	for _, k := range slices.Sorted(maps.Keys(r.Headers)) {
+		fmt.Fprintf(tw, "header %s\t%s\n", cell(k), cell(r.Headers[k]))
+	}
+	if r.RawHeaders != nil {
+		fmt.Fprintf(tw, "headers (not an object of strings)\t%s\n", block(string(r.RawHeaders)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if utf8.Valid(r.Payload) {
+	if printable(string(r.Payload), "\n\t") {
 		fmt.Fprintf(w, "payload (%d bytes):\n%s\n", len(r.Payload), r.Payload)
 	} else {
-		fmt.Fprintf(w, "payload (%d bytes, not UTF-8):\n%x\n", len(r.Payload), r.Payload)
+		fmt.Fprintf(w, "payload (%d bytes, not printable UTF-8, in hex):\n%x\n", len(r.Payload), r.Payload)
 	}
-	fmt.Fprintf(w, "last error:\n%s\n", r.LastError)
+	fmt.Fprintf(w, "last error:\n%s\n", block(r.LastError))
 	return nil
+}
+
+// lastErrorCell is the first line of an error for a table cell, quoted
+// only when it holds what a table cannot show; an empty one stays empty.
+func lastErrorCell(s string) string {
+	if s == "" {
+		return ""
+	}
+	return cell(s)
 }
 
 func clip(s string, n int) string {

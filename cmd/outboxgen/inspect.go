@@ -5,12 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/outboxgen/outboxgen/outbox"
 )
@@ -77,7 +74,7 @@ func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, strings.Join(columns, "\t")+"\t")
 	for _, s := range stats {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d/%d\t%s\t\n", s.Queue, s.Ready, s.Scheduled, s.Blocked,
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d/%d\t%s\t\n", cell(s.Queue), s.Ready, s.Scheduled, s.Blocked,
 			s.Leased, s.Expired, s.OldestAge.Round(time.Second), s.DeadLettered,
 			s.HeldKeysRetrying, s.HeldKeysScheduled, heldKey(s))
 	}
@@ -97,9 +94,5 @@ func heldKey(s outbox.QueueStats) string {
 	if s.HeldKeysRetrying+s.HeldKeysScheduled == 0 {
 		return "-"
 	}
-	k := s.OldestHeldKey
-	if k == "" || !utf8.ValidString(k) || strings.ContainsFunc(k, func(r rune) bool { return !unicode.IsPrint(r) }) {
-		k = strconv.Quote(k)
-	}
-	return fmt.Sprintf("%s (%s)", clip(k, heldKeyWidth), s.OldestHeldAge.Round(time.Second))
+	return fmt.Sprintf("%s (%s)", clip(cell(s.OldestHeldKey), heldKeyWidth), s.OldestHeldAge.Round(time.Second))
 }

@@ -7,6 +7,15 @@
 -- more delivery. A key has one unblocked row at a time, so a batch never
 -- holds two rows of one key.
 --
+-- Rows written by other clients may hold values this library never
+-- writes, and one row must not fail the claim of its batch: the delivery
+-- count saturates at the integer maximum (a negative one starts again
+-- from zero), created_at is read within the years 1 to 9999, which Go
+-- prints and encodes as JSON (infinity as the last microsecond of 9999,
+-- -infinity as the first of year 1), and the time since the first attempt
+-- is returned in seconds on the server's clock: 0 when there was none,
+-- infinite when first_attempt_at is.
+--
 -- Each queue is scanned through its own partial-index ranges (LATERAL), so
 -- the cost of a claim is bounded by @max_rows per queue, not by the
 -- backlog. The batch is shared across the queues: candidates are ranked
@@ -55,11 +64,13 @@ UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = gen_random_uuid(),
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
-    deliveries_count = o.deliveries_count + 1
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+          o.attempts_count, o.deliveries_count,
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
           o.acquired_token;
 
 -- name: ClaimQueue :many
@@ -100,11 +111,13 @@ UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = gen_random_uuid(),
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
-    deliveries_count = o.deliveries_count + 1
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
-          o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at,
+          least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+          o.attempts_count, o.deliveries_count,
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
           o.acquired_token;
 
 -- name: HandOff :one

@@ -3,7 +3,8 @@
 -- leaves the outbox only if the dead-letter insert succeeds. @attempted says
 -- whether the handler ran (and so counts as an attempt); when it did not
 -- (max_deliveries, decode_error), the last handler error the row recorded
--- is kept after @last_error. The text is cut to 2048 characters.
+-- is kept after @last_error. The text is cut to 2048 characters. The
+-- attempt count saturates as MarkPendingWithLease's does.
 WITH d AS (
     DELETE FROM /*outbox:table*/outbox AS o
     WHERE o.id = @id AND o.acquired_token = @token::uuid
@@ -15,7 +16,7 @@ INSERT INTO /*outbox:table*/outbox_dlq AS x (
     deliveries_count, attempts_count, created_at, failed_at, failure_reason, last_error
 )
 SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
-       d.deliveries_count, d.attempts_count + (@attempted::boolean)::integer, d.created_at,
+       d.deliveries_count, least(greatest(d.attempts_count, 0)::bigint + (@attempted::boolean)::integer, 2147483647)::integer, d.created_at,
        now(), @reason::text,
        left(CASE WHEN @attempted::boolean OR d.last_error IS NULL THEN sqlc.narg(last_error)::text
                  ELSE concat_ws('; last handler error: ', sqlc.narg(last_error)::text, d.last_error) END,
@@ -24,14 +25,20 @@ FROM d;
 
 -- name: ListDeadLetters :many
 -- Dead-lettered rows matching the optional filters with ids above
--- @after_id, in id order.
+-- @after_id, in id order. An @older_than_seconds of 0 selects rows of
+-- every age, also one whose failed_at another client wrote in the future;
+-- the statements below filter the same way. Timestamps are read within
+-- the years 1 to 9999, as Claim reads created_at (which is copied from
+-- the outbox row, and any client may have written it).
 SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
-       x.deliveries_count, x.attempts_count, x.created_at, x.failed_at,
+       x.deliveries_count, x.attempts_count,
+       least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
        x.failure_reason, x.last_error
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
-  AND x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8)
+  AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
   AND x.id > @after_id::bigint
 ORDER BY x.id
 LIMIT @max_rows::integer;
@@ -53,7 +60,7 @@ WITH locked AS MATERIALIZED (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
       AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
-      AND y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8)
+      AND (@older_than_seconds::float8 = 0 OR y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
       AND y.id > @after_id::bigint
       AND y.id <= @up_to_id::bigint
     ORDER BY y.id
@@ -92,7 +99,7 @@ ORDER BY p.id;
 DELETE FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
-  AND x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8);
+  AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8));
 
 -- name: CountDeadLetters :one
 -- How many dead-lettered rows match the filters, and the highest id among
@@ -101,4 +108,4 @@ SELECT count(*)::bigint AS total, coalesce(max(x.id), 0)::bigint AS max_id
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
-  AND x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8);
+  AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8));

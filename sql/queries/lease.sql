@@ -19,13 +19,15 @@ RETURNING o.acquired_token;
 
 -- name: MarkPendingWithLease :execrows
 -- Records a handled attempt and its error, and makes the row claimable
--- again after @delay_seconds, measured on the server clock.
+-- again after @delay_seconds, measured on the server clock. The attempt
+-- count saturates at the integer maximum, and a negative one (written by
+-- another client) starts again from zero.
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = NULL,
     acquired_at      = NULL,
     lease_expires_at = NULL,
     next_attempt_at  = now() + make_interval(secs => @delay_seconds::float8),
-    attempts_count   = o.attempts_count + 1,
+    attempts_count   = least(greatest(o.attempts_count, 0)::bigint + 1, 2147483647)::integer,
     first_attempt_at = coalesce(o.first_attempt_at, now()),
     last_attempt_at  = now(),
     last_error       = sqlc.narg(last_error)::text
@@ -45,7 +47,7 @@ SET acquired_token   = NULL,
     acquired_at      = NULL,
     lease_expires_at = NULL,
     next_attempt_at  = now() + make_interval(secs => l.delay_seconds),
-    attempts_count   = o.attempts_count + 1,
+    attempts_count   = least(greatest(o.attempts_count, 0)::bigint + 1, 2147483647)::integer,
     first_attempt_at = coalesce(o.first_attempt_at, now()),
     last_attempt_at  = now(),
     last_error       = l.last_error
