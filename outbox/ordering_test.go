@@ -674,3 +674,20 @@ func TestKeyedOutcomesDoNotLinger(t *testing.T) {
 		t.Errorf("order (-want +got):\n%s", diff)
 	}
 }
+
+// Only a row with a key can wait behind a head; a row without one that
+// was blocked by hand would wait for ever, so the table refuses it.
+func TestOnlyKeyedRowsCanBeBlocked(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id := e.publish("q")
+	for _, stmt := range []string{
+		"UPDATE outbox SET blocked = true WHERE id = $1",
+		"INSERT INTO outbox (queue, payload, blocked) SELECT 'q', 'x', true WHERE $1::bigint IS NOT NULL",
+	} {
+		_, err := e.db.Pool.Exec(e.ctx, stmt, id)
+		if sqlState(err) != "23514" {
+			t.Errorf("%s: %v, want a check violation", stmt, err)
+		}
+	}
+}

@@ -41,9 +41,11 @@ FROM (
 ) AS r
 WHERE o.id = r.id AND r.pos > 1 AND o.acquired_token IS NULL;
 
--- A blocked row is never leased, whoever writes the lease.
+-- A blocked row is never leased, whoever writes the lease, and only a row
+-- with a key can wait behind one.
 ALTER TABLE "billing"."events"
-    ADD CONSTRAINT "events_blocked_chk" CHECK (NOT blocked OR acquired_token IS NULL);
+    ADD CONSTRAINT "events_blocked_chk"
+        CHECK (NOT blocked OR (acquired_token IS NULL AND ordering_key IS NOT NULL));
 
 -- Only rows that are not blocked wait in the pending index.
 DROP INDEX "billing"."events_pending_idx";
