@@ -59,11 +59,16 @@ type leases struct {
 	m   map[pgtype.UUID]*delivery
 }
 
-// add starts tracking a claimed row; its context is a child of parent.
-func (l *leases) add(parent context.Context, row db.ClaimRow) *delivery {
+// add starts tracking a row claimed by a statement sent at sent; its
+// context is a child of parent. The lease ends LeaseTTL after sent, not
+// after the rows arrived: the server stamped the expiry when it ran the
+// statement, after sent, so the local deadline never outlives the
+// server's however late the answer comes (a loaded client, a slow
+// network), and no handler starts on a lease another claim may own.
+func (l *leases) add(parent context.Context, row db.ClaimRow, sent time.Time) *delivery {
 	ctx, cancel := context.WithCancelCause(parent)
 	d := &delivery{row: row, token: row.AcquiredToken, claimed: time.Now(), ctx: ctx, cancel: cancel}
-	d.expiry = time.AfterFunc(l.ttl, func() { cancel(ErrLeaseLost) })
+	d.expiry = time.AfterFunc(l.left(sent), func() { cancel(ErrLeaseLost) })
 	l.mu.Lock()
 	l.m[d.token] = d
 	l.mu.Unlock()
@@ -92,9 +97,14 @@ func (l *leases) snapshot() ([]int64, []pgtype.UUID) {
 	return ids, tokens
 }
 
-// extended restarts the expiry of the deliveries a heartbeat extended
-// and returns those it tried but did not extend: their leases are gone.
-func (l *leases) extended(extended, tried []pgtype.UUID) []*delivery {
+// left is how much of a lease stamped by a statement sent at sent is
+// left.
+func (l *leases) left(sent time.Time) time.Duration { return max(l.ttl-time.Since(sent), 0) }
+
+// extended restarts the expiry of the deliveries a heartbeat sent at sent
+// extended, counting from sent like add, and returns those it tried but
+// did not extend: their leases are gone.
+func (l *leases) extended(extended, tried []pgtype.UUID, sent time.Time) []*delivery {
 	ok := make(map[pgtype.UUID]bool, len(extended))
 	for _, t := range extended {
 		ok[t] = true
@@ -108,7 +118,7 @@ func (l *leases) extended(extended, tried []pgtype.UUID) []*delivery {
 			continue // finished while the heartbeat ran
 		}
 		if ok[t] {
-			d.expiry.Reset(l.ttl)
+			d.expiry.Reset(l.left(sent))
 			continue
 		}
 		if !d.lost {

@@ -59,16 +59,17 @@ func (r *run[T]) fetch(ctx context.Context) {
 // queue uses the claim without the ranking across queues.
 func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (int, error) {
 	ttl := r.s.cfg.LeaseTTL.Seconds()
+	sent := time.Now()
 	if len(r.s.queues) > 1 {
 		rows, err := q.Claim(ctx, db.ClaimParams{Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
 		for _, row := range rows {
-			r.buf <- r.leases.add(r.handlerCtx, row)
+			r.buf <- r.leases.add(r.handlerCtx, row, sent)
 		}
 		return len(rows), err
 	}
 	rows, err := q.ClaimQueue(ctx, db.ClaimQueueParams{Queue: r.s.queues[0], MaxRows: n, LeaseTtlSeconds: ttl})
 	for _, row := range rows {
-		r.buf <- r.leases.add(r.handlerCtx, db.ClaimRow(row))
+		r.buf <- r.leases.add(r.handlerCtx, db.ClaimRow(row), sent)
 	}
 	return len(rows), err
 }

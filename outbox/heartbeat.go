@@ -26,6 +26,7 @@ func (r *run[T]) heartbeat(ctx context.Context) {
 		if len(ids) == 0 {
 			continue
 		}
+		sent := time.Now()
 		extended, err := q.ExtendLeases(ctx, db.ExtendLeasesParams{Ids: ids, Tokens: tokens, LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
 		if err != nil {
 			if ctx.Err() == nil {
@@ -33,7 +34,7 @@ func (r *run[T]) heartbeat(ctx context.Context) {
 			}
 			continue
 		}
-		for _, d := range r.leases.extended(extended, tokens) {
+		for _, d := range r.leases.extended(extended, tokens, sent) {
 			d.cancel(ErrLeaseLost)
 			r.s.log.WarnContext(ctx, "outbox: heartbeat found the lease taken; cancelling the handler", rowAttrs(d)...)
 			r.emit(MetricEvent{Name: EventLeaseLost, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Reason: "heartbeat"})

@@ -94,6 +94,36 @@ func TestHeartbeatIntervalIsAtMostHalfTheLease(t *testing.T) {
 	}
 }
 
+// The local lease counts from when the claim or heartbeat was sent, not
+// from when its answer arrived: the server stamped the expiry in between,
+// so an answer that comes late (a loaded client) must not leave the
+// handler a lease the server has already let go.
+func TestLocalLeaseCountsFromTheStatementsSending(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second
+	l := leases{ttl: ttl, m: map[pgtype.UUID]*delivery{}}
+	late := l.add(context.Background(), db.ClaimRow{ID: 1, AcquiredToken: testToken(1)}, time.Now().Add(-ttl))
+	select {
+	case <-late.ctx.Done():
+	case <-time.After(ttl / 2):
+		t.Fatal("a claim answered a whole lease after it was sent left the delivery's lease running")
+	}
+	if !errors.Is(context.Cause(late.ctx), ErrLeaseLost) {
+		t.Errorf("cause %v, want ErrLeaseLost", context.Cause(late.ctx))
+	}
+	l.remove(late)
+
+	held := l.add(context.Background(), db.ClaimRow{ID: 2, AcquiredToken: testToken(2)}, time.Now())
+	_, toks := l.snapshot()
+	l.extended(toks, toks, time.Now().Add(-ttl+100*time.Millisecond))
+	select {
+	case <-held.ctx.Done():
+	case <-time.After(ttl / 2):
+		t.Fatal("a heartbeat answered late extended the local lease past the server's")
+	}
+	l.remove(held)
+}
+
 func testToken(b byte) pgtype.UUID { return pgtype.UUID{Bytes: [16]byte{b}, Valid: true} }
 
 // One run can hold two deliveries of one row (its lease expired and its
@@ -102,15 +132,15 @@ func testToken(b byte) pgtype.UUID { return pgtype.UUID{Bytes: [16]byte{b}, Vali
 func TestRedeliveryOfOneRowIsTrackedByItsToken(t *testing.T) {
 	t.Parallel()
 	l := leases{ttl: time.Hour, m: map[pgtype.UUID]*delivery{}}
-	first := l.add(context.Background(), db.ClaimRow{ID: 7, AcquiredToken: testToken(1)})
-	second := l.add(context.Background(), db.ClaimRow{ID: 7, AcquiredToken: testToken(2)})
+	first := l.add(context.Background(), db.ClaimRow{ID: 7, AcquiredToken: testToken(1)}, time.Now())
+	second := l.add(context.Background(), db.ClaimRow{ID: 7, AcquiredToken: testToken(2)}, time.Now())
 	l.remove(first)
 
 	ids, toks := l.snapshot()
 	if diff := cmp.Diff([]int64{7}, ids); diff != "" || !cmp.Equal(toks, []pgtype.UUID{testToken(2)}) {
 		t.Fatalf("held after the first finished: %v %v (-want +got ids: %s)", ids, toks, diff)
 	}
-	if lost := l.extended([]pgtype.UUID{testToken(2)}, toks); len(lost) != 0 || l.isLost(second) {
+	if lost := l.extended([]pgtype.UUID{testToken(2)}, toks, time.Now()); len(lost) != 0 || l.isLost(second) {
 		t.Errorf("second delivery reported lost: %v", lost)
 	}
 	if second.ctx.Err() != nil {
