@@ -46,6 +46,10 @@ var suites = []suite{
 	{"latency", runLatency},
 	{"scaleout", runScaleOut},
 	{"memory", runMemory},
+	{"keyed", runKeyedDrain},
+	{"hotkey", runHotKey},
+	{"keyedpublish", runKeyedPublish},
+	{"keyedbatch", runKeyedBatch},
 }
 
 func main() {
