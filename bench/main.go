@@ -50,6 +50,7 @@ var suites = []suite{
 	{"hotkey", runHotKey},
 	{"keyedpublish", runKeyedPublish},
 	{"keyedbatch", runKeyedBatch},
+	{"explain", runExplain},
 }
 
 func main() {
