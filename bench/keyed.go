@@ -190,14 +190,19 @@ func runKeyedDrain(ctx context.Context, env *benchEnv, o options) error {
 			return took, err
 		}
 	}
-	unkeyed, keyed := "no key", fmt.Sprintf("%d keys", keys)
-	cs := []contender{{unkeyed, drain(0)}, {keyed, drain(keys)}}
+	// One row per key: every delete runs the hand-over's lookup and finds
+	// no next row, so the difference to the keyed drain is the hand-over
+	// itself (unblocking the next row).
+	unkeyed, keyed, single := "no key", fmt.Sprintf("%d keys", keys), fmt.Sprintf("%d keys, one row each", n)
+	stats := o.statementStats(ctx, env)
+	cs := stats.wrap(ctx, []contender{{unkeyed, drain(0)}, {keyed, drain(keys)}, {single, drain(n)}})
 	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, cs)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(o.out, "%d-row backlog, no-op handler, Subscriber[order] (16 workers, batches of 250); clock stops at an empty table\n", n)
-	report(o.out, s, []string{unkeyed, keyed}, n, "msg", unkeyed)
+	report(o.out, s, []string{unkeyed, keyed, single}, n, "msg", unkeyed)
+	stats.report(o.out, []string{unkeyed, keyed, single}, o.rounds, n)
 	return nil
 }
 
@@ -279,7 +284,8 @@ func runHotKey(ctx context.Context, env *benchEnv, o options) error {
 		}
 		return floor.run(ctx, env, n)
 	}})
-	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, cs)
+	stats := o.statementStats(ctx, env)
+	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, stats.wrap(ctx, cs))
 	if err != nil {
 		return err
 	}
@@ -291,6 +297,7 @@ func runHotKey(ctx context.Context, env *benchEnv, o options) error {
 	report(o.out, s, names, n, "msg", floorName)
 	fmt.Fprintf(o.out, "floor, mean round trip per message: claim %v, ack (delete and hand-over) %v\n",
 		floor.meanClaim().Round(time.Microsecond), floor.meanAck().Round(time.Microsecond))
+	stats.report(o.out, names, o.rounds, n)
 	return nil
 }
 
@@ -515,7 +522,8 @@ func runKeyedBatch(ctx context.Context, env *benchEnv, o options) error {
 		{sqlKeys, plain(true)},
 	}
 	n := max(int(50000*o.scale)/batchSize, 1) * batchSize
-	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, cs)
+	stats := o.statementStats(ctx, env)
+	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, stats.wrap(ctx, cs))
 	if err != nil {
 		return err
 	}
@@ -523,5 +531,6 @@ func runKeyedBatch(ctx context.Context, env *benchEnv, o options) error {
 	report(o.out, s, []string{none, perCall, one}, n, "row", none)
 	fmt.Fprintln(o.out)
 	report(o.out, s, []string{sqlNone, sqlKeys}, n, "row", sqlNone)
+	stats.report(o.out, []string{none, perCall, sqlNone, sqlKeys}, o.rounds, n)
 	return nil
 }

@@ -31,6 +31,8 @@ type options struct {
 	rounds int
 	scale  float64
 	out    io.Writer
+	// statements profiles some suites with pg_stat_statements.
+	statements bool
 }
 
 // suite is one benchmark: it prints its own table.
@@ -61,6 +63,7 @@ func main() {
 	flag.StringVar(&o.dsn, "dsn", os.Getenv("DATABASE_URL"), "database to benchmark on (default $DATABASE_URL)")
 	flag.IntVar(&o.rounds, "rounds", 7, "rounds per suite; medians are taken over rounds")
 	flag.Float64Var(&o.scale, "scale", 1, "multiplies the work per round (0.1 for a smoke run)")
+	flag.BoolVar(&o.statements, "statements", false, "profile the keyed and hotkey suites' statements with pg_stat_statements (must be loaded)")
 	flag.StringVar(&which, "suite", "all", "comma-separated suites to run: "+suiteNames()+", or all")
 	flag.Parse()
 	if subs := os.Getenv(childEnv); subs != "" {
