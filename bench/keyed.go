@@ -447,12 +447,14 @@ func runKeyedPublish(ctx context.Context, env *benchEnv, o options) error {
 		{one, publish(func(int) string { return keyName(0) })},
 	}
 	n := max(int(2000*o.scale), 10)
-	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, cs)
+	stats := o.statementStats(ctx, env)
+	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, stats.wrap(ctx, cs))
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(o.out, "%d transactions of one message each\n", n)
 	report(o.out, s, []string{none, distinct, one}, n, "op", none)
+	stats.report(o.out, []string{none, distinct, one}, o.rounds, n)
 	return nil
 }
 

@@ -63,7 +63,7 @@ func main() {
 	flag.StringVar(&o.dsn, "dsn", os.Getenv("DATABASE_URL"), "database to benchmark on (default $DATABASE_URL)")
 	flag.IntVar(&o.rounds, "rounds", 7, "rounds per suite; medians are taken over rounds")
 	flag.Float64Var(&o.scale, "scale", 1, "multiplies the work per round (0.1 for a smoke run)")
-	flag.BoolVar(&o.statements, "statements", false, "profile the keyed and hotkey suites' statements with pg_stat_statements (must be loaded)")
+	flag.BoolVar(&o.statements, "statements", false, "profile the keyed suites' statements with pg_stat_statements (it must be loaded)")
 	flag.BoolVar(&showSamples, "samples", false, "print every round's figure after each table")
 	flag.StringVar(&which, "suite", "all", "comma-separated suites to run: "+suiteNames()+", or all")
 	flag.Parse()
