@@ -123,6 +123,7 @@ func (e *benchEnv) reset(ctx context.Context) error {
 	_, err := e.pool.Exec(ctx, "TRUNCATE "+
 		pgx.Identifier{schemaOurs, "outbox"}.Sanitize()+", "+
 		pgx.Identifier{schemaOurs, "outbox_dlq"}.Sanitize()+", "+
+		pgx.Identifier{schemaOurs, "outbox_handoff"}.Sanitize()+", "+
 		pgx.Identifier{schemaRiver, "river_job"}.Sanitize()+", "+
 		pgx.Identifier{schemaWatermill, "watermill_" + topic}.Sanitize())
 	return err

@@ -31,6 +31,8 @@ type options struct {
 	rounds int
 	scale  float64
 	out    io.Writer
+	// statements profiles some suites with pg_stat_statements.
+	statements bool
 }
 
 // suite is one benchmark: it prints its own table.
@@ -46,6 +48,11 @@ var suites = []suite{
 	{"latency", runLatency},
 	{"scaleout", runScaleOut},
 	{"memory", runMemory},
+	{"keyed", runKeyedDrain},
+	{"hotkey", runHotKey},
+	{"keyedpublish", runKeyedPublish},
+	{"keyedbatch", runKeyedBatch},
+	{"explain", runExplain},
 }
 
 func main() {
@@ -56,6 +63,8 @@ func main() {
 	flag.StringVar(&o.dsn, "dsn", os.Getenv("DATABASE_URL"), "database to benchmark on (default $DATABASE_URL)")
 	flag.IntVar(&o.rounds, "rounds", 7, "rounds per suite; medians are taken over rounds")
 	flag.Float64Var(&o.scale, "scale", 1, "multiplies the work per round (0.1 for a smoke run)")
+	flag.BoolVar(&o.statements, "statements", false, "profile the keyed suites' statements with pg_stat_statements (it must be loaded)")
+	flag.BoolVar(&showSamples, "samples", false, "print every round's figure after each table")
 	flag.StringVar(&which, "suite", "all", "comma-separated suites to run: "+suiteNames()+", or all")
 	flag.Parse()
 	if subs := os.Getenv(childEnv); subs != "" {

@@ -57,6 +57,18 @@ func report(w io.Writer, s samples, order []string, n int, unit, base string) {
 		fmt.Fprintf(tw, "%s\t%v\t%.0f\t%.2fx\t\n", name, (m / time.Duration(n)).Round(time.Microsecond/10), rate(m, n), rate(m, n)/baseRate)
 	}
 	_ = tw.Flush()
+	if showSamples {
+		for _, name := range order {
+			fmt.Fprintf(w, "  %s, per %s by round:", name, unit)
+			for _, d := range s[name] {
+				fmt.Fprintf(w, " %v", (d / time.Duration(n)).Round(time.Microsecond/10))
+			}
+			fmt.Fprintln(w)
+		}
+	}
 }
+
+// showSamples makes report print every round's figure (-samples).
+var showSamples bool
 
 func rate(d time.Duration, n int) float64 { return float64(n) / d.Seconds() }
