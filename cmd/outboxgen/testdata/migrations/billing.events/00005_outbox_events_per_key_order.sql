@@ -80,16 +80,25 @@ $$;
 CREATE FUNCTION "billing"."events_unblock_head"(q text, k text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    head_queue text;
+    head_key text;
     head_id bigint;
     head_blocked boolean;
     head_due timestamptz;
 BEGIN
-    SELECT o.id, o.blocked, o.next_attempt_at INTO head_id, head_blocked, head_due
+    -- The first row at or after (q, k) in the ordering index, then a check
+    -- that it is of the key. Written as a range of the index's own order,
+    -- this lookup can only walk that index: an equality on the key would
+    -- let the planner, for a key its statistics call frequent, scan the
+    -- primary key instead and read the whole table.
+    SELECT o.queue, o.ordering_key, o.id, o.blocked, o.next_attempt_at
+    INTO head_queue, head_key, head_id, head_blocked, head_due
     FROM "billing"."events" AS o
-    WHERE o.queue = q AND o.ordering_key = k
-    ORDER BY o.id
+    WHERE o.ordering_key IS NOT NULL
+      AND (o.queue, o.ordering_key, o.id) >= (q COLLATE "C", k COLLATE "C", -9223372036854775808)
+    ORDER BY o.queue, o.ordering_key, o.id
     LIMIT 1;
-    IF NOT FOUND OR NOT head_blocked THEN
+    IF NOT FOUND OR head_queue <> q OR head_key <> k OR NOT head_blocked THEN
         RETURN true;
     END IF;
     PERFORM 1 FROM "billing"."events" AS o WHERE o.id = head_id FOR NO KEY UPDATE SKIP LOCKED;
@@ -117,12 +126,18 @@ BEGIN
     PERFORM pg_advisory_xact_lock("billing"."events_key_lock"(NEW.queue, NEW.ordering_key));
     NEW.id := nextval('"billing"."events_id_seq"');
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        -- The key's newest rows are the ones least likely to be dead.
-        PERFORM 1 FROM "billing"."events" AS o
-        WHERE o.queue = NEW.queue AND o.ordering_key = NEW.ordering_key
-        ORDER BY o.id DESC
+        -- The key's newest row, if any: the last row at or before the key's
+        -- end in the ordering index (newest rows are the least likely to
+        -- be dead), found as a range of the index's order for the reason
+        -- given in unblock_head.
+        SELECT o.queue = NEW.queue AND o.ordering_key = NEW.ordering_key
+        INTO NEW.blocked
+        FROM "billing"."events" AS o
+        WHERE o.ordering_key IS NOT NULL
+          AND (o.queue, o.ordering_key, o.id) <= (NEW.queue COLLATE "C", NEW.ordering_key COLLATE "C", 9223372036854775807)
+        ORDER BY o.queue DESC, o.ordering_key DESC, o.id DESC
         LIMIT 1;
-        NEW.blocked := FOUND;
+        NEW.blocked := coalesce(NEW.blocked, false);
     ELSE
         NEW.blocked := true;
         INSERT INTO "billing"."events_handoff" (queue, ordering_key) VALUES (NEW.queue, NEW.ordering_key);
