@@ -348,7 +348,7 @@ func (l *claimAckLoop) run(ctx context.Context, env *benchEnv, n int) (time.Dura
 		for rows.Next() {
 			var r db.ClaimQueueRow
 			if err := rows.Scan(&r.ID, &r.Queue, &r.Payload, &r.Headers, &r.OrderingKey, &r.TimerID,
-				&r.CreatedAt, &r.AttemptsCount, &r.DeliveriesCount, &r.FirstAttemptAt, &r.AcquiredToken); err != nil {
+				&r.CreatedAt, &r.AttemptsCount, &r.DeliveriesCount, &r.SinceFirstAttemptSeconds, &r.AcquiredToken); err != nil {
 				rows.Close()
 				return 0, err
 			}
