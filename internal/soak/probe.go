@@ -120,5 +120,24 @@ func rss() int64 {
 	return 0
 }
 
+// loadAverage reads the machine's one-minute load average from
+// /proc/loadavg; -1 where there is no such file. The soak shares the
+// machine with whatever else runs, and this says how much else did.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := bytes.Fields(b)
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(string(f[0]), 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
 // mib formats bytes in MiB.
 func mib(b int64) string { return fmt.Sprintf("%.1f", float64(b)/(1<<20)) }

@@ -49,6 +49,12 @@ var columns = []column{
 	{"RSS MiB", func(r *row) string { return mib(r.rss) }},
 	{"heap MiB", func(r *row) string { return mib(r.heap) }},
 	{"goroutines", func(r *row) string { return strconv.Itoa(r.goroutines) }},
+	{"load", func(r *row) string {
+		if r.load < 0 {
+			return "-"
+		}
+		return strconv.FormatFloat(r.load, 'f', 1, 64)
+	}},
 }
 
 // legend explains the columns; the summary prints it under the tables.
@@ -57,7 +63,8 @@ lat: commit (Commit returned to the publisher) to the first call of the handler,
 claims/s, claim p50/p99: the subscribers' claim statements, every one (empty ones included), timed on the client from send to the last row read; claim srv: their mean execution time in pg_stat_statements.
 queued: rows in the outbox table; dead tup: n_dead_tup of the table (pg_stat_user_tables), the largest reading of the interval; autovac: autovacuum runs on it in the interval.
 table, index: pg_relation_size and pg_indexes_size of the outbox table; xmin age: the oldest backend_xmin or backend_xid of the database's sessions, in transactions, the largest reading of the interval.
-RSS: VmRSS of the soak process (/proc/self/status), which runs publishers and subscribers; heap: Go's HeapInuse; goroutines: runtime.NumGoroutine.`
+RSS: VmRSS of the soak process (/proc/self/status), which runs publishers and subscribers; heap: Go's HeapInuse; goroutines: runtime.NumGoroutine.
+load: the machine's one-minute load average (/proc/loadavg) at the interval's end: what else ran beside the soak and its database.`
 
 func elapsed(d time.Duration) string {
 	s := int64(d.Round(time.Second) / time.Second)
@@ -194,6 +201,7 @@ func holdReport(w io.Writer, fine []row, h holdResult, sample time.Duration) {
 		stays    = iota // back within slack and stays there
 		vacuumed        // falls with the first vacuum that can remove the backlog, then rises and falls again
 		size            // never shrinks; report where it ended
+		next            // report the first sample after the hold
 	)
 	asMs := func(v float64) string { return millis(1, time.Duration(v)) }
 	asInt := func(v float64) string { return strconv.FormatFloat(v, 'f', 0, 64) }
@@ -205,7 +213,7 @@ func holdReport(w io.Writer, fine []row, h holdResult, sample time.Duration) {
 		{"lat p99 ms", func(r *row) float64 { return float64(r.latency.p99) }, asMs, stays},
 		{"lat p50 ms", func(r *row) float64 { return float64(r.latency.p50) }, asMs, stays},
 		{"dead tup", func(r *row) float64 { return float64(r.deadTuples) }, asInt, vacuumed},
-		{"xmin age", func(r *row) float64 { return float64(r.xminAge) }, asInt, stays},
+		{"xmin age", func(r *row) float64 { return float64(r.xminAge) }, asInt, next},
 		{"table MiB", func(r *row) float64 { return float64(r.tableBytes) }, asMiB, size},
 		{"index MiB", func(r *row) float64 { return float64(r.indexBytes) }, asMiB, size},
 	}
@@ -227,6 +235,8 @@ func holdReport(w io.Writer, fine []row, h holdResult, sample time.Duration) {
 		switch {
 		case len(after) == 0:
 			out = "no samples after it"
+		case f.kind == next:
+			out = f.show(f.v(&after[0])) + " in the first sample after it"
 		case f.kind == size:
 			out = "at the end: " + f.show(f.v(&after[len(after)-1]))
 		case f.kind == vacuumed:
@@ -242,7 +252,7 @@ func holdReport(w io.Writer, fine []row, h holdResult, sample time.Duration) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", f.name, f.show(b), f.show(d), out)
 	}
-	fmt.Fprintf(w, "\n\"after the rollback\", by %v samples: when a figure came back within %.1f× the minute before and stayed there to the end;\n"+
+	fmt.Fprintf(w, "\n\"after the rollback\", by %v samples: when a figure first came back within %.1f× the minute before;\n"+
 		"for dead tuples, when the first vacuum after the rollback brought them back to the minute before's worst; for sizes, where they ended.\n\n",
 		sample, slack)
 	var timeline []row
@@ -255,15 +265,21 @@ func holdReport(w io.Writer, fine []row, h holdResult, sample time.Duration) {
 }
 
 // recovery says how long after closed the figure v of the samples after
-// it fell to limit or below and stayed there: the end of the first sample
-// of that stretch.
+// it first fell to limit or below (the end of that sample), and how many
+// samples after that one rose above it again: on a busy machine a figure
+// comes back, then jumps now and then as it did before the hold.
 func recovery(after []row, closed time.Duration, v func(*row) float64, limit float64) string {
-	i := len(after)
-	for i > 0 && v(&after[i-1]) <= limit {
-		i--
+	for i := range after {
+		if v(&after[i]) > limit {
+			continue
+		}
+		above := 0
+		for j := i + 1; j < len(after); j++ {
+			if v(&after[j]) > limit {
+				above++
+			}
+		}
+		return fmt.Sprintf("within %v; %d of %d later samples above", (after[i].at - closed).Round(time.Second), above, len(after)-i-1)
 	}
-	if i == len(after) {
-		return "not within the run"
-	}
-	return fmt.Sprintf("within %v", (after[i].at - closed).Round(time.Second))
+	return "not within the run"
 }

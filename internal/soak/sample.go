@@ -26,6 +26,7 @@ type row struct {
 
 	rss, heap  int64
 	goroutines int
+	load       float64 // the machine's one-minute load average
 }
 
 // sampler takes a fine sample every -sample and a table row every
@@ -157,7 +158,7 @@ func (sm *sampler) row(from, at time.Duration, prev, cur counts) row {
 		retried: cur.retried - prev.retried, deadLettered: cur.deadLettered - prev.deadLettered,
 		tableStats: cur.stats, vacuumRuns: cur.stats.vacuums - prev.stats.vacuums,
 		claimServer: -1,
-		rss:         rss(), heap: int64(ms.HeapInuse), goroutines: runtime.NumGoroutine(),
+		rss:         rss(), heap: int64(ms.HeapInuse), goroutines: runtime.NumGoroutine(), load: loadAverage(),
 	}
 	if calls := cur.stats.claimCalls - prev.stats.claimCalls; sm.probe.statements && calls > 0 {
 		r.claimServer = time.Duration((cur.stats.claimMillis - prev.stats.claimMillis) / float64(calls) * float64(time.Millisecond))
