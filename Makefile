@@ -51,3 +51,13 @@ BENCH_ARGS ?=
 .PHONY: bench
 bench: ## Benchmark against a bare INSERT, River and watermill-sql on $DATABASE_URL (medians, ratios)
 	cd bench && $(GO) run . $(BENCH_ARGS)
+
+# The soak is not run in CI: DURATION sets its length, SOAK_ARGS passes
+# further flags, e.g. SOAK_ARGS="-rate 500 -hold-for 0". docs/reliability.md
+# ("Soak") starts the PostgreSQL it runs against.
+DURATION  ?= 10m
+SOAK_ARGS ?=
+
+.PHONY: soak
+soak: ## Soak: steady publish and consume on $DATABASE_URL for DURATION (10m), an idle transaction midway; figures each minute
+	DATABASE_URL="$(DATABASE_URL)" $(GO) run ./internal/soak -duration $(DURATION) $(SOAK_ARGS)
