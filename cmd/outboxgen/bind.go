@@ -417,9 +417,19 @@ func bindingsCode(pkgName string, bs []binding) ([]byte, error) {
 func asyncAPI(pkg *packages.Package, bs []binding, formatName string) ([]byte, error) {
 	s := newSchemas()
 	channels, operations, messages := obj(), obj(), obj()
-	for _, b := range bs {
-		named := pkg.Types.Scope().Lookup(b.Type).Type().(*types.Named)
-		ref, err := s.ref(named)
+	named := make([]*types.Named, len(bs))
+	for i, b := range bs {
+		t, ok := pkg.Types.Scope().Lookup(b.Type).Type().(*types.Named)
+		if !ok {
+			return nil, fmt.Errorf("bind: %s: %s is not a defined type", relPos(b.pos), b.Type)
+		}
+		// The message types keep their own names under
+		// components/schemas, whatever other packages' types they use.
+		s.name(t)
+		named[i] = t
+	}
+	for i, b := range bs {
+		ref, err := s.schema(named[i])
 		if err != nil {
 			return nil, fmt.Errorf("bind: %s: %s: %w", relPos(b.pos), b.Type, err)
 		}
