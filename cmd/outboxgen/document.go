@@ -114,17 +114,50 @@ func scalar(v any) string {
 	return quote(fmt.Sprint(v))
 }
 
+// quote writes s as a JSON string, which YAML reads alike once the
+// characters a YAML stream cannot hold raw (DEL, C1 controls, U+FFFE and
+// U+FFFF, and NEL, which YAML 1.1 readers take for a line break) are
+// escaped too.
 func quote(s string) string {
 	b, _ := json.Marshal(s)
-	return string(b)
+	q := string(b)
+	if !strings.ContainsFunc(q, yamlUnprintable) {
+		return q
+	}
+	var out strings.Builder
+	for _, r := range q {
+		if yamlUnprintable(r) {
+			fmt.Fprintf(&out, `\u%04x`, r)
+		} else {
+			out.WriteRune(r)
+		}
+	}
+	return out.String()
 }
 
-// yamlKey leaves plain keys bare and quotes the rest ($ref, say).
+// yamlUnprintable reports the characters outside YAML's c-printable set,
+// and NEL.
+func yamlUnprintable(r rune) bool {
+	return !(r == '\t' || r == '\n' || r == '\r' || r >= 0x20 && r <= 0x7e ||
+		r >= 0xa0 && r <= 0xd7ff || r >= 0xe000 && r <= 0xfffd || r >= 0x10000 && r <= 0x10ffff)
+}
+
+// yamlKey leaves plain keys bare and quotes the rest: keys with other
+// characters ($ref, say), keys that do not start with a letter or an
+// underscore (1, -, .inf), and words a YAML reader takes for a boolean or
+// null (true, No, null, y).
 func yamlKey(k string) string {
+	if k == "" || !(k[0] == '_' || k[0] >= 'a' && k[0] <= 'z' || k[0] >= 'A' && k[0] <= 'Z') {
+		return quote(k)
+	}
 	for _, r := range k {
 		if !(r == '_' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
 			return quote(k)
 		}
+	}
+	switch strings.ToLower(k) {
+	case "true", "false", "yes", "no", "on", "off", "y", "n", "null":
+		return quote(k)
 	}
 	return k
 }
