@@ -62,7 +62,7 @@ func toPlain(v any) any {
 	case *node:
 		m := map[string]any{}
 		for _, k := range v.keys {
-			m[strings.ToValidUTF8(k, "\uFFFD")] = toPlain(v.vals[k])
+			m[validUTF8(k)] = toPlain(v.vals[k])
 		}
 		return m
 	case []any:
@@ -74,17 +74,27 @@ func toPlain(v any) any {
 	case []string:
 		out := make([]any, len(v))
 		for i, e := range v {
-			out[i] = strings.ToValidUTF8(e, "\uFFFD")
+			out[i] = validUTF8(e)
 		}
 		return out
 	case string:
-		return strings.ToValidUTF8(v, "\uFFFD")
+		return validUTF8(v)
 	case int64:
 		return float64(v)
 	case int:
 		return float64(v)
 	}
 	return v
+}
+
+// validUTF8 replaces each invalid byte of s with U+FFFD, as
+// encoding/json does.
+func validUTF8(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // normaliseYAML turns what the YAML reader decoded into the values
