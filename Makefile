@@ -38,6 +38,21 @@ golden: ## Rewrite the CLI's golden files from the current output
 test: ## Run every test with the race detector against PostgreSQL
 	$(GO) test -race -count=1 ./...
 
+# FUZZTIME is how long each fuzz target runs; FUZZPARALLEL is its number
+# of workers. go test -fuzz takes one target of one package at a time.
+FUZZTIME     ?= 10s
+FUZZPARALLEL ?= 2
+FUZZPKGS      = $(sort $(dir $(shell git grep -l '^func Fuzz' -- '*_test.go')))
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each (default 10s); make test runs their seed corpora
+	@set -e; for pkg in $(FUZZPKGS); do \
+		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$pkg*_test.go); do \
+			echo "== ./$$pkg $$target ($(FUZZTIME))"; \
+			$(GO) test ./$$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -parallel $(FUZZPARALLEL); \
+		done; \
+	done
+
 # BENCH_ARGS passes flags to the benchmark, e.g. BENCH_ARGS="-suite batch -rounds 15".
 BENCH_ARGS ?=
 
