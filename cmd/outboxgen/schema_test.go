@@ -188,7 +188,9 @@ func TestSchemaOfOddTypes(t *testing.T) {
 	fset := token.NewFileSet()
 	imp := newSourceImporter(t, fset)
 	for i, tt := range tests {
-		src := `package p
+		// Sequential subtests: the importer is not safe for concurrent use.
+		t.Run(tt.name, func(t *testing.T) {
+			src := `package p
 
 import (
 	"encoding/json"
@@ -208,34 +210,34 @@ var (
 )
 
 ` + tt.src
-		pkg := checkSource(t, fset, imp, "example.com/p"+strings.Repeat("x", i), src)
-		msg := pkg.Scope().Lookup("M")
-		if msg == nil {
-			msg = pkg.Scope().Lookup("Order")
-		}
-		s := newSchemas()
-		sch, err := s.schema(msg.Type())
-		if tt.err != "" {
-			if err == nil || err.Error() != tt.err {
-				t.Errorf("%s: error %v, want %q", tt.name, err, tt.err)
+			pkg := checkSource(t, fset, imp, "example.com/p"+strings.Repeat("x", i), src)
+			msg := pkg.Scope().Lookup("M")
+			if msg == nil {
+				msg = pkg.Scope().Lookup("Order")
 			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("%s: %v", tt.name, err)
-			continue
-		}
-		var got, want any
-		var b strings.Builder
-		writeJSON(&b, obj().set("schema", sch).set("defs", s.defs), "")
-		if err := json.Unmarshal([]byte(b.String()), &got); err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal([]byte(tt.want), &want); err != nil {
-			t.Fatalf("%s: want: %v", tt.name, err)
-		}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("%s (-want +got):\n%s", tt.name, diff)
-		}
+			s := newSchemas()
+			sch, err := s.schema(msg.Type())
+			if tt.err != "" {
+				if err == nil || err.Error() != tt.err {
+					t.Errorf("error %v, want %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got, want any
+			var b strings.Builder
+			writeJSON(&b, obj().set("schema", sch).set("defs", s.defs), "")
+			if err := json.Unmarshal([]byte(b.String()), &got); err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal([]byte(tt.want), &want); err != nil {
+				t.Fatalf("want: %v", err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("schema (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
