@@ -67,19 +67,28 @@ func jsonCase[T any](name string) codecCase {
 	}}
 }
 
-// rawJSONEqual compares raw JSON by its compact form: encoding/json
-// compacts a RawMessage it encodes.
+// rawJSONEqual compares raw JSON by what it holds: encoding/json compacts
+// a RawMessage it encodes, and escapes <, > and & in it.
 var rawJSONEqual = cmp.FilterValues(func(x, y any) bool {
 	_, rx := x.(json.RawMessage)
 	_, ry := y.(json.RawMessage)
 	return rx && ry
 }, cmp.Comparer(func(a, b json.RawMessage) bool {
-	var ca, cb bytes.Buffer
-	if json.Compact(&ca, a) != nil || json.Compact(&cb, b) != nil {
+	va, erra := decodeJSON(a)
+	vb, errb := decodeJSON(b)
+	if erra != nil || errb != nil {
 		return bytes.Equal(a, b)
 	}
-	return bytes.Equal(ca.Bytes(), cb.Bytes())
+	return cmp.Equal(va, vb)
 }))
+
+func decodeJSON(b []byte) (any, error) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	err := d.Decode(&v)
+	return v, err
+}
 
 // emptyEqual takes nil and empty maps and slices for equal, as omitempty
 // turns an empty one into an absent, nil one. Raw JSON has its own rule.
