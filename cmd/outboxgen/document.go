@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // writeJSON renders v (a *node, []any, []string, string, int, int64 or
@@ -48,13 +49,22 @@ func writeJSON(b *strings.Builder, v any, indent string) {
 	}
 }
 
+// yamlMaxImplicitKey is the longest key, in characters, written as a plain
+// "key: value": YAML limits such keys to 1024 characters, so longer ones
+// are written as an explicit "? key" with ": value" on the next line.
+const yamlMaxImplicitKey = 1000
+
 // writeYAML renders v as block YAML with keys in node order.
 func writeYAML(b *strings.Builder, v any, indent string) {
 	switch v := v.(type) {
 	case *node:
 		for _, k := range v.keys {
 			val := v.vals[k]
-			b.WriteString(indent + yamlKey(k) + ":")
+			if key := yamlKey(k); utf8.RuneCountInString(key) <= yamlMaxImplicitKey {
+				b.WriteString(indent + key + ":")
+			} else {
+				b.WriteString(indent + "? " + key + "\n" + indent + ":")
+			}
 			writeYAMLValue(b, val, indent)
 		}
 	case []any:

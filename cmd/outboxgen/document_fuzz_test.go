@@ -20,7 +20,7 @@ func FuzzDocumentWriters(f *testing.F) {
 		{"name", "orders.created"}, {"$ref", "#/components/schemas/A"}, {"true", "false"}, {"null", "~"},
 		{"1", "1"}, {"-", "- x"}, {".inf", ".nan"}, {"yes", "no"}, {"Y", "on"}, {"a: b", "a: b"}, {"#", "# c"},
 		{"", ""}, {"é", "\u2028\u2029"}, {"x\x7fy", "\u0085\u009f"}, {"\ufeff", "\ufffe"}, {"\xff", "\x00"},
-		{"key with space", "'single'"}, {"<&>", `"\`}, {"0x1F", "0o17"}, {"_", "-1"}, {"a.b-c_d", "&anchor"}, {"<<", "*alias"},
+		{strings.Repeat("&", 200), "k"}, {strings.Repeat("k", 1100), "v"}, {"key with space", "'single'"}, {"<&>", `"\`}, {"0x1F", "0o17"}, {"_", "-1"}, {"a.b-c_d", "&anchor"}, {"<<", "*alias"},
 	} {
 		f.Add(s[0], s[1])
 	}

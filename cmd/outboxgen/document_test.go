@@ -1,6 +1,12 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"go.yaml.in/yaml/v3"
+)
 
 // Keys a YAML reader would take for a boolean, null or number, or could
 // not read bare, are quoted; characters a YAML stream cannot hold raw are
@@ -23,5 +29,27 @@ func TestYAMLQuotesWhatAReaderWouldMisread(t *testing.T) {
 		if got := quote(s); got != want {
 			t.Errorf("quote(%q) = %s, want %s", s, got, want)
 		}
+	}
+}
+
+// YAML limits a plain key to 1024 characters; a longer one (a json tag
+// name of many characters JSON escapes, say) is written as an explicit
+// key, at any depth and as the first key of a list item.
+func TestYAMLWritesLongKeysExplicitly(t *testing.T) {
+	t.Parallel()
+	long, escaped := strings.Repeat("k", 1100), strings.Repeat("&", 200) // 1,202 characters quoted
+	doc := obj().set(long, "v").set("list", []any{obj().set(escaped, obj().set("n", 1))})
+	var b strings.Builder
+	writeYAML(&b, doc, "")
+	var got any
+	if err := yaml.Unmarshal([]byte(b.String()), &got); err != nil {
+		t.Fatalf("invalid YAML: %v\n%s", err, b.String())
+	}
+	want := map[string]any{long: "v", "list": []any{map[string]any{escaped: map[string]any{"n": 1}}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("YAML reads back differently (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(b.String(), "? ") {
+		t.Errorf("no explicit key in\n%s", b.String())
 	}
 }
