@@ -39,9 +39,12 @@ test: ## Run every test with the race detector against PostgreSQL
 	$(GO) test -race -count=1 ./...
 
 # FUZZTIME is how long each fuzz target runs; FUZZPARALLEL is its number
-# of workers. go test -fuzz takes one target of one package at a time.
-FUZZTIME     ?= 10s
-FUZZPARALLEL ?= 2
+# of workers; FUZZMINIMIZETIME caps the minimising of each new input (go
+# test's default, 60s, leaves short runs mostly minimising). go test -fuzz
+# takes one target of one package at a time.
+FUZZTIME         ?= 10s
+FUZZPARALLEL     ?= 2
+FUZZMINIMIZETIME ?= 5s
 FUZZPKGS      = $(sort $(dir $(shell git grep -l '^func Fuzz' -- '*_test.go')))
 
 .PHONY: fuzz
@@ -49,7 +52,7 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10s); make test runs t
 	@set -e; for pkg in $(FUZZPKGS); do \
 		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$pkg*_test.go); do \
 			echo "== ./$$pkg $$target ($(FUZZTIME))"; \
-			$(GO) test ./$$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -parallel $(FUZZPARALLEL); \
+			$(GO) test ./$$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) -parallel $(FUZZPARALLEL); \
 		done; \
 	done
 
