@@ -178,12 +178,25 @@ func buildFzStruct(tags [4]string, shape uint64) fzStruct {
 	}
 }
 
-// Field specifications for FuzzJSONSchema's shape: 16 bits a field.
-func fzField(name, typ uint64) uint64 { return 1 | name<<2 | typ<<6 } // fzNames[name] fzFieldTypes[typ]
-func fzEmbed(typ uint64) uint64       { return typ << 2 }             // fzEmbedded[typ]
+// fzField is the lowest specification of a field named fzNames[name] of
+// type fzFieldTypes[typ].
+func fzField(name, typ uint64) uint64 {
+	for b := uint64(1); b < 1<<16; b++ {
+		if b&3 != 0 && b&3 != 3 && (b>>2)%uint64(len(fzNames)) == name && (b>>6)%uint64(len(fzFieldTypes)) == typ {
+			return b
+		}
+	}
+	return fzNone
+}
 
+// fzEmbed specifies an embedded fzEmbedded[typ].
+func fzEmbed(typ uint64) uint64 { return typ << 2 }
+
+// fzNone specifies no field.
 const fzNone = 3
 
+// fzShape is FuzzJSONSchema's shape of four field specifications, 16 bits
+// each (see buildFzStruct).
 func fzShape(f0, f1, f2, f3 uint64) uint64 { return f0 | f1<<16 | f2<<32 | f3<<48 }
 
 // FuzzJSONSchema checks the JSON Schemas bind writes against
