@@ -45,6 +45,31 @@ CHAOS_DURATION ?= 60s
 chaos: ## Break an outbox on purpose (kills, backend terminations, stalls, cuts) on $DATABASE_URL and check the accounting
 	$(GO) run -race ./internal/chaos -duration $(CHAOS_DURATION)
 
+# FUZZTIME is how long each fuzz target runs; FUZZPARALLEL is its number
+# of workers; FUZZMINIMIZETIME caps the minimising of each new input (go
+# test's default, 60s, leaves short runs mostly minimising). go test -fuzz
+# takes one target of one package at a time.
+FUZZTIME         ?= 10s
+FUZZPARALLEL     ?= 2
+FUZZMINIMIZETIME ?= 5s
+FUZZPKGS      = $(sort $(dir $(shell git grep -l '^func Fuzz' -- '*_test.go')))
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each (default 10s); make test runs their seed corpora
+	@set -e; log=$$(mktemp); trap 'rm -f $$log $$log.rc' EXIT; \
+	for pkg in $(FUZZPKGS); do \
+		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$pkg*_test.go); do \
+			echo "== ./$$pkg $$target ($(FUZZTIME))"; \
+			{ rc=0; $(GO) test ./$$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) \
+				-fuzzminimizetime $(FUZZMINIMIZETIME) -parallel $(FUZZPARALLEL) 2>&1 || rc=$$?; echo $$rc > $$log.rc; } | tee $$log; \
+			if [ "$$(cat $$log.rc)" != 0 ]; then \
+				if grep -q 'context deadline exceeded' $$log && ! grep -q 'Failing input written' $$log; then \
+					echo "(the fuzztime deadline raced a worker, go.dev/issue/75804: no input failed)"; \
+				else exit 1; fi; \
+			fi; \
+		done; \
+	done
+
 # BENCH_ARGS passes flags to the benchmark, e.g. BENCH_ARGS="-suite batch -rounds 15".
 BENCH_ARGS ?=
 

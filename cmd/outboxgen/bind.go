@@ -26,11 +26,11 @@ const bindUsage = `Usage: outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE]
 
 Reads the Go package in DIR and, for every type whose doc comment has a line
   //outbox:message queue=NAME [type=TYPENAME]
-writes, next to it, one gofmt-clean file with the queue's constant and a
-typed publisher and subscriber constructor per type, and an AsyncAPI 3.0
-document of the queues and their payloads' JSON Schemas (derived from the
-types as encoding/json sees them). Nothing is written unless every
-annotation is valid.
+(its only line starting //outbox:) writes, next to it, one gofmt-clean file
+with the queue's constant and a typed publisher and subscriber constructor
+per type, and an AsyncAPI 3.0 document of the queues and their payloads'
+JSON Schemas (derived from the types as encoding/json sees them). Nothing
+is written unless every annotation is valid.
 
 type=TYPENAME (printable ASCII, no spaces) names the message type that
 publishers record in the message-type header, instead of the Go package
@@ -192,6 +192,10 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 					continue
 				}
 				obj := pkg.Types.Scope().Lookup(ts.Name.Name)
+				if ts.Assign.IsValid() {
+					errs = append(errs, fmt.Errorf("%s: %s is an alias; annotate the type it stands for", where, ts.Name.Name))
+					continue
+				}
 				if _, isStruct := obj.Type().Underlying().(*types.Struct); !isStruct {
 					errs = append(errs, fmt.Errorf("%s: %s is not a struct; only structs can be outbox messages", where, ts.Name.Name))
 					continue
@@ -235,27 +239,33 @@ type annotationArgs struct {
 
 const annotationForm = "//outbox:message queue=NAME [type=TYPENAME]"
 
-// annotation finds //outbox:message in doc and returns its arguments.
+// annotation finds //outbox:message in doc and returns its arguments. Any
+// other line starting //outbox: (a misspelt //outbox:messages, say), or a
+// second annotation, is an error rather than a line bind ignores.
 func annotation(fset *token.FileSet, doc *ast.CommentGroup) (args annotationArgs, at token.Position, found bool, err error) {
 	if doc == nil {
 		return args, at, false, nil
 	}
 	for _, c := range doc.List {
-		m := annotationRE.FindStringSubmatch(c.Text)
-		if m == nil {
+		if !strings.HasPrefix(c.Text, "//outbox:") {
 			continue
 		}
-		at = fset.Position(c.Slash)
-		args, err := parseAnnotation(m[1])
-		if err != nil {
+		if found {
+			return args, fset.Position(c.Slash), true, fmt.Errorf("annotation %q: a type has one //outbox: line", c.Text)
+		}
+		found, at = true, fset.Position(c.Slash)
+		m := annotationRE.FindStringSubmatch(c.Text)
+		if m == nil {
+			return args, at, true, fmt.Errorf("annotation %q: want %s", c.Text, annotationForm)
+		}
+		if args, err = parseAnnotation(m[1]); err != nil {
 			return args, at, true, fmt.Errorf("annotation %q: %w", c.Text, err)
 		}
 		if err := outbox.ValidateQueue(args.queue); err != nil {
 			return args, at, true, err
 		}
-		return args, at, true, nil
 	}
-	return args, at, false, nil
+	return args, at, found, nil
 }
 
 // parseAnnotation parses the key=value pairs after //outbox:message, in any
@@ -407,9 +417,19 @@ func bindingsCode(pkgName string, bs []binding) ([]byte, error) {
 func asyncAPI(pkg *packages.Package, bs []binding, formatName string) ([]byte, error) {
 	s := newSchemas()
 	channels, operations, messages := obj(), obj(), obj()
-	for _, b := range bs {
-		named := pkg.Types.Scope().Lookup(b.Type).Type().(*types.Named)
-		ref, err := s.ref(named)
+	named := make([]*types.Named, len(bs))
+	for i, b := range bs {
+		t, ok := pkg.Types.Scope().Lookup(b.Type).Type().(*types.Named)
+		if !ok {
+			return nil, fmt.Errorf("bind: %s: %s is not a defined type", relPos(b.pos), b.Type)
+		}
+		// The message types keep their own names under
+		// components/schemas, whatever other packages' types they use.
+		s.name(t)
+		named[i] = t
+	}
+	for i, b := range bs {
+		ref, err := s.schema(named[i])
 		if err != nil {
 			return nil, fmt.Errorf("bind: %s: %s: %w", relPos(b.pos), b.Type, err)
 		}

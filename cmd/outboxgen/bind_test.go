@@ -178,6 +178,24 @@ type A struct{ Named }
 //outbox:message queue=orders type=orders.A
 type A struct{ OutboxMessageType string }
 `, "A already has field OutboxMessageType"},
+		{"alias", `package p
+
+type B struct{ X int }
+
+//outbox:message queue=orders
+type A = B
+`, "messages.go:5: A is an alias; annotate the type it stands for"},
+		{"two annotations", `package p
+
+//outbox:message queue=orders
+//outbox:message queue=other
+type A struct{ X int }
+`, `messages.go:4: A: annotation "//outbox:message queue=other": a type has one //outbox: line`},
+		{"misspelt annotation", `package p
+
+//outbox:messages queue=orders
+type A struct{ X int }
+`, `messages.go:3: A: annotation "//outbox:messages queue=orders": want //outbox:message queue=NAME [type=TYPENAME]`},
 		{"unencodable field", `package p
 
 //outbox:message queue=orders

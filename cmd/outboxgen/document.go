@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // writeJSON renders v (a *node, []any, []string, string, int, int64 or
@@ -48,13 +49,22 @@ func writeJSON(b *strings.Builder, v any, indent string) {
 	}
 }
 
+// yamlMaxImplicitKey is the longest key, in characters, written as a plain
+// "key: value": YAML limits such keys to 1024 characters, so longer ones
+// are written as an explicit "? key" with ": value" on the next line.
+const yamlMaxImplicitKey = 1000
+
 // writeYAML renders v as block YAML with keys in node order.
 func writeYAML(b *strings.Builder, v any, indent string) {
 	switch v := v.(type) {
 	case *node:
 		for _, k := range v.keys {
 			val := v.vals[k]
-			b.WriteString(indent + yamlKey(k) + ":")
+			if key := yamlKey(k); utf8.RuneCountInString(key) <= yamlMaxImplicitKey {
+				b.WriteString(indent + key + ":")
+			} else {
+				b.WriteString(indent + "? " + key + "\n" + indent + ":")
+			}
 			writeYAMLValue(b, val, indent)
 		}
 	case []any:
@@ -114,17 +124,50 @@ func scalar(v any) string {
 	return quote(fmt.Sprint(v))
 }
 
+// quote writes s as a JSON string, which YAML reads alike once the
+// characters a YAML stream cannot hold raw (DEL, C1 controls, U+FFFE and
+// U+FFFF, and NEL, which YAML 1.1 readers take for a line break) are
+// escaped too.
 func quote(s string) string {
 	b, _ := json.Marshal(s)
-	return string(b)
+	q := string(b)
+	if !strings.ContainsFunc(q, yamlUnprintable) {
+		return q
+	}
+	var out strings.Builder
+	for _, r := range q {
+		if yamlUnprintable(r) {
+			fmt.Fprintf(&out, `\u%04x`, r)
+		} else {
+			out.WriteRune(r)
+		}
+	}
+	return out.String()
 }
 
-// yamlKey leaves plain keys bare and quotes the rest ($ref, say).
+// yamlUnprintable reports the characters outside YAML's c-printable set,
+// and NEL.
+func yamlUnprintable(r rune) bool {
+	return !(r == '\t' || r == '\n' || r == '\r' || r >= 0x20 && r <= 0x7e ||
+		r >= 0xa0 && r <= 0xd7ff || r >= 0xe000 && r <= 0xfffd || r >= 0x10000 && r <= 0x10ffff)
+}
+
+// yamlKey leaves plain keys bare and quotes the rest: keys with other
+// characters ($ref, say), keys that do not start with a letter or an
+// underscore (1, -, .inf), and words a YAML reader takes for a boolean or
+// null (true, No, null, y).
 func yamlKey(k string) string {
+	if k == "" || !(k[0] == '_' || k[0] >= 'a' && k[0] <= 'z' || k[0] >= 'A' && k[0] <= 'Z') {
+		return quote(k)
+	}
 	for _, r := range k {
 		if !(r == '_' || r == '-' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
 			return quote(k)
 		}
+	}
+	switch strings.ToLower(k) {
+	case "true", "false", "yes", "no", "on", "off", "y", "n", "null":
+		return quote(k)
 	}
 	return k
 }

@@ -25,7 +25,10 @@ type OrderCreated struct {
 	Signature []byte            `json:"signature,omitempty"`
 	Checksum  [4]uint8          `json:"checksum"`
 	Extra     any               `json:"extra,omitempty"`
+	Amount    Pair[int64]       `json:"amount"`
+	Labels    Pair[string]      `json:"labels"`
 	Audit                       // embedded: its fields are inlined
+	*Trace                      // embedded pointer: its fields may be absent
 	internal  string
 	Skipped   string `json:"-"`
 	Untagged  int
@@ -51,6 +54,17 @@ type Line struct {
 // Audit is embedded in OrderCreated.
 type Audit struct {
 	CreatedBy string `json:"created_by"`
+}
+
+// Pair is generic: each instantiation has a schema of its own.
+type Pair[T any] struct {
+	Key   string `json:"key"`
+	Value T      `json:"value"`
+}
+
+// Trace is embedded in OrderCreated through a pointer.
+type Trace struct {
+	TraceID string `json:"trace_id"`
 }
 
 // PaymentFailed is a second message type on its own queue, with a
