@@ -397,3 +397,60 @@ func TestUpgradeFromSchema4OrdersKeyedRowsInEveryState(t *testing.T) {
 		t.Errorf("an old-style claim of blocked rows under schema 5: %v, want a check violation", err)
 	}
 }
+
+// Migration 5 leaves one lease check whichever form of schema 4 it finds:
+// the shipped one (separate checks for the token, the expiry and
+// last_error) or one whose lease checks were already folded into one.
+// Rolling back to 4 restores the shipped form.
+func TestUpgradeFromEitherFormOfSchema4FoldsTheLeaseChecks(t *testing.T) {
+	t.Parallel()
+	checks := func(t *testing.T, d *pgtest.DB) []string {
+		t.Helper()
+		rows, err := d.Pool.Query(t.Context(), `SELECT conname::text FROM pg_constraint
+			WHERE conrelid = 'outbox'::regclass AND contype = 'c' ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	shipped4 := []string{"outbox_headers_chk", "outbox_last_error_chk", "outbox_lease_chk", "outbox_lease_expiry_chk", "outbox_queue_chk"}
+	latest := []string{"outbox_blocked_chk", "outbox_headers_chk", "outbox_lease_state_chk", "outbox_queue_chk"}
+	for _, folded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("folded=%v", folded), func(t *testing.T) {
+			t.Parallel()
+			d := pgtest.New(t)
+			ob := newOutbox(t, d)
+			if err := ob.createSchema(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			migrateTo(t, ob, 4)
+			if diff := cmp.Diff(shipped4, checks(t, d)); diff != "" {
+				t.Fatalf("checks of schema 4 (-want +got):\n%s", diff)
+			}
+			if folded {
+				if _, err := d.Pool.Exec(t.Context(), `ALTER TABLE outbox
+					DROP CONSTRAINT outbox_lease_chk, DROP CONSTRAINT outbox_lease_expiry_chk, DROP CONSTRAINT outbox_last_error_chk,
+					ADD CONSTRAINT outbox_lease_state_chk CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)
+						AND (acquired_token IS NULL) = (lease_expires_at IS NULL))`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := ob.Migrate(t.Context()); err != nil {
+				t.Fatalf("Migrate from 4: %v", err)
+			}
+			if diff := cmp.Diff(latest, checks(t, d)); diff != "" {
+				t.Errorf("checks after the upgrade (-want +got):\n%s", diff)
+			}
+			if err := ob.MigrateDownTo(t.Context(), 4); err != nil {
+				t.Fatalf("down to 4: %v", err)
+			}
+			if diff := cmp.Diff(shipped4, checks(t, d)); diff != "" {
+				t.Errorf("checks after rolling back to 4 (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
