@@ -671,9 +671,6 @@ func TestOddQueueNamesNeverBreakOtherQueuesOrReads(t *testing.T) {
 	}
 }
 
-// quoteLiteral quotes s as an SQL string literal.
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
 // Ordering keys no publisher of this library writes: the empty string
 // (PublishOpts treats "" as no key, SQL can write it), blanks, control
 // characters, the separator the key lock hashes with, emoji, a long key.

@@ -58,24 +58,19 @@ func (n naming) render(sql string) (string, []string, error) {
 			if kind == "listen" {
 				return pgx.Identifier{ch}.Sanitize()
 			}
-			return "'" + strings.ReplaceAll(ch, "'", "''") + "'"
-		case "literal":
+			return quoteLiteral(ch)
+		case "table", "name", "literal":
 			name, ok := n.derive(strings.Trim(tok, "'"))
 			if !ok {
 				bad = fmt.Errorf("outbox: marker %s: name does not start with %q", m, defaultTable)
 				return m
 			}
 			idents = append(idents, name)
-			return "'" + strings.ReplaceAll(n.qualified(name), "'", "''") + "'"
-		case "table", "name":
-			name, ok := n.derive(tok)
-			if !ok {
-				bad = fmt.Errorf("outbox: marker %s: name does not start with %q", m, defaultTable)
-				return m
-			}
-			idents = append(idents, name)
-			if kind == "table" {
+			switch kind {
+			case "table":
 				return n.qualified(name)
+			case "literal":
+				return quoteLiteral(n.qualified(name))
 			}
 			return pgx.Identifier{name}.Sanitize()
 		default:
@@ -88,6 +83,9 @@ func (n naming) render(sql string) (string, []string, error) {
 	}
 	return out, idents, nil
 }
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // sqlCache renders each generated query once per outbox. Queries are keyed
 // by their text, which sqlc emits as package constants, so the cache holds
