@@ -147,30 +147,29 @@ func (r *run[T]) flush(ctx context.Context, batch []outcome) ([]outcome, error) 
 			dead = append(dead, o)
 		}
 	}
+	// Once writes land, the fetcher claims at once: retried rows may be due
+	// before the end of its idle wait, and deleted or dead-lettered rows
+	// with a key handed the key to its next row.
+	wake := false
+	defer func() {
+		if wake {
+			r.wakeFetcher()
+		}
+	}()
 	if left, err := r.write(ctx, deletes, r.writeDeletes); err != nil {
 		return append(append(left, retries...), dead...), err
 	}
-	if keyed(deletes) {
-		// The deletes handed their keys to the keys' next rows; claim
-		// them without waiting for the notification's round trip.
-		defer r.wakeFetcher()
-	}
+	wake = keyed(deletes)
 	if left, err := r.write(ctx, retries, r.writeRetries); err != nil {
 		return append(left, dead...), err
 	}
-	if len(retries) > 0 {
-		// The fetcher's idle wait ends at the earliest due row it saw;
-		// these may be due sooner.
-		r.wakeFetcher()
-	}
+	wake = wake || len(retries) > 0
 	for i := range dead {
 		if left, err := r.write(ctx, dead[i:i+1], r.writeDeadLetter); err != nil {
 			return append(left, dead[i+1:]...), err
 		}
 	}
-	if keyed(dead) {
-		r.wakeFetcher()
-	}
+	wake = wake || keyed(dead)
 	return nil, nil
 }
 
