@@ -68,6 +68,15 @@ func newOutbox(t *testing.T, d *pgtest.DB) *Outbox {
 	return ob
 }
 
+// atVersion returns a test outbox migrated only up to version.
+func atVersion(t *testing.T, version int64) *env {
+	t.Helper()
+	d := pgtest.New(t)
+	ob := newOutbox(t, d)
+	migrateTo(t, ob, version)
+	return newEnv(t, d, ob)
+}
+
 // A repository that applied the files of `outboxgen migrations` with its
 // own goose has an up-to-date outbox: Migrate does nothing, Check passes,
 // and the status says every migration is applied.
@@ -213,13 +222,8 @@ func TestConcurrentMigrateOfANewSchema(t *testing.T) {
 // stale leases and due rows are claimable, scheduled rows wait.
 func TestUpgradeFromSchema3KeepsRowsInEveryState(t *testing.T) {
 	t.Parallel()
-	d := pgtest.New(t)
-	ob := newOutbox(t, d)
-	if err := ob.createSchema(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	migrateTo(t, ob, 3)
-	e := &env{t: t, ctx: t.Context(), db: d, ob: ob, q: ob.queries(d.Pool)}
+	e := atVersion(t, 3)
+	d, ob := e.db, e.ob
 	e.exec(`INSERT INTO outbox (queue, payload, headers, ordering_key, timer_id, next_attempt_at,
 			attempts_count, deliveries_count, first_attempt_at, last_attempt_at, acquired_at, acquired_token) VALUES
 		('q', 'due', '{"content-type":"text/plain; charset=utf-8"}', NULL, NULL, now(), 0, 0, NULL, NULL, NULL, NULL),
@@ -304,13 +308,8 @@ func TestChannelsOfTwoOutboxesNeverCollide(t *testing.T) {
 // key waits behind them, and unkeyed rows are untouched.
 func TestUpgradeFromSchema4OrdersKeyedRowsInEveryState(t *testing.T) {
 	t.Parallel()
-	d := pgtest.New(t)
-	ob := newOutbox(t, d)
-	if err := ob.createSchema(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	migrateTo(t, ob, 4)
-	e := &env{t: t, ctx: t.Context(), db: d, ob: ob, q: ob.queries(d.Pool)}
+	e := atVersion(t, 4)
+	d, ob := e.db, e.ob
 	e.exec(`INSERT INTO outbox (queue, payload, ordering_key, next_attempt_at, attempts_count, deliveries_count,
 			first_attempt_at, acquired_at, acquired_token, lease_expires_at) VALUES
 		('q', 'a1 leased',     'a', now(), 0, 1, NULL, now(), gen_random_uuid(), now() + interval '1 minute'),
@@ -422,12 +421,8 @@ func TestUpgradeFromEitherFormOfSchema4FoldsTheLeaseChecks(t *testing.T) {
 	for _, folded := range []bool{false, true} {
 		t.Run(fmt.Sprintf("folded=%v", folded), func(t *testing.T) {
 			t.Parallel()
-			d := pgtest.New(t)
-			ob := newOutbox(t, d)
-			if err := ob.createSchema(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			migrateTo(t, ob, 4)
+			e := atVersion(t, 4)
+			d, ob := e.db, e.ob
 			if diff := cmp.Diff(shipped4, checks(t, d)); diff != "" {
 				t.Fatalf("checks of schema 4 (-want +got):\n%s", diff)
 			}

@@ -39,11 +39,15 @@ func setupTable(t *testing.T, table string) *env {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	ctx := t.Context()
-	if err := ob.Migrate(ctx); err != nil {
+	if err := ob.Migrate(t.Context()); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
-	return &env{t: t, ctx: ctx, db: d, ob: ob, q: ob.queries(d.Pool)}
+	return newEnv(t, d, ob)
+}
+
+// newEnv wraps a test database and an outbox in it.
+func newEnv(t *testing.T, d *pgtest.DB, ob *Outbox) *env {
+	return &env{t: t, ctx: t.Context(), db: d, ob: ob, q: ob.queries(d.Pool)}
 }
 
 // publish inserts a due row and returns its id.
