@@ -49,6 +49,26 @@ func (s *started) stop() error {
 	}
 }
 
+// stopIsBounded stops s, whose writes cannot land, and checks the bounded
+// stop: Run returns within graceful plus StopSlack, with an error wrapping
+// ErrGracefulTimeout that counts the unwritten outcomes, and their rows are
+// left in the table for lease expiry.
+func (e *env) stopIsBounded(s *started, graceful time.Duration, unwritten int) {
+	e.t.Helper()
+	began := time.Now()
+	err := s.stop()
+	if took := time.Since(began); took > graceful+StopSlack {
+		e.t.Errorf("Run took %v after its context ended; want at most %v", took, graceful+StopSlack)
+	}
+	want := fmt.Sprintf("0 handler(s) abandoned, %d outcome(s) not written", unwritten)
+	if !errors.Is(err, ErrGracefulTimeout) || !strings.Contains(err.Error(), want) {
+		e.t.Errorf("Run: %v; want ErrGracefulTimeout counting %d unwritten outcomes", err, unwritten)
+	}
+	if n := e.count("outbox"); n != unwritten {
+		e.t.Errorf("%d rows left, want all %d (left to lease expiry)", n, unwritten)
+	}
+}
+
 // fastConfig polls often so tests do not wait on intervals.
 func fastConfig[T any](rec MetricsRecorder) *SubscriberConfig[T] {
 	return &SubscriberConfig[T]{
