@@ -30,6 +30,24 @@ func (e *env) ack(rows ...db.ClaimRow) {
 	}
 }
 
+// headBeforeAnUncommittedRow leases the head of key k of queue q and
+// inserts the key's next row, payload "next", in a transaction it leaves
+// open (rolled back when the test ends unless committed).
+func (e *env) headBeforeAnUncommittedRow() (head db.ClaimRow, publisher pgx.Tx, next int64) {
+	e.t.Helper()
+	e.publishKeyed("q", "k")
+	head = e.claim(1, "q")[0]
+	publisher, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = publisher.Rollback(context.Background()) })
+	if err := publisher.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, ordering_key) VALUES ('q', 'next', 'k') RETURNING id`).Scan(&next); err != nil {
+		e.t.Fatal(err)
+	}
+	return head, publisher, next
+}
+
 // handOffs counts the hand-overs recorded for later completion.
 func (e *env) handOffs() int { return e.count(e.ob.Table() + "_handoff") }
 
@@ -332,18 +350,7 @@ func TestPlainSQLAndCopyRespectKeyOrder(t *testing.T) {
 func TestHandOverWaitsForAnUncommittedPublisher(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.publishKeyed("q", "k")
-	head := e.claim(1, "q")[0]
-
-	publisher, err := e.db.Pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer publisher.Rollback(e.ctx)
-	var next int64
-	if err := publisher.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, ordering_key) VALUES ('q', 'next', 'k') RETURNING id`).Scan(&next); err != nil {
-		t.Fatal(err)
-	}
+	head, publisher, next := e.headBeforeAnUncommittedRow()
 	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
 	defer cancel()
 	if _, err := e.ob.queries(e.db.Pool).DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids([]db.ClaimRow{head}), Tokens: tokens(head)}); err != nil {
@@ -432,16 +439,7 @@ func TestOrderingKeyAndQueueOfARowCannotChange(t *testing.T) {
 func TestSubscriberCompletesRecordedHandOvers(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.publishKeyed("q", "k")
-	head := e.claim(1, "q")[0]
-	publisher, err := e.db.Pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer publisher.Rollback(e.ctx)
-	if _, err := publisher.Exec(e.ctx, `INSERT INTO outbox (queue, payload, ordering_key) VALUES ('q', 'next', 'k')`); err != nil {
-		t.Fatal(err)
-	}
+	head, publisher, _ := e.headBeforeAnUncommittedRow()
 	e.ack(head)
 
 	handled := make(chan string, 1)
