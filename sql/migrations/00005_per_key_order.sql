@@ -128,6 +128,18 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- Records a hand-over of key k of queue q for the subscribers to complete,
+-- and wakes them when the recording transaction commits.
+-- +goose StatementBegin
+CREATE FUNCTION /*outbox:table*/outbox_record_hand_off(q text, k text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key) VALUES (q, k);
+    PERFORM pg_notify(/*outbox:channel*/'outbox_outbox:handoff', q);
+END;
+$$;
+-- +goose StatementEnd
+
 -- Insert side: serialise the key's publishers, draw the id in commit
 -- order, and block the row when its key already has rows. Outside READ
 -- COMMITTED the transaction's snapshot may predate rows committed by the
@@ -153,8 +165,7 @@ BEGIN
         NEW.blocked := coalesce(NEW.blocked, false);
     ELSE
         NEW.blocked := true;
-        INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key) VALUES (NEW.queue, NEW.ordering_key);
-        PERFORM pg_notify(/*outbox:channel*/'outbox_outbox:handoff', NEW.queue);
+        PERFORM /*outbox:table*/outbox_record_hand_off(NEW.queue, NEW.ordering_key);
     END IF;
     RETURN NEW;
 END;
@@ -177,8 +188,7 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed'
        OR NOT pg_try_advisory_xact_lock(/*outbox:table*/outbox_key_lock(OLD.queue, OLD.ordering_key))
        OR NOT /*outbox:table*/outbox_unblock_head(OLD.queue, OLD.ordering_key) THEN
-        INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key) VALUES (OLD.queue, OLD.ordering_key);
-        PERFORM pg_notify(/*outbox:channel*/'outbox_outbox:handoff', OLD.queue);
+        PERFORM /*outbox:table*/outbox_record_hand_off(OLD.queue, OLD.ordering_key);
     END IF;
     RETURN NULL;
 END;
@@ -233,6 +243,9 @@ BEGIN
         DELETE FROM /*outbox:table*/outbox_handoff AS h
         WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key;
         IF NOT /*outbox:table*/outbox_unblock_head(k.queue, k.ordering_key) THEN
+            -- Recorded again without a notification: the caller retries
+            -- after a backoff, where a notification would wake every
+            -- subscriber to retry at once, again and again.
             INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key) VALUES (k.queue, k.ordering_key);
             waiting := waiting + 1;
         END IF;
@@ -256,6 +269,7 @@ DROP TRIGGER /*outbox:name*/outbox_key_delete_trg ON /*outbox:table*/outbox;
 DROP FUNCTION /*outbox:table*/outbox_key_delete();
 DROP TRIGGER /*outbox:name*/outbox_key_insert_trg ON /*outbox:table*/outbox;
 DROP FUNCTION /*outbox:table*/outbox_key_insert();
+DROP FUNCTION /*outbox:table*/outbox_record_hand_off(text, text);
 DROP FUNCTION /*outbox:table*/outbox_unblock_head(text, text);
 DROP FUNCTION /*outbox:table*/outbox_key_lock(text, text);
 DROP TABLE /*outbox:table*/outbox_handoff;

@@ -129,6 +129,18 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- Records a hand-over of key k of queue q for the subscribers to complete,
+-- and wakes them when the recording transaction commits.
+-- +goose StatementBegin
+CREATE FUNCTION "billing"."events_record_hand_off"(q text, k text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO "billing"."events_handoff" (queue, ordering_key) VALUES (q, k);
+    PERFORM pg_notify('outbox_billing.events:handoff', q);
+END;
+$$;
+-- +goose StatementEnd
+
 -- Insert side: serialise the key's publishers, draw the id in commit
 -- order, and block the row when its key already has rows. Outside READ
 -- COMMITTED the transaction's snapshot may predate rows committed by the
@@ -154,8 +166,7 @@ BEGIN
         NEW.blocked := coalesce(NEW.blocked, false);
     ELSE
         NEW.blocked := true;
-        INSERT INTO "billing"."events_handoff" (queue, ordering_key) VALUES (NEW.queue, NEW.ordering_key);
-        PERFORM pg_notify('outbox_billing.events:handoff', NEW.queue);
+        PERFORM "billing"."events_record_hand_off"(NEW.queue, NEW.ordering_key);
     END IF;
     RETURN NEW;
 END;
@@ -178,8 +189,7 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed'
        OR NOT pg_try_advisory_xact_lock("billing"."events_key_lock"(OLD.queue, OLD.ordering_key))
        OR NOT "billing"."events_unblock_head"(OLD.queue, OLD.ordering_key) THEN
-        INSERT INTO "billing"."events_handoff" (queue, ordering_key) VALUES (OLD.queue, OLD.ordering_key);
-        PERFORM pg_notify('outbox_billing.events:handoff', OLD.queue);
+        PERFORM "billing"."events_record_hand_off"(OLD.queue, OLD.ordering_key);
     END IF;
     RETURN NULL;
 END;
@@ -234,6 +244,9 @@ BEGIN
         DELETE FROM "billing"."events_handoff" AS h
         WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key;
         IF NOT "billing"."events_unblock_head"(k.queue, k.ordering_key) THEN
+            -- Recorded again without a notification: the caller retries
+            -- after a backoff, where a notification would wake every
+            -- subscriber to retry at once, again and again.
             INSERT INTO "billing"."events_handoff" (queue, ordering_key) VALUES (k.queue, k.ordering_key);
             waiting := waiting + 1;
         END IF;
@@ -257,6 +270,7 @@ DROP TRIGGER "events_key_delete_trg" ON "billing"."events";
 DROP FUNCTION "billing"."events_key_delete"();
 DROP TRIGGER "events_key_insert_trg" ON "billing"."events";
 DROP FUNCTION "billing"."events_key_insert"();
+DROP FUNCTION "billing"."events_record_hand_off"(text, text);
 DROP FUNCTION "billing"."events_unblock_head"(text, text);
 DROP FUNCTION "billing"."events_key_lock"(text, text);
 DROP TABLE "billing"."events_handoff";

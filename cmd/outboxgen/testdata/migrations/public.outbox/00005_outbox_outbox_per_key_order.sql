@@ -129,6 +129,18 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- Records a hand-over of key k of queue q for the subscribers to complete,
+-- and wakes them when the recording transaction commits.
+-- +goose StatementBegin
+CREATE FUNCTION "public"."outbox_record_hand_off"(q text, k text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO "public"."outbox_handoff" (queue, ordering_key) VALUES (q, k);
+    PERFORM pg_notify('outbox_outbox:handoff', q);
+END;
+$$;
+-- +goose StatementEnd
+
 -- Insert side: serialise the key's publishers, draw the id in commit
 -- order, and block the row when its key already has rows. Outside READ
 -- COMMITTED the transaction's snapshot may predate rows committed by the
@@ -154,8 +166,7 @@ BEGIN
         NEW.blocked := coalesce(NEW.blocked, false);
     ELSE
         NEW.blocked := true;
-        INSERT INTO "public"."outbox_handoff" (queue, ordering_key) VALUES (NEW.queue, NEW.ordering_key);
-        PERFORM pg_notify('outbox_outbox:handoff', NEW.queue);
+        PERFORM "public"."outbox_record_hand_off"(NEW.queue, NEW.ordering_key);
     END IF;
     RETURN NEW;
 END;
@@ -178,8 +189,7 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed'
        OR NOT pg_try_advisory_xact_lock("public"."outbox_key_lock"(OLD.queue, OLD.ordering_key))
        OR NOT "public"."outbox_unblock_head"(OLD.queue, OLD.ordering_key) THEN
-        INSERT INTO "public"."outbox_handoff" (queue, ordering_key) VALUES (OLD.queue, OLD.ordering_key);
-        PERFORM pg_notify('outbox_outbox:handoff', OLD.queue);
+        PERFORM "public"."outbox_record_hand_off"(OLD.queue, OLD.ordering_key);
     END IF;
     RETURN NULL;
 END;
@@ -234,6 +244,9 @@ BEGIN
         DELETE FROM "public"."outbox_handoff" AS h
         WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key;
         IF NOT "public"."outbox_unblock_head"(k.queue, k.ordering_key) THEN
+            -- Recorded again without a notification: the caller retries
+            -- after a backoff, where a notification would wake every
+            -- subscriber to retry at once, again and again.
             INSERT INTO "public"."outbox_handoff" (queue, ordering_key) VALUES (k.queue, k.ordering_key);
             waiting := waiting + 1;
         END IF;
@@ -257,6 +270,7 @@ DROP TRIGGER "outbox_key_delete_trg" ON "public"."outbox";
 DROP FUNCTION "public"."outbox_key_delete"();
 DROP TRIGGER "outbox_key_insert_trg" ON "public"."outbox";
 DROP FUNCTION "public"."outbox_key_insert"();
+DROP FUNCTION "public"."outbox_record_hand_off"(text, text);
 DROP FUNCTION "public"."outbox_unblock_head"(text, text);
 DROP FUNCTION "public"."outbox_key_lock"(text, text);
 DROP TABLE "public"."outbox_handoff";
