@@ -120,12 +120,18 @@ func drainWith(ctx context.Context, env *benchEnv, n int, sub runner, done *atom
 	if err := outboxBacklog(ctx, env, n); err != nil {
 		return 0, err
 	}
+	return timeRun(ctx, sub, func() error { return waitFor(ctx, done, n) })
+}
+
+// timeRun starts sub and times it until finished returns, then stops it.
+// An error of Run comes first, then finished's.
+func timeRun(ctx context.Context, sub runner, finished func() error) (time.Duration, error) {
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	errc := make(chan error, 1)
 	start := time.Now()
 	go func() { errc <- sub.Run(rctx) }()
-	werr := waitFor(ctx, done, n)
+	werr := finished()
 	took := time.Since(start)
 	stop()
 	if err := <-errc; err != nil {

@@ -136,24 +136,16 @@ func (c *orderCheck) err() error {
 // runUntilEmpty starts sub and times it until the handler has seen n
 // messages and the outbox holds no row (every acknowledgement landed).
 func runUntilEmpty(ctx context.Context, env *benchEnv, n int, sub runner, done *atomic.Int64) (time.Duration, error) {
-	rctx, stop := context.WithCancel(ctx)
-	defer stop()
-	errc := make(chan error, 1)
-	start := time.Now()
-	go func() { errc <- sub.Run(rctx) }()
-	werr := waitFor(ctx, done, n)
-	if werr == nil {
-		werr = waitEmpty(ctx, env)
+	took, err := timeRun(ctx, sub, func() error {
+		if err := waitFor(ctx, done, n); err != nil {
+			return err
+		}
+		return waitEmpty(ctx, env)
+	})
+	if err == nil && done.Load() != int64(n) {
+		err = fmt.Errorf("handled %d messages for %d rows", done.Load(), n)
 	}
-	took := time.Since(start)
-	stop()
-	if err := <-errc; err != nil {
-		return 0, err
-	}
-	if werr == nil && done.Load() != int64(n) {
-		werr = fmt.Errorf("handled %d messages for %d rows", done.Load(), n)
-	}
-	return took, werr
+	return took, err
 }
 
 // runKeyedDrain drains the same backlog with and without ordering keys,
