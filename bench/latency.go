@@ -15,13 +15,17 @@ import (
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
-// latencyRate is the publishing rate of the latency suite.
-const latencyRate = 200
+// latencyRate is the publishing rate of the latency suite; ours is also
+// measured at latencyFastRate.
+const (
+	latencyRate     = 200
+	latencyFastRate = 1000
+)
 
 // runLatency publishes one message per transaction at about 200/s to an
 // idle subscriber and measures from the publisher's commit to the handler.
-// Each round runs ours, then River with its default fetch settings and
-// with its benchmarks' faster ones.
+// Each round runs ours (at 200/s and at 1,000/s), then River at 200/s with
+// its default fetch settings and with its benchmarks' faster ones.
 func runLatency(ctx context.Context, env *benchEnv, o options) error {
 	n := max(int(1000*o.scale), 20)
 	lat := map[string][]time.Duration{}
@@ -29,11 +33,15 @@ func runLatency(ctx context.Context, env *benchEnv, o options) error {
 		if err := env.reset(ctx); err != nil {
 			return err
 		}
-		l, err := latencyOutbox(ctx, env, n)
+		l, err := latencyOutbox(ctx, env, n, latencyRate)
 		if err != nil {
 			return err
 		}
 		lat["outbox Subscriber"] = append(lat["outbox Subscriber"], l...)
+		if l, err = latencyOutbox(ctx, env, n, latencyFastRate); err != nil {
+			return err
+		}
+		lat["outbox Subscriber, 1000/s"] = append(lat["outbox Subscriber, 1000/s"], l...)
 		if l, err = latencyRiver(ctx, env, n, false); err != nil {
 			return err
 		}
@@ -43,10 +51,10 @@ func runLatency(ctx context.Context, env *benchEnv, o options) error {
 		}
 		lat["river (2ms cooldown)"] = append(lat["river (2ms cooldown)"], l...)
 	}
-	fmt.Fprintf(o.out, "%d messages per round at %d/s, commit to handler\n", n, latencyRate)
+	fmt.Fprintf(o.out, "%d messages per round at %d/s (ours also at %d/s), commit to handler\n", n, latencyRate, latencyFastRate)
 	tw := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "contender\tp50\tp90\tp99\tmax\t")
-	for _, name := range []string{"outbox Subscriber", "river (defaults)", "river (2ms cooldown)"} {
+	for _, name := range []string{"outbox Subscriber", "outbox Subscriber, 1000/s", "river (defaults)", "river (2ms cooldown)"} {
 		l := lat[name]
 		slices.Sort(l)
 		q := func(f float64) time.Duration { return l[int(f*float64(len(l)-1))].Round(10 * time.Microsecond) }
@@ -101,10 +109,10 @@ func (c *commits) record(d time.Duration) {
 	}
 }
 
-// publishPaced runs publish for i in [0, n) at latencyRate per second,
-// each in its own transaction, and records commit times.
-func publishPaced(ctx context.Context, env *benchEnv, c *commits, publish func(tx pgx.Tx, i int) error) error {
-	tick := time.NewTicker(time.Second / latencyRate)
+// publishPaced runs publish for i in [0, n) at rate per second, each in
+// its own transaction, and records commit times.
+func publishPaced(ctx context.Context, env *benchEnv, c *commits, rate int, publish func(tx pgx.Tx, i int) error) error {
+	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
 	for i := range c.n {
 		<-tick.C
@@ -129,7 +137,7 @@ func publishPaced(ctx context.Context, env *benchEnv, c *commits, publish func(t
 	}
 }
 
-func latencyOutbox(ctx context.Context, env *benchEnv, n int) ([]time.Duration, error) {
+func latencyOutbox(ctx context.Context, env *benchEnv, n, rate int) ([]time.Duration, error) {
 	c := newCommits(n)
 	sub, err := outbox.NewSubscriber(env.ob, []string{topic}, func(_ context.Context, m *outbox.Message[order]) error {
 		c.handled(m.Payload.Total)
@@ -146,7 +154,7 @@ func latencyOutbox(ctx context.Context, env *benchEnv, n int) ([]time.Duration, 
 	errc := make(chan error, 1)
 	go func() { errc <- sub.Run(rctx) }()
 	time.Sleep(200 * time.Millisecond) // let it go idle
-	err = publishPaced(ctx, env, c, func(tx pgx.Tx, i int) error {
+	err = publishPaced(ctx, env, c, rate, func(tx pgx.Tx, i int) error {
 		_, err := pub.Publish(ctx, tx, order{ID: "latency", Total: i}, nil)
 		return err
 	})
@@ -181,7 +189,7 @@ func latencyRiver(ctx context.Context, env *benchEnv, n int, fast bool) ([]time.
 		return nil, err
 	}
 	time.Sleep(200 * time.Millisecond)
-	err = publishPaced(ctx, env, c, func(tx pgx.Tx, i int) error {
+	err = publishPaced(ctx, env, c, latencyRate, func(tx pgx.Tx, i int) error {
 		_, err := client.InsertTx(ctx, tx, order{ID: "latency", Total: i}, nil)
 		return err
 	})

@@ -43,6 +43,7 @@ type suite struct {
 
 var suites = []suite{
 	{"publish", runPublish},
+	{"concurrent", runConcurrentPublish},
 	{"batch", runBatch},
 	{"drain", runDrain},
 	{"latency", runLatency},

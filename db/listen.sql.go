@@ -7,7 +7,36 @@ package db
 
 import (
 	"context"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
+
+const inFlight = `-- name: InFlight :one
+SELECT coalesce(array_agg(x::text::bigint), '{}')::bigint[] AS xids
+FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+`
+
+// The transactions in progress now (in the whole cluster), as 64-bit
+// transaction ids: a writer that looked for sleep records before ours was
+// committed is among them or has committed.
+func (q *Queries) InFlight(ctx context.Context) ([]int64, error) {
+	row := q.db.QueryRow(ctx, inFlight)
+	var xids []int64
+	err := row.Scan(&xids)
+	return xids, err
+}
+
+const leave = `-- name: Leave :exec
+DELETE FROM /*outbox:table*/outbox_sleepers AS s
+WHERE s.id = $1::uuid OR s.until < now() - interval '1 hour'
+`
+
+// Removes a stopping subscriber's record, and records that lapsed more
+// than an hour ago (subscribers that ended without removing theirs).
+func (q *Queries) Leave(ctx context.Context, id pgtype.UUID) error {
+	_, err := q.db.Exec(ctx, leave, id)
+	return err
+}
 
 const listen = `-- name: Listen :exec
 LISTEN /*outbox:listen*/outbox_outbox
@@ -48,4 +77,49 @@ func (q *Queries) Probe(ctx context.Context) (int32, error) {
 	var alive int32
 	err := row.Scan(&alive)
 	return alive, err
+}
+
+const sleep = `-- name: Sleep :exec
+INSERT INTO /*outbox:table*/outbox_sleepers AS s (id, queues, until)
+VALUES ($1::uuid, $2::text[], now() + make_interval(secs => $3::float8))
+ON CONFLICT (id) DO UPDATE SET queues = excluded.queues, until = excluded.until
+`
+
+type SleepParams struct {
+	ID         pgtype.UUID
+	Queues     []string
+	ForSeconds float64
+}
+
+// Records that a subscriber (@id, a random id per run) sleeps on @queues
+// for @for_seconds: until the record lapses, writers of those queues'
+// rows notify (migration 6).
+func (q *Queries) Sleep(ctx context.Context, arg SleepParams) error {
+	_, err := q.db.Exec(ctx, sleep, arg.ID, arg.Queues, arg.ForSeconds)
+	return err
+}
+
+const stillInFlight = `-- name: StillInFlight :one
+SELECT coalesce(array_agg(x), '{}')::bigint[] AS xids
+FROM unnest($1::bigint[]) AS x
+WHERE pg_xact_status(x::text::xid8) = 'in progress'
+`
+
+// Those of @xids still in progress.
+func (q *Queries) StillInFlight(ctx context.Context, xids []int64) ([]int64, error) {
+	row := q.db.QueryRow(ctx, stillInFlight, xids)
+	var xids_2 []int64
+	err := row.Scan(&xids_2)
+	return xids_2, err
+}
+
+const wake = `-- name: Wake :exec
+UPDATE /*outbox:table*/outbox_sleepers AS s SET until = '-infinity' WHERE s.id = $1::uuid
+`
+
+// Ends a subscriber's sleep record: it is claiming, so writers need not
+// notify it.
+func (q *Queries) Wake(ctx context.Context, id pgtype.UUID) error {
+	_, err := q.db.Exec(ctx, wake, id)
+	return err
 }

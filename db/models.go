@@ -50,3 +50,9 @@ type OutboxHandoff struct {
 	OrderingKey string
 	CreatedAt   time.Time
 }
+
+type OutboxSleeper struct {
+	ID     pgtype.UUID
+	Queues []string
+	Until  time.Time
+}

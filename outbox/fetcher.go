@@ -17,7 +17,8 @@ import (
 // half of buf is free (or buf is empty), so claims stay batched; when a
 // claim finds nothing it waits with exponential backoff and jitter between
 // MinFetchInterval and MaxFetchInterval, cut short by a NOTIFY and never
-// past the earliest scheduled row's due time.
+// past the earliest scheduled row's due time. Before it waits, it records
+// that it sleeps, so that writers notify (see sleeper).
 func (r *run[T]) fetch(ctx context.Context) {
 	cfg := &r.s.cfg
 	q := r.queries()
@@ -34,6 +35,7 @@ func (r *run[T]) fetch(ctx context.Context) {
 			continue
 		}
 		r.handOff(ctx, q)
+		sent := time.Now()
 		n, err := r.claim(ctx, q, int32(min(free, cfg.FetchBatchSize)))
 		if err != nil {
 			if ctx.Err() != nil {
@@ -47,10 +49,14 @@ func (r *run[T]) fetch(ctx context.Context) {
 		r.emit(MetricEvent{Name: EventFetched, Queue: r.s.queues[0], Count: n})
 		if n > 0 {
 			idle = 0
+			r.found(ctx, q)
+			continue
+		}
+		if r.asleep(ctx, q) {
 			continue
 		}
 		idle = min(idle+1, 30)
-		r.idle(ctx, q, idle)
+		r.idle(ctx, q, idle, sent)
 	}
 }
 
@@ -74,17 +80,17 @@ func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (int, error)
 	return len(rows), err
 }
 
-// idle waits after an empty claim.
-func (r *run[T]) idle(ctx context.Context, q *db.Queries, n int) {
+// idle waits after an empty claim, sent at claimed: the n-th in a row.
+func (r *run[T]) idle(ctx context.Context, q *db.Queries, n int, claimed time.Time) {
 	cfg := &r.s.cfg
 	wait := float64(cfg.MinFetchInterval) * float64(uint64(1)<<(n-1)) * (0.75 + rand.Float64()/2)
 	d := min(time.Duration(wait), cfg.MaxFetchInterval)
-	if dueIn, err := q.NextDueIn(ctx, r.s.queues); err == nil {
+	if dueIn, err := q.NextDueIn(ctx, db.NextDueInParams{Queues: r.s.queues, SinceClaimSeconds: time.Since(claimed).Seconds()}); err == nil {
 		d = min(d, max(seconds(dueIn), 0))
 	} else if !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
 		r.s.log.WarnContext(ctx, "outbox: next due time unknown", slog.Any("error", err))
 	}
-	d = r.untilHandOff(d)
+	d = r.sleepWait(r.untilHandOff(d))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

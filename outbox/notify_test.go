@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -54,9 +55,27 @@ func (l *listener) until(sentinel string) []string {
 	}
 }
 
+// sleepOn records a sleeping subscriber of queues in the outbox of q, as
+// a subscriber's fetcher does before it waits, so that writers of those
+// queues notify. It returns the record's id.
+func sleepOn(t *testing.T, q *db.Queries, queues ...string) pgtype.UUID {
+	t.Helper()
+	s := newSleeper()
+	if err := q.Sleep(t.Context(), db.SleepParams{ID: s.id, Queues: queues, ForSeconds: 3600}); err != nil {
+		t.Fatal(err)
+	}
+	return s.id
+}
+
+func (e *env) sleepOn(queues ...string) pgtype.UUID {
+	e.t.Helper()
+	return sleepOn(e.t, e.q, queues...)
+}
+
 func TestNotifyOnCommitOnly(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
+	e.sleepOn("orders", "sentinel-1", "sentinel-2", "sentinel-3")
 	l := listen(t, e.db.URL, e.ob.Channel())
 	ch := e.ob.Channel() + ":"
 
@@ -98,6 +117,7 @@ func TestNotifyOnCommitOnly(t *testing.T) {
 func TestNotifyOncePerStatementPerQueue(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
+	e.sleepOn("a", "b", "c", "sentinel")
 	l := listen(t, e.db.URL, e.ob.Channel())
 	ch := e.ob.Channel() + ":"
 
@@ -125,6 +145,7 @@ func TestNotifyOncePerStatementPerQueue(t *testing.T) {
 func TestNotifySkipsFutureRows(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
+	e.sleepOn("later", "now", "sentinel")
 	l := listen(t, e.db.URL, e.ob.Channel())
 	sched := listen(t, e.db.URL, e.ob.ScheduledChannel())
 	e.publishWith(db.PublishParams{Queue: "later", Payload: []byte("x"), DelaySeconds: 60})
@@ -143,6 +164,7 @@ func TestNotifySkipsFutureRows(t *testing.T) {
 func TestNotifyForRowsWrittenByPlainSQL(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
+	e.sleepOn("plain", "sentinel")
 	l := listen(t, e.db.URL, e.ob.Channel())
 	e.exec("INSERT INTO outbox (queue, payload) VALUES ('plain', 'hello'), ('plain', 'again')")
 	e.publish("sentinel")

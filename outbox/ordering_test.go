@@ -161,7 +161,7 @@ func TestScheduledHeadBlocksItsKeyUntilDue(t *testing.T) {
 	if got := e.claim(10, "q"); len(got) != 0 {
 		t.Fatalf("claimed %v while the key's head is scheduled an hour ahead", ids(got))
 	}
-	if _, err := e.q.NextDueIn(e.ctx, []string{"q"}); err != nil {
+	if _, err := e.q.NextDueIn(e.ctx, db.NextDueInParams{Queues: []string{"q"}}); err != nil {
 		t.Fatalf("NextDueIn: %v (the scheduled head is the next due row)", err)
 	}
 	e.exec("UPDATE outbox SET next_attempt_at = now() WHERE id = $1", head)

@@ -91,7 +91,7 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 		}
 	}
 
-	plan = e.explain(func(q *db.Queries) { _, _ = q.NextDueIn(e.ctx, params.Queues) })
+	plan = e.explain(func(q *db.Queries) { _, _ = q.NextDueIn(e.ctx, db.NextDueInParams{Queues: params.Queues}) })
 	if strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, "outbox_pending_idx") {
 		t.Errorf("next-due plan does not use outbox_pending_idx:\n%s", plan)
 	}

@@ -116,6 +116,7 @@ func TestPublishNotifiesOnCommitOncePerBatch(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	l := listen(t, e.db.URL, e.ob.Channel())
+	e.sleepOn("texts", "sentinel-1", "sentinel-2")
 	pub := newPublisher[string](t, e, "texts", nil)
 
 	tx := e.begin()
@@ -327,6 +328,7 @@ func TestPublishBatchOf10000(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	l := listen(t, e.db.URL, e.ob.Channel())
+	e.sleepOn("bulk", "sentinel")
 	pub := newPublisher[order](t, e, "bulk", nil)
 	msgs := make([]order, 10000)
 	for i := range msgs {

@@ -222,7 +222,7 @@ func TestQueueStats(t *testing.T) {
 func TestNextDueIn(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	if _, err := e.q.NextDueIn(e.ctx, []string{"a"}); !errors.Is(err, pgx.ErrNoRows) {
+	if _, err := e.q.NextDueIn(e.ctx, db.NextDueInParams{Queues: []string{"a"}}); !errors.Is(err, pgx.ErrNoRows) {
 		t.Fatalf("NextDueIn of an empty queue: %v, want pgx.ErrNoRows", err)
 	}
 	at := e.serverNow().Add(time.Hour)
@@ -230,13 +230,18 @@ func TestNextDueIn(t *testing.T) {
 	e.publishWith(db.PublishParams{Queue: "a", Payload: []byte("x"), NotBefore: &later})
 	e.publishWith(db.PublishParams{Queue: "b", Payload: []byte("x"), NotBefore: &at})
 	e.publishWith(db.PublishParams{Queue: "c", Payload: []byte("x")})
-	got, err := e.q.NextDueIn(e.ctx, []string{"a", "b"})
+	got, err := e.q.NextDueIn(e.ctx, db.NextDueInParams{Queues: []string{"a", "b"}})
 	if err != nil || got > 3600 || got < 3590 {
 		t.Fatalf("NextDueIn = %v, %v; want just under 3600", got, err)
 	}
 	// A row already due is left out: the claim that just ran could not
 	// take it, so it is locked elsewhere and waking for it would spin.
-	if got, err := e.q.NextDueIn(e.ctx, []string{"c"}); !errors.Is(err, pgx.ErrNoRows) {
+	if got, err := e.q.NextDueIn(e.ctx, db.NextDueInParams{Queues: []string{"c"}}); !errors.Is(err, pgx.ErrNoRows) {
 		t.Errorf("NextDueIn of a due row = %v, %v; want pgx.ErrNoRows", got, err)
+	}
+	// Unless it came due since the caller's last claim was sent: then it
+	// is reported, overdue, so the caller claims at once.
+	if got, err := e.q.NextDueIn(e.ctx, db.NextDueInParams{Queues: []string{"c"}, SinceClaimSeconds: 60}); err != nil || got > 0 || got < -60 {
+		t.Errorf("NextDueIn of a row due since the last claim = %v, %v; want between -60 and 0", got, err)
 	}
 }

@@ -449,3 +449,91 @@ func TestUpgradeFromEitherFormOfSchema4FoldsTheLeaseChecks(t *testing.T) {
 		})
 	}
 }
+
+// Upgrading from schema 5 leaves rows in every state as they were; from
+// then on writers notify only while a subscriber sleeps, and down at 5
+// again they notify on every write.
+func TestUpgradeFromSchema5KeepsRowsInEveryState(t *testing.T) {
+	t.Parallel()
+	e := atVersion(t, 5)
+	ob := e.ob
+	e.exec(`INSERT INTO outbox (queue, payload, ordering_key, next_attempt_at, attempts_count, deliveries_count,
+			first_attempt_at, acquired_at, acquired_token, lease_expires_at) VALUES
+		('q', 'leased',    NULL, now(), 0, 1, NULL, now(), gen_random_uuid(), now() + interval '1 minute'),
+		('q', 'expired',   NULL, now(), 0, 1, NULL, now() - interval '2 minutes', gen_random_uuid(), now() - interval '1 minute'),
+		('q', 'due',       NULL, now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'scheduled', NULL, now() + interval '1 hour', 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'retrying',  NULL, now() - interval '1 second', 2, 2, now() - interval '1 minute', NULL, NULL, NULL),
+		('q', 'k head',    'k', now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'k next',    'k', now(), 0, 0, NULL, NULL, NULL, NULL)`)
+	e.exec(`INSERT INTO outbox_handoff (queue, ordering_key) VALUES ('q', 'k')`)
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (999, 'q', 'dead', 3, 3, now(), 'rejected')`)
+	state := func() []string {
+		t.Helper()
+		rows, err := e.db.Pool.Query(e.ctx, `SELECT format('%s blocked=%s leased=%s due=%s', convert_from(payload, 'UTF8'),
+				blocked, acquired_token IS NOT NULL, next_attempt_at <= now())
+			FROM outbox ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(got, fmt.Sprintf("dead letters=%d hand-overs=%d", e.count("outbox_dlq"), e.count("outbox_handoff")))
+	}
+	before := state()
+	l := listen(t, e.db.URL, ob.Channel())
+	// notified publishes a row of q and reports whether it notified.
+	notified := func() bool {
+		t.Helper()
+		e.publish("q")
+		e.exec(`NOTIFY ` + pgx.Identifier{ob.Channel()}.Sanitize() + `, 'sentinel'`)
+		got := len(l.until("sentinel")) > 0
+		e.exec(`DELETE FROM outbox WHERE id = (SELECT max(id) FROM outbox)`)
+		return got
+	}
+
+	for _, step := range []string{"upgrade", "down to 5 and up again"} {
+		if step != "upgrade" {
+			if err := ob.MigrateDownTo(t.Context(), 5); err != nil {
+				t.Fatalf("down to 5: %v", err)
+			}
+			if diff := cmp.Diff(before, state()); diff != "" {
+				t.Errorf("rows at 5 again (-want +got):\n%s", diff)
+			}
+			if !notified() {
+				t.Errorf("schema 5 did not notify")
+			}
+		}
+		if err := ob.Migrate(t.Context()); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if err := ob.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("%s: rows (-want +got):\n%s", step, diff)
+		}
+		if notified() {
+			t.Errorf("%s: notified with nobody asleep", step)
+		}
+		id := e.sleepOn("q")
+		if !notified() {
+			t.Errorf("%s: did not notify a sleeping subscriber", step)
+		}
+		if err := e.q.Leave(e.ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var claimed []string
+	for _, r := range e.claim(100, "q") {
+		claimed = append(claimed, string(r.Payload))
+	}
+	slices.Sort(claimed)
+	if diff := cmp.Diff([]string{"due", "expired", "k head", "retrying"}, claimed); diff != "" {
+		t.Errorf("claimable after the upgrade (-want +got):\n%s", diff)
+	}
+}

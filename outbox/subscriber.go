@@ -161,6 +161,7 @@ type run[T any] struct {
 
 	leases   leases
 	handoffs handoffs
+	sleeper  sleeper // fetcher only
 	metrics  *metricsSink
 	logs     *logSummary
 	// unstarted holds rows a worker took after the stop began.
@@ -193,6 +194,7 @@ func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 		taken:      make(chan struct{}, 1),
 		outcomes:   make(chan outcome, s.cfg.AckBatchSize*2),
 		leases:     leases{ttl: s.cfg.LeaseTTL, m: map[pgtype.UUID]*delivery{}},
+		sleeper:    newSleeper(),
 		metrics:    newMetricsSink(s.cfg.Metrics, s.log),
 		logs:       newLogSummary(s.log, logSummaryInterval),
 		handlerCtx: hctx,
@@ -225,6 +227,7 @@ func (r *run[T]) run(ctx context.Context) error {
 	stopTimer := time.AfterFunc(r.s.cfg.GracefulTimeout, r.stopWrites)
 	defer stopTimer.Stop()
 	fetcher.Wait()
+	r.leave()
 	r.release() // rows no worker started go back at once
 	r.drain(deadline, &workers)
 	r.release() // rows a worker took after the stop began

@@ -79,19 +79,23 @@ LEFT JOIN handing AS ho ON ho.queue = l.queue
 ORDER BY 1;
 
 -- name: NextDueIn :one
--- Seconds, on the server's clock, until the earliest next_attempt_at still
--- to come among unleased rows of the given queues; no row when none is due
--- later. Rows already due are left out: a claim that just found nothing
--- could not take them (another transaction holds their locks), so waking
--- for them would only spin. Rows due at infinity are never due. One index
--- probe per queue.
+-- Seconds, on the server's clock, until the earliest next_attempt_at among
+-- unleased rows of the given queues that came due less than
+-- @since_claim_seconds ago or are still to come (negative when one came
+-- due since); no row when there is none. @since_claim_seconds is the time
+-- since the caller sent its last claim: rows due before that claim and not
+-- taken by it are left out, since another transaction holds their locks
+-- and waking for them would only spin, while a row that came due after it
+-- (a retry landing as the caller falls asleep) is claimed at once. Rows
+-- due at infinity are never due. One index probe per queue.
 SELECT extract(epoch FROM n.next_attempt_at - clock_timestamp())::float8 AS due_in_seconds
 FROM unnest(@queues::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT o.next_attempt_at
     FROM /*outbox:table*/outbox AS o
     WHERE o.queue = q.name AND o.acquired_token IS NULL AND NOT o.blocked
-      AND o.next_attempt_at > clock_timestamp() AND o.next_attempt_at < 'infinity'
+      AND o.next_attempt_at > clock_timestamp() - make_interval(secs => @since_claim_seconds::float8)
+      AND o.next_attempt_at < 'infinity'
     ORDER BY o.next_attempt_at
     LIMIT 1
 ) AS n

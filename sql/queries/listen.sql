@@ -12,3 +12,35 @@ LISTEN /*outbox:listen*/"outbox_outbox:handoff";
 -- name: Probe :one
 -- A bounded round trip that proves a connection is alive.
 SELECT 1::integer AS alive;
+
+-- name: Sleep :exec
+-- Records that a subscriber (@id, a random id per run) sleeps on @queues
+-- for @for_seconds: until the record lapses, writers of those queues'
+-- rows notify (migration 6).
+INSERT INTO /*outbox:table*/outbox_sleepers AS s (id, queues, until)
+VALUES (@id::uuid, @queues::text[], now() + make_interval(secs => @for_seconds::float8))
+ON CONFLICT (id) DO UPDATE SET queues = excluded.queues, until = excluded.until;
+
+-- name: Wake :exec
+-- Ends a subscriber's sleep record: it is claiming, so writers need not
+-- notify it.
+UPDATE /*outbox:table*/outbox_sleepers AS s SET until = '-infinity' WHERE s.id = @id::uuid;
+
+-- name: Leave :exec
+-- Removes a stopping subscriber's record, and records that lapsed more
+-- than an hour ago (subscribers that ended without removing theirs).
+DELETE FROM /*outbox:table*/outbox_sleepers AS s
+WHERE s.id = @id::uuid OR s.until < now() - interval '1 hour';
+
+-- name: InFlight :one
+-- The transactions in progress now (in the whole cluster), as 64-bit
+-- transaction ids: a writer that looked for sleep records before ours was
+-- committed is among them or has committed.
+SELECT coalesce(array_agg(x::text::bigint), '{}')::bigint[] AS xids
+FROM pg_snapshot_xip(pg_current_snapshot()) AS x;
+
+-- name: StillInFlight :one
+-- Those of @xids still in progress.
+SELECT coalesce(array_agg(x), '{}')::bigint[] AS xids
+FROM unnest(@xids::bigint[]) AS x
+WHERE pg_xact_status(x::text::xid8) = 'in progress';

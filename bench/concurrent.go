@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+// concurrentPublishers is how many transactions publish at once in the
+// concurrent suite.
+const concurrentPublishers = 32
+
+// runConcurrentPublish measures commit throughput with 32 transactions
+// publishing at once, one row each: a NOTIFY serialises the commits of
+// the transactions that issue it. The baseline inserts the same row into
+// a copy of the outbox table (same columns, defaults, constraints and
+// indexes) without any trigger. The outbox notifies only while a
+// subscriber sleeps (schema 6), so it is measured both ways: with no
+// subscriber asleep, and with one asleep on the queue, where every
+// publish notifies as every publish did before schema 6.
+func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
+	cfg := env.pool.Config().Copy()
+	cfg.MaxConns, cfg.MinConns = concurrentPublishers, concurrentPublishers
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return err
+	}
+	ob, err := outbox.New(pool, &outbox.Config{Schema: schemaOurs})
+	if err != nil {
+		return err
+	}
+	pub, err := outbox.NewPublisher[order](ob, topic, nil)
+	if err != nil {
+		return err
+	}
+	table := func(name string) string { return pgx.Identifier{schemaOurs, name}.Sanitize() }
+	plain := table("outbox_plain")
+	if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+plain+"; CREATE TABLE "+plain+" (LIKE "+table("outbox")+" INCLUDING ALL)"); err != nil {
+		return err
+	}
+	insert := "INSERT INTO " + plain + " (queue, payload, headers) VALUES ($1, $2, $3) RETURNING id"
+	headers := []byte(`{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c", "message-type": "main.order"}`)
+	sleepers := table("outbox_sleepers")
+	asleep := func(on bool) error {
+		_, err := pool.Exec(ctx, "DELETE FROM "+sleepers)
+		if err == nil && on {
+			_, err = pool.Exec(ctx, "INSERT INTO "+sleepers+" (id, queues, until) VALUES (gen_random_uuid(), ARRAY[$1], now() + interval '1 hour')", topic)
+		}
+		return err
+	}
+
+	// concurrently runs n transactions, concurrentPublishers at a time,
+	// each running fn once, and checks that n rows landed in table.
+	concurrently := func(table string, sleeping bool, fn func(tx pgx.Tx, i int) error) func(int) (time.Duration, error) {
+		return func(n int) (time.Duration, error) {
+			if err := asleep(sleeping); err != nil {
+				return 0, err
+			}
+			defer func() { _ = asleep(false) }()
+			var (
+				next atomic.Int64
+				wg   sync.WaitGroup
+				errs = make(chan error, concurrentPublishers)
+			)
+			start := time.Now()
+			for range concurrentPublishers {
+				wg.Go(func() {
+					for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+						err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fn(tx, i) })
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			close(errs)
+			if err := <-errs; err != nil {
+				return 0, err
+			}
+			var rows int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rows); err != nil {
+				return 0, err
+			}
+			if rows != n {
+				return 0, fmt.Errorf("%d rows in %s, want %d", rows, table, n)
+			}
+			return elapsed, nil
+		}
+	}
+	publish := func(tx pgx.Tx, i int) error {
+		_, err := pub.Publish(ctx, tx, sampleOrder(i), nil)
+		return err
+	}
+	cs := []contender{
+		{"bare INSERT, no trigger", concurrently(plain, false, func(tx pgx.Tx, i int) error {
+			payload, err := json.Marshal(sampleOrder(i))
+			if err != nil {
+				return err
+			}
+			var id int64
+			return tx.QueryRow(ctx, insert, topic, payload, headers).Scan(&id)
+		})},
+		{"outbox Publish, nobody asleep", concurrently(table("outbox"), false, publish)},
+		{"outbox Publish, a subscriber asleep", concurrently(table("outbox"), true, publish)},
+	}
+	n := max(int(20000*o.scale), concurrentPublishers)
+	reset := func() error {
+		if err := env.reset(ctx); err != nil {
+			return err
+		}
+		_, err := pool.Exec(ctx, "TRUNCATE "+plain)
+		return err
+	}
+	s, err := measure(o.rounds, n, reset, cs)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(o.out, "%d transactions of one row, %d at a time\n", n, concurrentPublishers)
+	report(o.out, s, []string{"bare INSERT, no trigger", "outbox Publish, nobody asleep", "outbox Publish, a subscriber asleep"}, n, "op", "bare INSERT, no trigger")
+	return nil
+}

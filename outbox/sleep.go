@@ -1,0 +1,136 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// sleeper is the fetcher's record in <table>_sleepers (migration 6).
+// Writers of our queues' rows notify only while a subscriber's record
+// holds, so a busy subscriber lets publishers commit without NOTIFY, which
+// would serialise their commits. The fetcher makes the record when a claim
+// finds nothing and ends it once claims keep finding rows.
+//
+// A writer that looked for records before ours was committed cannot have
+// seen it. Such a writer is in progress when the record is made, or has
+// committed; so after making the record the fetcher reads the transactions
+// in progress, claims again, and until those transactions have ended it
+// sleeps only briefly and claims again as they end. No wake-up is lost.
+type sleeper struct {
+	id pgtype.UUID
+	// until is when the record lapses, on this process's clock, never
+	// later than on the server's; zero when there is no record.
+	until time.Time
+	// xids are the transactions that were in progress when the record
+	// was made and have not been seen to end.
+	xids []int64
+	// poll is the wait between checks on xids: sleepPollMin, doubling.
+	poll time.Duration
+	// found counts consecutive claims that found rows.
+	found int
+}
+
+const (
+	// sleepPollMin is the first wait for writers in progress when the
+	// record was made: most commit within a few milliseconds.
+	sleepPollMin = time.Millisecond
+	// sleepRecordSlack is how much longer than MaxFetchInterval a record
+	// still has to hold to be kept, and how much longer than twice that a
+	// new one holds: a subscriber that stops refreshing its record (it
+	// crashed) is notified for at most that long.
+	sleepRecordSlack = 15 * time.Second
+	// wakeAfterFound is how many claims in a row must find rows before
+	// the record is ended: a subscriber that claims one row per wake-up
+	// (a low publish rate, where NOTIFY costs publishers little) keeps it.
+	wakeAfterFound = 2
+)
+
+func newSleeper() sleeper {
+	s := sleeper{id: pgtype.UUID{Valid: true}}
+	_, _ = rand.Read(s.id.Bytes[:]) // never fails (crypto/rand)
+	return s
+}
+
+// found ends the record once claims keep finding rows.
+func (r *run[T]) found(ctx context.Context, q *db.Queries) {
+	s := &r.sleeper
+	s.xids = nil
+	s.found++
+	if s.found < wakeAfterFound || s.until.IsZero() {
+		return
+	}
+	s.until = time.Time{}
+	if err := q.Wake(ctx, s.id); err != nil && ctx.Err() == nil {
+		// The record may still hold: writers notify until it lapses.
+		r.s.log.DebugContext(ctx, "outbox: could not end the sleep record", slog.Any("error", err))
+	}
+}
+
+// asleep readies the fetcher to sleep after a claim that found nothing:
+// it makes or refreshes the record and watches the writers that may have
+// missed it. It reports whether to claim again before sleeping.
+func (r *run[T]) asleep(ctx context.Context, q *db.Queries) bool {
+	s := &r.sleeper
+	s.found = 0
+	if len(s.xids) > 0 {
+		still, err := q.StillInFlight(ctx, s.xids)
+		if err != nil {
+			// Unknown: poll as without a record.
+			s.xids = nil
+			return false
+		}
+		ended := len(still) < len(s.xids)
+		s.xids = still
+		return ended
+	}
+	cfg := &r.s.cfg
+	now := time.Now()
+	if s.until.After(now.Add(cfg.MaxFetchInterval + sleepRecordSlack)) {
+		return false
+	}
+	held := s.until.After(now)
+	d := 2*cfg.MaxFetchInterval + sleepRecordSlack
+	if err := q.Sleep(ctx, db.SleepParams{ID: s.id, Queues: r.s.queues, ForSeconds: d.Seconds()}); err != nil {
+		s.until = time.Time{}
+		if ctx.Err() == nil {
+			r.s.log.DebugContext(ctx, "outbox: could not record the subscriber's sleep; polling", slog.Any("error", err))
+		}
+		return false
+	}
+	s.until = now.Add(d)
+	if held {
+		// The record held throughout: every writer since saw it.
+		return false
+	}
+	xids, err := q.InFlight(ctx)
+	if err != nil {
+		return true
+	}
+	s.xids, s.poll = xids, sleepPollMin
+	return true
+}
+
+// sleepWait bounds an idle wait while writers that may have missed the
+// record are in progress.
+func (r *run[T]) sleepWait(d time.Duration) time.Duration {
+	s := &r.sleeper
+	if len(s.xids) == 0 {
+		return d
+	}
+	d = min(d, s.poll)
+	s.poll = min(2*s.poll, r.s.cfg.MaxFetchInterval)
+	return d
+}
+
+// leave removes the record when the run stops.
+func (r *run[T]) leave() {
+	if err := r.queries().Leave(r.writes, r.sleeper.id); err != nil {
+		r.s.log.Debug("outbox: could not remove the sleep record; it lapses on its own", slog.Any("error", err))
+	}
+}

@@ -1,0 +1,211 @@
+package outbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// sleeping returns how many sleep records of the outbox hold, and how many
+// exist.
+func (e *env) sleeping() (holding, records int) {
+	e.t.Helper()
+	if err := e.db.Pool.QueryRow(e.ctx,
+		"SELECT count(*) FILTER (WHERE until > now()), count(*) FROM outbox_sleepers").Scan(&holding, &records); err != nil {
+		e.t.Fatal(err)
+	}
+	return holding, records
+}
+
+// write is a write to the outbox, after an optional preparation.
+type write struct{ prepare, write func() }
+
+// Writers notify a queue's channel only while a subscriber of the queue
+// sleeps: inserts by any client, cleared leases, and unblocked key heads.
+func TestWritersNotifyOnlyWhileASubscriberSleeps(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	l := listen(t, e.db.URL, e.ob.Channel())
+	ch := e.ob.Channel() + ":"
+	e.sleepOn("sentinel")
+	// notes returns what write notified, after prepare's notifications.
+	notes := func(w write) []string {
+		t.Helper()
+		if w.prepare != nil {
+			w.prepare()
+			e.publish("sentinel")
+			l.until("sentinel")
+		}
+		w.write()
+		e.publish("sentinel")
+		return l.until("sentinel")
+	}
+	writes := map[string]write{
+		"Publish":   {write: func() { e.publish("q") }},
+		"plain SQL": {write: func() { e.exec("INSERT INTO outbox (queue, payload) VALUES ('q', 'x'), ('q', 'y')") }},
+		"a cleared lease": {
+			prepare: func() { e.claim(1, "q") },
+			write: func() {
+				e.exec("UPDATE outbox SET acquired_token = NULL, acquired_at = NULL, lease_expires_at = NULL WHERE acquired_token IS NOT NULL")
+			},
+		},
+		"an unblocked head": {
+			prepare: func() {
+				e.exec("DELETE FROM outbox")
+				e.publishKeyed("q", "k")
+				e.publishKeyed("q", "k")
+			},
+			write: func() { e.ack(e.claim(1, "q")[0]) },
+		},
+	}
+	for what, w := range writes {
+		if got := notes(w); len(got) != 0 {
+			t.Errorf("%s with nobody asleep notified %v", what, got)
+		}
+	}
+	e.exec("DELETE FROM outbox")
+
+	// A record of another queue, or one that lapsed, changes nothing.
+	sleepOn(t, e.q, "other")
+	lapsed := e.sleepOn("q")
+	e.exec("UPDATE outbox_sleepers SET until = now() - interval '1 second' WHERE id = $1", lapsed)
+	if got := notes(writes["Publish"]); len(got) != 0 {
+		t.Errorf("with another queue's and a lapsed record: %v", got)
+	}
+
+	// A subscriber of q asleep: every kind of write notifies.
+	id := e.sleepOn("q")
+	for what, w := range writes {
+		if diff := cmp.Diff([]string{ch + "q"}, notes(w)); diff != "" {
+			t.Errorf("%s with a subscriber asleep (-want +got):\n%s", what, diff)
+		}
+	}
+
+	// It woke: nothing again.
+	if err := e.q.Wake(e.ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if got := notes(writes["Publish"]); len(got) != 0 {
+		t.Errorf("after the subscriber woke: %v", got)
+	}
+}
+
+// A writer outside READ COMMITTED reads the sleep records in a snapshot
+// that may predate them, so it notifies whether or not anyone sleeps.
+func TestWritersOutsideReadCommittedAlwaysNotify(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	l := listen(t, e.db.URL, e.ob.Channel())
+	e.sleepOn("sentinel")
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		tx, err := e.db.Pool.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: iso})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.ob.queries(tx).Publish(e.ctx, db.PublishParams{Queue: "q", Payload: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.publish("sentinel")
+		if diff := cmp.Diff([]string{e.ob.Channel() + ":q"}, l.until("sentinel")); diff != "" {
+			t.Errorf("%s publish (-want +got):\n%s", iso, diff)
+		}
+	}
+}
+
+// A full notification queue fails every notifying transaction at commit,
+// so writers stop notifying while it is half full: publishing still
+// succeeds, and subscribers find the rows by polling.
+func TestWritersSkipNotifyWhileTheNotificationQueueIsHalfFull(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	l := listen(t, e.db.URL, e.ob.Channel())
+	e.sleepOn("q", "sentinel")
+	for _, c := range []struct {
+		usage  string
+		notify bool
+	}{{"0.49", true}, {"0.5", false}, {"0.99", false}} {
+		e.exec("CREATE OR REPLACE FUNCTION outbox_notify_queue_usage() RETURNS float8 LANGUAGE sql AS 'SELECT " + c.usage + "::float8'")
+		e.publish("q")
+		e.exec("CREATE OR REPLACE FUNCTION outbox_notify_queue_usage() RETURNS float8 LANGUAGE sql AS 'SELECT pg_notification_queue_usage()'")
+		e.publish("sentinel")
+		got := l.until("sentinel")
+		if notified := len(got) > 0; notified != c.notify {
+			t.Errorf("queue %s full: notified %v, want %v", c.usage, got, c.notify)
+		}
+	}
+	if n := e.count("outbox"); n != 6 {
+		t.Errorf("%d rows published, want 6", n)
+	}
+}
+
+// A subscriber records its sleep when it finds nothing to claim, ends the
+// record while claims keep finding rows, and removes it when it stops.
+func TestSubscriberSleepRecordFollowsItsWork(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	proceed := make(chan struct{})
+	cfg := fastConfig[string](nil)
+	cfg.Workers, cfg.FetchBatchSize = 1, 2
+	s := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, _ *Message[string]) error {
+		select {
+		case <-proceed:
+		case <-ctx.Done():
+		}
+		return nil
+	}, cfg)
+	eventually(t, "an idle subscriber's sleep record", func() bool { h, _ := e.sleeping(); return h == 1 })
+
+	// One transaction, so that claims keep finding rows.
+	e.exec(`INSERT INTO outbox (queue, payload) SELECT 'q', '"x"' FROM generate_series(1, 10)`)
+	eventually(t, "a busy subscriber's record ended", func() bool { h, n := e.sleeping(); return h == 0 && n == 1 })
+	close(proceed)
+	eventually(t, "the backlog handled", func() bool { return e.count("outbox") == 0 })
+	eventually(t, "the record made again", func() bool { h, _ := e.sleeping(); return h == 1 })
+
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if h, n := e.sleeping(); n != 0 {
+		t.Errorf("after the stop: %d records (%d holding), want none", n, h)
+	}
+}
+
+// A publisher that looked for sleep records just before the subscriber
+// made its record sends no notification; the subscriber waits for such
+// writers to end and claims again, so the row is not left to the next
+// poll.
+func TestRowOfAWriterInFlightAsTheSubscriberFallsAsleepIsNotLeftToPolling(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	l := listen(t, e.db.URL, e.ob.Channel())
+	tx := e.begin()
+	if _, err := e.ob.queries(tx).Publish(e.ctx, db.PublishParams{Queue: "q", Payload: []byte(`"x"`)}); err != nil {
+		t.Fatal(err)
+	}
+	handled := idleSubscriber(t, e, nil) // polls every 30 s
+	eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
+	eventually(t, "the subscriber asleep", func() bool { h, _ := e.sleeping(); return h == 1 })
+	time.Sleep(200 * time.Millisecond) // past the claim the listener's start triggers
+	committed := time.Now()
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lat := within(t, handled, 10*time.Second, "the in-flight row").Sub(committed); lat > 5*time.Second {
+		t.Errorf("handled %v after the commit; the poll interval is 30 s, the writer's end should be seen at once", lat)
+	}
+	// The in-flight publisher did not notify: the delivery above came
+	// from the subscriber's own wait.
+	e.sleepOn("sentinel")
+	e.publish("sentinel")
+	if got := l.until("sentinel"); len(got) != 0 {
+		t.Errorf("the in-flight publisher notified %v", got)
+	}
+}
