@@ -62,7 +62,9 @@ func (r *run[T]) found(ctx context.Context, q *db.Queries) {
 	s := &r.sleeper
 	s.xids = nil
 	s.found++
-	if s.found < wakeAfterFound || s.until.IsZero() {
+	// While a key hand-over waits for a publisher of the key to commit,
+	// the record stays: that commit's notification retries it at once.
+	if s.found < wakeAfterFound || s.until.IsZero() || !r.handoffs.retryAt.IsZero() {
 		return
 	}
 	s.until = time.Time{}
