@@ -22,6 +22,8 @@ type handoffs struct {
 	// transaction still held; zero when none wait. Fetcher only.
 	retryAt time.Time
 	delay   time.Duration
+	// swept is when the fetcher last ran the hand-overs. Fetcher only.
+	swept time.Time
 }
 
 // Hand-overs whose key another transaction holds are retried after
@@ -30,13 +32,18 @@ type handoffs struct {
 const handoffRetryMin = 5 * time.Millisecond
 
 // handOff completes the recorded hand-overs of the subscriber's queues
-// when one was announced or a retry is due.
+// when one was announced, a retry is due, or MaxFetchInterval has passed
+// since the last run: an announcement can be missed (the LISTEN
+// connection was down, or writers skipped NOTIFY while the server's
+// notification queue was half full), and a busy subscriber never polls.
 func (r *run[T]) handOff(ctx context.Context, q *db.Queries) {
 	h := &r.handoffs
-	if !h.pending.Swap(false) && (h.retryAt.IsZero() || time.Now().Before(h.retryAt)) {
+	now := time.Now()
+	if !h.pending.Swap(false) && (h.retryAt.IsZero() || now.Before(h.retryAt)) &&
+		now.Sub(h.swept) < r.s.cfg.MaxFetchInterval {
 		return
 	}
-	h.retryAt = time.Time{}
+	h.retryAt, h.swept = time.Time{}, now
 	waiting, err := q.HandOff(ctx, r.s.queues)
 	switch {
 	case err != nil && ctx.Err() != nil:

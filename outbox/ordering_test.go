@@ -467,6 +467,36 @@ func TestSubscriberCompletesRecordedHandOvers(t *testing.T) {
 	}
 }
 
+// A hand-over whose announcement never came (writers skip NOTIFY while the
+// server's notification queue is half full, here made to look so) is
+// completed by the subscriber's periodic sweep, even with no claim for it
+// to find in the meantime.
+func TestUnannouncedHandOverIsCompletedBySweep(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	head, publisher, _ := e.headBeforeAnUncommittedRow()
+	handled := make(chan string, 1)
+	cfg := fastConfig[string](nil)
+	cfg.MinFetchInterval, cfg.MaxFetchInterval = time.Second, time.Second
+	startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+		handled <- m.Payload
+		return nil
+	}, cfg)
+	eventually(t, "the subscriber asleep", func() bool { h, _ := e.sleeping(); return h == 1 })
+
+	e.exec("CREATE OR REPLACE FUNCTION outbox_notify_queue_usage() RETURNS float8 LANGUAGE sql AS 'SELECT 0.9::float8'")
+	e.ack(head)
+	if err := publisher.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.handOffs(); n != 1 {
+		t.Fatalf("%d hand-overs recorded, want 1", n)
+	}
+	if p := waitFor(t, handled, "the row behind the unannounced hand-over"); p != "next" {
+		t.Errorf("handled %q", p)
+	}
+}
+
 // Through the subscriber: handlers of one key never overlap and run in
 // order, while the rows of other keys run in parallel.
 func TestSubscriberHandlesAKeyOneAtATimeInOrder(t *testing.T) {

@@ -24,8 +24,9 @@
 --
 -- NOTIFY fails the committing transaction when the server's notification
 -- queue is full (8 GB by default, filled by a session that LISTENs and
--- never reads). Writers skip NOTIFY while the queue is half full or more;
--- subscribers then find rows by polling, within MaxFetchInterval.
+-- never reads). Writers skip NOTIFY while the queue is half full or more,
+-- hand-over announcements included; subscribers then find rows by
+-- polling, and sweep recorded hand-overs, within MaxFetchInterval.
 --
 -- Upgrading: subscribers of older releases never record themselves, so
 -- they find rows by polling until they are replaced.
@@ -94,9 +95,23 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- A recorded hand-over is announced whether or not a subscriber sleeps
+-- (busy subscribers complete hand-overs at once only when told), unless
+-- the notification queue is half full.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION "public"."outbox_record_hand_off"(q text, k text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO "public"."outbox_handoff" (queue, ordering_key) VALUES (q, k);
+    IF "public"."outbox_notify_queue_usage"() < 0.5 THEN
+        PERFORM pg_notify('outbox_outbox:handoff', q);
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
 -- A key's next row becoming its head: as in schema 5, announced through
--- outbox_wake. Hand-overs left for the subscribers still always notify
--- their channel, since busy subscribers complete them only when told.
+-- outbox_wake.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION "public"."outbox_unblock_head"(q text, k text) RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -167,6 +182,16 @@ BEGIN
              ELSE 'outbox_outbox:scheduled' END,
         q);
     RETURN true;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION "public"."outbox_record_hand_off"(q text, k text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO "public"."outbox_handoff" (queue, ordering_key) VALUES (q, k);
+    PERFORM pg_notify('outbox_outbox:handoff', q);
 END;
 $$;
 -- +goose StatementEnd
