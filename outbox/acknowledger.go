@@ -263,14 +263,19 @@ func (r *run[T]) refused(ctx context.Context, o outcome, err error) {
 // landed emits the metrics and logs of written outcomes; done are the
 // leases the write matched, and any other delivery lost its lease.
 func (r *run[T]) landed(os []outcome, done []lease) {
-	matched := make(map[lease]bool, len(done))
-	for _, l := range done {
-		matched[l] = true
+	// A write returns only leases it was given, and the deliveries of os
+	// are distinct: when it returns as many as it was given, all matched.
+	var matched map[lease]bool
+	if len(done) < len(os) {
+		matched = make(map[lease]bool, len(done))
+		for _, l := range done {
+			matched[l] = true
+		}
 	}
 	for _, o := range os {
 		d := o.d
 		ev := MetricEvent{Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Duration: o.ran, Reason: o.reason}
-		if !matched[d.lease()] {
+		if matched != nil && !matched[d.lease()] {
 			ev.Name, ev.Reason = EventLeaseLost, outcomeWrites[o.kind]
 			r.s.log.WarnContext(d.context(), "outbox: lease lost before the outcome was written; the newer delivery decides",
 				append(rowAttrs(d), slog.String("write", ev.Reason))...)

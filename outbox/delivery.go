@@ -98,21 +98,28 @@ func newLeases(ttl time.Duration) leases {
 // server's however late the answer comes (a loaded client, a slow
 // network), and no handler starts on a lease another claim may own.
 func (l *leases) add(parent context.Context, rows []db.ClaimRow, token pgtype.UUID, sent time.Time) []*delivery {
-	if len(rows) == 0 {
+	return l.addEach(parent, len(rows), func(i int, r *db.ClaimRow) { *r = rows[i] }, token, sent)
+}
+
+// addEach is add for n rows that fill writes in place, so rows read in
+// another shape are not copied twice.
+func (l *leases) addEach(parent context.Context, n int, fill func(i int, r *db.ClaimRow), token pgtype.UUID, sent time.Time) []*delivery {
+	if n == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithCancelCause(parent)
-	b := &claimBatch{ctx: ctx, cancel: cancel, rows: make([]*delivery, len(rows)), held: len(rows)}
+	b := &claimBatch{ctx: ctx, cancel: cancel, rows: make([]*delivery, n), held: n}
 	now := time.Now()
-	ds := make([]delivery, len(rows))
-	for i := range rows {
-		ds[i] = delivery{row: rows[i], token: token, claimed: now, batch: b}
+	ds := make([]delivery, n)
+	for i := range ds {
+		ds[i] = delivery{token: token, claimed: now, batch: b}
+		fill(i, &ds[i].row)
 		b.rows[i] = &ds[i]
 	}
 	b.expiry = time.AfterFunc(l.left(sent), func() { cancel(ErrLeaseLost) })
 	l.mu.Lock()
 	l.batches[b] = struct{}{}
-	l.n += len(rows)
+	l.n += n
 	l.mu.Unlock()
 	return b.rows
 }

@@ -77,7 +77,8 @@ func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (int, error)
 	}
 	queue := r.s.queues[0]
 	rows, err := q.ClaimQueue(ctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
-	for _, d := range r.leases.add(r.handlerCtx, claimRows(rows, queue), token, sent) {
+	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
+	for _, d := range r.leases.addEach(r.handlerCtx, len(rows), fill, token, sent) {
 		r.buf <- d
 	}
 	return len(rows), err
@@ -123,12 +124,17 @@ func (r *run[T]) wants(queue string) bool { return slices.Contains(r.s.queues, q
 // columns but the queue.
 func claimRows(rows []db.ClaimQueueRow, queue string) []db.ClaimRow {
 	out := make([]db.ClaimRow, len(rows))
-	for i, r := range rows {
-		out[i] = db.ClaimRow{
-			ID: r.ID, Queue: queue, Payload: r.Payload, Headers: r.Headers, OrderingKey: r.OrderingKey, TimerID: r.TimerID,
-			CreatedAt: r.CreatedAt, AttemptsCount: r.AttemptsCount, DeliveriesCount: r.DeliveriesCount,
-			SinceFirstAttemptSeconds: r.SinceFirstAttemptSeconds,
-		}
+	for i := range rows {
+		fillClaimRow(&out[i], &rows[i], queue)
 	}
 	return out
+}
+
+// fillClaimRow writes r, a row of queue, as Claim returns it.
+func fillClaimRow(c *db.ClaimRow, r *db.ClaimQueueRow, queue string) {
+	*c = db.ClaimRow{
+		ID: r.ID, Queue: queue, Payload: r.Payload, Headers: r.Headers, OrderingKey: r.OrderingKey, TimerID: r.TimerID,
+		CreatedAt: r.CreatedAt, AttemptsCount: r.AttemptsCount, DeliveriesCount: r.DeliveriesCount,
+		SinceFirstAttemptSeconds: r.SinceFirstAttemptSeconds,
+	}
 }
