@@ -147,7 +147,7 @@ func main() {
 // The peers' drain configurations by default: the fastest of the sweeps in
 // README.md.
 const (
-	defaultWatermillBatch = "1000"
+	defaultWatermillBatch = "5000"
 	defaultRiver          = "2000/2ms/20ms"
 )
 
