@@ -53,7 +53,7 @@ func runChild(dsn string, subscribers int) error {
 		sub, err := outbox.NewSubscriber(ob, []string{topic}, func(context.Context, *outbox.Message[order]) error {
 			handled.Add(1)
 			return nil
-		}, drainConfig[order]())
+		}, defaultConfig[order]())
 		if err != nil {
 			stop()
 			return err

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -328,23 +329,21 @@ func (l *claimAckLoop) run(ctx context.Context, env *benchEnv, n int) (time.Dura
 	start := time.Now()
 	for handled := 0; handled < n; {
 		t0 := time.Now()
-		var (
-			id    int64
-			token pgtype.UUID
-		)
-		rows, err := conn.Query(ctx, l.claim, 30.0, topic, int32(1))
+		var id int64
+		token := pgtype.UUID{Bytes: uuid.New(), Valid: true}
+		rows, err := conn.Query(ctx, l.claim, token, 30.0, topic, int32(1))
 		if err != nil {
 			return 0, err
 		}
 		got := 0
 		for rows.Next() {
 			var r db.ClaimQueueRow
-			if err := rows.Scan(&r.ID, &r.Queue, &r.Payload, &r.Headers, &r.OrderingKey, &r.TimerID,
-				&r.CreatedAt, &r.AttemptsCount, &r.DeliveriesCount, &r.SinceFirstAttemptSeconds, &r.AcquiredToken); err != nil {
+			if err := rows.Scan(&r.ID, &r.Payload, &r.Headers, &r.OrderingKey, &r.TimerID,
+				&r.CreatedAt, &r.AttemptsCount, &r.DeliveriesCount, &r.SinceFirstAttemptSeconds); err != nil {
 				rows.Close()
 				return 0, err
 			}
-			id, token = r.ID, r.AcquiredToken
+			id = r.ID
 			got++
 		}
 		rows.Close()
@@ -367,8 +366,11 @@ func (l *claimAckLoop) run(ctx context.Context, env *benchEnv, n int) (time.Dura
 			return 0, err
 		}
 		for rows.Next() {
-			var t pgtype.UUID
-			if err := rows.Scan(&t); err != nil {
+			var (
+				deletedID int64
+				t         pgtype.UUID
+			)
+			if err := rows.Scan(&deletedID, &t); err != nil {
 				rows.Close()
 				return 0, err
 			}

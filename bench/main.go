@@ -20,6 +20,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +35,27 @@ type options struct {
 	out    io.Writer
 	// statements profiles some suites with pg_stat_statements.
 	statements bool
+	// watermillBatch and river are the peers' configurations the drain
+	// suite runs, each as a contender of its own.
+	watermillBatch []int
+	river          []riverConfig
+	// contenders, when set, keeps only the contenders whose names it
+	// matches (suites that filter: drain).
+	contenders *regexp.Regexp
+}
+
+// only returns the contenders of cs that o.contenders matches.
+func (o options) only(cs []contender) []contender {
+	if o.contenders == nil {
+		return cs
+	}
+	var kept []contender
+	for _, c := range cs {
+		if o.contenders.MatchString(c.name) {
+			kept = append(kept, c)
+		}
+	}
+	return kept
 }
 
 // suite is one benchmark: it prints its own table.
@@ -58,8 +81,9 @@ var suites = []suite{
 
 func main() {
 	var (
-		o     options
-		which string
+		o          options
+		which      string
+		cpuProfile string
 	)
 	flag.StringVar(&o.dsn, "dsn", os.Getenv("DATABASE_URL"), "database to benchmark on (default $DATABASE_URL)")
 	flag.IntVar(&o.rounds, "rounds", 7, "rounds per suite; medians are taken over rounds")
@@ -67,7 +91,28 @@ func main() {
 	flag.BoolVar(&o.statements, "statements", false, "profile the keyed suites' statements with pg_stat_statements (it must be loaded)")
 	flag.BoolVar(&showSamples, "samples", false, "print every round's figure after each table")
 	flag.StringVar(&which, "suite", "all", "comma-separated suites to run: "+suiteNames()+", or all")
+	flag.Func("watermill-batch", "comma-separated SubscribeBatchSize values the drain suite runs watermill-sql at (default "+
+		defaultWatermillBatch+")", func(v string) (err error) {
+		o.watermillBatch, err = parseInts(v)
+		return err
+	})
+	flag.Func("river", "comma-separated workers/FetchCooldown/FetchPollInterval the drain suite runs River at (default "+
+		defaultRiver+")", func(v string) (err error) {
+		o.river, err = parseRiverConfigs(v)
+		return err
+	})
+	flag.Func("contenders", "regular expression: the drain suite runs only the contenders whose names match", func(v string) (err error) {
+		o.contenders, err = regexp.Compile(v)
+		return err
+	})
+	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the benchmark process (peers and subscribers alike) to this file")
 	flag.Parse()
+	if o.watermillBatch == nil {
+		o.watermillBatch, _ = parseInts(defaultWatermillBatch)
+	}
+	if o.river == nil {
+		o.river, _ = parseRiverConfigs(defaultRiver)
+	}
 	if subs := os.Getenv(childEnv); subs != "" {
 		n, err := strconv.Atoi(subs)
 		if err == nil {
@@ -80,10 +125,57 @@ func main() {
 		return
 	}
 	o.out = os.Stdout
-	if err := run(o, which); err != nil {
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f) // the file closes when the process exits
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench: -cpuprofile:", err)
+			os.Exit(1)
+		}
+	}
+	err := run(o, which)
+	if cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// The peers' drain configurations by default: the fastest of the sweeps in
+// README.md.
+const (
+	defaultWatermillBatch = "5000"
+	defaultRiver          = "2000/2ms/20ms"
+)
+
+// parseInts reads comma-separated positive integers.
+func parseInts(v string) ([]int, error) {
+	var ns []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q: want positive integers", v)
+		}
+		ns = append(ns, n)
+	}
+	return ns, nil
+}
+
+// parseRiverConfigs reads comma-separated River configurations.
+func parseRiverConfigs(v string) ([]riverConfig, error) {
+	var cs []riverConfig
+	for _, f := range strings.Split(v, ",") {
+		c, err := parseRiverConfig(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, c)
+	}
+	return cs, nil
 }
 
 func suiteNames() string {

@@ -15,7 +15,7 @@ import (
 const claim = `-- name: Claim :many
 WITH candidates AS (
     SELECT p.id, p.queue, p.next_attempt_at
-    FROM unnest($2::text[]) AS q(name)
+    FROM unnest($3::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT o.id, o.queue, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
@@ -24,12 +24,12 @@ WITH candidates AS (
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
         ORDER BY o.next_attempt_at, o.id
-        LIMIT $3::integer
+        LIMIT $4::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
     UNION ALL
     SELECT e.id, e.queue, e.next_attempt_at
-    FROM unnest($2::text[]) AS q(name)
+    FROM unnest($3::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT o.id, o.queue, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
@@ -37,7 +37,7 @@ WITH candidates AS (
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
         ORDER BY o.lease_expires_at
-        LIMIT $3::integer
+        LIMIT $4::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
 ), ranked AS (
@@ -47,23 +47,23 @@ WITH candidates AS (
 ), picked AS (
     SELECT r.id FROM ranked AS r
     ORDER BY r.rank, r.next_attempt_at, r.id
-    LIMIT $3::integer
+    LIMIT $4::integer
 )
 UPDATE /*outbox:table*/outbox AS o
-SET acquired_token   = gen_random_uuid(),
+SET acquired_token   = $1::uuid,
     acquired_at      = now(),
-    lease_expires_at = now() + make_interval(secs => $1::float8),
+    lease_expires_at = now() + make_interval(secs => $2::float8),
     deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
 FROM picked
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
-          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
-          o.acquired_token
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds
 `
 
 type ClaimParams struct {
+	Token           pgtype.UUID
 	LeaseTtlSeconds float64
 	Queues          []string
 	MaxRows         int32
@@ -80,16 +80,18 @@ type ClaimRow struct {
 	AttemptsCount            int32
 	DeliveriesCount          int32
 	SinceFirstAttemptSeconds float64
-	AcquiredToken            pgtype.UUID
 }
 
 // Leases up to @max_rows available rows of the given queues: rows whose
 // lease is unset, that are not blocked behind their key's head, and whose
 // next_attempt_at has come, and rows whose lease expired (lease_expires_at,
 // stamped by the holder from its own TTL, has passed). Each claimed row
-// gets a fresh lease token, an expiry @lease_ttl_seconds from now, and one
-// more delivery. A key has one unblocked row at a time, so a batch never
-// holds two rows of one key.
+// gets the lease token @token, an expiry @lease_ttl_seconds from now, and
+// one more delivery. The caller draws a fresh token for every claim
+// statement, so the rows of one claim share it and a row claimed again
+// gets another: a delivery is its row id and token together, and the
+// writes of an earlier delivery of the row match nothing. A key has one
+// unblocked row at a time, so a batch never holds two rows of one key.
 //
 // Rows written by other clients may hold values this library never
 // writes, and one row must not fail the claim of its batch: the delivery
@@ -109,7 +111,12 @@ type ClaimRow struct {
 // Candidates that are locked but not picked are released when the
 // statement's transaction ends, so run the claim in autocommit.
 func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]ClaimRow, error) {
-	rows, err := q.db.Query(ctx, claim, arg.LeaseTtlSeconds, arg.Queues, arg.MaxRows)
+	rows, err := q.db.Query(ctx, claim,
+		arg.Token,
+		arg.LeaseTtlSeconds,
+		arg.Queues,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +135,6 @@ func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]ClaimRow, error
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
 			&i.SinceFirstAttemptSeconds,
-			&i.AcquiredToken,
 		); err != nil {
 			return nil, err
 		}
@@ -146,12 +152,12 @@ WITH candidates AS (
     FROM (
         SELECT o.id, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
-        WHERE o.queue = $2::text
+        WHERE o.queue = $3::text
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
         ORDER BY o.next_attempt_at, o.id
-        LIMIT $3::integer
+        LIMIT $4::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
     UNION ALL
@@ -159,33 +165,33 @@ WITH candidates AS (
     FROM (
         SELECT o.id, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
-        WHERE o.queue = $2::text
+        WHERE o.queue = $3::text
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
         ORDER BY o.lease_expires_at
-        LIMIT $3::integer
+        LIMIT $4::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
 ), picked AS (
     SELECT c.id FROM candidates AS c
     ORDER BY c.next_attempt_at, c.id
-    LIMIT $3::integer
+    LIMIT $4::integer
 )
 UPDATE /*outbox:table*/outbox AS o
-SET acquired_token   = gen_random_uuid(),
+SET acquired_token   = $1::uuid,
     acquired_at      = now(),
-    lease_expires_at = now() + make_interval(secs => $1::float8),
+    lease_expires_at = now() + make_interval(secs => $2::float8),
     deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
 FROM picked
 WHERE o.id = picked.id
-RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
+RETURNING o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
-          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
-          o.acquired_token
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds
 `
 
 type ClaimQueueParams struct {
+	Token           pgtype.UUID
 	LeaseTtlSeconds float64
 	Queue           string
 	MaxRows         int32
@@ -193,7 +199,6 @@ type ClaimQueueParams struct {
 
 type ClaimQueueRow struct {
 	ID                       int64
-	Queue                    string
 	Payload                  []byte
 	Headers                  []byte
 	OrderingKey              *string
@@ -202,14 +207,18 @@ type ClaimQueueRow struct {
 	AttemptsCount            int32
 	DeliveriesCount          int32
 	SinceFirstAttemptSeconds float64
-	AcquiredToken            pgtype.UUID
 }
 
 // Claim for a subscriber of one queue: the rows Claim would take, without
 // the ranking that shares a batch across queues (one queue needs none),
-// and with the same columns.
+// and with Claim's columns but the queue, which the caller named.
 func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]ClaimQueueRow, error) {
-	rows, err := q.db.Query(ctx, claimQueue, arg.LeaseTtlSeconds, arg.Queue, arg.MaxRows)
+	rows, err := q.db.Query(ctx, claimQueue,
+		arg.Token,
+		arg.LeaseTtlSeconds,
+		arg.Queue,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +228,6 @@ func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]Claim
 		var i ClaimQueueRow
 		if err := rows.Scan(
 			&i.ID,
-			&i.Queue,
 			&i.Payload,
 			&i.Headers,
 			&i.OrderingKey,
@@ -228,7 +236,6 @@ func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]Claim
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
 			&i.SinceFirstAttemptSeconds,
-			&i.AcquiredToken,
 		); err != nil {
 			return nil, err
 		}

@@ -15,7 +15,7 @@ const deleteBatchWithLease = `-- name: DeleteBatchWithLease :many
 DELETE FROM /*outbox:table*/outbox AS o
 USING (SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS token) AS l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.acquired_token
+RETURNING o.id, o.acquired_token AS token
 `
 
 type DeleteBatchWithLeaseParams struct {
@@ -23,21 +23,25 @@ type DeleteBatchWithLeaseParams struct {
 	Tokens []pgtype.UUID
 }
 
-// Returns the tokens it deleted; a token missing from the result lost its
-// lease.
-func (q *Queries) DeleteBatchWithLease(ctx context.Context, arg DeleteBatchWithLeaseParams) ([]pgtype.UUID, error) {
+type DeleteBatchWithLeaseRow struct {
+	ID    int64
+	Token pgtype.UUID
+}
+
+// Returns the leases it deleted; one missing from the result was lost.
+func (q *Queries) DeleteBatchWithLease(ctx context.Context, arg DeleteBatchWithLeaseParams) ([]DeleteBatchWithLeaseRow, error) {
 	rows, err := q.db.Query(ctx, deleteBatchWithLease, arg.Ids, arg.Tokens)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []pgtype.UUID{}
+	items := []DeleteBatchWithLeaseRow{}
 	for rows.Next() {
-		var acquired_token pgtype.UUID
-		if err := rows.Scan(&acquired_token); err != nil {
+		var i DeleteBatchWithLeaseRow
+		if err := rows.Scan(&i.ID, &i.Token); err != nil {
 			return nil, err
 		}
-		items = append(items, acquired_token)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -59,9 +63,10 @@ type DeleteWithLeaseParams struct {
 // Every statement here ends or reschedules a delivery, so every one is
 // filtered by the lease token: a handler whose lease was reclaimed by a newer
 // claim matches nothing and learns that from the row count or RETURNING.
-// Batch forms return the tokens they matched, not the ids: one row can be
-// delivered twice to one subscriber (a reclaim after its lease expired),
-// and only the token tells the two deliveries apart.
+// Batch forms return the ids and tokens they matched: the rows of one
+// claim share its token, and one row can be delivered twice to one
+// subscriber (a reclaim after its lease expired), so only the pair tells
+// deliveries apart.
 func (q *Queries) DeleteWithLease(ctx context.Context, arg DeleteWithLeaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, deleteWithLease, arg.ID, arg.Token)
 	if err != nil {
@@ -75,7 +80,7 @@ UPDATE /*outbox:table*/outbox AS o
 SET lease_expires_at = now() + make_interval(secs => $1::float8)
 FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::uuid[]) AS token) AS l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.acquired_token
+RETURNING o.id, o.acquired_token AS token
 `
 
 type ExtendLeasesParams struct {
@@ -84,22 +89,27 @@ type ExtendLeasesParams struct {
 	Tokens          []pgtype.UUID
 }
 
+type ExtendLeasesRow struct {
+	ID    int64
+	Token pgtype.UUID
+}
+
 // Heartbeat: moves the expiry of every row still held with its token to
-// @lease_ttl_seconds from now. Returns the tokens it extended; a token
-// missing from the result lost its lease.
-func (q *Queries) ExtendLeases(ctx context.Context, arg ExtendLeasesParams) ([]pgtype.UUID, error) {
+// @lease_ttl_seconds from now. Returns the leases it extended; one missing
+// from the result was lost.
+func (q *Queries) ExtendLeases(ctx context.Context, arg ExtendLeasesParams) ([]ExtendLeasesRow, error) {
 	rows, err := q.db.Query(ctx, extendLeases, arg.LeaseTtlSeconds, arg.Ids, arg.Tokens)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []pgtype.UUID{}
+	items := []ExtendLeasesRow{}
 	for rows.Next() {
-		var acquired_token pgtype.UUID
-		if err := rows.Scan(&acquired_token); err != nil {
+		var i ExtendLeasesRow
+		if err := rows.Scan(&i.ID, &i.Token); err != nil {
 			return nil, err
 		}
-		items = append(items, acquired_token)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -124,7 +134,7 @@ SET acquired_token   = NULL,
     last_error       = l.last_error
 FROM l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING l.token::uuid AS token
+RETURNING l.id::bigint AS id, l.token::uuid AS token
 `
 
 type MarkPendingBatchWithLeaseParams struct {
@@ -134,10 +144,14 @@ type MarkPendingBatchWithLeaseParams struct {
 	LastErrors   []string
 }
 
+type MarkPendingBatchWithLeaseRow struct {
+	ID    int64
+	Token pgtype.UUID
+}
+
 // The batch form of MarkPendingWithLease: one delay and error per row.
-// Returns the tokens it updated; a token missing from the result lost its
-// lease.
-func (q *Queries) MarkPendingBatchWithLease(ctx context.Context, arg MarkPendingBatchWithLeaseParams) ([]pgtype.UUID, error) {
+// Returns the leases it ended; one missing from the result was lost.
+func (q *Queries) MarkPendingBatchWithLease(ctx context.Context, arg MarkPendingBatchWithLeaseParams) ([]MarkPendingBatchWithLeaseRow, error) {
 	rows, err := q.db.Query(ctx, markPendingBatchWithLease,
 		arg.Ids,
 		arg.Tokens,
@@ -148,13 +162,13 @@ func (q *Queries) MarkPendingBatchWithLease(ctx context.Context, arg MarkPending
 		return nil, err
 	}
 	defer rows.Close()
-	items := []pgtype.UUID{}
+	items := []MarkPendingBatchWithLeaseRow{}
 	for rows.Next() {
-		var token pgtype.UUID
-		if err := rows.Scan(&token); err != nil {
+		var i MarkPendingBatchWithLeaseRow
+		if err := rows.Scan(&i.ID, &i.Token); err != nil {
 			return nil, err
 		}
-		items = append(items, token)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -208,7 +222,7 @@ SET acquired_token   = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
 FROM l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING l.token::uuid AS token
+RETURNING l.id::bigint AS id, l.token::uuid AS token
 `
 
 type ReleaseBatchWithLeaseParams struct {
@@ -216,23 +230,28 @@ type ReleaseBatchWithLeaseParams struct {
 	Tokens []pgtype.UUID
 }
 
+type ReleaseBatchWithLeaseRow struct {
+	ID    int64
+	Token pgtype.UUID
+}
+
 // Hands back rows that were claimed but never given to a handler (the
 // subscriber is stopping): clears their lease and takes back the delivery
 // the claim counted, so other subscribers take them at once instead of
-// after the lease expires. Returns the tokens it released.
-func (q *Queries) ReleaseBatchWithLease(ctx context.Context, arg ReleaseBatchWithLeaseParams) ([]pgtype.UUID, error) {
+// after the lease expires. Returns the leases it released.
+func (q *Queries) ReleaseBatchWithLease(ctx context.Context, arg ReleaseBatchWithLeaseParams) ([]ReleaseBatchWithLeaseRow, error) {
 	rows, err := q.db.Query(ctx, releaseBatchWithLease, arg.Ids, arg.Tokens)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []pgtype.UUID{}
+	items := []ReleaseBatchWithLeaseRow{}
 	for rows.Next() {
-		var token pgtype.UUID
-		if err := rows.Scan(&token); err != nil {
+		var i ReleaseBatchWithLeaseRow
+		if err := rows.Scan(&i.ID, &i.Token); err != nil {
 			return nil, err
 		}
-		items = append(items, token)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -183,9 +183,9 @@ func keyed(os []outcome) bool {
 	return false
 }
 
-// writeFunc writes outcomes in one statement and returns the lease tokens
-// it matched.
-type writeFunc func(ctx context.Context, os []outcome) ([]pgtype.UUID, error)
+// writeFunc writes outcomes in one statement and returns the leases it
+// matched.
+type writeFunc func(ctx context.Context, os []outcome) ([]lease, error)
 
 // write writes os with w. When the database refuses the statement's values
 // (a data error: writing them again fails the same way) it writes the
@@ -215,25 +215,27 @@ func (r *run[T]) write(ctx context.Context, os []outcome, w writeFunc) ([]outcom
 	return nil, nil
 }
 
-func (r *run[T]) writeDeletes(ctx context.Context, os []outcome) ([]pgtype.UUID, error) {
+func (r *run[T]) writeDeletes(ctx context.Context, os []outcome) ([]lease, error) {
 	ids, tokens := leaseArgs(os)
-	return r.queries().DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids, Tokens: tokens})
+	rows, err := r.queries().DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids, Tokens: tokens})
+	return leasesOf(rows, func(r db.DeleteBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token }), err
 }
 
-func (r *run[T]) writeRetries(ctx context.Context, os []outcome) ([]pgtype.UUID, error) {
+func (r *run[T]) writeRetries(ctx context.Context, os []outcome) ([]lease, error) {
 	ids, tokens := leaseArgs(os)
 	delays := make([]float64, len(os))
 	texts := make([]string, len(os))
 	for i, o := range os {
 		delays[i], texts[i] = o.delay.Seconds(), o.text
 	}
-	return r.queries().MarkPendingBatchWithLease(ctx, db.MarkPendingBatchWithLeaseParams{
+	rows, err := r.queries().MarkPendingBatchWithLease(ctx, db.MarkPendingBatchWithLeaseParams{
 		Ids: ids, Tokens: tokens, DelaySeconds: delays, LastErrors: texts})
+	return leasesOf(rows, func(r db.MarkPendingBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token }), err
 }
 
 // writeDeadLetter moves one row to the dead-letter table. Should the
 // database refuse the error text, the row goes with a placeholder instead.
-func (r *run[T]) writeDeadLetter(ctx context.Context, os []outcome) ([]pgtype.UUID, error) {
+func (r *run[T]) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, error) {
 	o := os[0]
 	q := r.queries()
 	p := db.DeadLetterWithLeaseParams{ID: o.d.row.ID, Token: o.d.token, Attempted: o.attempted, Reason: o.reason, LastError: &o.text}
@@ -246,31 +248,36 @@ func (r *run[T]) writeDeadLetter(ctx context.Context, os []outcome) ([]pgtype.UU
 	if err != nil || n == 0 {
 		return nil, err
 	}
-	return []pgtype.UUID{o.d.token}, nil
+	return []lease{o.d.lease()}, nil
 }
 
 // refused gives up an outcome the database will not store: its row keeps
 // its lease and is delivered again when the lease expires.
 func (r *run[T]) refused(ctx context.Context, o outcome, err error) {
-	r.s.log.ErrorContext(o.d.ctx, "outbox: the database refused an outcome; the row is left to lease expiry",
+	r.s.log.ErrorContext(o.d.context(), "outbox: the database refused an outcome; the row is left to lease expiry",
 		append(rowAttrs(o.d), slog.String("write", outcomeWrites[o.kind]), slog.String("sqlstate", sqlState(err)), slog.Any("error", err))...)
 	r.emit(MetricEvent{Name: EventWriteRefused, Queue: o.d.row.Queue, ID: o.d.row.ID, Deliveries: int(o.d.row.DeliveriesCount),
 		Reason: outcomeWrites[o.kind]})
 }
 
-// landed emits the metrics and logs of written outcomes; tokens are the
+// landed emits the metrics and logs of written outcomes; done are the
 // leases the write matched, and any other delivery lost its lease.
-func (r *run[T]) landed(os []outcome, tokens []pgtype.UUID) {
-	matched := make(map[pgtype.UUID]bool, len(tokens))
-	for _, t := range tokens {
-		matched[t] = true
+func (r *run[T]) landed(os []outcome, done []lease) {
+	// A write returns only leases it was given, and the deliveries of os
+	// are distinct: when it returns as many as it was given, all matched.
+	var matched map[lease]bool
+	if len(done) < len(os) {
+		matched = make(map[lease]bool, len(done))
+		for _, l := range done {
+			matched[l] = true
+		}
 	}
 	for _, o := range os {
 		d := o.d
 		ev := MetricEvent{Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Duration: o.ran, Reason: o.reason}
-		if !matched[d.token] {
+		if matched != nil && !matched[d.lease()] {
 			ev.Name, ev.Reason = EventLeaseLost, outcomeWrites[o.kind]
-			r.s.log.WarnContext(d.ctx, "outbox: lease lost before the outcome was written; the newer delivery decides",
+			r.s.log.WarnContext(d.context(), "outbox: lease lost before the outcome was written; the newer delivery decides",
 				append(rowAttrs(d), slog.String("write", ev.Reason))...)
 			r.emit(ev)
 			continue

@@ -37,11 +37,12 @@ func TestClaimTakesDueUnleasedRows(t *testing.T) {
 			t.Errorf("row %d: lease runs %v, want the claim's one minute", r.ID, ttl)
 		}
 	}
-	if token(t, rows[0]) == token(t, rows[1]) {
-		t.Errorf("two rows share lease token %v", token(t, rows[0]))
-	}
-	if got, ok := e.row(a); !ok || !got.AcquiredToken.Valid || got.AcquiredToken != token(t, rows[0]) {
-		t.Errorf("stored lease of row %d = %v, want %v", a, got.AcquiredToken, rows[0].AcquiredToken)
+	// The rows of one claim hold its token; a reclaim draws another
+	// (TestClaimReclaimsExpiredLease).
+	for _, id := range []int64{a, b} {
+		if got, ok := e.row(id); !ok || !got.AcquiredToken.Valid || got.AcquiredToken != token(t, rows[0]) {
+			t.Errorf("stored lease of row %d = %v, want the claim's %v", id, got.AcquiredToken, rows[0].AcquiredToken)
+		}
 	}
 }
 
@@ -119,7 +120,7 @@ func TestConcurrentClaimsNeverShareARow(t *testing.T) {
 		wg     sync.WaitGroup
 		errs   = make(chan error, 8)
 		ctx    = e.ctx
-		params = db.ClaimParams{Queues: []string{"q"}, MaxRows: 25, LeaseTtlSeconds: 60}
+		params = db.ClaimParams{Token: newToken(), Queues: []string{"q"}, MaxRows: 25, LeaseTtlSeconds: 60}
 	)
 	for range 8 {
 		wg.Go(func() {
@@ -172,11 +173,11 @@ func TestClaimSkipsLockedRowWithoutWaiting(t *testing.T) {
 	// A claim that waited for the lock would run into this deadline.
 	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
 	defer cancel()
-	got, err := e.q.Claim(ctx, db.ClaimParams{Queues: []string{"q"}, MaxRows: 10, LeaseTtlSeconds: 60})
+	got, err := e.q.Claim(ctx, db.ClaimParams{Token: newToken(), Queues: []string{"q"}, MaxRows: 10, LeaseTtlSeconds: 60})
 	if err != nil {
 		t.Fatalf("Claim while a row is locked: %v", err)
 	}
-	if diff := cmp.Diff([]int64{free}, ids(got)); diff != "" {
+	if diff := cmp.Diff([]int64{free}, claimIDs(got)); diff != "" {
 		t.Errorf("claimed (-want +got):\n%s", diff)
 	}
 }

@@ -11,23 +11,49 @@ import (
 	"github.com/outboxgen/outboxgen/db"
 )
 
-// delivery is one claim of a row, from claim to outcome. A row can be
-// claimed twice by one run (its lease expired while a heartbeat could not
-// reach the database, and the run's next claim took it back): the two
-// deliveries share the row id and differ in their lease token.
+// delivery is one claim of a row, from claim to outcome. The rows of one
+// claim share its lease token. A row can be claimed twice by one run (its
+// lease expired while a heartbeat could not reach the database, and the
+// run's next claim took it back): the two deliveries share the row id and
+// differ in their lease token.
 type delivery struct {
 	row   db.ClaimRow
 	token pgtype.UUID
 	// claimed is when the claim returned, on this process's clock.
 	claimed time.Time
+	// batch is the claim statement that leased the row.
+	batch *claimBatch
 
-	// ctx is the handler's context: cancelled with ErrLeaseLost when the
-	// lease expires unextended or a heartbeat finds it taken, and with
-	// ErrSubscriberStopped on forced stop.
+	// ctx is the handler's context, made when the handler starts (see
+	// leases.start), a child of batch.ctx: cancelled with ErrLeaseLost
+	// when the lease expires unextended or a heartbeat finds it taken, and
+	// with ErrSubscriberStopped on forced stop. Both are nil until then.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	lost   bool // guarded by leases.mu
+	done   bool // guarded by leases.mu: no longer tracked
+}
+
+// claimBatch is the rows one claim statement leased. They share their
+// local lease deadline (counted from the statement's sending) and every
+// heartbeat moves it for all of them, so one timer keeps it.
+type claimBatch struct {
+	// ctx is cancelled with ErrLeaseLost when the batch's lease runs out
+	// unextended; it parents the handlers' contexts.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	expiry *time.Timer
-	lost   bool // guarded by leases.mu
+	rows   []*delivery // guarded by leases.mu
+	held   int         // rows not done; guarded by leases.mu
+}
+
+// context is the context of logs about d: its handler's once it started,
+// else its batch's.
+func (d *delivery) context() context.Context {
+	if d.ctx != nil {
+		return d.ctx
+	}
+	return d.batch.ctx
 }
 
 // sinceFirstAttempt is the time from the row's first handled attempt to
@@ -51,79 +77,148 @@ func (d *delivery) sinceFirstAttempt() time.Duration {
 // client, is 0.
 func attempts(n int32) int { return max(int(n), 0) }
 
-// leases tracks every delivery this run holds, by lease token, for
+// leases tracks every delivery this run holds, batch by batch, for
 // heartbeats and expiry.
 type leases struct {
-	ttl time.Duration
-	mu  sync.Mutex
-	m   map[pgtype.UUID]*delivery
+	ttl     time.Duration
+	mu      sync.Mutex
+	batches map[*claimBatch]struct{}
+	n       int // deliveries held
 }
 
-// add starts tracking a row claimed by a statement sent at sent; its
-// context is a child of parent. The lease ends LeaseTTL after sent, not
+// newLeases returns an empty tracker of leases of the given TTL.
+func newLeases(ttl time.Duration) leases {
+	return leases{ttl: ttl, batches: map[*claimBatch]struct{}{}}
+}
+
+// add starts tracking rows claimed by a statement sent at sent; their
+// contexts are children of parent. The lease ends LeaseTTL after sent, not
 // after the rows arrived: the server stamped the expiry when it ran the
 // statement, after sent, so the local deadline never outlives the
 // server's however late the answer comes (a loaded client, a slow
 // network), and no handler starts on a lease another claim may own.
-func (l *leases) add(parent context.Context, row db.ClaimRow, sent time.Time) *delivery {
+func (l *leases) add(parent context.Context, rows []db.ClaimRow, token pgtype.UUID, sent time.Time) []*delivery {
+	return l.addEach(parent, len(rows), func(i int, r *db.ClaimRow) { *r = rows[i] }, token, sent)
+}
+
+// addEach is add for n rows that fill writes in place, so rows read in
+// another shape are not copied twice.
+func (l *leases) addEach(parent context.Context, n int, fill func(i int, r *db.ClaimRow), token pgtype.UUID, sent time.Time) []*delivery {
+	if n == 0 {
+		return nil
+	}
 	ctx, cancel := context.WithCancelCause(parent)
-	d := &delivery{row: row, token: row.AcquiredToken, claimed: time.Now(), ctx: ctx, cancel: cancel}
-	d.expiry = time.AfterFunc(l.left(sent), func() { cancel(ErrLeaseLost) })
+	b := &claimBatch{ctx: ctx, cancel: cancel, rows: make([]*delivery, n), held: n}
+	now := time.Now()
+	ds := make([]delivery, n)
+	for i := range ds {
+		ds[i] = delivery{token: token, claimed: now, batch: b}
+		fill(i, &ds[i].row)
+		b.rows[i] = &ds[i]
+	}
+	b.expiry = time.AfterFunc(l.left(sent), func() { cancel(ErrLeaseLost) })
 	l.mu.Lock()
-	l.m[d.token] = d
+	l.batches[b] = struct{}{}
+	l.n += n
 	l.mu.Unlock()
-	return d
+	return b.rows
+}
+
+// start makes d's handler context, or reports false when d's lease is
+// already gone (expired, or found taken by a heartbeat): another claim may
+// own the row, so its handler must not run.
+func (l *leases) start(d *delivery) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d.lost || d.batch.ctx.Err() != nil {
+		return false
+	}
+	d.ctx, d.cancel = context.WithCancelCause(d.batch.ctx)
+	return true
 }
 
 // remove stops tracking d and releases its resources.
 func (l *leases) remove(d *delivery) {
 	l.mu.Lock()
-	delete(l.m, d.token)
+	if d.done {
+		l.mu.Unlock()
+		return
+	}
+	d.done = true
+	l.n--
+	b := d.batch
+	b.held--
+	last := b.held == 0
+	if last {
+		delete(l.batches, b)
+		b.expiry.Stop()
+	}
+	cancel := d.cancel
 	l.mu.Unlock()
-	d.expiry.Stop()
-	d.cancel(nil)
+	if cancel != nil {
+		cancel(nil)
+	}
+	if last {
+		b.cancel(nil)
+	}
 }
 
-// snapshot returns the ids and tokens of every held delivery.
-func (l *leases) snapshot() ([]int64, []pgtype.UUID) {
+// snapshot returns every held delivery with its id and token.
+func (l *leases) snapshot() ([]*delivery, []int64, []pgtype.UUID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ids := make([]int64, 0, len(l.m))
-	tokens := make([]pgtype.UUID, 0, len(l.m))
-	for token, d := range l.m {
-		ids = append(ids, d.row.ID)
-		tokens = append(tokens, token)
+	ds := make([]*delivery, 0, l.n)
+	ids := make([]int64, 0, l.n)
+	tokens := make([]pgtype.UUID, 0, l.n)
+	for b := range l.batches {
+		for _, d := range b.rows {
+			if !d.done {
+				ds = append(ds, d)
+				ids = append(ids, d.row.ID)
+				tokens = append(tokens, d.token)
+			}
+		}
 	}
-	return ids, tokens
+	return ds, ids, tokens
 }
 
 // left is how much of a lease stamped by a statement sent at sent is
 // left.
 func (l *leases) left(sent time.Time) time.Duration { return max(l.ttl-time.Since(sent), 0) }
 
-// extended restarts the expiry of the deliveries a heartbeat sent at sent
-// extended, counting from sent like add, and returns those it tried but
-// did not extend: their leases are gone.
-func (l *leases) extended(extended, tried []pgtype.UUID, sent time.Time) []*delivery {
-	ok := make(map[pgtype.UUID]bool, len(extended))
-	for _, t := range extended {
-		ok[t] = true
+// extended restarts the expiry of the batches whose deliveries a
+// heartbeat sent at sent extended, counting from sent like add, and
+// returns the deliveries of tried it did not extend: their leases are
+// gone. Their handlers' contexts, if made, are cancelled with
+// ErrLeaseLost.
+func (l *leases) extended(extended []lease, tried []*delivery, sent time.Time) []*delivery {
+	ok := make(map[lease]bool, len(extended))
+	for _, e := range extended {
+		ok[e] = true
 	}
 	var lost []*delivery
+	reset := map[*claimBatch]bool{}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, t := range tried {
-		d, held := l.m[t]
-		if !held {
+	for _, d := range tried {
+		if d.done {
 			continue // finished while the heartbeat ran
 		}
-		if ok[t] {
-			d.expiry.Reset(l.left(sent))
+		if ok[d.lease()] {
+			reset[d.batch] = true
 			continue
 		}
 		if !d.lost {
 			d.lost = true
+			if d.cancel != nil {
+				d.cancel(ErrLeaseLost)
+			}
 			lost = append(lost, d)
+		}
+	}
+	for b := range reset {
+		if b.held > 0 {
+			b.expiry.Reset(l.left(sent))
 		}
 	}
 	return lost
@@ -140,5 +235,23 @@ func (l *leases) isLost(d *delivery) bool {
 func (l *leases) held() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.m)
+	return l.n
+}
+
+// lease names one delivery: its row and its claim's token.
+type lease struct {
+	id    int64
+	token pgtype.UUID
+}
+
+// lease returns d's lease.
+func (d *delivery) lease() lease { return lease{d.row.ID, d.token} }
+
+// leasesOf reads the leases a batch write returns.
+func leasesOf[R any](rows []R, pair func(R) (int64, pgtype.UUID)) []lease {
+	out := make([]lease, len(rows))
+	for i, r := range rows {
+		out[i].id, out[i].token = pair(r)
+	}
+	return out
 }

@@ -78,16 +78,17 @@
 // # Claiming and leases
 //
 // A row is available when its next_attempt_at has come and its lease is
-// unset or expired. Claiming sets a fresh lease token on each row and an
+// unset or expired. Claiming stamps the rows it takes with a fresh lease
+// token (one per claim, so a row claimed again always gets another) and an
 // expiry [SubscriberConfig].LeaseTTL ahead; the expiry is the holder's,
 // stored on the row, so subscribers with different lease TTLs never take
 // each other's live rows. Every statement that deletes, retries or
-// dead-letters a row is filtered by that token, so a handler whose lease
-// was reclaimed can never overwrite the newer delivery's outcome. Claims use
-// FOR UPDATE SKIP LOCKED, so any number of processes can claim from one
-// table without a coordinator, and a subscriber of several queues shares
-// each claim among them, so one queue's backlog does not hold back
-// another's rows.
+// dead-letters a row is filtered by its id and that token, so a handler
+// whose lease was reclaimed can never overwrite the newer delivery's
+// outcome. Claims use FOR UPDATE SKIP LOCKED, so any number of processes
+// can claim from one table without a coordinator, and a subscriber of
+// several queues shares each claim among them, so one queue's backlog does
+// not hold back another's rows.
 //
 // While a handler runs, a heartbeat extends its lease; if the lease is lost
 // anyway, the handler's context is cancelled with cause [ErrLeaseLost].

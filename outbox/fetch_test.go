@@ -79,7 +79,7 @@ func TestReleasedAndRetriedRowsWakeOtherSubscribers(t *testing.T) {
 	later := e.publish("q")
 	released := e.publish("q")
 	rows := e.claim(3, "q")
-	byID := map[int64]db.ClaimRow{rows[0].ID: rows[0], rows[1].ID: rows[1], rows[2].ID: rows[2]}
+	byID := map[int64]claimed{rows[0].ID: rows[0], rows[1].ID: rows[1], rows[2].ID: rows[2]}
 	handled := idleSubscriber(t, e, nil)
 	eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
 

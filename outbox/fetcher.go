@@ -3,12 +3,15 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -65,17 +68,24 @@ func (r *run[T]) fetch(ctx context.Context) {
 // queue uses the claim without the ranking across queues.
 func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (int, error) {
 	ttl := r.s.cfg.LeaseTTL.Seconds()
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return 0, fmt.Errorf("drawing a lease token: %w", err)
+	}
+	token := pgtype.UUID{Bytes: id, Valid: true}
 	sent := time.Now()
 	if len(r.s.queues) > 1 {
-		rows, err := q.Claim(ctx, db.ClaimParams{Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
-		for _, row := range rows {
-			r.buf <- r.leases.add(r.handlerCtx, row, sent)
+		rows, err := q.Claim(ctx, db.ClaimParams{Token: token, Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
+		for _, d := range r.leases.add(r.handlerCtx, rows, token, sent) {
+			r.buf <- d
 		}
 		return len(rows), err
 	}
-	rows, err := q.ClaimQueue(ctx, db.ClaimQueueParams{Queue: r.s.queues[0], MaxRows: n, LeaseTtlSeconds: ttl})
-	for _, row := range rows {
-		r.buf <- r.leases.add(r.handlerCtx, db.ClaimRow(row), sent)
+	queue := r.s.queues[0]
+	rows, err := q.ClaimQueue(ctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
+	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
+	for _, d := range r.leases.addEach(r.handlerCtx, len(rows), fill, token, sent) {
+		r.buf <- d
 	}
 	return len(rows), err
 }
@@ -115,3 +125,22 @@ func (r *run[T]) wakeFetcher() {
 
 // wants reports whether a notification payload names one of our queues.
 func (r *run[T]) wants(queue string) bool { return slices.Contains(r.s.queues, queue) }
+
+// claimRows converts ClaimQueue's rows of queue, which have Claim's
+// columns but the queue.
+func claimRows(rows []db.ClaimQueueRow, queue string) []db.ClaimRow {
+	out := make([]db.ClaimRow, len(rows))
+	for i := range rows {
+		fillClaimRow(&out[i], &rows[i], queue)
+	}
+	return out
+}
+
+// fillClaimRow writes r, a row of queue, as Claim returns it.
+func fillClaimRow(c *db.ClaimRow, r *db.ClaimQueueRow, queue string) {
+	*c = db.ClaimRow{
+		ID: r.ID, Queue: queue, Payload: r.Payload, Headers: r.Headers, OrderingKey: r.OrderingKey, TimerID: r.TimerID,
+		CreatedAt: r.CreatedAt, AttemptsCount: r.AttemptsCount, DeliveriesCount: r.DeliveriesCount,
+		SinceFirstAttemptSeconds: r.SinceFirstAttemptSeconds,
+	}
+}

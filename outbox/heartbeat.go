@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/outboxgen/outboxgen/db"
 )
 
@@ -22,7 +24,7 @@ func (r *run[T]) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ids, tokens := r.leases.snapshot()
+		ds, ids, tokens := r.leases.snapshot()
 		if len(ids) == 0 {
 			continue
 		}
@@ -34,8 +36,8 @@ func (r *run[T]) heartbeat(ctx context.Context) {
 			}
 			continue
 		}
-		for _, d := range r.leases.extended(extended, tokens, sent) {
-			d.cancel(ErrLeaseLost)
+		held := leasesOf(extended, func(e db.ExtendLeasesRow) (int64, pgtype.UUID) { return e.ID, e.Token })
+		for _, d := range r.leases.extended(held, ds, sent) {
 			r.s.log.WarnContext(ctx, "outbox: heartbeat found the lease taken; cancelling the handler", rowAttrs(d)...)
 			r.emit(MetricEvent{Name: EventLeaseLost, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Reason: "heartbeat"})
 		}

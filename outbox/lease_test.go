@@ -13,7 +13,7 @@ import (
 )
 
 // leased publishes n rows to queue q and claims them.
-func (e *env) leased(n int) []db.ClaimRow {
+func (e *env) leased(n int) []claimed {
 	e.t.Helper()
 	for range n {
 		e.publish("q")
@@ -69,8 +69,9 @@ func TestDeleteBatchReturnsOnlyDeletedIDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !sameTokens(got, tokens(rows[0], rows[2])) {
-		t.Errorf("deleted %v, want the leases of rows %d and %d", got, rows[0].ID, rows[2].ID)
+	done := leasesOf(got, func(r db.DeleteBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token })
+	if !sameLeases(done, leasesOfRows(rows[0], rows[2])) {
+		t.Errorf("deleted %v, want the leases of rows %d and %d", done, rows[0].ID, rows[2].ID)
 	}
 	if _, ok := e.row(rows[1].ID); !ok {
 		t.Errorf("row %d with a newer lease was deleted", rows[1].ID)
@@ -124,8 +125,9 @@ func TestMarkPendingBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !sameTokens(got, tokens(rows[0], rows[2])) {
-		t.Errorf("updated %v, want the leases of rows %d and %d", got, rows[0].ID, rows[2].ID)
+	done := leasesOf(got, func(r db.MarkPendingBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token })
+	if !sameLeases(done, leasesOfRows(rows[0], rows[2])) {
+		t.Errorf("updated %v, want the leases of rows %d and %d", done, rows[0].ID, rows[2].ID)
 	}
 	// Row 0 is due again, row 1 still leased, row 2 scheduled an hour out.
 	if diff := cmp.Diff([]int64{rows[0].ID}, ids(e.claim(10, "q"))); diff != "" {
@@ -150,7 +152,8 @@ func TestExtendLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(tokens(rows[0]), got); diff != "" {
+	done := leasesOf(got, func(r db.ExtendLeasesRow) (int64, pgtype.UUID) { return r.ID, r.Token })
+	if diff := cmp.Diff(leasesOfRows(rows[0]), done, cmp.AllowUnexported(lease{})); diff != "" {
 		t.Errorf("extended (-want +got):\n%s", diff)
 	}
 	// 15 s later by the lease's clock, only the unextended row has expired.

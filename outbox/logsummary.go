@@ -57,7 +57,7 @@ func (s *logSummary) note(d *delivery, kind, errText string) {
 	s.mu.Unlock()
 	if !ok {
 		level, msg := summaryLevel(kind)
-		s.log.Log(d.ctx, level, msg, append(rowAttrs(d), slog.String("outcome", kind), slog.String("error", errText))...)
+		s.log.Log(d.context(), level, msg, append(rowAttrs(d), slog.String("outcome", kind), slog.String("error", errText))...)
 	}
 }
 

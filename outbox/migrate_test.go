@@ -143,7 +143,7 @@ func TestOutboxesSideBySide(t *testing.T) {
 	}
 
 	for i, ob := range obs {
-		rows, err := ob.queries(a.db.Pool).Claim(a.ctx, db.ClaimParams{Queues: []string{"shared"}, MaxRows: 100, LeaseTtlSeconds: 60})
+		rows, err := ob.queries(a.db.Pool).Claim(a.ctx, db.ClaimParams{Token: newToken(), Queues: []string{"shared"}, MaxRows: 100, LeaseTtlSeconds: 60})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,7 +22,7 @@ func (e *env) publishKeyed(queue, k string) int64 {
 
 // ack deletes claimed rows with their leases, as a subscriber's
 // acknowledgement does, and fails unless every one was deleted.
-func (e *env) ack(rows ...db.ClaimRow) {
+func (e *env) ack(rows ...claimed) {
 	e.t.Helper()
 	got, err := e.q.DeleteBatchWithLease(e.ctx, db.DeleteBatchWithLeaseParams{Ids: ids(rows), Tokens: tokens(rows...)})
 	if err != nil || len(got) != len(rows) {
@@ -33,7 +33,7 @@ func (e *env) ack(rows ...db.ClaimRow) {
 // headBeforeAnUncommittedRow leases the head of key k of queue q and
 // inserts the key's next row, payload "next", in a transaction it leaves
 // open (rolled back when the test ends unless committed).
-func (e *env) headBeforeAnUncommittedRow() (head db.ClaimRow, publisher pgx.Tx, next int64) {
+func (e *env) headBeforeAnUncommittedRow() (head claimed, publisher pgx.Tx, next int64) {
 	e.t.Helper()
 	e.publishKeyed("q", "k")
 	head = e.claim(1, "q")[0]
@@ -353,7 +353,7 @@ func TestHandOverWaitsForAnUncommittedPublisher(t *testing.T) {
 	head, publisher, next := e.headBeforeAnUncommittedRow()
 	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
 	defer cancel()
-	if _, err := e.ob.queries(e.db.Pool).DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids([]db.ClaimRow{head}), Tokens: tokens(head)}); err != nil {
+	if _, err := e.ob.queries(e.db.Pool).DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids([]claimed{head}), Tokens: tokens(head)}); err != nil {
 		t.Fatalf("the acknowledgement waited for the publisher or failed: %v", err)
 	}
 	if n := e.handOffs(); n != 1 {

@@ -70,7 +70,7 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 		lease_expires_at = now() + interval '30 seconds' WHERE id % 100 = 0`)
 	e.exec("ANALYZE outbox")
 
-	params := db.ClaimParams{Queues: []string{"q1", "q2"}, MaxRows: 100, LeaseTtlSeconds: 30}
+	params := db.ClaimParams{Token: newToken(), Queues: []string{"q1", "q2"}, MaxRows: 100, LeaseTtlSeconds: 30}
 	plan := e.explain(func(q *db.Queries) { _, _ = q.Claim(e.ctx, params) })
 	t.Log(plan)
 	if strings.Contains(plan, "Seq Scan on outbox") {
@@ -83,7 +83,7 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 	}
 
 	plan = e.explain(func(q *db.Queries) {
-		_, _ = q.ClaimQueue(e.ctx, db.ClaimQueueParams{Queue: "q1", MaxRows: 100, LeaseTtlSeconds: 30})
+		_, _ = q.ClaimQueue(e.ctx, db.ClaimQueueParams{Token: newToken(), Queue: "q1", MaxRows: 100, LeaseTtlSeconds: 30})
 	})
 	for _, idx := range []string{"outbox_pending_idx", "outbox_lease_expiry_idx"} {
 		if strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, idx) {
@@ -103,7 +103,7 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 func (e *env) claimBuffers(n int32) (rows, buffers int) {
 	e.t.Helper()
 	rec := &recorder{}
-	_, _ = e.ob.queries(rec).ClaimQueue(e.ctx, db.ClaimQueueParams{Queue: "q", MaxRows: n, LeaseTtlSeconds: 30})
+	_, _ = e.ob.queries(rec).ClaimQueue(e.ctx, db.ClaimQueueParams{Token: newToken(), Queue: "q", MaxRows: n, LeaseTtlSeconds: 30})
 	tx, err := e.db.Pool.Begin(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)

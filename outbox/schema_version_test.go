@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
-	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -365,7 +364,7 @@ func TestUpgradeFromSchema4OrdersKeyedRowsInEveryState(t *testing.T) {
 		}
 	}
 
-	payloads := func(rows []db.ClaimRow) []string {
+	payloads := func(rows []claimed) []string {
 		out := make([]string, len(rows))
 		for i, r := range rows {
 			out[i] = string(r.Payload)

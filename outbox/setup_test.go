@@ -65,22 +65,34 @@ func (e *env) publishWith(p db.PublishParams) int64 {
 	return id
 }
 
-// claim claims up to n rows of queues with a one-minute lease, through the
-// claim a subscriber of those queues uses (ClaimQueue for one queue).
-func (e *env) claim(n int32, queues ...string) []db.ClaimRow {
+// claimed is a claimed row with its claim's lease token.
+type claimed struct {
+	db.ClaimRow
+	AcquiredToken pgtype.UUID
+}
+
+// claim claims up to n rows of queues with a one-minute lease and a fresh
+// token, through the claim a subscriber of those queues uses (ClaimQueue
+// for one queue).
+func (e *env) claim(n int32, queues ...string) []claimed {
 	e.t.Helper()
 	var (
-		rows []db.ClaimRow
+		rows []claimed
 		err  error
 	)
+	tok := newToken()
 	if len(queues) == 1 {
 		var one []db.ClaimQueueRow
-		one, err = e.q.ClaimQueue(e.ctx, db.ClaimQueueParams{Queue: queues[0], MaxRows: n, LeaseTtlSeconds: 60})
-		for _, r := range one {
-			rows = append(rows, db.ClaimRow(r))
+		one, err = e.q.ClaimQueue(e.ctx, db.ClaimQueueParams{Token: tok, Queue: queues[0], MaxRows: n, LeaseTtlSeconds: 60})
+		for _, r := range claimRows(one, queues[0]) {
+			rows = append(rows, claimed{r, tok})
 		}
 	} else {
-		rows, err = e.q.Claim(e.ctx, db.ClaimParams{Queues: queues, MaxRows: n, LeaseTtlSeconds: 60})
+		var all []db.ClaimRow
+		all, err = e.q.Claim(e.ctx, db.ClaimParams{Token: tok, Queues: queues, MaxRows: n, LeaseTtlSeconds: 60})
+		for _, r := range all {
+			rows = append(rows, claimed{r, tok})
+		}
 	}
 	if err != nil {
 		e.t.Fatalf("Claim: %v", err)
@@ -135,7 +147,16 @@ func (e *env) serverNow() time.Time {
 	return now
 }
 
-func ids(rows []db.ClaimRow) []int64 {
+func ids(rows []claimed) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+// claimIDs returns the ids of rows a claim returned, in order.
+func claimIDs(rows []db.ClaimRow) []int64 {
 	out := make([]int64, len(rows))
 	for i, r := range rows {
 		out[i] = r.ID
@@ -144,7 +165,7 @@ func ids(rows []db.ClaimRow) []int64 {
 }
 
 // tokens returns the lease tokens of rows, in order.
-func tokens(rows ...db.ClaimRow) []pgtype.UUID {
+func tokens(rows ...claimed) []pgtype.UUID {
 	out := make([]pgtype.UUID, len(rows))
 	for i, r := range rows {
 		out[i] = r.AcquiredToken
@@ -152,12 +173,22 @@ func tokens(rows ...db.ClaimRow) []pgtype.UUID {
 	return out
 }
 
-// sameTokens reports whether got and want hold the same tokens in any order.
-func sameTokens(got, want []pgtype.UUID) bool {
-	return cmp.Equal(got, want, cmpopts.SortSlices(func(a, b pgtype.UUID) bool { return string(a.Bytes[:]) < string(b.Bytes[:]) }))
+// leasesOfRows returns the leases of rows, in order.
+func leasesOfRows(rows ...claimed) []lease {
+	out := make([]lease, len(rows))
+	for i, r := range rows {
+		out[i] = lease{r.ID, r.AcquiredToken}
+	}
+	return out
 }
 
-func token(t *testing.T, r db.ClaimRow) pgtype.UUID {
+// sameLeases reports whether got and want hold the same leases in any
+// order.
+func sameLeases(got, want []lease) bool {
+	return cmp.Equal(got, want, cmp.AllowUnexported(lease{}), cmpopts.SortSlices(func(a, b lease) bool { return a.id < b.id }))
+}
+
+func token(t *testing.T, r claimed) pgtype.UUID {
 	t.Helper()
 	if !r.AcquiredToken.Valid {
 		t.Fatalf("row %d has no lease token", r.ID)

@@ -174,6 +174,8 @@ type run[T any] struct {
 	// the stop, and nothing is written after that.
 	writes     context.Context
 	stopWrites context.CancelFunc
+	// crew is the workers; drain waits for them.
+	crew crew
 	// abandoned counts handlers the forced stop gave up on.
 	abandoned atomic.Int64
 }
@@ -193,7 +195,7 @@ func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 		wake:       make(chan struct{}, 1),
 		taken:      make(chan struct{}, 1),
 		outcomes:   make(chan outcome, s.cfg.AckBatchSize*2),
-		leases:     leases{ttl: s.cfg.LeaseTTL, m: map[pgtype.UUID]*delivery{}},
+		leases:     newLeases(s.cfg.LeaseTTL),
 		sleeper:    newSleeper(),
 		metrics:    newMetricsSink(s.cfg.Metrics, s.log),
 		logs:       newLogSummary(s.log, logSummaryInterval),
@@ -216,11 +218,9 @@ func (r *run[T]) run(ctx context.Context) error {
 	ackDone := make(chan int, 1)
 	go func() { ackDone <- r.acknowledge(r.writes) }()
 
-	var fetcher, workers sync.WaitGroup
+	var fetcher sync.WaitGroup
 	fetcher.Go(func() { r.fetch(ctx) })
-	for range r.s.cfg.Workers {
-		workers.Go(func() { r.work(ctx) })
-	}
+	r.crew.hire(r.s.cfg.Workers, func(w *worker) { r.work(ctx, w) })
 
 	<-ctx.Done()
 	deadline := time.Now().Add(r.s.cfg.GracefulTimeout)
@@ -229,7 +229,7 @@ func (r *run[T]) run(ctx context.Context) error {
 	fetcher.Wait()
 	r.leave()
 	r.release() // rows no worker started go back at once
-	r.drain(deadline, &workers)
+	r.drain(deadline)
 	r.release() // rows a worker took after the stop began
 	close(r.outcomes)
 	unwritten := <-ackDone
@@ -248,16 +248,11 @@ func (r *run[T]) run(ctx context.Context) error {
 
 // drain waits for running handlers until deadline, then abandons the
 // rest.
-func (r *run[T]) drain(deadline time.Time, workers *sync.WaitGroup) {
-	done := make(chan struct{})
-	go func() {
-		workers.Wait()
-		close(done)
-	}()
+func (r *run[T]) drain(deadline time.Time) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
-	case <-done:
+	case <-r.crew.done:
 		return
 	case <-t.C:
 	}
@@ -266,7 +261,8 @@ func (r *run[T]) drain(deadline time.Time, workers *sync.WaitGroup) {
 		slog.Int("running", running), slog.Duration("graceful_timeout", r.s.cfg.GracefulTimeout))
 	r.emit(MetricEvent{Name: EventDrainTimeout, Queue: r.s.queues[0], Count: running})
 	r.forceStop(ErrSubscriberStopped)
-	<-done
+	r.abandoned.Add(int64(r.crew.abandon()))
+	<-r.crew.done
 }
 
 // release hands back the rows claimed but never started.

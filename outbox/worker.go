@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 )
 
-// work hands claimed rows to the handler until ctx is done.
-func (r *run[T]) work(ctx context.Context) {
+// work hands claimed rows to the handler until ctx is done, or until
+// the forced stop abandons w inside a handler.
+func (r *run[T]) work(ctx context.Context, w *worker) {
 	var hc headerCache
 	for {
 		select {
@@ -25,73 +27,76 @@ func (r *run[T]) work(ctx context.Context) {
 				r.unstart(d)
 				return
 			}
-			r.handle(d, &hc)
+			if !r.handle(d, w, &hc) {
+				return
+			}
 		}
 	}
 }
 
-// handle runs one delivery and hands its outcome to the acknowledger.
-func (r *run[T]) handle(d *delivery, hc *headerCache) {
+// handle runs one delivery and hands its outcome to the acknowledger. It
+// reports false when the forced stop abandoned w while the handler ran:
+// the worker must exit without a further word.
+func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 	cfg := &r.s.cfg
-	if d.ctx.Err() != nil {
+	if !r.leases.start(d) {
 		// The lease ran out while the row waited for a worker; another
 		// claim may own it now, so leave it be.
 		r.leases.remove(d)
-		return
+		return true
 	}
 	if cfg.MaxDeliveries > 0 && int(d.row.DeliveriesCount) > cfg.MaxDeliveries {
 		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonMaxDeliveries,
 			text: fmt.Sprintf("claimed %d times; MaxDeliveries is %d", d.row.DeliveriesCount, cfg.MaxDeliveries)})
-		return
+		return true
 	}
 	msg, err := decodeMessage(cfg.Codec, r.s.contentType, &d.row, hc)
 	if err != nil {
 		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, text: errorText(err)})
-		return
+		return true
 	}
 	r.emit(MetricEvent{Name: EventDispatched, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Bytes: len(d.row.Payload)})
+	switch w.enter() {
+	case enterStopped:
+		// The forced stop came before the handler started: the row goes
+		// back with the other unstarted ones.
+		r.unstart(d)
+		return false
+	case enterAbandoned:
+		// The forced stop counted this worker as in its handler, which
+		// never started; the row keeps its lease, as a running handler's
+		// would.
+		return false
+	}
 	start := time.Now()
-	herr, returned := r.call(d, msg)
+	herr := safeHandle(d.ctx, r.s.handler, msg)
 	ran := time.Since(start)
+	if !w.leave() {
+		// Abandoned by the forced stop while the handler ran, and counted
+		// then; Run may have returned.
+		return false
+	}
 	switch {
-	case !returned || r.handlerCtx.Err() != nil:
-		// Forced stop: the outcome is unknown or raced the stop. The row
-		// keeps its lease and is delivered again after it expires. The
-		// stop's cause may not have reached d's context yet (a parent
-		// cancels its children one by one); hand it over first.
+	case r.handlerCtx.Err() != nil:
+		// Forced stop: the outcome raced the stop. The row keeps its
+		// lease and is delivered again after it expires. The stop's cause
+		// may not have reached d's context yet (a parent cancels its
+		// children one by one); hand it over first.
 		r.abandoned.Add(1)
 		d.cancel(context.Cause(r.handlerCtx))
 		r.leases.remove(d)
-		return
+		return true
 	case r.leases.isLost(d):
 		// A heartbeat found the lease gone and reported it; the newer
 		// delivery decides.
 		r.leases.remove(d)
-		return
+		return true
 	}
 	o := r.decide(d, herr)
 	o.ran = ran
 	o.attempted = true
 	r.finish(d, o)
-}
-
-// call runs the handler in its own goroutine so a forced stop can abandon
-// a handler that ignores its context. returned is false when it was
-// abandoned.
-func (r *run[T]) call(d *delivery, msg *Message[T]) (err error, returned bool) {
-	done := make(chan error, 1)
-	go func() { done <- safeHandle(d.ctx, r.s.handler, msg) }()
-	select {
-	case err := <-done:
-		return err, true
-	case <-r.handlerCtx.Done():
-		select {
-		case err := <-done:
-			return err, true
-		default:
-			return nil, false
-		}
-	}
+	return true
 }
 
 // safeHandle calls h, turning a panic into an error.
@@ -132,7 +137,7 @@ func (r *run[T]) decide(d *delivery, err error) outcome {
 		delay, ok, problem = nextDelay(r.s.cfg.Retry, attempt, elapsed, err)
 	}
 	if problem != nil {
-		r.s.log.ErrorContext(d.ctx, "outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
+		r.s.log.ErrorContext(d.context(), "outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
 		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, text: storableText(text + " (" + problem.Error() + ")")}
 	}
 	if !ok {
@@ -179,4 +184,98 @@ func (r *run[T]) unstart(d *delivery) {
 	r.unstartedMu.Lock()
 	r.unstarted = append(r.unstarted, d)
 	r.unstartedMu.Unlock()
+}
+
+// Worker states.
+const (
+	workerIdle int32 = iota
+	workerBusy
+	workerAbandoned
+)
+
+// worker is one of a run's workers. Handlers run on the worker's own
+// goroutine; a forced stop abandons a worker inside a handler that ignores
+// its context rather than wait for it.
+type worker struct {
+	crew  *crew
+	state atomic.Int32
+}
+
+// crew is the workers of a run and what the run waits for.
+type crew struct {
+	workers []*worker
+	forced  atomic.Bool
+	waiting atomic.Int64  // workers neither exited nor abandoned
+	done    chan struct{} // closed when waiting reaches 0
+}
+
+// hire starts n workers running work.
+func (c *crew) hire(n int, work func(*worker)) {
+	c.done = make(chan struct{})
+	c.workers = make([]*worker, n)
+	c.waiting.Store(int64(n))
+	for i := range c.workers {
+		c.workers[i] = &worker{crew: c}
+	}
+	if n == 0 {
+		close(c.done)
+	}
+	for _, w := range c.workers {
+		go func() {
+			defer w.exit()
+			work(w)
+		}()
+	}
+}
+
+// abandon stops waiting for the workers inside a handler, which must
+// return without a further word, and returns how many it abandoned. Call
+// it once, after the handlers' contexts are cancelled.
+func (c *crew) abandon() int {
+	c.forced.Store(true)
+	n := 0
+	for _, w := range c.workers {
+		if w.state.CompareAndSwap(workerBusy, workerAbandoned) {
+			n++
+			c.release()
+		}
+	}
+	return n
+}
+
+func (c *crew) release() {
+	if c.waiting.Add(-1) == 0 {
+		close(c.done)
+	}
+}
+
+// What enter found.
+const (
+	entered        = iota // w is inside the handler
+	enterStopped          // the forced stop came first
+	enterAbandoned        // the forced stop came first and abandoned w
+)
+
+// enter marks w inside a handler, unless the forced stop came first.
+func (w *worker) enter() int {
+	w.state.Store(workerBusy)
+	if !w.crew.forced.Load() {
+		return entered
+	}
+	if w.state.CompareAndSwap(workerBusy, workerIdle) {
+		return enterStopped
+	}
+	return enterAbandoned
+}
+
+// leave marks w out of its handler; false means the forced stop abandoned
+// w in it.
+func (w *worker) leave() bool { return w.state.CompareAndSwap(workerBusy, workerIdle) }
+
+// exit ends w: the run no longer waits for it, unless it was abandoned
+// (and so released) already.
+func (w *worker) exit() {
+	if w.state.Load() != workerAbandoned {
+		w.crew.release()
+	}
 }

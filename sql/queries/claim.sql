@@ -3,9 +3,12 @@
 -- lease is unset, that are not blocked behind their key's head, and whose
 -- next_attempt_at has come, and rows whose lease expired (lease_expires_at,
 -- stamped by the holder from its own TTL, has passed). Each claimed row
--- gets a fresh lease token, an expiry @lease_ttl_seconds from now, and one
--- more delivery. A key has one unblocked row at a time, so a batch never
--- holds two rows of one key.
+-- gets the lease token @token, an expiry @lease_ttl_seconds from now, and
+-- one more delivery. The caller draws a fresh token for every claim
+-- statement, so the rows of one claim share it and a row claimed again
+-- gets another: a delivery is its row id and token together, and the
+-- writes of an earlier delivery of the row match nothing. A key has one
+-- unblocked row at a time, so a batch never holds two rows of one key.
 --
 -- Rows written by other clients may hold values this library never
 -- writes, and one row must not fail the claim of its batch: the delivery
@@ -61,7 +64,7 @@ WITH candidates AS (
     LIMIT @max_rows::integer
 )
 UPDATE /*outbox:table*/outbox AS o
-SET acquired_token   = gen_random_uuid(),
+SET acquired_token   = @token::uuid,
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
     deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
@@ -70,13 +73,12 @@ WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
-          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
-          o.acquired_token;
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds;
 
 -- name: ClaimQueue :many
 -- Claim for a subscriber of one queue: the rows Claim would take, without
 -- the ranking that shares a batch across queues (one queue needs none),
--- and with the same columns.
+-- and with Claim's columns but the queue, which the caller named.
 WITH candidates AS (
     SELECT p.id, p.next_attempt_at
     FROM (
@@ -108,17 +110,16 @@ WITH candidates AS (
     LIMIT @max_rows::integer
 )
 UPDATE /*outbox:table*/outbox AS o
-SET acquired_token   = gen_random_uuid(),
+SET acquired_token   = @token::uuid,
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
     deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
 FROM picked
 WHERE o.id = picked.id
-RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
+RETURNING o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
-          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
-          o.acquired_token;
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds;
 
 -- name: HandOff :one
 -- Completes the key hand-overs recorded for the given queues that no other

@@ -1,21 +1,21 @@
 -- Every statement here ends or reschedules a delivery, so every one is
 -- filtered by the lease token: a handler whose lease was reclaimed by a newer
 -- claim matches nothing and learns that from the row count or RETURNING.
--- Batch forms return the tokens they matched, not the ids: one row can be
--- delivered twice to one subscriber (a reclaim after its lease expired),
--- and only the token tells the two deliveries apart.
+-- Batch forms return the ids and tokens they matched: the rows of one
+-- claim share its token, and one row can be delivered twice to one
+-- subscriber (a reclaim after its lease expired), so only the pair tells
+-- deliveries apart.
 
 -- name: DeleteWithLease :execrows
 DELETE FROM /*outbox:table*/outbox AS o
 WHERE o.id = @id AND o.acquired_token = @token::uuid;
 
 -- name: DeleteBatchWithLease :many
--- Returns the tokens it deleted; a token missing from the result lost its
--- lease.
+-- Returns the leases it deleted; one missing from the result was lost.
 DELETE FROM /*outbox:table*/outbox AS o
 USING (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token) AS l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.acquired_token;
+RETURNING o.id, o.acquired_token AS token;
 
 -- name: MarkPendingWithLease :execrows
 -- Records a handled attempt and its error, and makes the row claimable
@@ -35,8 +35,7 @@ WHERE o.id = @id AND o.acquired_token = @token::uuid;
 
 -- name: MarkPendingBatchWithLease :many
 -- The batch form of MarkPendingWithLease: one delay and error per row.
--- Returns the tokens it updated; a token missing from the result lost its
--- lease.
+-- Returns the leases it ended; one missing from the result was lost.
 WITH l AS (
     SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token,
            unnest(@delay_seconds::float8[]) AS delay_seconds,
@@ -53,23 +52,23 @@ SET acquired_token   = NULL,
     last_error       = l.last_error
 FROM l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING l.token::uuid AS token;
+RETURNING l.id::bigint AS id, l.token::uuid AS token;
 
 -- name: ExtendLeases :many
 -- Heartbeat: moves the expiry of every row still held with its token to
--- @lease_ttl_seconds from now. Returns the tokens it extended; a token
--- missing from the result lost its lease.
+-- @lease_ttl_seconds from now. Returns the leases it extended; one missing
+-- from the result was lost.
 UPDATE /*outbox:table*/outbox AS o
 SET lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8)
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token) AS l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING o.acquired_token;
+RETURNING o.id, o.acquired_token AS token;
 
 -- name: ReleaseBatchWithLease :many
 -- Hands back rows that were claimed but never given to a handler (the
 -- subscriber is stopping): clears their lease and takes back the delivery
 -- the claim counted, so other subscribers take them at once instead of
--- after the lease expires. Returns the tokens it released.
+-- after the lease expires. Returns the leases it released.
 WITH l AS (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token)
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = NULL,
@@ -78,4 +77,4 @@ SET acquired_token   = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
 FROM l
 WHERE o.id = l.id AND o.acquired_token = l.token
-RETURNING l.token::uuid AS token;
+RETURNING l.id::bigint AS id, l.token::uuid AS token;
