@@ -129,8 +129,12 @@ func TestSubscribersDeliverEveryRowExactlyOnce(t *testing.T) {
 			return nil
 		}, cfg)
 	}
-	eventually(t, "every row acked", func() bool { return len(rec.named(EventAcked)) >= n })
+	// Wait on the handler and the table first: reading the recorder while
+	// claims and acknowledgements of 1,000 rows burst in would slow it
+	// enough to make the subscribers drop events.
+	eventually(t, "every row handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) >= n })
 	eventually(t, "an empty outbox", func() bool { return e.count("outbox") == 0 })
+	eventually(t, "every row acked", func() bool { return len(rec.named(EventAcked)) >= n })
 
 	mu.Lock()
 	defer mu.Unlock()
