@@ -65,13 +65,30 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 	}
 
 	// concurrently runs n transactions, concurrentPublishers at a time,
-	// each running fn once, and checks that n rows landed in table.
-	concurrently := func(table string, sleeping bool, fn func(tx pgx.Tx, i int) error) func(int) (time.Duration, error) {
+	// each running fn once, and checks that n rows landed in table. With
+	// subscriber, a default Subscriber runs throughout, handling the rows
+	// as they come, and the check is that it handled all n.
+	concurrently := func(table string, sleeping, subscriber bool, fn func(tx pgx.Tx, i int) error) func(int) (time.Duration, error) {
 		return func(n int) (time.Duration, error) {
 			if err := asleep(sleeping); err != nil {
 				return 0, err
 			}
 			defer func() { _ = asleep(false) }()
+			var handled atomic.Int64
+			if subscriber {
+				sub, err := outbox.NewSubscriber(env.ob, []string{topic}, func(context.Context, *outbox.Message[order]) error {
+					handled.Add(1)
+					return nil
+				}, &outbox.SubscriberConfig[order]{Logger: discardLogger()})
+				if err != nil {
+					return 0, err
+				}
+				sctx, stop := context.WithCancel(ctx)
+				done := make(chan error, 1)
+				go func() { done <- sub.Run(sctx) }()
+				defer func() { stop(); <-done }()
+				time.Sleep(200 * time.Millisecond) // let it fall asleep
+			}
 			var (
 				next atomic.Int64
 				wg   sync.WaitGroup
@@ -94,6 +111,12 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 			close(errs)
 			if err := <-errs; err != nil {
 				return 0, err
+			}
+			if subscriber {
+				if err := waitFor(ctx, &handled, n); err != nil {
+					return 0, err
+				}
+				return elapsed, nil
 			}
 			var rows int
 			if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&rows); err != nil {
@@ -120,10 +143,12 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 		}
 	}
 	cs := []contender{
-		{"bare INSERT, no trigger", concurrently(plain, false, bare(plain))},
-		{"bare INSERT into the outbox, nobody asleep", concurrently(table("outbox"), false, bare(table("outbox")))},
-		{"outbox Publish, nobody asleep", concurrently(table("outbox"), false, publish)},
-		{"outbox Publish, a subscriber asleep", concurrently(table("outbox"), true, publish)},
+		{"bare INSERT, no trigger", concurrently(plain, false, false, bare(plain))},
+		{"bare INSERT into the outbox, nobody asleep", concurrently(table("outbox"), false, false, bare(table("outbox")))},
+		{"outbox Publish, nobody asleep", concurrently(table("outbox"), false, false, publish)},
+		{"outbox Publish, a subscriber asleep", concurrently(table("outbox"), true, false, publish)},
+		{"outbox Publish, a subscriber handling", concurrently(table("outbox"), false, true, publish)},
+		{"outbox Publish, a subscriber handling, every publish notifying", concurrently(table("outbox"), true, true, publish)},
 	}
 	n := max(int(20000*o.scale), concurrentPublishers)
 	reset := func() error {
@@ -139,6 +164,7 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 	}
 	fmt.Fprintf(o.out, "%d transactions of one row, %d at a time\n", n, concurrentPublishers)
 	report(o.out, s, []string{"bare INSERT, no trigger", "bare INSERT into the outbox, nobody asleep",
-		"outbox Publish, nobody asleep", "outbox Publish, a subscriber asleep"}, n, "op", "bare INSERT, no trigger")
+		"outbox Publish, nobody asleep", "outbox Publish, a subscriber asleep", "outbox Publish, a subscriber handling",
+		"outbox Publish, a subscriber handling, every publish notifying"}, n, "op", "bare INSERT, no trigger")
 	return nil
 }
