@@ -396,11 +396,12 @@ func TestUpgradeFromSchema4OrdersKeyedRowsInEveryState(t *testing.T) {
 	}
 }
 
-// Migration 5 leaves one lease check whichever form of schema 4 it finds:
-// the shipped one (separate checks for the token, the expiry and
-// last_error) or one whose lease checks were already folded into one.
-// Rolling back to 4 restores the shipped form.
-func TestUpgradeFromEitherFormOfSchema4FoldsTheLeaseChecks(t *testing.T) {
+// Migration 6 leaves one lease check whichever form of schema 5 it finds:
+// the one the migrations make (one check for the whole lease since
+// migration 4) or the one an earlier migration 4 made (separate checks
+// for the token, the expiry and last_error). Rolling back to 5 leaves the
+// one check.
+func TestUpgradeFromEitherFormOfSchema5FoldsTheLeaseChecks(t *testing.T) {
 	t.Parallel()
 	checks := func(t *testing.T, d *pgtest.DB) []string {
 		t.Helper()
@@ -415,35 +416,36 @@ func TestUpgradeFromEitherFormOfSchema4FoldsTheLeaseChecks(t *testing.T) {
 		}
 		return got
 	}
-	shipped4 := []string{"outbox_headers_chk", "outbox_last_error_chk", "outbox_lease_chk", "outbox_lease_expiry_chk", "outbox_queue_chk"}
-	latest := []string{"outbox_blocked_chk", "outbox_headers_chk", "outbox_lease_state_chk", "outbox_queue_chk"}
-	for _, folded := range []bool{false, true} {
-		t.Run(fmt.Sprintf("folded=%v", folded), func(t *testing.T) {
+	folded := []string{"outbox_blocked_chk", "outbox_headers_chk", "outbox_lease_state_chk", "outbox_queue_chk"}
+	separate := []string{"outbox_blocked_chk", "outbox_headers_chk", "outbox_last_error_chk", "outbox_lease_chk", "outbox_lease_expiry_chk", "outbox_queue_chk"}
+	for _, form := range [][]string{folded, separate} {
+		t.Run(fmt.Sprintf("%d checks", len(form)), func(t *testing.T) {
 			t.Parallel()
-			e := atVersion(t, 4)
+			e := atVersion(t, 5)
 			d, ob := e.db, e.ob
-			if diff := cmp.Diff(shipped4, checks(t, d)); diff != "" {
-				t.Fatalf("checks of schema 4 (-want +got):\n%s", diff)
-			}
-			if folded {
+			if len(form) == len(separate) {
 				if _, err := d.Pool.Exec(t.Context(), `ALTER TABLE outbox
-					DROP CONSTRAINT outbox_lease_chk, DROP CONSTRAINT outbox_lease_expiry_chk, DROP CONSTRAINT outbox_last_error_chk,
-					ADD CONSTRAINT outbox_lease_state_chk CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)
-						AND (acquired_token IS NULL) = (lease_expires_at IS NULL))`); err != nil {
+					DROP CONSTRAINT outbox_lease_state_chk,
+					ADD CONSTRAINT outbox_lease_chk CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)),
+					ADD CONSTRAINT outbox_lease_expiry_chk CHECK ((acquired_token IS NULL) = (lease_expires_at IS NULL)),
+					ADD CONSTRAINT outbox_last_error_chk CHECK (octet_length(last_error) <= 8192)`); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := ob.Migrate(t.Context()); err != nil {
-				t.Fatalf("Migrate from 4: %v", err)
+			if diff := cmp.Diff(form, checks(t, d)); diff != "" {
+				t.Fatalf("checks of schema 5 (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(latest, checks(t, d)); diff != "" {
+			if err := ob.Migrate(t.Context()); err != nil {
+				t.Fatalf("Migrate from 5: %v", err)
+			}
+			if diff := cmp.Diff(folded, checks(t, d)); diff != "" {
 				t.Errorf("checks after the upgrade (-want +got):\n%s", diff)
 			}
-			if err := ob.MigrateDownTo(t.Context(), 4); err != nil {
-				t.Fatalf("down to 4: %v", err)
+			if err := ob.MigrateDownTo(t.Context(), 5); err != nil {
+				t.Fatalf("down to 5: %v", err)
 			}
-			if diff := cmp.Diff(shipped4, checks(t, d)); diff != "" {
-				t.Errorf("checks after rolling back to 4 (-want +got):\n%s", diff)
+			if diff := cmp.Diff(folded, checks(t, d)); diff != "" {
+				t.Errorf("checks after rolling back to 5 (-want +got):\n%s", diff)
 			}
 		})
 	}

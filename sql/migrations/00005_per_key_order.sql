@@ -40,25 +40,9 @@ FROM (
 ) AS r
 WHERE o.id = r.id AND r.pos > 1 AND o.acquired_token IS NULL;
 
--- One check for the whole lease replaces schema 4's checks, so every
--- insert and update evaluates no more lease checks than schema 3 did.
--- last_error is written only by the library, which cuts it to 2,048
--- characters, so it keeps no check of its own. IF EXISTS: some schemas at
--- version 4 already hold this form.
+-- A blocked row is never leased, whoever writes the lease.
 ALTER TABLE /*outbox:table*/outbox
-    DROP CONSTRAINT IF EXISTS /*outbox:name*/outbox_lease_state_chk,
-    DROP CONSTRAINT IF EXISTS /*outbox:name*/outbox_lease_chk,
-    DROP CONSTRAINT IF EXISTS /*outbox:name*/outbox_lease_expiry_chk,
-    DROP CONSTRAINT IF EXISTS /*outbox:name*/outbox_last_error_chk,
-    ADD CONSTRAINT /*outbox:name*/outbox_lease_state_chk CHECK (
-        (acquired_token IS NULL) = (acquired_at IS NULL)
-        AND (acquired_token IS NULL) = (lease_expires_at IS NULL));
-
--- A blocked row is never leased, whoever writes the lease, and only a row
--- with a key can wait behind one.
-ALTER TABLE /*outbox:table*/outbox
-    ADD CONSTRAINT /*outbox:name*/outbox_blocked_chk
-        CHECK (NOT blocked OR (acquired_token IS NULL AND ordering_key IS NOT NULL));
+    ADD CONSTRAINT /*outbox:name*/outbox_blocked_chk CHECK (NOT blocked OR acquired_token IS NULL);
 
 -- Only rows that are not blocked wait in the pending index.
 DROP INDEX /*outbox:table*/outbox_pending_idx;
@@ -93,25 +77,16 @@ $$;
 CREATE FUNCTION /*outbox:table*/outbox_unblock_head(q text, k text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    head_queue text;
-    head_key text;
     head_id bigint;
     head_blocked boolean;
     head_due timestamptz;
 BEGIN
-    -- The first row at or after (q, k) in the ordering index, then a check
-    -- that it is of the key. Written as a range of the index's own order,
-    -- this lookup can only walk that index: an equality on the key would
-    -- let the planner, for a key its statistics call frequent, scan the
-    -- primary key instead and read the whole table.
-    SELECT o.queue, o.ordering_key, o.id, o.blocked, o.next_attempt_at
-    INTO head_queue, head_key, head_id, head_blocked, head_due
+    SELECT o.id, o.blocked, o.next_attempt_at INTO head_id, head_blocked, head_due
     FROM /*outbox:table*/outbox AS o
-    WHERE o.ordering_key IS NOT NULL
-      AND (o.queue, o.ordering_key, o.id) >= (q COLLATE "C", k COLLATE "C", -9223372036854775808)
-    ORDER BY o.queue, o.ordering_key, o.id
+    WHERE o.queue = q AND o.ordering_key = k
+    ORDER BY o.id
     LIMIT 1;
-    IF NOT FOUND OR head_queue <> q OR head_key <> k OR NOT head_blocked THEN
+    IF NOT FOUND OR NOT head_blocked THEN
         RETURN true;
     END IF;
     PERFORM 1 FROM /*outbox:table*/outbox AS o WHERE o.id = head_id FOR NO KEY UPDATE SKIP LOCKED;
@@ -128,18 +103,6 @@ END;
 $$;
 -- +goose StatementEnd
 
--- Records a hand-over of key k of queue q for the subscribers to complete,
--- and wakes them when the recording transaction commits.
--- +goose StatementBegin
-CREATE FUNCTION /*outbox:table*/outbox_record_hand_off(q text, k text) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key) VALUES (q, k);
-    PERFORM pg_notify(/*outbox:channel*/'outbox_outbox:handoff', q);
-END;
-$$;
--- +goose StatementEnd
-
 -- Insert side: serialise the key's publishers, draw the id in commit
 -- order, and block the row when its key already has rows. Outside READ
 -- COMMITTED the transaction's snapshot may predate rows committed by the
@@ -151,21 +114,16 @@ BEGIN
     PERFORM pg_advisory_xact_lock(/*outbox:table*/outbox_key_lock(NEW.queue, NEW.ordering_key));
     NEW.id := nextval(/*outbox:literal*/'outbox_id_seq');
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        -- The key's newest row, if any: the last row at or before the key's
-        -- end in the ordering index (newest rows are the least likely to
-        -- be dead), found as a range of the index's order for the reason
-        -- given in unblock_head.
-        SELECT o.queue = NEW.queue AND o.ordering_key = NEW.ordering_key
-        INTO NEW.blocked
-        FROM /*outbox:table*/outbox AS o
-        WHERE o.ordering_key IS NOT NULL
-          AND (o.queue, o.ordering_key, o.id) <= (NEW.queue COLLATE "C", NEW.ordering_key COLLATE "C", 9223372036854775807)
-        ORDER BY o.queue DESC, o.ordering_key DESC, o.id DESC
+        -- The key's newest rows are the ones least likely to be dead.
+        PERFORM 1 FROM /*outbox:table*/outbox AS o
+        WHERE o.queue = NEW.queue AND o.ordering_key = NEW.ordering_key
+        ORDER BY o.id DESC
         LIMIT 1;
-        NEW.blocked := coalesce(NEW.blocked, false);
+        NEW.blocked := FOUND;
     ELSE
         NEW.blocked := true;
-        PERFORM /*outbox:table*/outbox_record_hand_off(NEW.queue, NEW.ordering_key);
+        INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key) VALUES (NEW.queue, NEW.ordering_key);
+        PERFORM pg_notify(/*outbox:channel*/'outbox_outbox:handoff', NEW.queue);
     END IF;
     RETURN NEW;
 END;
@@ -188,7 +146,8 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed'
        OR NOT pg_try_advisory_xact_lock(/*outbox:table*/outbox_key_lock(OLD.queue, OLD.ordering_key))
        OR NOT /*outbox:table*/outbox_unblock_head(OLD.queue, OLD.ordering_key) THEN
-        PERFORM /*outbox:table*/outbox_record_hand_off(OLD.queue, OLD.ordering_key);
+        INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key) VALUES (OLD.queue, OLD.ordering_key);
+        PERFORM pg_notify(/*outbox:channel*/'outbox_outbox:handoff', OLD.queue);
     END IF;
     RETURN NULL;
 END;
@@ -243,9 +202,6 @@ BEGIN
         DELETE FROM /*outbox:table*/outbox_handoff AS h
         WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key;
         IF NOT /*outbox:table*/outbox_unblock_head(k.queue, k.ordering_key) THEN
-            -- Recorded again without a notification: the caller retries
-            -- after a backoff, where a notification would wake every
-            -- subscriber to retry at once, again and again.
             INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key) VALUES (k.queue, k.ordering_key);
             waiting := waiting + 1;
         END IF;
@@ -269,7 +225,6 @@ DROP TRIGGER /*outbox:name*/outbox_key_delete_trg ON /*outbox:table*/outbox;
 DROP FUNCTION /*outbox:table*/outbox_key_delete();
 DROP TRIGGER /*outbox:name*/outbox_key_insert_trg ON /*outbox:table*/outbox;
 DROP FUNCTION /*outbox:table*/outbox_key_insert();
-DROP FUNCTION /*outbox:table*/outbox_record_hand_off(text, text);
 DROP FUNCTION /*outbox:table*/outbox_unblock_head(text, text);
 DROP FUNCTION /*outbox:table*/outbox_key_lock(text, text);
 DROP TABLE /*outbox:table*/outbox_handoff;
@@ -283,12 +238,3 @@ CREATE INDEX /*outbox:name*/outbox_pending_idx
 ALTER TABLE /*outbox:table*/outbox
     DROP CONSTRAINT /*outbox:name*/outbox_blocked_chk,
     DROP COLUMN blocked;
-
-ALTER TABLE /*outbox:table*/outbox
-    DROP CONSTRAINT /*outbox:name*/outbox_lease_state_chk,
-    ADD CONSTRAINT /*outbox:name*/outbox_lease_chk CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)),
-    ADD CONSTRAINT /*outbox:name*/outbox_lease_expiry_chk
-        CHECK ((acquired_token IS NULL) = (lease_expires_at IS NULL)),
-    -- Not validated: other clients may have written longer errors since.
-    ADD CONSTRAINT /*outbox:name*/outbox_last_error_chk
-        CHECK (octet_length(last_error) <= 8192) NOT VALID;

@@ -41,25 +41,9 @@ FROM (
 ) AS r
 WHERE o.id = r.id AND r.pos > 1 AND o.acquired_token IS NULL;
 
--- One check for the whole lease replaces schema 4's checks, so every
--- insert and update evaluates no more lease checks than schema 3 did.
--- last_error is written only by the library, which cuts it to 2,048
--- characters, so it keeps no check of its own. IF EXISTS: some schemas at
--- version 4 already hold this form.
+-- A blocked row is never leased, whoever writes the lease.
 ALTER TABLE "billing"."events"
-    DROP CONSTRAINT IF EXISTS "events_lease_state_chk",
-    DROP CONSTRAINT IF EXISTS "events_lease_chk",
-    DROP CONSTRAINT IF EXISTS "events_lease_expiry_chk",
-    DROP CONSTRAINT IF EXISTS "events_last_error_chk",
-    ADD CONSTRAINT "events_lease_state_chk" CHECK (
-        (acquired_token IS NULL) = (acquired_at IS NULL)
-        AND (acquired_token IS NULL) = (lease_expires_at IS NULL));
-
--- A blocked row is never leased, whoever writes the lease, and only a row
--- with a key can wait behind one.
-ALTER TABLE "billing"."events"
-    ADD CONSTRAINT "events_blocked_chk"
-        CHECK (NOT blocked OR (acquired_token IS NULL AND ordering_key IS NOT NULL));
+    ADD CONSTRAINT "events_blocked_chk" CHECK (NOT blocked OR acquired_token IS NULL);
 
 -- Only rows that are not blocked wait in the pending index.
 DROP INDEX "billing"."events_pending_idx";
@@ -94,25 +78,16 @@ $$;
 CREATE FUNCTION "billing"."events_unblock_head"(q text, k text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    head_queue text;
-    head_key text;
     head_id bigint;
     head_blocked boolean;
     head_due timestamptz;
 BEGIN
-    -- The first row at or after (q, k) in the ordering index, then a check
-    -- that it is of the key. Written as a range of the index's own order,
-    -- this lookup can only walk that index: an equality on the key would
-    -- let the planner, for a key its statistics call frequent, scan the
-    -- primary key instead and read the whole table.
-    SELECT o.queue, o.ordering_key, o.id, o.blocked, o.next_attempt_at
-    INTO head_queue, head_key, head_id, head_blocked, head_due
+    SELECT o.id, o.blocked, o.next_attempt_at INTO head_id, head_blocked, head_due
     FROM "billing"."events" AS o
-    WHERE o.ordering_key IS NOT NULL
-      AND (o.queue, o.ordering_key, o.id) >= (q COLLATE "C", k COLLATE "C", -9223372036854775808)
-    ORDER BY o.queue, o.ordering_key, o.id
+    WHERE o.queue = q AND o.ordering_key = k
+    ORDER BY o.id
     LIMIT 1;
-    IF NOT FOUND OR head_queue <> q OR head_key <> k OR NOT head_blocked THEN
+    IF NOT FOUND OR NOT head_blocked THEN
         RETURN true;
     END IF;
     PERFORM 1 FROM "billing"."events" AS o WHERE o.id = head_id FOR NO KEY UPDATE SKIP LOCKED;
@@ -129,18 +104,6 @@ END;
 $$;
 -- +goose StatementEnd
 
--- Records a hand-over of key k of queue q for the subscribers to complete,
--- and wakes them when the recording transaction commits.
--- +goose StatementBegin
-CREATE FUNCTION "billing"."events_record_hand_off"(q text, k text) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO "billing"."events_handoff" (queue, ordering_key) VALUES (q, k);
-    PERFORM pg_notify('outbox_billing.events:handoff', q);
-END;
-$$;
--- +goose StatementEnd
-
 -- Insert side: serialise the key's publishers, draw the id in commit
 -- order, and block the row when its key already has rows. Outside READ
 -- COMMITTED the transaction's snapshot may predate rows committed by the
@@ -152,21 +115,16 @@ BEGIN
     PERFORM pg_advisory_xact_lock("billing"."events_key_lock"(NEW.queue, NEW.ordering_key));
     NEW.id := nextval('"billing"."events_id_seq"');
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        -- The key's newest row, if any: the last row at or before the key's
-        -- end in the ordering index (newest rows are the least likely to
-        -- be dead), found as a range of the index's order for the reason
-        -- given in unblock_head.
-        SELECT o.queue = NEW.queue AND o.ordering_key = NEW.ordering_key
-        INTO NEW.blocked
-        FROM "billing"."events" AS o
-        WHERE o.ordering_key IS NOT NULL
-          AND (o.queue, o.ordering_key, o.id) <= (NEW.queue COLLATE "C", NEW.ordering_key COLLATE "C", 9223372036854775807)
-        ORDER BY o.queue DESC, o.ordering_key DESC, o.id DESC
+        -- The key's newest rows are the ones least likely to be dead.
+        PERFORM 1 FROM "billing"."events" AS o
+        WHERE o.queue = NEW.queue AND o.ordering_key = NEW.ordering_key
+        ORDER BY o.id DESC
         LIMIT 1;
-        NEW.blocked := coalesce(NEW.blocked, false);
+        NEW.blocked := FOUND;
     ELSE
         NEW.blocked := true;
-        PERFORM "billing"."events_record_hand_off"(NEW.queue, NEW.ordering_key);
+        INSERT INTO "billing"."events_handoff" (queue, ordering_key) VALUES (NEW.queue, NEW.ordering_key);
+        PERFORM pg_notify('outbox_billing.events:handoff', NEW.queue);
     END IF;
     RETURN NEW;
 END;
@@ -189,7 +147,8 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed'
        OR NOT pg_try_advisory_xact_lock("billing"."events_key_lock"(OLD.queue, OLD.ordering_key))
        OR NOT "billing"."events_unblock_head"(OLD.queue, OLD.ordering_key) THEN
-        PERFORM "billing"."events_record_hand_off"(OLD.queue, OLD.ordering_key);
+        INSERT INTO "billing"."events_handoff" (queue, ordering_key) VALUES (OLD.queue, OLD.ordering_key);
+        PERFORM pg_notify('outbox_billing.events:handoff', OLD.queue);
     END IF;
     RETURN NULL;
 END;
@@ -244,9 +203,6 @@ BEGIN
         DELETE FROM "billing"."events_handoff" AS h
         WHERE h.queue = k.queue AND h.ordering_key = k.ordering_key;
         IF NOT "billing"."events_unblock_head"(k.queue, k.ordering_key) THEN
-            -- Recorded again without a notification: the caller retries
-            -- after a backoff, where a notification would wake every
-            -- subscriber to retry at once, again and again.
             INSERT INTO "billing"."events_handoff" (queue, ordering_key) VALUES (k.queue, k.ordering_key);
             waiting := waiting + 1;
         END IF;
@@ -270,7 +226,6 @@ DROP TRIGGER "events_key_delete_trg" ON "billing"."events";
 DROP FUNCTION "billing"."events_key_delete"();
 DROP TRIGGER "events_key_insert_trg" ON "billing"."events";
 DROP FUNCTION "billing"."events_key_insert"();
-DROP FUNCTION "billing"."events_record_hand_off"(text, text);
 DROP FUNCTION "billing"."events_unblock_head"(text, text);
 DROP FUNCTION "billing"."events_key_lock"(text, text);
 DROP TABLE "billing"."events_handoff";
@@ -284,12 +239,3 @@ CREATE INDEX "events_pending_idx"
 ALTER TABLE "billing"."events"
     DROP CONSTRAINT "events_blocked_chk",
     DROP COLUMN blocked;
-
-ALTER TABLE "billing"."events"
-    DROP CONSTRAINT "events_lease_state_chk",
-    ADD CONSTRAINT "events_lease_chk" CHECK ((acquired_token IS NULL) = (acquired_at IS NULL)),
-    ADD CONSTRAINT "events_lease_expiry_chk"
-        CHECK ((acquired_token IS NULL) = (lease_expires_at IS NULL)),
-    -- Not validated: other clients may have written longer errors since.
-    ADD CONSTRAINT "events_last_error_chk"
-        CHECK (octet_length(last_error) <= 8192) NOT VALID;
