@@ -14,11 +14,13 @@ import (
 const inFlight = `-- name: InFlight :one
 SELECT coalesce(array_agg(x::text::bigint), '{}')::bigint[] AS xids
 FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = x::text::bigint)
 `
 
 // The transactions in progress now (in the whole cluster), as 64-bit
 // transaction ids: a writer that looked for sleep records before ours was
-// committed is among them or has committed.
+// committed is among them or has committed. Locked claims (migration 7)
+// are left out: they write no rows a subscriber waits for.
 func (q *Queries) InFlight(ctx context.Context) ([]int64, error) {
 	row := q.db.QueryRow(ctx, inFlight)
 	var xids []int64

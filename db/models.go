@@ -51,6 +51,12 @@ type OutboxHandoff struct {
 	CreatedAt   time.Time
 }
 
+type OutboxLock struct {
+	Xid       int64
+	Ids       []int64
+	ClaimedAt time.Time
+}
+
 type OutboxSleeper struct {
 	ID     pgtype.UUID
 	Queues []string

@@ -272,6 +272,13 @@ func (r *run[T]) landed(os []outcome, done []lease) {
 			matched[l] = true
 		}
 	}
+	r.report(os, matched)
+}
+
+// report emits the metrics and logs of outcomes whose writes landed: all
+// of os when matched is nil, else those whose lease it holds; any other
+// lost its lease.
+func (r *run[T]) report(os []outcome, matched map[lease]bool) {
 	for _, o := range os {
 		d := o.d
 		ev := MetricEvent{Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Duration: o.ran, Reason: o.reason}

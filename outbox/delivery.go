@@ -32,6 +32,9 @@ type delivery struct {
 	cancel context.CancelCauseFunc
 	lost   bool // guarded by leases.mu
 	done   bool // guarded by leases.mu: no longer tracked
+	// settled: a locked claim keeps the row's outcome, or gave the row
+	// up. Guarded by batch.locked.mu.
+	settled bool
 }
 
 // claimBatch is the rows one claim statement leased. They share their
@@ -45,6 +48,9 @@ type claimBatch struct {
 	expiry *time.Timer
 	rows   []*delivery // guarded by leases.mu
 	held   int         // rows not done; guarded by leases.mu
+	// locked is the claim's transaction when the claim holds its rows by
+	// row lock, until it ends (see lockedClaim); nil for a leased claim.
+	locked *lockedClaim
 }
 
 // context is the context of logs about d: its handler's once it started,
@@ -163,7 +169,28 @@ func (l *leases) remove(d *delivery) {
 	}
 }
 
-// snapshot returns every held delivery with its id and token.
+// setToken gives ds, rows of a locked claim that is ending, the token of
+// the lease the claim's end writes.
+func (l *leases) setToken(ds []*delivery, token pgtype.UUID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, d := range ds {
+		d.token = token
+	}
+}
+
+// renew restarts b's expiry from sent, when a statement sent then leased
+// its rows.
+func (l *leases) renew(b *claimBatch, sent time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b.held > 0 {
+		b.expiry.Reset(l.left(sent))
+	}
+}
+
+// snapshot returns every held delivery with a written lease, with its id
+// and token (rows a locked claim holds have none yet).
 func (l *leases) snapshot() ([]*delivery, []int64, []pgtype.UUID) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -172,7 +199,7 @@ func (l *leases) snapshot() ([]*delivery, []int64, []pgtype.UUID) {
 	tokens := make([]pgtype.UUID, 0, l.n)
 	for b := range l.batches {
 		for _, d := range b.rows {
-			if !d.done {
+			if !d.done && d.token.Valid {
 				ds = append(ds, d)
 				ids = append(ids, d.row.ID)
 				tokens = append(tokens, d.token)

@@ -38,6 +38,7 @@ func (r *run[T]) fetch(ctx context.Context) {
 			continue
 		}
 		r.handOff(ctx, q)
+		r.sweepLocks(ctx, q)
 		sent := time.Now()
 		n, err := r.claim(ctx, q, int32(min(free, cfg.FetchBatchSize)))
 		if err != nil {
@@ -67,6 +68,9 @@ func (r *run[T]) fetch(ctx context.Context) {
 // has room for them, and returns how many it claimed. A subscriber of one
 // queue uses the claim without the ranking across queues.
 func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (int, error) {
+	if r.locks != nil {
+		return r.claimLocked(ctx, n)
+	}
 	ttl := r.s.cfg.LeaseTTL.Seconds()
 	id, err := uuid.NewRandom()
 	if err != nil {

@@ -176,6 +176,22 @@ type run[T any] struct {
 	stopWrites context.CancelFunc
 	// crew is the workers; drain waits for them.
 	crew crew
+
+	// locks admits locked claims (one slot each, lockedClaimsInFlight);
+	// nil when every claim writes leases.
+	locks chan struct{}
+	// lockEnds counts the locked claims not yet ended.
+	lockEnds sync.WaitGroup
+	// locksSwept is when the fetcher last swept lock records. Fetcher only.
+	locksSwept time.Time
+	// ends bounds the ends of locked claims: done StopSlack/2 after the
+	// graceful timeout, so a claim whose handlers were abandoned can
+	// still lease their rows.
+	ends     context.Context
+	stopEnds context.CancelFunc
+	// lockUnwritten counts the outcomes of locked claims whose end could
+	// not be written before ends was done.
+	lockUnwritten atomic.Int64
 	// abandoned counts handlers the forced stop gave up on.
 	abandoned atomic.Int64
 }
@@ -189,7 +205,15 @@ func (r *run[T]) queries() *db.Queries {
 func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 	hctx, force := context.WithCancelCause(context.WithoutCancel(ctx))
 	writes, stopWrites := context.WithCancel(context.WithoutCancel(ctx))
+	var locks chan struct{}
+	if s.cfg.LockWindow > 0 && s.ob.pool.Config().MaxConns >= minLockingPoolConns {
+		locks = make(chan struct{}, lockedClaimsInFlight)
+	}
+	ends, stopEnds := context.WithCancel(context.WithoutCancel(ctx))
 	return &run[T]{
+		ends:       ends,
+		stopEnds:   stopEnds,
+		locks:      locks,
 		s:          s,
 		buf:        make(chan *delivery, s.cfg.FetchBatchSize),
 		wake:       make(chan struct{}, 1),
@@ -226,13 +250,17 @@ func (r *run[T]) run(ctx context.Context) error {
 	deadline := time.Now().Add(r.s.cfg.GracefulTimeout)
 	stopTimer := time.AfterFunc(r.s.cfg.GracefulTimeout, r.stopWrites)
 	defer stopTimer.Stop()
+	endsTimer := time.AfterFunc(r.s.cfg.GracefulTimeout+StopSlack/2, r.stopEnds)
+	defer endsTimer.Stop()
+	defer r.stopEnds()
 	fetcher.Wait()
 	r.leave()
 	r.release() // rows no worker started go back at once
 	r.drain(deadline)
 	r.release() // rows a worker took after the stop began
+	r.lockEnds.Wait()
 	close(r.outcomes)
-	unwritten := <-ackDone
+	unwritten := <-ackDone + int(r.lockUnwritten.Load())
 	r.stopWrites()
 	side.Wait()
 	r.logs.close()
@@ -283,11 +311,17 @@ func (r *run[T]) release() {
 	if len(ds) == 0 {
 		return
 	}
-	ids := make([]int64, len(ds))
-	tokens := make([]pgtype.UUID, len(ds))
-	for i, d := range ds {
-		ids[i], tokens[i] = d.row.ID, d.token
+	ids := make([]int64, 0, len(ds))
+	tokens := make([]pgtype.UUID, 0, len(ds))
+	for _, d := range ds {
 		r.leases.remove(d)
+		if c := d.batch.locked; c != nil && c.giveUp(d) {
+			continue // its lock is released when its claim ends
+		}
+		ids, tokens = append(ids, d.row.ID), append(tokens, d.token)
+	}
+	if len(ids) == 0 {
+		return
 	}
 	released, err := r.queries().ReleaseBatchWithLease(r.writes, db.ReleaseBatchWithLeaseParams{Ids: ids, Tokens: tokens})
 	if err != nil {

@@ -25,6 +25,7 @@ const (
 	ListenProbeIntervalDefault = 30 * time.Second
 	ListenProbeTimeoutDefault  = 5 * time.Second
 	QueryTimeoutDefault        = 30 * time.Second
+	LockWindowDefault          = time.Second
 )
 
 // SubscriberConfig configures a [Subscriber]. A nil *SubscriberConfig means
@@ -67,6 +68,22 @@ type SubscriberConfig[T any] struct {
 	// LeaseTTL. Negative disables heartbeats, so a
 	// handler slower than LeaseTTL loses its row.
 	HeartbeatInterval time.Duration
+
+	// LockWindow is how long a claim may hold its rows by row lock. A
+	// claim takes its rows in a transaction of its own (SELECT ... FOR
+	// UPDATE SKIP LOCKED) and writes nothing to them; when their handlers
+	// have run, one statement deletes the handled rows and commits. Rows
+	// whose handlers are still running LockWindow after the claim get a
+	// written lease (LeaseTTL, heartbeats) and the transaction commits, so
+	// no claim holds its transaction open longer than about LockWindow.
+	// A crash frees a locked claim's rows at once; a subscriber whose
+	// connection stalls frees them after LeaseTTL, when the server ends
+	// its idle transaction. Each claim in flight holds a pool connection
+	// (at most two per subscriber). Default: LockWindowDefault (1 s), at
+	// most LeaseTTL/2. Negative: every claim writes a lease on its rows,
+	// holding no connection while handlers run; this is also what a
+	// subscriber does when the pool has fewer than 4 connections.
+	LockWindow time.Duration
 
 	// MaxDeliveries caps the claims of a row, checked before its handler
 	// runs: a row claimed more often (its handler keeps crashing the
@@ -186,6 +203,7 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 	setDur(&r.ListenProbeTimeout, ListenProbeTimeoutDefault)
 	setDur(&r.QueryTimeout, QueryTimeoutDefault)
 	setDur(&r.HeartbeatInterval, r.LeaseTTL/3)
+	setDur(&r.LockWindow, min(LockWindowDefault, r.LeaseTTL/2))
 	if r.FetchBatchSize > 10000 {
 		return r, bad("FetchBatchSize", r.FetchBatchSize, "must be at most 10000")
 	}
@@ -197,6 +215,9 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 	}
 	if r.HeartbeatInterval > 0 && r.HeartbeatInterval > r.LeaseTTL/2 {
 		return r, bad("HeartbeatInterval", r.HeartbeatInterval, fmt.Sprintf("must be at most LeaseTTL/2 (%v), or negative to disable heartbeats", r.LeaseTTL/2))
+	}
+	if r.LockWindow > r.LeaseTTL/2 {
+		return r, bad("LockWindow", r.LockWindow, fmt.Sprintf("must be at most LeaseTTL/2 (%v), or negative to write leases at every claim", r.LeaseTTL/2))
 	}
 	if r.ListenProbeTimeout >= r.ListenProbeInterval {
 		return r, bad("ListenProbeTimeout", r.ListenProbeTimeout, fmt.Sprintf("must be below ListenProbeInterval (%v)", r.ListenProbeInterval))

@@ -176,6 +176,9 @@ func (r *run[T]) terminalKind() outcomeKind {
 func (r *run[T]) finish(d *delivery, o outcome) {
 	o.d = d
 	r.leases.remove(d)
+	if c := d.batch.locked; c != nil && c.keep(o) {
+		return
+	}
 	r.outcomes <- o
 }
 

@@ -1,0 +1,39 @@
+-- outboxgen: public.outbox 00007_locked_claims.sql
+-- Claims that hold their rows by row lock instead of writing a lease.
+--
+-- A claim that writes a lease on every row makes a new version of the row
+-- and new index entries for it: most of what a delivery costs the
+-- database. A subscriber may instead claim in a transaction of its own,
+-- with SELECT ... FOR UPDATE SKIP LOCKED, keep the transaction open while
+-- the rows' handlers run, and end it by deleting the rows that were
+-- handled. Nothing is written at the claim; a crash (of the subscriber or
+-- of its connection) frees the rows at once, when the transaction aborts.
+-- Rows whose handlers outlive a short bound have their lease written before
+-- the transaction commits, and go on as leased rows.
+--
+-- A claim that aborts writes nothing, so it cannot count its delivery on
+-- the row. Before any handler of such a claim runs, the subscriber records
+-- the claim here, in a transaction of its own: its transaction id and the
+-- ids of its rows. The claim's transaction deletes its record when it
+-- commits, so a record whose transaction aborted names the rows of a
+-- delivery that ended without an outcome: a later claim of those rows
+-- counts it towards MaxDeliveries, and a handler that crashes its process
+-- every time still ends as a dead letter.
+
+-- +goose Up
+CREATE TABLE "public"."outbox_locks" (
+    -- The claim's transaction id (64-bit, as pg_current_xact_id).
+    xid        bigint      NOT NULL,
+    ids        bigint[]    NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT "outbox_locks_pkey" PRIMARY KEY (xid)
+);
+
+CREATE OR REPLACE FUNCTION "public"."outbox_schema_version"() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 7';
+
+-- +goose Down
+CREATE OR REPLACE FUNCTION "public"."outbox_schema_version"() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 6';
+
+DROP TABLE "public"."outbox_locks";

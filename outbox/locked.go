@@ -1,0 +1,366 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// Claims by row lock (SubscriberConfig.LockWindow, migration 7).
+//
+// A locked claim takes its rows with SELECT ... FOR UPDATE SKIP LOCKED in
+// a transaction of its own and writes nothing to them. Before any of its
+// handlers runs, the claim is recorded (transaction id and row ids) in a
+// statement that commits on its own, so that a claim that aborts still
+// counts as a delivery of its rows (see RecordLock). When every row has an
+// outcome, or LockWindow has passed, or the forced stop came, one
+// statement ends the claim in its transaction: it deletes the acknowledged
+// rows, leases the others (rows whose handlers still run, and failed rows,
+// whose retry or dead letter the lease path writes next) and deletes the
+// record; then the transaction commits. From then on its leased rows are
+// ordinary leased deliveries: heartbeats, lease-filtered writes.
+
+// lockedClaimsInFlight caps the locked claims of one subscriber open at
+// once: each holds a pool connection while its handlers run.
+const lockedClaimsInFlight = 2
+
+// minLockingPoolConns is the smallest pool a subscriber claims by lock
+// from: its claims in flight, their records and the lease path's writes
+// must not starve each other or the handlers.
+const minLockingPoolConns = 4
+
+// errLocksLost reports that a locked claim's end matched fewer rows than
+// it holds: its transaction no longer holds their locks.
+var errLocksLost = errors.New("outbox: a locked claim's rows were not all held at its end")
+
+// lockedClaim is the transaction of one locked claim and what it keeps
+// until it ends.
+type lockedClaim struct {
+	tx  pgx.Tx
+	xid int64
+	// aborted are the rows whose aborted deliveries this claim counted.
+	aborted []int64
+
+	mu   sync.Mutex
+	open bool      // outcomes are kept here, to be written at the end
+	left int       // rows not settled
+	kept []outcome // outcomes of settled rows
+	// settled is closed when every row has an outcome or was given up.
+	settled chan struct{}
+}
+
+// keep keeps o, the outcome of a row of the claim, for the claim's end;
+// false means the claim has ended and o goes the lease path's way (its
+// row was leased by then: o.d.token is the lease's).
+func (c *lockedClaim) keep(o outcome) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.open {
+		return false
+	}
+	c.kept = append(c.kept, o)
+	o.d.settled = true
+	c.settle()
+	return true
+}
+
+// giveUp gives up d, a row no handler started (the subscriber is
+// stopping): the claim's end leaves it unwritten, so its lock is released
+// at commit. False means the claim has ended and d holds a written lease.
+func (c *lockedClaim) giveUp(d *delivery) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.open {
+		return false
+	}
+	d.settled = true
+	c.settle()
+	return true
+}
+
+// settle counts one more settled row. Call with mu held.
+func (c *lockedClaim) settle() {
+	c.left--
+	if c.left == 0 {
+		close(c.settled)
+	}
+}
+
+// claimLocked locks up to n rows of the subscriber's queues in a new
+// transaction, records the claim, and puts the rows in buf; it returns how
+// many it claimed. It waits while lockedClaimsInFlight claims are open.
+func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
+	select {
+	case r.locks <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	started := false
+	defer func() {
+		if !started {
+			<-r.locks
+		}
+	}()
+	timeout := r.s.cfg.QueryTimeout
+	bctx, cancel := context.WithTimeout(ctx, timeout)
+	tx, err := r.s.ob.pool.Begin(bctx)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	rollback := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}
+	q := r.s.ob.queries(boundedDBTX{inner: tx, timeout: timeout})
+	idle := r.s.cfg.LeaseTTL.Milliseconds()
+	sent := time.Now()
+	var (
+		rows []db.ClaimRow
+		xid  int64
+	)
+	if len(r.s.queues) > 1 {
+		var got []db.LockRow
+		got, err = q.Lock(ctx, db.LockParams{Queues: r.s.queues, MaxRows: n, IdleTimeoutMs: idle})
+		rows = make([]db.ClaimRow, len(got))
+		for i, g := range got {
+			rows[i] = db.ClaimRow{ID: g.ID, Queue: g.Queue, Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
+				TimerID: g.TimerID, CreatedAt: g.CreatedAt, AttemptsCount: g.AttemptsCount, DeliveriesCount: g.DeliveriesCount,
+				SinceFirstAttemptSeconds: g.SinceFirstAttemptSeconds}
+			xid = g.Xid
+		}
+	} else {
+		var got []db.LockQueueRow
+		got, err = q.LockQueue(ctx, db.LockQueueParams{Queue: r.s.queues[0], MaxRows: n, IdleTimeoutMs: idle})
+		rows = make([]db.ClaimRow, len(got))
+		for i, g := range got {
+			rows[i] = db.ClaimRow{ID: g.ID, Queue: r.s.queues[0], Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
+				TimerID: g.TimerID, CreatedAt: g.CreatedAt, AttemptsCount: g.AttemptsCount, DeliveriesCount: g.DeliveriesCount,
+				SinceFirstAttemptSeconds: g.SinceFirstAttemptSeconds}
+			xid = g.Xid
+		}
+	}
+	if err != nil || len(rows) == 0 {
+		rollback()
+		return 0, err
+	}
+	ids := make([]int64, len(rows))
+	for i := range rows {
+		ids[i] = rows[i].ID
+	}
+	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Ids: ids})
+	if err != nil {
+		rollback()
+		return 0, fmt.Errorf("recording a locked claim: %w", err)
+	}
+	c := &lockedClaim{tx: tx, xid: xid, open: true, left: len(rows), settled: make(chan struct{})}
+	if len(counted) > 0 {
+		more := make(map[int64]int32, len(counted))
+		for _, k := range counted {
+			more[k.ID] = k.Aborted
+			c.aborted = append(c.aborted, k.ID)
+		}
+		for i := range rows {
+			rows[i].DeliveriesCount = int32(min(int64(rows[i].DeliveriesCount)+int64(more[rows[i].ID]), math.MaxInt32))
+		}
+	}
+	ds := r.leases.add(r.handlerCtx, rows, pgtype.UUID{}, sent)
+	ds[0].batch.locked = c
+	started = true
+	r.lockEnds.Add(1)
+	go r.endLocked(ds[0].batch, c)
+	for _, d := range ds {
+		r.buf <- d
+	}
+	return len(ds), nil
+}
+
+// endLocked ends the locked claim c of batch b when every row is settled,
+// LockWindow has passed, or the forced stop came, and frees its place
+// among the claims in flight.
+func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
+	defer r.lockEnds.Done()
+	defer func() { <-r.locks }()
+	window := time.NewTimer(r.s.cfg.LockWindow)
+	select {
+	case <-c.settled:
+	case <-window.C:
+	case <-r.handlerCtx.Done():
+	}
+	window.Stop()
+
+	id, err := uuid.NewRandom()
+	token := pgtype.UUID{Bytes: id, Valid: err == nil}
+	c.mu.Lock()
+	c.open = false
+	kept := c.kept
+	var (
+		e       lockEnd
+		running []*delivery
+		later   []outcome // failures the lease path writes
+		done    []outcome // acknowledgements and terminal deletes
+	)
+	for _, o := range kept {
+		switch o.kind {
+		case kindAck, kindDrop:
+			e.deleted = append(e.deleted, o.d.row.ID)
+			done = append(done, o)
+		default:
+			e.lease(o.d)
+			later = append(later, o)
+		}
+	}
+	for _, d := range b.rows {
+		if !d.settled {
+			e.lease(d)
+			running = append(running, d)
+		}
+	}
+	// Every row takes the token before any write can use it, and before
+	// the claim's handlers learn it has ended: should the end fall back to
+	// leasing every row, the acknowledged ones are written with it too.
+	r.leases.setToken(append(running, deliveriesOf(kept)...), token)
+	c.mu.Unlock()
+
+	sent := time.Now()
+	fellBack := false
+	if !token.Valid {
+		err = fmt.Errorf("drawing a lease token: %w", err)
+	} else {
+		fellBack, err = r.endLockTx(c, &e, done, token)
+	}
+	if err != nil {
+		if r.ends.Err() != nil {
+			r.lockUnwritten.Add(int64(len(kept)))
+		} else {
+			r.s.log.Warn("outbox: ending a locked claim failed; its rows are delivered again",
+				slog.Int("rows", len(b.rows)), slog.Any("error", err))
+			r.report(kept, map[lease]bool{})
+		}
+		// Nothing was written: the rows are free again, and the handlers
+		// still running hold no lease.
+		b.cancel(ErrLeaseLost)
+		return
+	}
+	r.leases.renew(b, sent)
+	if fellBack {
+		later = kept
+	} else {
+		r.report(done, nil)
+	}
+	for _, o := range later {
+		r.outcomes <- o
+	}
+	if len(later) > 0 || keyed(done) {
+		r.wakeFetcher()
+	}
+}
+
+// lockEnd is what a locked claim's end writes.
+type lockEnd struct {
+	deleted, leased []int64
+	deliveries      []int32
+}
+
+// lease adds d's row to the rows the end leases.
+func (e *lockEnd) lease(d *delivery) {
+	e.leased = append(e.leased, d.row.ID)
+	e.deliveries = append(e.deliveries, d.row.DeliveriesCount)
+}
+
+// endLockTx writes e, the end of locked claim c, in its transaction and
+// commits it. A statement that fails is rolled back to a savepoint and
+// retried with backoff until r.ends is done, as the lease path retries
+// its writes, while the transaction keeps the rows. When the database
+// refuses the deletes' values (a data error: a trigger refusing one row,
+// say), the end leases the rows of done as well and deletes none, and
+// fellBack reports that every outcome is to be written the lease path's
+// way, which gives up only the outcomes the database refuses. On error
+// the transaction is rolled back: nothing was written.
+func (r *run[T]) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype.UUID) (fellBack bool, err error) {
+	ctx := r.ends
+	q := r.s.ob.queries(boundedDBTX{inner: c.tx, timeout: r.s.cfg.QueryTimeout})
+	defer func() {
+		if err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.s.cfg.QueryTimeout)
+			defer cancel()
+			_ = c.tx.Rollback(rctx)
+		}
+	}()
+	if err := q.SavepointLockEnd(ctx); err != nil {
+		return false, err
+	}
+	errs := backoff{base: 50 * time.Millisecond, max: 5 * time.Second}
+	for {
+		err = r.writeLockEnd(ctx, q, c, e, token)
+		if err == nil {
+			return fellBack, c.tx.Commit(ctx)
+		}
+		if ctx.Err() != nil || c.tx.Conn().IsClosed() {
+			return false, err
+		}
+		if rerr := q.RollbackToLockEnd(ctx); rerr != nil {
+			return false, errors.Join(err, rerr)
+		}
+		if isDataError(err) && !fellBack {
+			fellBack = true
+			for _, o := range done {
+				e.lease(o.d)
+			}
+			e.deleted = nil
+			continue
+		}
+		wait := errs.next()
+		r.s.log.ErrorContext(ctx, "outbox: ending a locked claim failed; retrying",
+			slog.Int("rows", len(e.deleted)+len(e.leased)), slog.Any("error", err), slog.Duration("backoff", wait))
+		sleep(ctx, wait)
+	}
+}
+
+// writeLockEnd runs the statements of e in c's transaction.
+func (r *run[T]) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e *lockEnd, token pgtype.UUID) error {
+	res, err := q.EndLock(ctx, db.EndLockParams{Deleted: e.deleted, Leased: e.leased, Deliveries: e.deliveries, Token: token,
+		LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds(), Xid: c.xid})
+	if err != nil {
+		return err
+	}
+	if int(res.Deleted) != len(e.deleted) || int(res.Leased) != len(e.leased) {
+		return errLocksLost
+	}
+	if len(c.aborted) > 0 {
+		return q.ForgetAborted(ctx, c.aborted)
+	}
+	return nil
+}
+
+// deliveriesOf returns the deliveries of os.
+func deliveriesOf(os []outcome) []*delivery {
+	ds := make([]*delivery, len(os))
+	for i, o := range os {
+		ds[i] = o.d
+	}
+	return ds
+}
+
+// sweepLocks deletes, every MaxFetchInterval, the records of locked
+// claims no claim needs any more.
+func (r *run[T]) sweepLocks(ctx context.Context, q *db.Queries) {
+	if r.locks == nil || time.Since(r.locksSwept) < r.s.cfg.MaxFetchInterval {
+		return
+	}
+	r.locksSwept = time.Now()
+	if _, err := q.SweepLocks(ctx); err != nil && ctx.Err() == nil {
+		r.s.log.WarnContext(ctx, "outbox: sweeping the records of locked claims failed", slog.Any("error", err))
+	}
+}
