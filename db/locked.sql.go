@@ -12,6 +12,94 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const claimExpired = `-- name: ClaimExpired :many
+WITH picked AS (
+    SELECT e.id
+    FROM unnest($3::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT o.id
+        FROM /*outbox:table*/outbox AS o
+        WHERE o.queue = q.name
+          AND o.acquired_token IS NOT NULL
+          AND o.lease_expires_at < now()
+        ORDER BY o.lease_expires_at
+        LIMIT $4::integer
+        FOR UPDATE OF o SKIP LOCKED
+    ) AS e
+    LIMIT $4::integer
+)
+UPDATE /*outbox:table*/outbox AS o
+SET acquired_token   = $1::uuid,
+    acquired_at      = now(),
+    lease_expires_at = now() + make_interval(secs => $2::float8),
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
+FROM picked
+WHERE o.id = picked.id
+RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
+          least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+          o.attempts_count, o.deliveries_count,
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds
+`
+
+type ClaimExpiredParams struct {
+	Token           pgtype.UUID
+	LeaseTtlSeconds float64
+	Queues          []string
+	MaxRows         int32
+}
+
+type ClaimExpiredRow struct {
+	ID                       int64
+	Queue                    string
+	Payload                  []byte
+	Headers                  []byte
+	OrderingKey              *string
+	TimerID                  *string
+	CreatedAt                time.Time
+	AttemptsCount            int32
+	DeliveriesCount          int32
+	SinceFirstAttemptSeconds float64
+}
+
+// Leases, as Claim does, up to @max_rows rows of the given queues whose
+// lease expired: the takeover of rows whose holder stopped extending its
+// lease, for subscribers that claim new rows by lock.
+func (q *Queries) ClaimExpired(ctx context.Context, arg ClaimExpiredParams) ([]ClaimExpiredRow, error) {
+	rows, err := q.db.Query(ctx, claimExpired,
+		arg.Token,
+		arg.LeaseTtlSeconds,
+		arg.Queues,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ClaimExpiredRow{}
+	for rows.Next() {
+		var i ClaimExpiredRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Payload,
+			&i.Headers,
+			&i.OrderingKey,
+			&i.TimerID,
+			&i.CreatedAt,
+			&i.AttemptsCount,
+			&i.DeliveriesCount,
+			&i.SinceFirstAttemptSeconds,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const endLock = `-- name: EndLock :one
 WITH gone AS (
     DELETE FROM /*outbox:table*/outbox AS o
@@ -28,9 +116,14 @@ WITH gone AS (
     RETURNING o.id
 ), record AS (
     DELETE FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = $6::bigint
+), session AS (
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN cardinality($4::bigint[]) = 0 THEN 'off' ELSE current_setting('synchronous_commit') END,
+                      true) AS synchronous_commit
 )
 SELECT (SELECT count(*) FROM gone)::integer AS deleted,
        (SELECT count(*) FROM leased)::integer AS leased
+FROM session
 `
 
 type EndLockParams struct {
@@ -54,6 +147,13 @@ type EndLockRow struct {
 // delivery counts to @deliveries, and deletes the claim's record. Returns
 // how many rows it deleted and leased: the claim holds every one of them,
 // so anything less means the transaction no longer holds its locks.
+//
+// An end that only deletes commits without waiting for its WAL flush: a
+// server crash can then undo it, and its rows (and a key's next row, which
+// the same transaction unblocked) are delivered again, in order, which
+// at-least-once delivery allows; no later flushed commit can survive it,
+// as WAL is flushed in order. An end that leases rows waits as usual, so a
+// running handler's lease outlives a crash.
 func (q *Queries) EndLock(ctx context.Context, arg EndLockParams) (EndLockRow, error) {
 	row := q.db.QueryRow(ctx, endLock,
 		arg.Deleted,
@@ -69,9 +169,13 @@ func (q *Queries) EndLock(ctx context.Context, arg EndLockParams) (EndLockRow, e
 }
 
 const forgetAborted = `-- name: ForgetAborted :exec
+WITH counted AS (
+    SELECT range_agg(int8range(c.id, c.id, '[]')) AS ids FROM unnest($1::bigint[]) AS c(id)
+)
 UPDATE /*outbox:table*/outbox_locks AS l
-SET ids = ARRAY(SELECT unnest(l.ids) EXCEPT SELECT unnest($1::bigint[]))
-WHERE l.ids && $1::bigint[]
+SET ids = l.ids - counted.ids
+FROM counted
+WHERE l.ids && counted.ids
   AND pg_xact_status(l.xid::text::xid8) = 'aborted'
 `
 
@@ -83,10 +187,8 @@ func (q *Queries) ForgetAborted(ctx context.Context, ids []int64) error {
 }
 
 const lock = `-- name: Lock :many
-WITH session AS MATERIALIZED (
-    SELECT set_config('idle_in_transaction_session_timeout', ($1::bigint)::text, true) AS idle_timeout
-), candidates AS (
-    SELECT p.id, p.queue, p.next_attempt_at, p.payload, p.headers, p.ordering_key, p.timer_id, p.created_at, p.attempts_count, p.deliveries_count, p.first_attempt_at FROM unnest($2::text[]) AS q(name)
+WITH candidates AS (
+    SELECT p.id, p.queue, p.next_attempt_at, p.payload, p.headers, p.ordering_key, p.timer_id, p.created_at, p.attempts_count, p.deliveries_count, p.first_attempt_at FROM unnest($3::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT o.id, o.queue, o.next_attempt_at, o.payload, o.headers, o.ordering_key, o.timer_id,
                o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
@@ -96,29 +198,12 @@ WITH session AS MATERIALIZED (
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
         ORDER BY o.next_attempt_at, o.id
-        LIMIT $3::integer
+        LIMIT $2::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
-    UNION ALL
-    SELECT e.id, e.queue, e.next_attempt_at, e.payload, e.headers, e.ordering_key, e.timer_id, e.created_at, e.attempts_count, e.deliveries_count, e.first_attempt_at FROM unnest($2::text[]) AS q(name)
-    CROSS JOIN LATERAL (
-        SELECT o.id, o.queue, o.next_attempt_at, o.payload, o.headers, o.ordering_key, o.timer_id,
-               o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
-        FROM /*outbox:table*/outbox AS o
-        WHERE o.queue = q.name
-          AND o.acquired_token IS NOT NULL
-          AND o.lease_expires_at < now()
-        ORDER BY o.lease_expires_at
-        LIMIT $3::integer
-        FOR UPDATE OF o SKIP LOCKED
-    ) AS e
 ), ranked AS (
     SELECT c.id, c.queue, c.next_attempt_at, c.payload, c.headers, c.ordering_key, c.timer_id, c.created_at, c.attempts_count, c.deliveries_count, c.first_attempt_at, row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
     FROM candidates AS c
-), picked AS (
-    SELECT r.id, r.queue, r.next_attempt_at, r.payload, r.headers, r.ordering_key, r.timer_id, r.created_at, r.attempts_count, r.deliveries_count, r.first_attempt_at, r.rank FROM ranked AS r
-    ORDER BY r.rank, r.next_attempt_at, r.id
-    LIMIT $3::integer
 )
 SELECT c.id, c.queue, c.payload, c.headers, c.ordering_key, c.timer_id,
        least(greatest(c.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
@@ -126,13 +211,18 @@ SELECT c.id, c.queue, c.payload, c.headers, c.ordering_key, c.timer_id,
        least(greatest(c.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
        coalesce(extract(epoch FROM now()) - extract(epoch FROM c.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
        pg_current_xact_id_if_assigned()::text::bigint AS xid
-FROM picked AS c CROSS JOIN session
+FROM (SELECT set_config('idle_in_transaction_session_timeout', ($1::bigint)::text, true)) AS session(idle_timeout)
+CROSS JOIN LATERAL (
+    SELECT r.id, r.queue, r.next_attempt_at, r.payload, r.headers, r.ordering_key, r.timer_id, r.created_at, r.attempts_count, r.deliveries_count, r.first_attempt_at, r.rank FROM ranked AS r
+    ORDER BY r.rank, r.next_attempt_at, r.id
+    LIMIT $2::integer
+) AS c
 `
 
 type LockParams struct {
 	IdleTimeoutMs int64
-	Queues        []string
 	MaxRows       int32
+	Queues        []string
 }
 
 type LockRow struct {
@@ -150,9 +240,9 @@ type LockRow struct {
 }
 
 // LockQueue for a subscriber of several queues: the rows Claim would
-// lease, ranked across the queues as Claim ranks them.
+// lease but expired ones, ranked across the queues as Claim ranks them.
 func (q *Queries) Lock(ctx context.Context, arg LockParams) ([]LockRow, error) {
-	rows, err := q.db.Query(ctx, lock, arg.IdleTimeoutMs, arg.Queues, arg.MaxRows)
+	rows, err := q.db.Query(ctx, lock, arg.IdleTimeoutMs, arg.MaxRows, arg.Queues)
 	if err != nil {
 		return nil, err
 	}
@@ -185,45 +275,25 @@ func (q *Queries) Lock(ctx context.Context, arg LockParams) ([]LockRow, error) {
 
 const lockQueue = `-- name: LockQueue :many
 
-WITH session AS MATERIALIZED (
-    SELECT set_config('idle_in_transaction_session_timeout', ($1::bigint)::text, true) AS idle_timeout
-), candidates AS (
-    SELECT p.id, p.next_attempt_at, p.payload, p.headers, p.ordering_key, p.timer_id, p.created_at, p.attempts_count, p.deliveries_count, p.first_attempt_at FROM (
-        SELECT o.id, o.next_attempt_at, o.payload, o.headers, o.ordering_key, o.timer_id,
-               o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
-        FROM /*outbox:table*/outbox AS o
-        WHERE o.queue = $2::text
-          AND o.acquired_token IS NULL
-          AND NOT o.blocked
-          AND o.next_attempt_at <= now()
-        ORDER BY o.next_attempt_at, o.id
-        LIMIT $3::integer
-        FOR UPDATE OF o SKIP LOCKED
-    ) AS p
-    UNION ALL
-    SELECT e.id, e.next_attempt_at, e.payload, e.headers, e.ordering_key, e.timer_id, e.created_at, e.attempts_count, e.deliveries_count, e.first_attempt_at FROM (
-        SELECT o.id, o.next_attempt_at, o.payload, o.headers, o.ordering_key, o.timer_id,
-               o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
-        FROM /*outbox:table*/outbox AS o
-        WHERE o.queue = $2::text
-          AND o.acquired_token IS NOT NULL
-          AND o.lease_expires_at < now()
-        ORDER BY o.lease_expires_at
-        LIMIT $3::integer
-        FOR UPDATE OF o SKIP LOCKED
-    ) AS e
-), picked AS (
-    SELECT c.id, c.next_attempt_at, c.payload, c.headers, c.ordering_key, c.timer_id, c.created_at, c.attempts_count, c.deliveries_count, c.first_attempt_at FROM candidates AS c
-    ORDER BY c.next_attempt_at, c.id
-    LIMIT $3::integer
-)
-SELECT c.id, c.payload, c.headers, c.ordering_key, c.timer_id,
-       least(greatest(c.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-       c.attempts_count,
-       least(greatest(c.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
-       coalesce(extract(epoch FROM now()) - extract(epoch FROM c.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
+       least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       o.attempts_count,
+       least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
+       coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
        pg_current_xact_id_if_assigned()::text::bigint AS xid
-FROM picked AS c CROSS JOIN session
+FROM (SELECT set_config('idle_in_transaction_session_timeout', ($1::bigint)::text, true)) AS session(idle_timeout)
+CROSS JOIN LATERAL (
+    SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
+           o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
+    FROM /*outbox:table*/outbox AS o
+    WHERE o.queue = $2::text
+      AND o.acquired_token IS NULL
+      AND NOT o.blocked
+      AND o.next_attempt_at <= now()
+    ORDER BY o.next_attempt_at, o.id
+    LIMIT $3::integer
+    FOR UPDATE OF o SKIP LOCKED
+) AS o
 `
 
 type LockQueueParams struct {
@@ -249,14 +319,15 @@ type LockQueueRow struct {
 // claim's own transaction but RecordLock, which must commit on its own.
 // Locks, in the calling transaction, up to @max_rows rows of one queue
 // that ClaimQueue would lease, without writing them: rows with no lease
-// that are not blocked and are due, and rows whose lease expired. They
-// stay locked, and so claimed, until the transaction ends: a commit that
-// wrote nothing, or a rollback, frees them at once. The server ends the
-// transaction when it stays idle for @idle_timeout_ms, so a subscriber
-// that stalls frees its rows after that long, as an unextended lease
-// would. Returns ClaimQueue's columns (deliveries_count counting this
-// delivery), read from the row versions it locked, and the transaction's
-// id. Values written by other clients are read as ClaimQueue reads them.
+// that are not blocked and are due. (Rows whose lease expired are taken
+// over by ClaimExpired.) They stay locked, and so claimed, until the
+// transaction ends: a commit that wrote nothing, or a rollback, frees them
+// at once. The server ends the transaction when it stays idle for
+// @idle_timeout_ms, so a subscriber that stalls frees its rows after that
+// long, as an unextended lease would. Returns ClaimQueue's columns
+// (deliveries_count counting this delivery), read from the row versions it
+// locked, and the transaction's id. Values written by other clients are
+// read as ClaimQueue reads them.
 func (q *Queries) LockQueue(ctx context.Context, arg LockQueueParams) ([]LockQueueRow, error) {
 	rows, err := q.db.Query(ctx, lockQueue, arg.IdleTimeoutMs, arg.Queue, arg.MaxRows)
 	if err != nil {
@@ -293,21 +364,22 @@ WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ), record AS (
     INSERT INTO /*outbox:table*/outbox_locks (xid, ids)
-    SELECT $2::bigint, $1::bigint[] FROM session
+    SELECT $2::bigint, (SELECT range_agg(int8range(r.lower, r.upper, '[]'))
+                          FROM (SELECT unnest($3::bigint[]) AS lower, unnest($4::bigint[]) AS upper) AS r)
+    FROM session
 )
 SELECT c.id::bigint AS id, count(*)::integer AS aborted
-FROM (
-    SELECT l.ids FROM /*outbox:table*/outbox_locks AS l
-    WHERE pg_xact_status(l.xid::text::xid8) = 'aborted'
-) AS l
-CROSS JOIN LATERAL unnest(l.ids) AS c(id)
-WHERE c.id = ANY($1::bigint[])
+FROM unnest($1::bigint[]) AS c(id)
+JOIN /*outbox:table*/outbox_locks AS l ON l.ids @> c.id
+WHERE pg_xact_status(l.xid::text::xid8) = 'aborted'
 GROUP BY c.id
 `
 
 type RecordLockParams struct {
-	Ids []int64
-	Xid int64
+	Ids   []int64
+	Xid   int64
+	Lower []int64
+	Upper []int64
 }
 
 type RecordLockRow struct {
@@ -316,13 +388,19 @@ type RecordLockRow struct {
 }
 
 // Records, in a transaction of its own (autocommit), that the claim of
-// transaction @xid holds the rows @ids, and returns how many earlier
-// claims of each of them aborted: deliveries that ended without an
-// outcome (the subscriber crashed, its connection died) and that no row
-// counts yet. The record needs no flush at commit: it must outlive the
+// transaction @xid holds the rows @ids, as the ranges @lower to @upper
+// (inclusive) that cover exactly those ids, and returns how many earlier
+// claims of each of @ids aborted: deliveries that ended without an outcome
+// (the subscriber crashed, its connection died) and that no row counts
+// yet. The record needs no flush at commit: it must outlive the
 // subscriber, not the server, whose crash aborts the claim too.
 func (q *Queries) RecordLock(ctx context.Context, arg RecordLockParams) ([]RecordLockRow, error) {
-	rows, err := q.db.Query(ctx, recordLock, arg.Ids, arg.Xid)
+	rows, err := q.db.Query(ctx, recordLock,
+		arg.Ids,
+		arg.Xid,
+		arg.Lower,
+		arg.Upper,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -366,7 +444,8 @@ const sweepLocks = `-- name: SweepLocks :execrows
 DELETE FROM /*outbox:table*/outbox_locks AS l
 WHERE pg_xact_status(l.xid::text::xid8) IS DISTINCT FROM 'in progress'
   AND (pg_xact_status(l.xid::text::xid8) IS DISTINCT FROM 'aborted'
-       OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox AS o WHERE o.id = ANY(l.ids)))
+       OR NOT EXISTS (SELECT FROM unnest(l.ids) AS r(ids)
+                      JOIN /*outbox:table*/outbox AS o ON o.id >= lower(r.ids) AND o.id < upper(r.ids)))
 `
 
 // Deletes the records no claim needs: those of ended claims whose rows are

@@ -53,7 +53,7 @@ type OutboxHandoff struct {
 
 type OutboxLock struct {
 	Xid       int64
-	Ids       []int64
+	Ids       pgtype.Multirange[pgtype.Range[pgtype.Int8]]
 	ClaimedAt time.Time
 }
 

@@ -69,7 +69,7 @@ func (r *run[T]) fetch(ctx context.Context) {
 // queue uses the claim without the ranking across queues.
 func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (int, error) {
 	if r.locks != nil {
-		return r.claimLocked(ctx, n)
+		return r.claimLockedOrExpired(ctx, q, n)
 	}
 	ttl := r.s.cfg.LeaseTTL.Seconds()
 	id, err := uuid.NewRandom()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -159,7 +160,8 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 	for i := range rows {
 		ids[i] = rows[i].ID
 	}
-	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Ids: ids})
+	lower, upper := runs(ids)
+	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Ids: ids, Lower: lower, Upper: upper})
 	if err != nil {
 		rollback()
 		return 0, fmt.Errorf("recording a locked claim: %w", err)
@@ -344,6 +346,23 @@ func (r *run[T]) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim
 	return nil
 }
 
+// runs returns the runs of consecutive values in ids, as their first
+// and last values: the fewest inclusive ranges that cover exactly ids.
+func runs(ids []int64) (lower, upper []int64) {
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	for i, id := range sorted {
+		switch {
+		case i > 0 && id == upper[len(upper)-1]:
+		case i > 0 && id == upper[len(upper)-1]+1:
+			upper[len(upper)-1] = id
+		default:
+			lower, upper = append(lower, id), append(upper, id)
+		}
+	}
+	return lower, upper
+}
+
 // deliveriesOf returns the deliveries of os.
 func deliveriesOf(os []outcome) []*delivery {
 	ds := make([]*delivery, len(os))
@@ -351,6 +370,46 @@ func deliveriesOf(os []outcome) []*delivery {
 		ds[i] = o.d
 	}
 	return ds
+}
+
+// claimLockedOrExpired claims up to n rows for a subscriber that claims
+// by lock: by lock, and by lease the rows whose lease expired (a holder
+// stopped extending it), which it takes over every MaxFetchInterval and
+// whenever a claim by lock finds nothing.
+func (r *run[T]) claimLockedOrExpired(ctx context.Context, q *db.Queries, n int32) (int, error) {
+	if time.Since(r.expiredTaken) >= r.s.cfg.MaxFetchInterval {
+		r.expiredTaken = time.Now()
+		if got, err := r.claimExpired(ctx, q, n); err != nil || got > 0 {
+			return got, err
+		}
+	}
+	got, err := r.claimLocked(ctx, n)
+	if got > 0 || err != nil {
+		return got, err
+	}
+	r.expiredTaken = time.Now()
+	return r.claimExpired(ctx, q, n)
+}
+
+// claimExpired leases up to n rows of the subscriber's queues whose lease
+// expired into buf, and returns how many it claimed.
+func (r *run[T]) claimExpired(ctx context.Context, q *db.Queries, n int32) (int, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return 0, fmt.Errorf("drawing a lease token: %w", err)
+	}
+	token := pgtype.UUID{Bytes: id, Valid: true}
+	sent := time.Now()
+	rows, err := q.ClaimExpired(ctx, db.ClaimExpiredParams{Queues: r.s.queues, MaxRows: n, Token: token,
+		LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
+	claimed := make([]db.ClaimRow, len(rows))
+	for i := range rows {
+		claimed[i] = db.ClaimRow(rows[i])
+	}
+	for _, d := range r.leases.add(r.handlerCtx, claimed, token, sent) {
+		r.buf <- d
+	}
+	return len(rows), err
 }
 
 // sweepLocks deletes, every MaxFetchInterval, the records of locked

@@ -184,6 +184,9 @@ type run[T any] struct {
 	lockEnds sync.WaitGroup
 	// locksSwept is when the fetcher last swept lock records. Fetcher only.
 	locksSwept time.Time
+	// expiredTaken is when the fetcher last took over expired leases, when
+	// it claims by lock. Fetcher only.
+	expiredTaken time.Time
 	// ends bounds the ends of locked claims: done StopSlack/2 after the
 	// graceful timeout, so a claim whose handlers were abandoned can
 	// still lease their rows.

@@ -4,60 +4,39 @@
 -- name: LockQueue :many
 -- Locks, in the calling transaction, up to @max_rows rows of one queue
 -- that ClaimQueue would lease, without writing them: rows with no lease
--- that are not blocked and are due, and rows whose lease expired. They
--- stay locked, and so claimed, until the transaction ends: a commit that
--- wrote nothing, or a rollback, frees them at once. The server ends the
--- transaction when it stays idle for @idle_timeout_ms, so a subscriber
--- that stalls frees its rows after that long, as an unextended lease
--- would. Returns ClaimQueue's columns (deliveries_count counting this
--- delivery), read from the row versions it locked, and the transaction's
--- id. Values written by other clients are read as ClaimQueue reads them.
-WITH session AS MATERIALIZED (
-    SELECT set_config('idle_in_transaction_session_timeout', (@idle_timeout_ms::bigint)::text, true) AS idle_timeout
-), candidates AS (
-    SELECT p.* FROM (
-        SELECT o.id, o.next_attempt_at, o.payload, o.headers, o.ordering_key, o.timer_id,
-               o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
-        FROM /*outbox:table*/outbox AS o
-        WHERE o.queue = @queue::text
-          AND o.acquired_token IS NULL
-          AND NOT o.blocked
-          AND o.next_attempt_at <= now()
-        ORDER BY o.next_attempt_at, o.id
-        LIMIT @max_rows::integer
-        FOR UPDATE OF o SKIP LOCKED
-    ) AS p
-    UNION ALL
-    SELECT e.* FROM (
-        SELECT o.id, o.next_attempt_at, o.payload, o.headers, o.ordering_key, o.timer_id,
-               o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
-        FROM /*outbox:table*/outbox AS o
-        WHERE o.queue = @queue::text
-          AND o.acquired_token IS NOT NULL
-          AND o.lease_expires_at < now()
-        ORDER BY o.lease_expires_at
-        LIMIT @max_rows::integer
-        FOR UPDATE OF o SKIP LOCKED
-    ) AS e
-), picked AS (
-    SELECT c.* FROM candidates AS c
-    ORDER BY c.next_attempt_at, c.id
-    LIMIT @max_rows::integer
-)
-SELECT c.id, c.payload, c.headers, c.ordering_key, c.timer_id,
-       least(greatest(c.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-       c.attempts_count,
-       least(greatest(c.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
-       coalesce(extract(epoch FROM now()) - extract(epoch FROM c.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+-- that are not blocked and are due. (Rows whose lease expired are taken
+-- over by ClaimExpired.) They stay locked, and so claimed, until the
+-- transaction ends: a commit that wrote nothing, or a rollback, frees them
+-- at once. The server ends the transaction when it stays idle for
+-- @idle_timeout_ms, so a subscriber that stalls frees its rows after that
+-- long, as an unextended lease would. Returns ClaimQueue's columns
+-- (deliveries_count counting this delivery), read from the row versions it
+-- locked, and the transaction's id. Values written by other clients are
+-- read as ClaimQueue reads them.
+SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
+       least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       o.attempts_count,
+       least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
+       coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
        pg_current_xact_id_if_assigned()::text::bigint AS xid
-FROM picked AS c CROSS JOIN session;
+FROM (SELECT set_config('idle_in_transaction_session_timeout', (@idle_timeout_ms::bigint)::text, true)) AS session(idle_timeout)
+CROSS JOIN LATERAL (
+    SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
+           o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
+    FROM /*outbox:table*/outbox AS o
+    WHERE o.queue = @queue::text
+      AND o.acquired_token IS NULL
+      AND NOT o.blocked
+      AND o.next_attempt_at <= now()
+    ORDER BY o.next_attempt_at, o.id
+    LIMIT @max_rows::integer
+    FOR UPDATE OF o SKIP LOCKED
+) AS o;
 
 -- name: Lock :many
 -- LockQueue for a subscriber of several queues: the rows Claim would
--- lease, ranked across the queues as Claim ranks them.
-WITH session AS MATERIALIZED (
-    SELECT set_config('idle_in_transaction_session_timeout', (@idle_timeout_ms::bigint)::text, true) AS idle_timeout
-), candidates AS (
+-- lease but expired ones, ranked across the queues as Claim ranks them.
+WITH candidates AS (
     SELECT p.* FROM unnest(@queues::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT o.id, o.queue, o.next_attempt_at, o.payload, o.headers, o.ordering_key, o.timer_id,
@@ -71,11 +50,32 @@ WITH session AS MATERIALIZED (
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
-    UNION ALL
-    SELECT e.* FROM unnest(@queues::text[]) AS q(name)
+), ranked AS (
+    SELECT c.*, row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
+    FROM candidates AS c
+)
+SELECT c.id, c.queue, c.payload, c.headers, c.ordering_key, c.timer_id,
+       least(greatest(c.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       c.attempts_count,
+       least(greatest(c.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
+       coalesce(extract(epoch FROM now()) - extract(epoch FROM c.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+       pg_current_xact_id_if_assigned()::text::bigint AS xid
+FROM (SELECT set_config('idle_in_transaction_session_timeout', (@idle_timeout_ms::bigint)::text, true)) AS session(idle_timeout)
+CROSS JOIN LATERAL (
+    SELECT r.* FROM ranked AS r
+    ORDER BY r.rank, r.next_attempt_at, r.id
+    LIMIT @max_rows::integer
+) AS c;
+
+-- name: ClaimExpired :many
+-- Leases, as Claim does, up to @max_rows rows of the given queues whose
+-- lease expired: the takeover of rows whose holder stopped extending its
+-- lease, for subscribers that claim new rows by lock.
+WITH picked AS (
+    SELECT e.id
+    FROM unnest(@queues::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT o.id, o.queue, o.next_attempt_at, o.payload, o.headers, o.ordering_key, o.timer_id,
-               o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
+        SELECT o.id
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = q.name
           AND o.acquired_token IS NOT NULL
@@ -84,42 +84,40 @@ WITH session AS MATERIALIZED (
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
-), ranked AS (
-    SELECT c.*, row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
-    FROM candidates AS c
-), picked AS (
-    SELECT r.* FROM ranked AS r
-    ORDER BY r.rank, r.next_attempt_at, r.id
     LIMIT @max_rows::integer
 )
-SELECT c.id, c.queue, c.payload, c.headers, c.ordering_key, c.timer_id,
-       least(greatest(c.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-       c.attempts_count,
-       least(greatest(c.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
-       coalesce(extract(epoch FROM now()) - extract(epoch FROM c.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
-       pg_current_xact_id_if_assigned()::text::bigint AS xid
-FROM picked AS c CROSS JOIN session;
+UPDATE /*outbox:table*/outbox AS o
+SET acquired_token   = @token::uuid,
+    acquired_at      = now(),
+    lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
+FROM picked
+WHERE o.id = picked.id
+RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
+          least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+          o.attempts_count, o.deliveries_count,
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds;
 
 -- name: RecordLock :many
 -- Records, in a transaction of its own (autocommit), that the claim of
--- transaction @xid holds the rows @ids, and returns how many earlier
--- claims of each of them aborted: deliveries that ended without an
--- outcome (the subscriber crashed, its connection died) and that no row
--- counts yet. The record needs no flush at commit: it must outlive the
+-- transaction @xid holds the rows @ids, as the ranges @lower to @upper
+-- (inclusive) that cover exactly those ids, and returns how many earlier
+-- claims of each of @ids aborted: deliveries that ended without an outcome
+-- (the subscriber crashed, its connection died) and that no row counts
+-- yet. The record needs no flush at commit: it must outlive the
 -- subscriber, not the server, whose crash aborts the claim too.
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ), record AS (
     INSERT INTO /*outbox:table*/outbox_locks (xid, ids)
-    SELECT @xid::bigint, @ids::bigint[] FROM session
+    SELECT @xid::bigint, (SELECT range_agg(int8range(r.lower, r.upper, '[]'))
+                          FROM (SELECT unnest(@lower::bigint[]) AS lower, unnest(@upper::bigint[]) AS upper) AS r)
+    FROM session
 )
 SELECT c.id::bigint AS id, count(*)::integer AS aborted
-FROM (
-    SELECT l.ids FROM /*outbox:table*/outbox_locks AS l
-    WHERE pg_xact_status(l.xid::text::xid8) = 'aborted'
-) AS l
-CROSS JOIN LATERAL unnest(l.ids) AS c(id)
-WHERE c.id = ANY(@ids::bigint[])
+FROM unnest(@ids::bigint[]) AS c(id)
+JOIN /*outbox:table*/outbox_locks AS l ON l.ids @> c.id
+WHERE pg_xact_status(l.xid::text::xid8) = 'aborted'
 GROUP BY c.id;
 
 -- name: EndLock :one
@@ -130,6 +128,13 @@ GROUP BY c.id;
 -- delivery counts to @deliveries, and deletes the claim's record. Returns
 -- how many rows it deleted and leased: the claim holds every one of them,
 -- so anything less means the transaction no longer holds its locks.
+--
+-- An end that only deletes commits without waiting for its WAL flush: a
+-- server crash can then undo it, and its rows (and a key's next row, which
+-- the same transaction unblocked) are delivered again, in order, which
+-- at-least-once delivery allows; no later flushed commit can survive it,
+-- as WAL is flushed in order. An end that leases rows waits as usual, so a
+-- running handler's lease outlives a crash.
 WITH gone AS (
     DELETE FROM /*outbox:table*/outbox AS o
     WHERE o.id = ANY(@deleted::bigint[])
@@ -145,9 +150,14 @@ WITH gone AS (
     RETURNING o.id
 ), record AS (
     DELETE FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = @xid::bigint
+), session AS (
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN cardinality(@leased::bigint[]) = 0 THEN 'off' ELSE current_setting('synchronous_commit') END,
+                      true) AS synchronous_commit
 )
 SELECT (SELECT count(*) FROM gone)::integer AS deleted,
-       (SELECT count(*) FROM leased)::integer AS leased;
+       (SELECT count(*) FROM leased)::integer AS leased
+FROM session;
 
 -- name: SavepointLockEnd :exec
 -- Marks where a locked claim's end starts, so a failed end statement can
@@ -161,9 +171,13 @@ ROLLBACK TO SAVEPOINT lock_end;
 -- name: ForgetAborted :exec
 -- Removes @ids from the records of aborted claims, in the claim that
 -- counted those aborted deliveries, so they are counted once.
+WITH counted AS (
+    SELECT range_agg(int8range(c.id, c.id, '[]')) AS ids FROM unnest(@ids::bigint[]) AS c(id)
+)
 UPDATE /*outbox:table*/outbox_locks AS l
-SET ids = ARRAY(SELECT unnest(l.ids) EXCEPT SELECT unnest(@ids::bigint[]))
-WHERE l.ids && @ids::bigint[]
+SET ids = l.ids - counted.ids
+FROM counted
+WHERE l.ids && counted.ids
   AND pg_xact_status(l.xid::text::xid8) = 'aborted';
 
 -- name: SweepLocks :execrows
@@ -173,4 +187,5 @@ WHERE l.ids && @ids::bigint[]
 DELETE FROM /*outbox:table*/outbox_locks AS l
 WHERE pg_xact_status(l.xid::text::xid8) IS DISTINCT FROM 'in progress'
   AND (pg_xact_status(l.xid::text::xid8) IS DISTINCT FROM 'aborted'
-       OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox AS o WHERE o.id = ANY(l.ids)));
+       OR NOT EXISTS (SELECT FROM unnest(l.ids) AS r(ids)
+                      JOIN /*outbox:table*/outbox AS o ON o.id >= lower(r.ids) AND o.id < upper(r.ids)));
