@@ -1,0 +1,291 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// lockingConfig is fastConfig with a lease and a lock window long enough
+// that a test decides when a locked claim ends.
+func lockingConfig(rec MetricsRecorder) *SubscriberConfig[string] {
+	cfg := fastConfig[string](rec)
+	cfg.LeaseTTL = 30 * time.Second
+	cfg.LockWindow = 10 * time.Second
+	return cfg
+}
+
+// terminateLockedClaims ends, as a crash would, the backends of every
+// locked claim recorded in e's outbox, and returns how many it ended.
+func (e *env) terminateLockedClaims() int {
+	e.t.Helper()
+	var n int
+	err := e.db.Pool.QueryRow(e.ctx, `SELECT count(*) FROM (
+		SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity AS a
+		JOIN outbox_locks AS l ON l.xid % 4294967296 = a.backend_xid::text::bigint) AS t`).Scan(&n)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// While its handlers run, a locked claim has written nothing to its rows:
+// they hold no lease and count no delivery, yet no other claim can take
+// them, and the claim is recorded. Its end deletes the rows and the
+// record.
+func TestLockedClaimWritesNothingWhileItsHandlersRun(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	published := []int64{e.publish("q"), e.publish("q"), e.publish("q")}
+	release := make(chan struct{})
+	var started atomic.Int32
+	rec := &events{}
+	s := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+		started.Add(1)
+		<-release
+		return nil
+	}, lockingConfig(rec))
+	eventually(t, "three handlers running", func() bool { return started.Load() == 3 })
+	for _, id := range published {
+		r, ok := e.row(id)
+		if !ok || r.AcquiredToken.Valid || r.DeliveriesCount != 0 {
+			t.Errorf("row %d while its handler runs: present %v, leased %v, deliveries %d; want present, no lease, 0",
+				id, ok, r.AcquiredToken.Valid, r.DeliveriesCount)
+		}
+	}
+	if got := e.claim(10, "q"); len(got) != 0 {
+		t.Errorf("another claim took rows %v held by a locked claim", ids(got))
+	}
+	if n := e.count("outbox_locks"); n != 1 {
+		t.Errorf("%d lock records, want 1", n)
+	}
+	close(release)
+	eventually(t, "the rows deleted", func() bool { return e.count("outbox") == 0 })
+	eventually(t, "the record deleted", func() bool { return e.count("outbox_locks") == 0 })
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if n := len(rec.named(EventAcked)); n != 3 {
+		t.Errorf("%d acked events, want 3", n)
+	}
+}
+
+// A handler still running when its claim's lock window ends has its row
+// leased (token, expiry, one delivery counted) by the claim's end, and
+// finishes under that lease: the row is delivered once and acknowledged.
+func TestHandlerOutlivingTheLockWindowFinishesUnderALease(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id := e.publish("q")
+	release := make(chan struct{})
+	var calls atomic.Int32
+	rec := &events{}
+	cfg := lockingConfig(rec)
+	cfg.LeaseTTL = 4 * time.Second
+	cfg.LockWindow = 200 * time.Millisecond
+	s := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, _ *Message[string]) error {
+		calls.Add(1)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}, cfg)
+	eventually(t, "the row leased", func() bool { r, ok := e.row(id); return ok && r.AcquiredToken.Valid })
+	r, _ := e.row(id)
+	if r.DeliveriesCount != 1 || r.LeaseExpiresAt == nil || !r.LeaseExpiresAt.After(e.serverNow()) {
+		t.Errorf("leased row: deliveries %d, lease expires %v; want 1 and in the future", r.DeliveriesCount, r.LeaseExpiresAt)
+	}
+	if n := e.count("outbox_locks"); n != 0 {
+		t.Errorf("%d lock records after the claim ended, want 0", n)
+	}
+	if got := e.claim(10, "q"); len(got) != 0 {
+		t.Errorf("another claim took the leased row: %v", ids(got))
+	}
+	close(release)
+	eventually(t, "the row deleted", func() bool { return e.count("outbox") == 0 })
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("handler called %d times, want 1", n)
+	}
+	if n := len(rec.named(EventAcked)); n != 1 {
+		t.Errorf("%d acked events, want 1", n)
+	}
+}
+
+// A locked claim that aborts (its backend ends, as when the subscriber's
+// process dies) writes nothing, yet counts as a delivery of its rows: a
+// row whose every delivery ends that way reaches MaxDeliveries and is
+// dead-lettered, with its deliveries counted.
+func TestAbortedLockedClaimsCountTowardsMaxDeliveries(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id := e.publish("q")
+	seen := make(chan int, 10)
+	cfg := lockingConfig(nil)
+	cfg.MaxDeliveries = 2
+	cfg.LockWindow = 300 * time.Millisecond
+	s := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+		seen <- m.Deliveries
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}, cfg)
+	var got []int
+	for range 2 {
+		select {
+		case d := <-seen:
+			got = append(got, d)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("deliveries so far %v; timed out waiting for the next", got)
+		}
+		eventually(t, "the claim's backend ended", func() bool { return e.terminateLockedClaims() == 1 })
+	}
+	eventually(t, "the dead letter", func() bool { _, ok := e.dlqRow(id); return ok })
+	eventually(t, "the aborted claims' records swept", func() bool { return e.count("outbox_locks") == 0 })
+	if err := s.stop(); err != nil && !errors.Is(err, ErrGracefulTimeout) {
+		t.Errorf("Run: %v", err)
+	}
+	close(seen)
+	for d := range seen {
+		got = append(got, d)
+	}
+	if diff := cmp.Diff([]int{1, 2}, got); diff != "" {
+		t.Errorf("deliveries handled (-want +got):\n%s", diff)
+	}
+	dl, _ := e.dlqRow(id)
+	if dl.FailureReason != ReasonMaxDeliveries || dl.DeliveriesCount != 3 {
+		t.Errorf("dead letter: reason %q, deliveries %d; want %q, 3", dl.FailureReason, dl.DeliveriesCount, ReasonMaxDeliveries)
+	}
+}
+
+// A subscriber whose connection stalls while it holds a locked claim
+// frees the claim's rows after LeaseTTL, when the server ends the idle
+// transaction, and its handler's context is cancelled before another
+// subscriber starts on the row.
+func TestStalledLockedClaimFreesItsRowsAfterTheLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id := e.publish("q")
+	ob, proxy := proxiedOutbox(t, e)
+	var stalledCancelled, otherStarted atomic.Int64
+	cfg := lockingConfig(nil)
+	cfg.LeaseTTL = time.Second
+	cfg.LockWindow = 500 * time.Millisecond
+	cfg.QueryTimeout = 2 * time.Second
+	cfg.GracefulTimeout = 500 * time.Millisecond
+	stalled := startSub(t, ob, []string{"q"}, func(ctx context.Context, _ *Message[string]) error {
+		proxy.Stall()
+		<-ctx.Done()
+		stalledCancelled.Store(time.Now().UnixNano())
+		return context.Cause(ctx)
+	}, cfg)
+	eventually(t, "the stalled subscriber's handler cancelled", func() bool { return stalledCancelled.Load() != 0 })
+	other := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+		otherStarted.CompareAndSwap(0, time.Now().UnixNano())
+		return nil
+	}, lockingConfig(nil))
+	eventually(t, "the row handled by the other subscriber", func() bool { _, ok := e.row(id); return !ok })
+	if err := other.stop(); err != nil {
+		t.Errorf("other Run: %v", err)
+	}
+	if c, o := stalledCancelled.Load(), otherStarted.Load(); o < c {
+		t.Errorf("the other subscriber started %v before the stalled handler was cancelled", time.Duration(c-o))
+	}
+	_ = stalled.stop()
+}
+
+// A pool of fewer than minLockingPoolConns connections, or a negative
+// LockWindow, makes every claim write its lease.
+func TestClaimsWriteLeasesWithoutLocking(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		maxConns int32
+		window   time.Duration
+	}{
+		{"small pool", minLockingPoolConns - 1, 0},
+		{"negative LockWindow", 0, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			ob := e.ob
+			if tc.maxConns > 0 {
+				pc := e.db.Pool.Config()
+				pc.MaxConns = tc.maxConns
+				pool, err := pgxpool.NewWithConfig(e.ctx, pc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(pool.Close)
+				if ob, err = New(pool, &Config{Schema: e.db.Schema}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			id := e.publish("q")
+			release := make(chan struct{})
+			cfg := lockingConfig(nil)
+			cfg.LockWindow = tc.window
+			s := startSub(t, ob, []string{"q"}, func(context.Context, *Message[string]) error {
+				<-release
+				return nil
+			}, cfg)
+			eventually(t, "the row leased", func() bool { r, ok := e.row(id); return ok && r.AcquiredToken.Valid })
+			if n := e.count("outbox_locks"); n != 0 {
+				t.Errorf("%d lock records, want 0", n)
+			}
+			close(release)
+			eventually(t, "the row deleted", func() bool { return e.count("outbox") == 0 })
+			if err := s.stop(); err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+}
+
+func TestLockWindowIsAtMostHalfTheLease(t *testing.T) {
+	t.Parallel()
+	_, err := (&SubscriberConfig[string]{LeaseTTL: 2 * time.Second, LockWindow: 1500 * time.Millisecond}).resolve([]string{"q"})
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Field != "SubscriberConfig.LockWindow" {
+		t.Fatalf("resolve: %v; want a ConfigError for SubscriberConfig.LockWindow", err)
+	}
+	for _, tc := range []struct {
+		ttl, window, want time.Duration
+	}{
+		{30 * time.Second, 0, LockWindowDefault},
+		{time.Second, 0, 500 * time.Millisecond},
+		{time.Second, -1, -1},
+	} {
+		c, err := (&SubscriberConfig[string]{LeaseTTL: tc.ttl, LockWindow: tc.window}).resolve([]string{"q"})
+		if err != nil || c.LockWindow != tc.want {
+			t.Errorf("LeaseTTL %v, LockWindow %v: resolved %v, %v; want %v", tc.ttl, tc.window, c.LockWindow, err, tc.want)
+		}
+	}
+}
+
+func TestRunsCoverExactlyTheIDs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ids          []int64
+		lower, upper []int64
+	}{
+		{nil, nil, nil},
+		{[]int64{5}, []int64{5}, []int64{5}},
+		{[]int64{3, 1, 2, 7, 9, 8, 8}, []int64{1, 7}, []int64{3, 9}},
+		{[]int64{10, 12, 14}, []int64{10, 12, 14}, []int64{10, 12, 14}},
+	} {
+		lower, upper := runs(tc.ids)
+		if diff := cmp.Diff([][]int64{tc.lower, tc.upper}, [][]int64{lower, upper}); diff != "" {
+			t.Errorf("runs(%v) (-want +got):\n%s", tc.ids, diff)
+		}
+	}
+}
