@@ -458,32 +458,7 @@ func TestUpgradeFromSchema5KeepsRowsInEveryState(t *testing.T) {
 	t.Parallel()
 	e := atVersion(t, 5)
 	ob := e.ob
-	e.exec(`INSERT INTO outbox (queue, payload, ordering_key, next_attempt_at, attempts_count, deliveries_count,
-			first_attempt_at, acquired_at, acquired_token, lease_expires_at) VALUES
-		('q', 'leased',    NULL, now(), 0, 1, NULL, now(), gen_random_uuid(), now() + interval '1 minute'),
-		('q', 'expired',   NULL, now(), 0, 1, NULL, now() - interval '2 minutes', gen_random_uuid(), now() - interval '1 minute'),
-		('q', 'due',       NULL, now(), 0, 0, NULL, NULL, NULL, NULL),
-		('q', 'scheduled', NULL, now() + interval '1 hour', 0, 0, NULL, NULL, NULL, NULL),
-		('q', 'retrying',  NULL, now() - interval '1 second', 2, 2, now() - interval '1 minute', NULL, NULL, NULL),
-		('q', 'k head',    'k', now(), 0, 0, NULL, NULL, NULL, NULL),
-		('q', 'k next',    'k', now(), 0, 0, NULL, NULL, NULL, NULL)`)
-	e.exec(`INSERT INTO outbox_handoff (queue, ordering_key) VALUES ('q', 'k')`)
-	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
-		VALUES (999, 'q', 'dead', 3, 3, now(), 'rejected')`)
-	state := func() []string {
-		t.Helper()
-		rows, err := e.db.Pool.Query(e.ctx, `SELECT format('%s blocked=%s leased=%s due=%s', convert_from(payload, 'UTF8'),
-				blocked, acquired_token IS NOT NULL, next_attempt_at <= now())
-			FROM outbox ORDER BY id`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return append(got, fmt.Sprintf("dead letters=%d hand-overs=%d", e.count("outbox_dlq"), e.count("outbox_handoff")))
-	}
+	state := e.seedEveryState()
 	before := state()
 	l := listen(t, e.db.URL, ob.Channel())
 	// notified publishes a row of q and reports whether it notified.
@@ -536,5 +511,94 @@ func TestUpgradeFromSchema5KeepsRowsInEveryState(t *testing.T) {
 	slices.Sort(claimed)
 	if diff := cmp.Diff([]string{"due", "expired", "k head", "retrying"}, claimed); diff != "" {
 		t.Errorf("claimable after the upgrade (-want +got):\n%s", diff)
+	}
+}
+
+// seedEveryState writes rows of queue q in every state a row can be in
+// since schema 5, a recorded hand-over and a dead letter, and returns a
+// function that describes them.
+func (e *env) seedEveryState() (state func() []string) {
+	t := e.t
+	e.exec(`INSERT INTO outbox (queue, payload, ordering_key, next_attempt_at, attempts_count, deliveries_count,
+			first_attempt_at, acquired_at, acquired_token, lease_expires_at) VALUES
+		('q', 'leased',    NULL, now(), 0, 1, NULL, now(), gen_random_uuid(), now() + interval '1 minute'),
+		('q', 'expired',   NULL, now(), 0, 1, NULL, now() - interval '2 minutes', gen_random_uuid(), now() - interval '1 minute'),
+		('q', 'due',       NULL, now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'scheduled', NULL, now() + interval '1 hour', 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'retrying',  NULL, now() - interval '1 second', 2, 2, now() - interval '1 minute', NULL, NULL, NULL),
+		('q', 'k head',    'k', now(), 0, 0, NULL, NULL, NULL, NULL),
+		('q', 'k next',    'k', now(), 0, 0, NULL, NULL, NULL, NULL)`)
+	e.exec(`INSERT INTO outbox_handoff (queue, ordering_key) VALUES ('q', 'k')`)
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (999, 'q', 'dead', 3, 3, now(), 'rejected')`)
+	state = func() []string {
+		t.Helper()
+		rows, err := e.db.Pool.Query(e.ctx, `SELECT format('%s blocked=%s leased=%s due=%s', convert_from(payload, 'UTF8'),
+				blocked, acquired_token IS NOT NULL, next_attempt_at <= now())
+			FROM outbox ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(got, fmt.Sprintf("dead letters=%d hand-overs=%d", e.count("outbox_dlq"), e.count("outbox_handoff")))
+	}
+	return state
+}
+
+// Upgrading from schema 6 leaves rows in every state as they were, and
+// so does going down to 6 and up again; a subscriber then claims by lock
+// and handles every row that is due, expired leases and a key's rows in
+// order included.
+func TestUpgradeFromSchema6KeepsRowsInEveryState(t *testing.T) {
+	t.Parallel()
+	e := atVersion(t, 6)
+	ob := e.ob
+	state := e.seedEveryState()
+	before := state()
+	for _, step := range []string{"upgrade", "down to 6 and up again"} {
+		if step != "upgrade" {
+			if err := ob.MigrateDownTo(t.Context(), 6); err != nil {
+				t.Fatalf("down to 6: %v", err)
+			}
+			if diff := cmp.Diff(before, state()); diff != "" {
+				t.Errorf("rows at 6 again (-want +got):\n%s", diff)
+			}
+		}
+		if err := ob.Migrate(t.Context()); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if err := ob.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("%s: rows (-want +got):\n%s", step, diff)
+		}
+	}
+	var (
+		mu      sync.Mutex
+		handled []string
+	)
+	s := startSub(t, ob, []string{"q"}, func(_ context.Context, m *Message[[]byte]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		handled = append(handled, string(m.Payload))
+		return nil
+	}, fastConfig[[]byte](nil))
+	want := []string{"due", "expired", "k head", "k next", "retrying"}
+	eventually(t, "every due row handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) >= len(want) })
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if i, j := slices.Index(handled, "k head"), slices.Index(handled, "k next"); i > j {
+		t.Errorf("key k handled out of order: %v", handled)
+	}
+	slices.Sort(handled)
+	if diff := cmp.Diff(want, handled); diff != "" {
+		t.Errorf("handled after the upgrade (-want +got):\n%s", diff)
 	}
 }
