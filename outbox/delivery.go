@@ -169,14 +169,26 @@ func (l *leases) remove(d *delivery) {
 	}
 }
 
-// setToken gives ds, rows of a locked claim that is ending, the token of
-// the lease the claim's end writes.
-func (l *leases) setToken(ds []*delivery, token pgtype.UUID) {
+// leaseStarted splits unsettled, rows of a locked claim that is ending
+// without an outcome: it returns those whose handlers started, which take
+// token, the token of the lease the claim's end writes, and gives up the
+// others, whose handlers will never start (start refuses them). The rows
+// of settled, which have outcomes, take token too.
+func (l *leases) leaseStarted(unsettled, settled []*delivery, token pgtype.UUID) (started []*delivery) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, d := range ds {
+	for _, d := range unsettled {
+		if d.ctx == nil {
+			d.lost = true
+			continue
+		}
+		d.token = token
+		started = append(started, d)
+	}
+	for _, d := range settled {
 		d.token = token
 	}
+	return started
 }
 
 // renew restarts b's expiry from sent, when a statement sent then leased

@@ -189,7 +189,7 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 }
 
 // endLocked ends the locked claim c of batch b when every row is settled,
-// LockWindow has passed, or the forced stop came, and frees its place
+// LockWindow has passed, or the subscriber stops, and frees its place
 // among the claims in flight.
 func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	defer r.lockEnds.Done()
@@ -198,7 +198,7 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	select {
 	case <-c.settled:
 	case <-window.C:
-	case <-r.handlerCtx.Done():
+	case <-r.stopping:
 	}
 	window.Stop()
 
@@ -208,9 +208,8 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	c.open = false
 	kept := c.kept
 	var (
-		e       lockEnd
-		running []*delivery
-		later   []outcome // failures the lease path writes
+		e     lockEnd
+		later []outcome // failures the lease path writes
 		done    []outcome // acknowledgements and terminal deletes
 	)
 	for _, o := range kept {
@@ -223,16 +222,22 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 			later = append(later, o)
 		}
 	}
+	var unsettled []*delivery
 	for _, d := range b.rows {
 		if !d.settled {
-			e.lease(d)
-			running = append(running, d)
+			unsettled = append(unsettled, d)
 		}
 	}
-	// Every row takes the token before any write can use it, and before
-	// the claim's handlers learn it has ended: should the end fall back to
-	// leasing every row, the acknowledged ones are written with it too.
-	r.leases.setToken(append(running, deliveriesOf(kept)...), token)
+	// Rows whose handlers started are leased; rows no worker has started
+	// are given up, so other subscribers may take them when the claim
+	// commits. Every leased row takes the token before any write can use
+	// it, and before the claim's handlers learn it has ended: should the
+	// end fall back to leasing every row, the acknowledged ones are
+	// written with it too.
+	running := r.leases.leaseStarted(unsettled, deliveriesOf(kept), token)
+	for _, d := range running {
+		e.lease(d)
+	}
 	c.mu.Unlock()
 
 	sent := time.Now()

@@ -289,3 +289,53 @@ func TestRunsCoverExactlyTheIDs(t *testing.T) {
 		}
 	}
 }
+
+// When its lock window ends, or the subscriber stops, a locked claim
+// leases the rows whose handlers run and gives up those no worker
+// started: other subscribers can take them at once, and they count no
+// delivery.
+func TestLockedClaimGivesUpUnstartedRows(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		stop   bool
+	}{
+		{"at the end of the window", 200 * time.Millisecond, false},
+		{"at stop", 10 * time.Second, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			for range 50 {
+				e.publish("q")
+			}
+			entered := make(chan int64, 100)
+			proceed := make(chan struct{})
+			cfg := lockingConfig(nil)
+			cfg.Workers, cfg.FetchBatchSize, cfg.LockWindow = 1, 20, tc.window
+			s := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+				entered <- m.ID
+				<-proceed
+				return nil
+			}, cfg)
+			running := <-entered
+			if tc.stop {
+				s.cancel()
+			}
+			free := func() int { return e.countWhere("acquired_token IS NULL AND deliveries_count = 0") }
+			eventually(t, "the running row leased", func() bool { r, _ := e.row(running); return r.AcquiredToken.Valid })
+			eventually(t, "every other row free", func() bool { return free() == 49 })
+			if got := e.claim(100, "q"); len(got) != 49 {
+				t.Errorf("another claim took %d rows, want 49", len(got))
+			}
+			close(proceed)
+			if err := s.stop(); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := e.row(running); ok {
+				t.Errorf("the running row %d is left; want it acknowledged", running)
+			}
+		})
+	}
+}

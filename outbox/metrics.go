@@ -94,8 +94,10 @@ func record(r MetricsRecorder, log *slog.Logger, ev MetricEvent) {
 	r.Record(ev)
 }
 
-// metricsBuffer is how many events a subscriber queues for its recorder
-// before it drops them.
+// metricsBuffer is the fewest events a subscriber queues for its
+// recorder before it drops them; it queues at least four claims' worth
+// (see newMetricsSink), as a claim's outcomes are emitted together when
+// it ends.
 const metricsBuffer = 4096
 
 // metricsSink hands events to a recorder from a goroutine of its own, so a
@@ -110,11 +112,11 @@ type metricsSink struct {
 }
 
 // newMetricsSink starts a sink; nil when there is no recorder.
-func newMetricsSink(r MetricsRecorder, log *slog.Logger) *metricsSink {
+func newMetricsSink(r MetricsRecorder, log *slog.Logger, batch int) *metricsSink {
 	if r == nil {
 		return nil
 	}
-	s := &metricsSink{r: r, log: log, ch: make(chan MetricEvent, metricsBuffer), done: make(chan struct{})}
+	s := &metricsSink{r: r, log: log, ch: make(chan MetricEvent, max(metricsBuffer, 4*batch)), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		for ev := range s.ch {

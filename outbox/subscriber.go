@@ -180,6 +180,9 @@ type run[T any] struct {
 	// locks admits locked claims (one slot each, lockedClaimsInFlight);
 	// nil when every claim writes leases.
 	locks chan struct{}
+	// stopping is closed when the run's context is done: open locked
+	// claims end at once, so their unstarted rows go back.
+	stopping chan struct{}
 	// lockEnds counts the locked claims not yet ended.
 	lockEnds sync.WaitGroup
 	// locksSwept is when the fetcher last swept lock records. Fetcher only.
@@ -215,6 +218,7 @@ func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 	ends, stopEnds := context.WithCancel(context.WithoutCancel(ctx))
 	return &run[T]{
 		ends:       ends,
+		stopping:   make(chan struct{}),
 		stopEnds:   stopEnds,
 		locks:      locks,
 		s:          s,
@@ -224,7 +228,7 @@ func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 		outcomes:   make(chan outcome, s.cfg.AckBatchSize*2),
 		leases:     newLeases(s.cfg.LeaseTTL),
 		sleeper:    newSleeper(),
-		metrics:    newMetricsSink(s.cfg.Metrics, s.log),
+		metrics:    newMetricsSink(s.cfg.Metrics, s.log, s.cfg.FetchBatchSize),
 		logs:       newLogSummary(s.log, logSummaryInterval),
 		handlerCtx: hctx,
 		forceStop:  force,
@@ -250,6 +254,7 @@ func (r *run[T]) run(ctx context.Context) error {
 	r.crew.hire(r.s.cfg.Workers, func(w *worker) { r.work(ctx, w) })
 
 	<-ctx.Done()
+	close(r.stopping)
 	deadline := time.Now().Add(r.s.cfg.GracefulTimeout)
 	stopTimer := time.AfterFunc(r.s.cfg.GracefulTimeout, r.stopWrites)
 	defer stopTimer.Stop()
@@ -318,7 +323,7 @@ func (r *run[T]) release() {
 	tokens := make([]pgtype.UUID, 0, len(ds))
 	for _, d := range ds {
 		r.leases.remove(d)
-		if c := d.batch.locked; c != nil && c.giveUp(d) {
+		if c := d.batch.locked; c != nil && (c.giveUp(d) || r.leases.isLost(d)) {
 			continue // its lock is released when its claim ends
 		}
 		ids, tokens = append(ids, d.row.ID), append(tokens, d.token)

@@ -14,7 +14,7 @@ import (
 // Defaults of [SubscriberConfig].
 const (
 	WorkersDefault             = 16
-	FetchBatchSizeDefault      = 1000
+	FetchBatchSizeDefault      = 5000
 	MinFetchIntervalDefault    = 50 * time.Millisecond
 	MaxFetchIntervalDefault    = 5 * time.Second
 	LeaseTTLDefault            = 30 * time.Second
@@ -40,10 +40,12 @@ type SubscriberConfig[T any] struct {
 
 	// FetchBatchSize caps the rows one claim takes, and the rows claimed
 	// but not yet handed to a worker. Large claims cost the database
-	// least per row; but the rows a subscriber holds wait for its workers
-	// and no other subscriber can take them meanwhile, so with slow
-	// handlers and several subscribers, a smaller batch shares a backlog
-	// more evenly. Default: FetchBatchSizeDefault (1000).
+	// least per row. A claim by lock (see LockWindow) gives up, when its
+	// window ends, the rows no worker has started, so other subscribers
+	// can take them; a claim that writes leases holds its rows until its
+	// workers reach them, so with slow handlers and several subscribers
+	// there a smaller batch shares a backlog more evenly. Default:
+	// FetchBatchSizeDefault (5000).
 	FetchBatchSize int
 
 	// MinFetchInterval is the first wait after a claim finds nothing; each

@@ -365,6 +365,7 @@ func TestStopReleasesClaimedButUnstartedRows(t *testing.T) {
 	}
 	cfg := fastConfig[int](nil)
 	cfg.Workers, cfg.FetchBatchSize = 1, 20
+	cfg.LockWindow = -1 // claims write leases: a locked claim's rows are tested in locked_test.go
 	entered := make(chan struct{}, 100)
 	proceed := make(chan struct{})
 	s := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[int]) error {
