@@ -210,7 +210,7 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	var (
 		e     lockEnd
 		later []outcome // failures the lease path writes
-		done    []outcome // acknowledgements and terminal deletes
+		done  []outcome // acknowledgements and terminal deletes
 	)
 	for _, o := range kept {
 		switch o.kind {
