@@ -75,7 +75,7 @@
 // for one another (docs/wakeups.md). Scheduled rows are claimed on time. Any number
 // of subscribers, in one process or many, can serve the same queues.
 //
-// # Claiming and leases
+// # Claiming, row locks and leases
 //
 // A row is available when its next_attempt_at has come and its lease is
 // unset or expired. Claiming stamps the rows it takes with a fresh lease
@@ -89,6 +89,21 @@
 // can claim from one table without a coordinator, and a subscriber of
 // several queues shares each claim among them, so one queue's backlog does
 // not hold back another's rows.
+//
+// By default a subscriber claims by row lock instead, which costs the
+// database a fraction of a lease write: a claim locks its rows in a
+// transaction of its own and writes nothing to them, and when their
+// handlers have run, one statement in that transaction deletes the handled
+// rows and it commits. A claim's writes land only in its own transaction,
+// so a claim whose connection died writes nothing; a crash frees its rows
+// at once; a stalled connection frees them after LeaseTTL, when the server
+// ends the idle transaction; and each claim is recorded before its
+// handlers run, so one that aborts still counts towards MaxDeliveries. A
+// claim ends within [SubscriberConfig].LockWindow (1 s): rows whose
+// handlers still run then get a written lease, and rows no worker started
+// are given back. Each claim in flight holds a pool connection (at most
+// two per subscriber); with a pool of fewer than four connections, or a
+// negative LockWindow, every claim writes leases (docs/claims.md).
 //
 // While a handler runs, a heartbeat extends its lease; if the lease is lost
 // anyway, the handler's context is cancelled with cause [ErrLeaseLost].
