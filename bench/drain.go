@@ -38,7 +38,13 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 	n := max(int(100000*o.scale)/drainBatch, 1) * drainBatch
 	cs := []contender{
 		{drainDefault, func(n int) (time.Duration, error) { return drainOutbox(ctx, env, n, defaultConfig[order]()) }},
+		{"outbox Subscriber, default config, claims by lease", func(n int) (time.Duration, error) {
+			return drainOutbox(ctx, env, n, leasing(defaultConfig[order]()))
+		}},
 		{"outbox Subscriber, bench config", func(n int) (time.Duration, error) { return drainOutbox(ctx, env, n, drainConfig[order]()) }},
+		{"outbox Subscriber, bench config, claims by lease", func(n int) (time.Duration, error) {
+			return drainOutbox(ctx, env, n, leasing(drainConfig[order]()))
+		}},
 		{"outbox Subscriber, raw", func(n int) (time.Duration, error) { return drainOutboxRaw(ctx, env, n) }},
 	}
 	var rivers, watermills []string
@@ -134,6 +140,12 @@ func drainConfig[T any]() *outbox.SubscriberConfig[T] {
 		Workers: 16, FetchBatchSize: 250, AckBatchSize: 250,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
+}
+
+// leasing makes cfg claim by lease instead of by row lock.
+func leasing[T any](cfg *outbox.SubscriberConfig[T]) *outbox.SubscriberConfig[T] {
+	cfg.LockWindow = -1
+	return cfg
 }
 
 // defaultConfig is a subscriber at its defaults, its logs silenced.

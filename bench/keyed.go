@@ -156,7 +156,7 @@ func runUntilEmpty(ctx context.Context, env *benchEnv, n int, sub runner, done *
 func runKeyedDrain(ctx context.Context, env *benchEnv, o options) error {
 	n := max(int(100000*o.scale)/drainBatch, 1) * drainBatch
 	keys := n / rowsPerKey
-	drain := func(keys int) func(int) (time.Duration, error) {
+	drain := func(keys int, cfg func() *outbox.SubscriberConfig[order]) func(int) (time.Duration, error) {
 		return func(n int) (time.Duration, error) {
 			if err := keyedBacklog(ctx, env, n, keys); err != nil {
 				return 0, err
@@ -172,7 +172,7 @@ func runKeyedDrain(ctx context.Context, env *benchEnv, o options) error {
 				}
 				done.Add(1)
 				return nil
-			}, drainConfig[order]())
+			}, cfg())
 			if err != nil {
 				return 0, err
 			}
@@ -187,15 +187,18 @@ func runKeyedDrain(ctx context.Context, env *benchEnv, o options) error {
 	// no next row, so the difference to the keyed drain is the hand-over
 	// itself (unblocking the next row).
 	unkeyed, keyed, single := "no key", fmt.Sprintf("%d keys", keys), fmt.Sprintf("%d keys, one row each", n)
+	unkeyedLeases, keyedLeases := unkeyed+", claims by lease", keyed+", claims by lease"
+	leases := func() *outbox.SubscriberConfig[order] { return leasing(drainConfig[order]()) }
 	stats := o.statementStats(ctx, env)
-	cs := stats.wrap(ctx, []contender{{unkeyed, drain(0)}, {keyed, drain(keys)}, {single, drain(n)}})
+	cs := stats.wrap(ctx, []contender{{unkeyed, drain(0, drainConfig[order])}, {keyed, drain(keys, drainConfig[order])},
+		{single, drain(n, drainConfig[order])}, {unkeyedLeases, drain(0, leases)}, {keyedLeases, drain(keys, leases)}})
 	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, cs)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(o.out, "%d-row backlog, no-op handler, Subscriber[order] (16 workers, batches of 250); clock stops at an empty table\n", n)
-	report(o.out, s, []string{unkeyed, keyed, single}, n, "msg", unkeyed)
-	stats.report(o.out, []string{unkeyed, keyed, single}, o.rounds, n)
+	report(o.out, s, []string{unkeyed, keyed, single, unkeyedLeases, keyedLeases}, n, "msg", unkeyed)
+	stats.report(o.out, []string{unkeyed, keyed, single, unkeyedLeases, keyedLeases}, o.rounds, n)
 	return nil
 }
 
@@ -229,6 +232,7 @@ func runHotKey(ctx context.Context, env *benchEnv, o options) error {
 		cfg  *outbox.SubscriberConfig[order]
 	}{
 		{"drain config (AckLinger 5ms)", drainConfig[order]()},
+		{"drain config, claims by lease", leasing(drainConfig[order]())},
 		{"drain config, AckLinger 0.1ms", func() *outbox.SubscriberConfig[order] {
 			c := drainConfig[order]()
 			c.AckLinger = 100 * time.Microsecond
