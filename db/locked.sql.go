@@ -362,44 +362,55 @@ func (q *Queries) LockQueue(ctx context.Context, arg LockQueueParams) ([]LockQue
 const recordLock = `-- name: RecordLock :many
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
+), aborted AS (
+    SELECT c.id, count(*)::integer AS aborted, bool_or(l.until > now()) AS held
+    FROM unnest($1::bigint[]) AS c(id)
+    JOIN /*outbox:table*/outbox_locks AS l ON l.ids @> c.id
+    WHERE pg_xact_status(l.xid::text::xid8) = 'aborted'
+    GROUP BY c.id
 ), record AS (
-    INSERT INTO /*outbox:table*/outbox_locks (xid, ids)
-    SELECT $2::bigint, (SELECT range_agg(int8range(r.lower, r.upper, '[]'))
-                          FROM (SELECT unnest($3::bigint[]) AS lower, unnest($4::bigint[]) AS upper) AS r)
+    INSERT INTO /*outbox:table*/outbox_locks (xid, ids, until)
+    SELECT $2::bigint,
+           (SELECT range_agg(int8range(r.lower, r.upper, '[]'))
+            FROM (SELECT unnest($3::bigint[]) AS lower, unnest($4::bigint[]) AS upper) AS r)
+           - coalesce((SELECT range_agg(int8range(a.id, a.id, '[]')) FROM aborted AS a WHERE a.held), '{}'),
+           now() + make_interval(secs => $5::float8)
     FROM session
 )
-SELECT c.id::bigint AS id, count(*)::integer AS aborted
-FROM unnest($1::bigint[]) AS c(id)
-JOIN /*outbox:table*/outbox_locks AS l ON l.ids @> c.id
-WHERE pg_xact_status(l.xid::text::xid8) = 'aborted'
-GROUP BY c.id
+SELECT a.id::bigint AS id, a.aborted, a.held FROM aborted AS a
 `
 
 type RecordLockParams struct {
-	Ids   []int64
-	Xid   int64
-	Lower []int64
-	Upper []int64
+	Ids             []int64
+	Xid             int64
+	Lower           []int64
+	Upper           []int64
+	LeaseTtlSeconds float64
 }
 
 type RecordLockRow struct {
 	ID      int64
 	Aborted int32
+	Held    bool
 }
 
 // Records, in a transaction of its own (autocommit), that the claim of
-// transaction @xid holds the rows @ids, as the ranges @lower to @upper
-// (inclusive) that cover exactly those ids, and returns how many earlier
-// claims of each of @ids aborted: deliveries that ended without an outcome
-// (the subscriber crashed, its connection died) and that no row counts
-// yet. The record needs no flush at commit: it must outlive the
-// subscriber, not the server, whose crash aborts the claim too.
+// transaction @xid holds the rows @ids until @lease_ttl_seconds from now,
+// and returns, for each of @ids that earlier claims which aborted held,
+// how many those claims were (deliveries that ended without an outcome:
+// the subscriber crashed, its connection died) and whether one of them
+// still holds it (held: its handler may still run, so the row must not be
+// handled yet). The record names the ranges @lower to @upper (inclusive),
+// which cover exactly @ids, but the held rows: the claim gives those up.
+// It needs no flush at commit: it must outlive the subscriber, not the
+// server, whose crash aborts the claim too.
 func (q *Queries) RecordLock(ctx context.Context, arg RecordLockParams) ([]RecordLockRow, error) {
 	rows, err := q.db.Query(ctx, recordLock,
 		arg.Ids,
 		arg.Xid,
 		arg.Lower,
 		arg.Upper,
+		arg.LeaseTtlSeconds,
 	)
 	if err != nil {
 		return nil, err
@@ -408,7 +419,7 @@ func (q *Queries) RecordLock(ctx context.Context, arg RecordLockParams) ([]Recor
 	items := []RecordLockRow{}
 	for rows.Next() {
 		var i RecordLockRow
-		if err := rows.Scan(&i.ID, &i.Aborted); err != nil {
+		if err := rows.Scan(&i.ID, &i.Aborted, &i.Held); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

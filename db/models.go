@@ -55,6 +55,7 @@ type OutboxLock struct {
 	Xid       int64
 	Ids       pgtype.Multirange[pgtype.Range[pgtype.Int8]]
 	ClaimedAt time.Time
+	Until     time.Time
 }
 
 type OutboxSleeper struct {

@@ -52,6 +52,11 @@ type lockedClaim struct {
 	// aborted are the rows whose aborted deliveries this claim counted.
 	aborted []int64
 
+	// dead is closed when the claim's connection failed while its
+	// handlers ran; stopWatching stops watching it (see watch).
+	dead         chan struct{}
+	stopWatching func()
+
 	mu   sync.Mutex
 	open bool      // outcomes are kept here, to be written at the end
 	left int       // rows not settled
@@ -95,6 +100,62 @@ func (c *lockedClaim) settle() {
 	if c.left == 0 {
 		close(c.settled)
 	}
+}
+
+// countAborted adds to rows the deliveries of aborted claims that counted
+// says they had, and returns rows without those an aborted claim still
+// holds: its handlers may still run, so the claim gives them up, and they
+// are handed to a handler only once that claim's lease would have
+// expired.
+func (c *lockedClaim) countAborted(rows []db.ClaimRow, counted []db.RecordLockRow) []db.ClaimRow {
+	more := make(map[int64]int32, len(counted))
+	held := make(map[int64]bool)
+	for _, k := range counted {
+		if k.Held {
+			held[k.ID] = true
+			continue
+		}
+		more[k.ID] = k.Aborted
+		c.aborted = append(c.aborted, k.ID)
+	}
+	kept := rows[:0]
+	for _, row := range rows {
+		if held[row.ID] {
+			continue
+		}
+		row.DeliveriesCount = int32(min(int64(row.DeliveriesCount)+int64(more[row.ID]), math.MaxInt32))
+		kept = append(kept, row)
+	}
+	return kept
+}
+
+// watch watches c's connection while b's handlers run: when the
+// connection fails (its backend was terminated, the server restarted, a
+// cut), the claim's locks are gone, so b's handlers are cancelled at once
+// and its rows that have not started never do. stopWatching ends it
+// before the connection is used again.
+func (c *lockedClaim) watch(b *claimBatch) {
+	ctx, stop := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	c.stopWatching = func() {
+		stop()
+		<-watched
+	}
+	conn := c.tx.Conn().PgConn()
+	go func() {
+		defer close(watched)
+		for {
+			err := conn.WaitForNotification(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				b.cancel(ErrLeaseLost)
+				close(c.dead)
+				return
+			}
+		}
+	}()
 }
 
 // claimLocked locks up to n rows of the subscriber's queues in a new
@@ -161,25 +222,29 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 		ids[i] = rows[i].ID
 	}
 	lower, upper := runs(ids)
-	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Ids: ids, Lower: lower, Upper: upper})
+	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Ids: ids, Lower: lower, Upper: upper,
+		LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
 	if err != nil {
 		rollback()
 		return 0, fmt.Errorf("recording a locked claim: %w", err)
 	}
-	c := &lockedClaim{tx: tx, xid: xid, open: true, left: len(rows), settled: make(chan struct{})}
+	c := &lockedClaim{tx: tx, xid: xid, open: true, settled: make(chan struct{}), dead: make(chan struct{})}
 	if len(counted) > 0 {
-		more := make(map[int64]int32, len(counted))
-		for _, k := range counted {
-			more[k.ID] = k.Aborted
-			c.aborted = append(c.aborted, k.ID)
-		}
-		for i := range rows {
-			rows[i].DeliveriesCount = int32(min(int64(rows[i].DeliveriesCount)+int64(more[rows[i].ID]), math.MaxInt32))
-		}
+		rows = c.countAborted(rows, counted)
+	}
+	c.left = len(rows)
+	if len(rows) == 0 {
+		// Every row is still held by an aborted claim whose handlers may
+		// run: give them all back.
+		r.lockEnds.Add(1)
+		started = true
+		go r.endLocked(nil, c)
+		return 0, nil
 	}
 	ds := r.leases.add(r.handlerCtx, rows, pgtype.UUID{}, sent)
 	ds[0].batch.locked = c
 	started = true
+	c.watch(ds[0].batch)
 	r.lockEnds.Add(1)
 	go r.endLocked(ds[0].batch, c)
 	for _, d := range ds {
@@ -194,13 +259,22 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	defer r.lockEnds.Done()
 	defer func() { <-r.locks }()
+	if b == nil {
+		// Nothing was handed to a handler.
+		if _, err := r.endLockTx(c, &lockEnd{}, nil, pgtype.UUID{}); err != nil && r.ends.Err() == nil {
+			r.s.log.Warn("outbox: ending a locked claim failed", slog.Any("error", err))
+		}
+		return
+	}
 	window := time.NewTimer(r.s.cfg.LockWindow)
 	select {
 	case <-c.settled:
 	case <-window.C:
 	case <-r.stopping:
+	case <-c.dead:
 	}
 	window.Stop()
+	c.stopWatching()
 
 	id, err := uuid.NewRandom()
 	token := pgtype.UUID{Bytes: id, Valid: err == nil}

@@ -132,7 +132,7 @@ func TestAbortedLockedClaimsCountTowardsMaxDeliveries(t *testing.T) {
 	seen := make(chan int, 10)
 	cfg := lockingConfig(nil)
 	cfg.MaxDeliveries = 2
-	cfg.LockWindow = 300 * time.Millisecond
+	cfg.LeaseTTL, cfg.LockWindow = time.Second, 300*time.Millisecond
 	s := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
 		seen <- m.Deliveries
 		<-ctx.Done()
@@ -337,5 +337,50 @@ func TestLockedClaimGivesUpUnstartedRows(t *testing.T) {
 				t.Errorf("the running row %d is left; want it acknowledged", running)
 			}
 		})
+	}
+}
+
+// When a locked claim's connection dies while its handler runs (its
+// backend is terminated), the handler is cancelled at once, and no claim
+// hands the row to another handler before the dead claim's lease would
+// have expired, nor before the first handler was cancelled.
+func TestRowOfAClaimWhoseConnectionDiedWaitsForItsLease(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id := e.publish("q")
+	cfg := lockingConfig(nil)
+	cfg.LeaseTTL, cfg.LockWindow = 3*time.Second, time.Second
+	var firstStarted, firstCancelled, secondStarted atomic.Int64
+	var calls atomic.Int32
+	s := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+		if calls.Add(1) > 1 {
+			secondStarted.Store(time.Now().UnixNano())
+			return nil
+		}
+		firstStarted.Store(time.Now().UnixNano())
+		<-ctx.Done()
+		firstCancelled.Store(time.Now().UnixNano())
+		if !errors.Is(context.Cause(ctx), ErrLeaseLost) {
+			t.Errorf("first handler's context ended with %v, want ErrLeaseLost", context.Cause(ctx))
+		}
+		return context.Cause(ctx)
+	}, cfg)
+	eventually(t, "the first handler running", func() bool { return firstStarted.Load() != 0 })
+	terminated := time.Now()
+	eventually(t, "the claim's backend ended", func() bool { return e.terminateLockedClaims() == 1 })
+	eventually(t, "the row handled again", func() bool { _, ok := e.row(id); return !ok })
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	cancelled, second := time.Unix(0, firstCancelled.Load()), time.Unix(0, secondStarted.Load())
+	if late := cancelled.Sub(terminated); late > cfg.LeaseTTL/2 {
+		t.Errorf("the first handler was cancelled %v after its connection died; want at once, not at its lease's end", late)
+	}
+	if second.Before(cancelled) {
+		t.Errorf("the second delivery started %v before the first handler was cancelled", cancelled.Sub(second))
+	}
+	if early := time.Unix(0, firstStarted.Load()).Add(cfg.LeaseTTL - 500*time.Millisecond); second.Before(early) {
+		t.Errorf("the second delivery started %v after the first; want no sooner than the lease (%v)",
+			second.Sub(time.Unix(0, firstStarted.Load())), cfg.LeaseTTL)
 	}
 }
