@@ -108,8 +108,8 @@ WITH gone AS (
 ), leased AS (
     UPDATE /*outbox:table*/outbox AS o
     SET acquired_token   = $2::uuid,
-        acquired_at      = now(),
-        lease_expires_at = now() + make_interval(secs => $3::float8),
+        acquired_at      = clock_timestamp(),
+        lease_expires_at = clock_timestamp() + make_interval(secs => $3::float8),
         deliveries_count = l.deliveries
     FROM (SELECT unnest($4::bigint[]) AS id, unnest($5::integer[]) AS deliveries) AS l
     WHERE o.id = l.id
@@ -142,8 +142,9 @@ type EndLockRow struct {
 
 // Ends a claim of transaction @xid, in that transaction: deletes the rows
 // @deleted (handled, or ended without a dead letter), leases the rows
-// @leased with @token for @lease_ttl_seconds (rows whose handlers still
-// run, or whose failure the lease path writes next), setting their
+// @leased with @token for @lease_ttl_seconds from the statement's time
+// (not the transaction's, which began at the claim): rows whose handlers
+// still run, or whose failure the lease path writes next; sets their
 // delivery counts to @deliveries, and deletes the claim's record. Returns
 // how many rows it deleted and leased: the claim holds every one of them,
 // so anything less means the transaction no longer holds its locks.

@@ -99,8 +99,9 @@ func TestHandlerOutlivingTheLockWindowFinishesUnderALease(t *testing.T) {
 	}, cfg)
 	eventually(t, "the row leased", func() bool { r, ok := e.row(id); return ok && r.AcquiredToken.Valid })
 	r, _ := e.row(id)
-	if r.DeliveriesCount != 1 || r.LeaseExpiresAt == nil || !r.LeaseExpiresAt.After(e.serverNow()) {
-		t.Errorf("leased row: deliveries %d, lease expires %v; want 1 and in the future", r.DeliveriesCount, r.LeaseExpiresAt)
+	// The lease runs LeaseTTL from the claim's end, not from its start.
+	if left := r.LeaseExpiresAt.Sub(e.serverNow()); r.DeliveriesCount != 1 || left < cfg.LeaseTTL-cfg.LockWindow/2 {
+		t.Errorf("leased row: deliveries %d, lease left %v; want 1 and about LeaseTTL (%v)", r.DeliveriesCount, left, cfg.LeaseTTL)
 	}
 	if n := e.count("outbox_locks"); n != 0 {
 		t.Errorf("%d lock records after the claim ended, want 0", n)

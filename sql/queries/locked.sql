@@ -131,8 +131,9 @@ SELECT a.id::bigint AS id, a.aborted, a.held FROM aborted AS a;
 -- name: EndLock :one
 -- Ends a claim of transaction @xid, in that transaction: deletes the rows
 -- @deleted (handled, or ended without a dead letter), leases the rows
--- @leased with @token for @lease_ttl_seconds (rows whose handlers still
--- run, or whose failure the lease path writes next), setting their
+-- @leased with @token for @lease_ttl_seconds from the statement's time
+-- (not the transaction's, which began at the claim): rows whose handlers
+-- still run, or whose failure the lease path writes next; sets their
 -- delivery counts to @deliveries, and deletes the claim's record. Returns
 -- how many rows it deleted and leased: the claim holds every one of them,
 -- so anything less means the transaction no longer holds its locks.
@@ -150,8 +151,8 @@ WITH gone AS (
 ), leased AS (
     UPDATE /*outbox:table*/outbox AS o
     SET acquired_token   = @token::uuid,
-        acquired_at      = now(),
-        lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
+        acquired_at      = clock_timestamp(),
+        lease_expires_at = clock_timestamp() + make_interval(secs => @lease_ttl_seconds::float8),
         deliveries_count = l.deliveries
     FROM (SELECT unnest(@leased::bigint[]) AS id, unnest(@deliveries::integer[]) AS deliveries) AS l
     WHERE o.id = l.id
