@@ -126,9 +126,14 @@ func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 	return func(ctx context.Context, m *outbox.Message[msg]) error {
 		d := delivery{id: int64(r.pid)<<32 | r.seq.Add(1), began: time.Now(), sub: sub, ttl: ttl, m: m}
 		sctx, cancel := context.WithTimeout(ctx, recordTimeout)
+		// started is when the handler began, on this process's clock (every
+		// process of the harness runs on one host), as recordFailure
+		// records it: when the insert waits on a stalled connection, the
+		// server's clock would date the start after the stall, though the
+		// delivery, and the claim it belongs to, met the stall.
 		_, err := r.pool.Exec(sctx, fmt.Sprintf(`INSERT INTO %q.deliveries
-			(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt)
-			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10)`, r.schema), r.args(d)...)
+			(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt, started)
+			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11)`, r.schema), append(r.args(d), d.began)...)
 		cancel()
 		if err != nil {
 			// The insert may land after its answer was lost.
