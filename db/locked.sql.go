@@ -360,7 +360,7 @@ func (q *Queries) LockQueue(ctx context.Context, arg LockQueueParams) ([]LockQue
 	return items, nil
 }
 
-const recordLock = `-- name: RecordLock :many
+const recordLock = `-- name: RecordLock :one
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ), aborted AS (
@@ -377,8 +377,13 @@ WITH session AS MATERIALIZED (
            - coalesce((SELECT range_agg(int8range(a.id, a.id, '[]')) FROM aborted AS a WHERE a.held), '{}'),
            now() + make_interval(secs => $5::float8)
     FROM session
+    WHERE pg_xact_status(($2::bigint)::text::xid8) = 'in progress'
+    RETURNING xid
 )
-SELECT a.id::bigint AS id, a.aborted, a.held FROM aborted AS a
+SELECT EXISTS (SELECT FROM record) AS recorded,
+       coalesce((SELECT array_agg(a.id ORDER BY a.id) FROM aborted AS a), '{}')::bigint[] AS aborted_ids,
+       coalesce((SELECT array_agg(a.aborted ORDER BY a.id) FROM aborted AS a), '{}')::integer[] AS aborted_counts,
+       coalesce((SELECT array_agg(a.held ORDER BY a.id) FROM aborted AS a), '{}')::boolean[] AS held
 `
 
 type RecordLockParams struct {
@@ -390,45 +395,41 @@ type RecordLockParams struct {
 }
 
 type RecordLockRow struct {
-	ID      int64
-	Aborted int32
-	Held    bool
+	Recorded      bool
+	AbortedIds    []int64
+	AbortedCounts []int32
+	Held          []bool
 }
 
 // Records, in a transaction of its own (autocommit), that the claim of
-// transaction @xid holds the rows @ids until @lease_ttl_seconds from now,
-// and returns, for each of @ids that earlier claims which aborted held,
-// how many those claims were (deliveries that ended without an outcome:
-// the subscriber crashed, its connection died) and whether one of them
-// still holds it (held: its handler may still run, so the row must not be
-// handled yet). The record names the ranges @lower to @upper (inclusive),
-// which cover exactly @ids, but the held rows: the claim gives those up.
-// It needs no flush at commit: it must outlive the subscriber, not the
-// server, whose crash aborts the claim too.
-func (q *Queries) RecordLock(ctx context.Context, arg RecordLockParams) ([]RecordLockRow, error) {
-	rows, err := q.db.Query(ctx, recordLock,
+// transaction @xid holds the rows @ids until @lease_ttl_seconds from now.
+// It records nothing, and recorded is false, when that transaction is no
+// longer in progress (its connection died after the claim): its locks are
+// gone, so its rows must not be handed to handlers. It returns, for each
+// of @ids that earlier claims which aborted held, how many those claims
+// were (deliveries that ended without an outcome: the subscriber crashed,
+// its connection died) and whether one of them still holds it (held: its
+// handler may still run, so the row must not be handled yet). The record
+// names the ranges @lower to @upper (inclusive), which cover exactly @ids,
+// but the held rows: the claim gives those up. It needs no flush at
+// commit: it must outlive the subscriber, not the server, whose crash
+// aborts the claim too.
+func (q *Queries) RecordLock(ctx context.Context, arg RecordLockParams) (RecordLockRow, error) {
+	row := q.db.QueryRow(ctx, recordLock,
 		arg.Ids,
 		arg.Xid,
 		arg.Lower,
 		arg.Upper,
 		arg.LeaseTtlSeconds,
 	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []RecordLockRow{}
-	for rows.Next() {
-		var i RecordLockRow
-		if err := rows.Scan(&i.ID, &i.Aborted, &i.Held); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	var i RecordLockRow
+	err := row.Scan(
+		&i.Recorded,
+		&i.AbortedIds,
+		&i.AbortedCounts,
+		&i.Held,
+	)
+	return i, err
 }
 
 const rollbackToLockEnd = `-- name: RollbackToLockEnd :exec

@@ -40,6 +40,10 @@ const lockedClaimsInFlight = 2
 // must not starve each other or the handlers.
 const minLockingPoolConns = 4
 
+// errClaimEnded reports that a locked claim's transaction ended (its
+// connection died) before the claim was recorded: its rows are not held.
+var errClaimEnded = errors.New("outbox: the claim's transaction ended before it was recorded")
+
 // errLocksLost reports that a locked claim's end matched fewer rows than
 // it holds: its transaction no longer holds their locks.
 var errLocksLost = errors.New("outbox: a locked claim's rows were not all held at its end")
@@ -107,16 +111,18 @@ func (c *lockedClaim) settle() {
 // holds: its handlers may still run, so the claim gives them up, and they
 // are handed to a handler only once that claim's lease would have
 // expired.
-func (c *lockedClaim) countAborted(rows []db.ClaimRow, counted []db.RecordLockRow) []db.ClaimRow {
-	more := make(map[int64]int32, len(counted))
+func (c *lockedClaim) countAborted(rows []db.ClaimRow, counted db.RecordLockRow) []db.ClaimRow {
+	more := make(map[int64]int32, len(counted.AbortedIds))
 	held := make(map[int64]bool)
-	for _, k := range counted {
-		if k.Held {
-			held[k.ID] = true
+	for i, id := range counted.AbortedIds {
+		if i < len(counted.Held) && counted.Held[i] {
+			held[id] = true
 			continue
 		}
-		more[k.ID] = k.Aborted
-		c.aborted = append(c.aborted, k.ID)
+		if i < len(counted.AbortedCounts) {
+			more[id] = counted.AbortedCounts[i]
+		}
+		c.aborted = append(c.aborted, id)
 	}
 	kept := rows[:0]
 	for _, row := range rows {
@@ -224,12 +230,15 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 	lower, upper := runs(ids)
 	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Ids: ids, Lower: lower, Upper: upper,
 		LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
+	if err == nil && !counted.Recorded {
+		err = errClaimEnded
+	}
 	if err != nil {
 		rollback()
 		return 0, fmt.Errorf("recording a locked claim: %w", err)
 	}
 	c := &lockedClaim{tx: tx, xid: xid, open: true, settled: make(chan struct{}), dead: make(chan struct{})}
-	if len(counted) > 0 {
+	if len(counted.AbortedIds) > 0 {
 		rows = c.countAborted(rows, counted)
 	}
 	c.left = len(rows)

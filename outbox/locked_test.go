@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/db"
 )
 
 // lockingConfig is fastConfig with a lease and a lock window long enough
@@ -383,5 +385,34 @@ func TestRowOfAClaimWhoseConnectionDiedWaitsForItsLease(t *testing.T) {
 	if early := time.Unix(0, firstStarted.Load()).Add(cfg.LeaseTTL - 500*time.Millisecond); second.Before(early) {
 		t.Errorf("the second delivery started %v after the first; want no sooner than the lease (%v)",
 			second.Sub(time.Unix(0, firstStarted.Load())), cfg.LeaseTTL)
+	}
+}
+
+// A claim whose transaction ended before its record was written (its
+// connection died in between) is not recorded: RecordLock says so, and
+// the claim hands none of its rows to a handler, since its locks are gone
+// and another claim may hold the rows already.
+func TestClaimWhoseTransactionEndedIsNotRecorded(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	id := e.publish("q")
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var xid int64
+	if err := tx.QueryRow(e.ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.ob.queries(e.db.Pool).RecordLock(e.ctx, db.RecordLockParams{Xid: xid, Ids: []int64{id}, Lower: []int64{id}, Upper: []int64{id},
+		LeaseTtlSeconds: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Recorded || e.count("outbox_locks") != 0 {
+		t.Errorf("recorded %v, %d records; want an ended claim left unrecorded", got.Recorded, e.count("outbox_locks"))
 	}
 }

@@ -98,17 +98,20 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           o.attempts_count, o.deliveries_count,
           coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds;
 
--- name: RecordLock :many
+-- name: RecordLock :one
 -- Records, in a transaction of its own (autocommit), that the claim of
--- transaction @xid holds the rows @ids until @lease_ttl_seconds from now,
--- and returns, for each of @ids that earlier claims which aborted held,
--- how many those claims were (deliveries that ended without an outcome:
--- the subscriber crashed, its connection died) and whether one of them
--- still holds it (held: its handler may still run, so the row must not be
--- handled yet). The record names the ranges @lower to @upper (inclusive),
--- which cover exactly @ids, but the held rows: the claim gives those up.
--- It needs no flush at commit: it must outlive the subscriber, not the
--- server, whose crash aborts the claim too.
+-- transaction @xid holds the rows @ids until @lease_ttl_seconds from now.
+-- It records nothing, and recorded is false, when that transaction is no
+-- longer in progress (its connection died after the claim): its locks are
+-- gone, so its rows must not be handed to handlers. It returns, for each
+-- of @ids that earlier claims which aborted held, how many those claims
+-- were (deliveries that ended without an outcome: the subscriber crashed,
+-- its connection died) and whether one of them still holds it (held: its
+-- handler may still run, so the row must not be handled yet). The record
+-- names the ranges @lower to @upper (inclusive), which cover exactly @ids,
+-- but the held rows: the claim gives those up. It needs no flush at
+-- commit: it must outlive the subscriber, not the server, whose crash
+-- aborts the claim too.
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ), aborted AS (
@@ -125,8 +128,13 @@ WITH session AS MATERIALIZED (
            - coalesce((SELECT range_agg(int8range(a.id, a.id, '[]')) FROM aborted AS a WHERE a.held), '{}'),
            now() + make_interval(secs => @lease_ttl_seconds::float8)
     FROM session
+    WHERE pg_xact_status((@xid::bigint)::text::xid8) = 'in progress'
+    RETURNING xid
 )
-SELECT a.id::bigint AS id, a.aborted, a.held FROM aborted AS a;
+SELECT EXISTS (SELECT FROM record) AS recorded,
+       coalesce((SELECT array_agg(a.id ORDER BY a.id) FROM aborted AS a), '{}')::bigint[] AS aborted_ids,
+       coalesce((SELECT array_agg(a.aborted ORDER BY a.id) FROM aborted AS a), '{}')::integer[] AS aborted_counts,
+       coalesce((SELECT array_agg(a.held ORDER BY a.id) FROM aborted AS a), '{}')::boolean[] AS held;
 
 -- name: EndLock :one
 -- Ends a claim of transaction @xid, in that transaction: deletes the rows
