@@ -122,6 +122,7 @@ func TestSubscribersDeliverEveryRowExactlyOnce(t *testing.T) {
 	for i := range 3 {
 		cfg := fastConfig[int](rec)
 		cfg.Name = fmt.Sprintf("sub-%d", i)
+		cfg.FetchBatchSize = 500 // claims small enough for three subscribers to share 10,000 rows
 		startSub(t, e.ob, []string{"work"}, func(_ context.Context, m *Message[int]) error {
 			mu.Lock()
 			handled[m.Payload]++

@@ -20,6 +20,13 @@
 -- delivery that ended without an outcome: a later claim of those rows
 -- counts it towards MaxDeliveries, and a handler that crashes its process
 -- every time still ends as a dead letter.
+--
+-- A claim's transaction can also end while its subscriber lives (its
+-- connection was cut, its backend terminated), and then its handlers may
+-- still run until the subscriber notices. A record holds its rows until
+-- the claim's lease would have expired (until: LeaseTTL after the claim,
+-- on the server's clock): no claim hands them to a handler before then, so
+-- a row is never handled by two live claims at once, as with leases.
 
 -- +goose Up
 CREATE TABLE "public"."outbox_locks" (
@@ -27,6 +34,7 @@ CREATE TABLE "public"."outbox_locks" (
     xid        bigint         NOT NULL,
     ids        int8multirange NOT NULL,
     claimed_at timestamptz    NOT NULL DEFAULT now(),
+    until      timestamptz    NOT NULL,
     CONSTRAINT "outbox_locks_pkey" PRIMARY KEY (xid)
 );
 
