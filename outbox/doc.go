@@ -95,10 +95,12 @@
 // transaction of its own and writes nothing to them, and when their
 // handlers have run, one statement in that transaction deletes the handled
 // rows and it commits. A claim's writes land only in its own transaction,
-// so a claim whose connection died writes nothing; a crash frees its rows
-// at once; a stalled connection frees them after LeaseTTL, when the server
-// ends the idle transaction; and each claim is recorded before its
-// handlers run, so one that aborts still counts towards MaxDeliveries. A
+// so a claim whose connection died writes nothing. Each claim is recorded
+// before its handlers run: a claim that aborts (a crash, a dead
+// connection) still counts towards MaxDeliveries, and its record holds its
+// rows until LeaseTTL after the claim, as an unextended lease would; a
+// stalled connection frees them after LeaseTTL too, when the server ends
+// the idle transaction. A
 // claim ends within [SubscriberConfig].LockWindow (1 s): rows whose
 // handlers still run then get a written lease, and rows no worker started
 // are given back. Each claim in flight holds a pool connection (at most

@@ -78,9 +78,10 @@ type SubscriberConfig[T any] struct {
 	// whose handlers are still running LockWindow after the claim get a
 	// written lease (LeaseTTL, heartbeats) and the transaction commits, so
 	// no claim holds its transaction open longer than about LockWindow.
-	// A crash frees a locked claim's rows at once; a subscriber whose
-	// connection stalls frees them after LeaseTTL, when the server ends
-	// its idle transaction. Each claim in flight holds a pool connection
+	// A claim that dies (a crash, a dead connection) writes nothing, and its
+	// rows are handed out again LeaseTTL after the claim, as an unextended
+	// lease's would be; a subscriber whose connection stalls frees them
+	// after LeaseTTL, when the server ends its idle transaction. Each claim in flight holds a pool connection
 	// (at most two per subscriber). Default: LockWindowDefault (1 s), at
 	// most LeaseTTL/2. Negative: every claim writes a lease on its rows,
 	// holding no connection while handlers run; this is also what a

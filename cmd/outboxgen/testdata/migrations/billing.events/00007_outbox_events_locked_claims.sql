@@ -7,7 +7,7 @@
 -- with SELECT ... FOR UPDATE SKIP LOCKED, keep the transaction open while
 -- the rows' handlers run, and end it by deleting the rows that were
 -- handled. Nothing is written at the claim; a crash (of the subscriber or
--- of its connection) frees the rows at once, when the transaction aborts.
+-- of its connection) writes nothing either, as the transaction aborts.
 -- Rows whose handlers outlive a short bound have their lease written before
 -- the transaction commits, and go on as leased rows.
 --
