@@ -67,9 +67,17 @@ func (r *run[T]) fetch(ctx context.Context) {
 // claim leases up to n rows of the subscriber's queues into buf, which
 // has room for them, and returns how many it claimed. A subscriber of one
 // queue uses the claim without the ranking across queues.
-func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (int, error) {
+func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (got int, err error) {
 	if r.locks != nil {
-		return r.claimLockedOrExpired(ctx, q, n)
+		// Claims by lock pay a transaction and a record per claim, which
+		// only claims of many rows amortise: after a claim that found few
+		// rows (a trickle, one hot key), the next claim leases, in one
+		// statement, until a claim finds many again.
+		if r.lastClaimed >= r.s.cfg.minLockedClaim {
+			defer func() { r.lastClaimed = got }()
+			return r.claimLockedOrExpired(ctx, q, n)
+		}
+		defer func() { r.lastClaimed = got }()
 	}
 	ttl := r.s.cfg.LeaseTTL.Seconds()
 	id, err := uuid.NewRandom()

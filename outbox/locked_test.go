@@ -19,6 +19,7 @@ func lockingConfig(rec MetricsRecorder) *SubscriberConfig[string] {
 	cfg := fastConfig[string](rec)
 	cfg.LeaseTTL = 30 * time.Second
 	cfg.LockWindow = 10 * time.Second
+	cfg.minLockedClaim = -1 // every claim by lock, however few rows the last found
 	return cfg
 }
 
@@ -414,5 +415,35 @@ func TestClaimWhoseTransactionEndedIsNotRecorded(t *testing.T) {
 	}
 	if got.Recorded || e.count("outbox_locks") != 0 {
 		t.Errorf("recorded %v, %d records; want an ended claim left unrecorded", got.Recorded, e.count("outbox_locks"))
+	}
+}
+
+// After a claim that found few rows, the next claim leases: a trickle of
+// rows costs one statement per claim, not a transaction and a record.
+func TestClaimAfterASmallClaimLeases(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	first := e.publish("q")
+	release := make(chan struct{})
+	var started atomic.Int32
+	cfg := fastConfig[string](nil)
+	s := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+		started.Add(1)
+		<-release
+		return nil
+	}, cfg)
+	eventually(t, "the first handler running", func() bool { return started.Load() == 1 })
+	if r, _ := e.row(first); r.AcquiredToken.Valid {
+		t.Errorf("the first claim (by lock) leased its row")
+	}
+	second := e.publish("q")
+	eventually(t, "the second handler running", func() bool { return started.Load() == 2 })
+	if r, _ := e.row(second); !r.AcquiredToken.Valid {
+		t.Errorf("the claim after a one-row claim did not lease its row")
+	}
+	close(release)
+	eventually(t, "both rows handled", func() bool { return e.count("outbox") == 0 })
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
 	}
 }

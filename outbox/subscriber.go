@@ -190,6 +190,8 @@ type run[T any] struct {
 	// expiredTaken is when the fetcher last took over expired leases, when
 	// it claims by lock. Fetcher only.
 	expiredTaken time.Time
+	// lastClaimed is how many rows the last claim took. Fetcher only.
+	lastClaimed int
 	// ends bounds the ends of locked claims: done StopSlack/2 after the
 	// graceful timeout, so a claim whose handlers were abandoned can
 	// still lease their rows.
@@ -217,23 +219,24 @@ func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 	}
 	ends, stopEnds := context.WithCancel(context.WithoutCancel(ctx))
 	return &run[T]{
-		ends:       ends,
-		stopping:   make(chan struct{}),
-		stopEnds:   stopEnds,
-		locks:      locks,
-		s:          s,
-		buf:        make(chan *delivery, s.cfg.FetchBatchSize),
-		wake:       make(chan struct{}, 1),
-		taken:      make(chan struct{}, 1),
-		outcomes:   make(chan outcome, s.cfg.AckBatchSize*2),
-		leases:     newLeases(s.cfg.LeaseTTL),
-		sleeper:    newSleeper(),
-		metrics:    newMetricsSink(s.cfg.Metrics, s.log, s.cfg.FetchBatchSize),
-		logs:       newLogSummary(s.log, logSummaryInterval),
-		handlerCtx: hctx,
-		forceStop:  force,
-		writes:     writes,
-		stopWrites: stopWrites,
+		lastClaimed: s.cfg.FetchBatchSize,
+		ends:        ends,
+		stopping:    make(chan struct{}),
+		stopEnds:    stopEnds,
+		locks:       locks,
+		s:           s,
+		buf:         make(chan *delivery, s.cfg.FetchBatchSize),
+		wake:        make(chan struct{}, 1),
+		taken:       make(chan struct{}, 1),
+		outcomes:    make(chan outcome, s.cfg.AckBatchSize*2),
+		leases:      newLeases(s.cfg.LeaseTTL),
+		sleeper:     newSleeper(),
+		metrics:     newMetricsSink(s.cfg.Metrics, s.log, s.cfg.FetchBatchSize),
+		logs:        newLogSummary(s.log, logSummaryInterval),
+		handlerCtx:  hctx,
+		forceStop:   force,
+		writes:      writes,
+		stopWrites:  stopWrites,
 	}
 }
 

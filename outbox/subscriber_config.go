@@ -150,7 +150,16 @@ type SubscriberConfig[T any] struct {
 
 	// Logger receives the subscriber's logs. Default: slog.Default().
 	Logger *slog.Logger
+
+	// minLockedClaim is the fewest rows a claim must have found for the
+	// next one to claim by lock (see LockWindow); after a smaller claim
+	// the next leases. Default: minLockedClaimDefault; tests set it to 0.
+	minLockedClaim int
 }
+
+// minLockedClaimDefault: claims of fewer rows cost more by lock (a
+// transaction and a record each) than by lease.
+const minLockedClaimDefault = 32
 
 // resolve returns c with defaults applied, or a *ConfigError naming the
 // first field that breaks a rule.
@@ -207,6 +216,11 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 	setDur(&r.QueryTimeout, QueryTimeoutDefault)
 	setDur(&r.HeartbeatInterval, r.LeaseTTL/3)
 	setDur(&r.LockWindow, min(LockWindowDefault, r.LeaseTTL/2))
+	if c == nil || c.minLockedClaim == 0 {
+		r.minLockedClaim = minLockedClaimDefault
+	} else {
+		r.minLockedClaim = max(c.minLockedClaim, 0)
+	}
 	if r.FetchBatchSize > 10000 {
 		return r, bad("FetchBatchSize", r.FetchBatchSize, "must be at most 10000")
 	}
