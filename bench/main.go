@@ -148,7 +148,7 @@ func main() {
 // The peers' drain configurations by default: the fastest of the sweeps in
 // README.md.
 const (
-	defaultWatermillBatch = "5000"
+	defaultWatermillBatch = "10000"
 	defaultRiver          = "2000/2ms/20ms"
 )
 
