@@ -85,7 +85,9 @@ type SubscriberConfig[T any] struct {
 	// (at most two per subscriber). Default: LockWindowDefault (1 s), at
 	// most LeaseTTL/2. Negative: every claim writes a lease on its rows,
 	// holding no connection while handlers run; this is also what a
-	// subscriber does when the pool has fewer than 4 connections.
+	// subscriber does when the pool has fewer than 4 connections, and
+	// after a claim that found fewer than 32 rows, which a claim by lock
+	// (a transaction and a record each) would cost more.
 	LockWindow time.Duration
 
 	// MaxDeliveries caps the claims of a row, checked before its handler
@@ -153,7 +155,8 @@ type SubscriberConfig[T any] struct {
 
 	// minLockedClaim is the fewest rows a claim must have found for the
 	// next one to claim by lock (see LockWindow); after a smaller claim
-	// the next leases. Default: minLockedClaimDefault; tests set it to 0.
+	// the next leases. Zero means minLockedClaimDefault; negative, every
+	// claim by lock (tests).
 	minLockedClaim int
 }
 
