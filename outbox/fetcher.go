@@ -17,7 +17,8 @@ import (
 )
 
 // fetch claims rows into buf until ctx is done. It claims when at least
-// half of buf is free (or buf is empty), so claims stay batched; when a
+// a quarter of buf is free (or buf is empty), so claims stay batched and
+// the next claim is under way while workers still have rows; when a
 // claim finds nothing it waits with exponential backoff and jitter between
 // MinFetchInterval and MaxFetchInterval, cut short by a NOTIFY and never
 // past the earliest scheduled row's due time. Before it waits, it records
@@ -29,7 +30,7 @@ func (r *run[T]) fetch(ctx context.Context) {
 	idle := 0
 	for ctx.Err() == nil {
 		free := cap(r.buf) - len(r.buf)
-		if free < max(cap(r.buf)/2, 1) && len(r.buf) > 0 {
+		if free < max(cap(r.buf)/4, 1) && len(r.buf) > 0 {
 			select {
 			case <-ctx.Done():
 				return
