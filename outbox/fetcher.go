@@ -74,18 +74,16 @@ func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (got int, er
 		// only claims of many rows amortise: after a claim that found few
 		// rows (a trickle, one hot key), the next claim leases, in one
 		// statement, until a claim finds many again.
+		defer func() { r.lastClaimed = got }()
 		if r.lastClaimed >= r.s.cfg.minLockedClaim {
-			defer func() { r.lastClaimed = got }()
 			return r.claimLockedOrExpired(ctx, q, n)
 		}
-		defer func() { r.lastClaimed = got }()
 	}
 	ttl := r.s.cfg.LeaseTTL.Seconds()
-	id, err := uuid.NewRandom()
+	token, err := newLeaseToken()
 	if err != nil {
-		return 0, fmt.Errorf("drawing a lease token: %w", err)
+		return 0, err
 	}
-	token := pgtype.UUID{Bytes: id, Valid: true}
 	sent := time.Now()
 	if len(r.s.queues) > 1 {
 		rows, err := q.Claim(ctx, db.ClaimParams{Token: token, Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
@@ -101,6 +99,15 @@ func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (got int, er
 		r.buf <- d
 	}
 	return len(rows), err
+}
+
+// newLeaseToken draws the lease token of one claim statement.
+func newLeaseToken() (pgtype.UUID, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return pgtype.UUID{}, fmt.Errorf("drawing a lease token: %w", err)
+	}
+	return pgtype.UUID{Bytes: id, Valid: true}, nil
 }
 
 // idle waits after an empty claim, sent at claimed: the n-th in a row.

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -285,8 +284,7 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	window.Stop()
 	c.stopWatching()
 
-	id, err := uuid.NewRandom()
-	token := pgtype.UUID{Bytes: id, Valid: err == nil}
+	token, err := newLeaseToken()
 	c.mu.Lock()
 	c.open = false
 	kept := c.kept
@@ -325,9 +323,7 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 
 	sent := time.Now()
 	fellBack := false
-	if !token.Valid {
-		err = fmt.Errorf("drawing a lease token: %w", err)
-	} else {
+	if err == nil {
 		fellBack, err = r.endLockTx(c, &e, done, token)
 	}
 	if err != nil {
@@ -482,11 +478,10 @@ func (r *run[T]) claimLockedOrExpired(ctx context.Context, q *db.Queries, n int3
 // claimExpired leases up to n rows of the subscriber's queues whose lease
 // expired into buf, and returns how many it claimed.
 func (r *run[T]) claimExpired(ctx context.Context, q *db.Queries, n int32) (int, error) {
-	id, err := uuid.NewRandom()
+	token, err := newLeaseToken()
 	if err != nil {
-		return 0, fmt.Errorf("drawing a lease token: %w", err)
+		return 0, err
 	}
-	token := pgtype.UUID{Bytes: id, Valid: true}
 	sent := time.Now()
 	rows, err := q.ClaimExpired(ctx, db.ClaimExpiredParams{Queues: r.s.queues, MaxRows: n, Token: token,
 		LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
