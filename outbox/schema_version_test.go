@@ -341,28 +341,18 @@ func TestUpgradeFromSchema4OrdersKeyedRowsInEveryState(t *testing.T) {
 		return got
 	}
 	wantBlocked := []string{"a2 due", "a3 scheduled", "b2 due", "c3 due", "d2 due", "e2 due"}
-	for _, step := range []string{"upgrade", "down to 4 and up again"} {
-		if step != "upgrade" {
-			if err := ob.MigrateDownTo(t.Context(), 4); err != nil {
-				t.Fatalf("down to 4: %v", err)
-			}
-			if v, _ := ob.SchemaVersion(t.Context()); v != 4 {
-				t.Errorf("version after down to 4 = %d", v)
-			}
+	upAndBack(t, ob, 4, func() {
+		if v, _ := ob.SchemaVersion(t.Context()); v != 4 {
+			t.Errorf("version after down to 4 = %d", v)
 		}
-		if err := ob.Migrate(t.Context()); err != nil {
-			t.Fatalf("%s: %v", step, err)
-		}
-		if err := ob.Check(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+	}, func(step string) {
 		if diff := cmp.Diff(wantBlocked, blocked()); diff != "" {
 			t.Errorf("%s: blocked rows (-want +got):\n%s", step, diff)
 		}
 		if n := e.count("outbox"); n != 14 {
 			t.Errorf("%s: %d rows, want 14", step, n)
 		}
-	}
+	})
 
 	payloads := func(rows []claimed) []string {
 		out := make([]string, len(rows))
@@ -471,24 +461,14 @@ func TestUpgradeFromSchema5KeepsRowsInEveryState(t *testing.T) {
 		return got
 	}
 
-	for _, step := range []string{"upgrade", "down to 5 and up again"} {
-		if step != "upgrade" {
-			if err := ob.MigrateDownTo(t.Context(), 5); err != nil {
-				t.Fatalf("down to 5: %v", err)
-			}
-			if diff := cmp.Diff(before, state()); diff != "" {
-				t.Errorf("rows at 5 again (-want +got):\n%s", diff)
-			}
-			if !notified() {
-				t.Errorf("schema 5 did not notify")
-			}
+	upAndBack(t, ob, 5, func() {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("rows at 5 again (-want +got):\n%s", diff)
 		}
-		if err := ob.Migrate(t.Context()); err != nil {
-			t.Fatalf("%s: %v", step, err)
+		if !notified() {
+			t.Errorf("schema 5 did not notify")
 		}
-		if err := ob.Check(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+	}, func(step string) {
 		if diff := cmp.Diff(before, state()); diff != "" {
 			t.Errorf("%s: rows (-want +got):\n%s", step, diff)
 		}
@@ -502,7 +482,7 @@ func TestUpgradeFromSchema5KeepsRowsInEveryState(t *testing.T) {
 		if err := e.q.Leave(e.ctx, id); err != nil {
 			t.Fatal(err)
 		}
-	}
+	})
 
 	var claimed []string
 	for _, r := range e.claim(100, "q") {
@@ -558,25 +538,15 @@ func TestUpgradeFromSchema6KeepsRowsInEveryState(t *testing.T) {
 	ob := e.ob
 	state := e.seedEveryState()
 	before := state()
-	for _, step := range []string{"upgrade", "down to 6 and up again"} {
-		if step != "upgrade" {
-			if err := ob.MigrateDownTo(t.Context(), 6); err != nil {
-				t.Fatalf("down to 6: %v", err)
-			}
-			if diff := cmp.Diff(before, state()); diff != "" {
-				t.Errorf("rows at 6 again (-want +got):\n%s", diff)
-			}
+	upAndBack(t, ob, 6, func() {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("rows at 6 again (-want +got):\n%s", diff)
 		}
-		if err := ob.Migrate(t.Context()); err != nil {
-			t.Fatalf("%s: %v", step, err)
-		}
-		if err := ob.Check(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+	}, func(step string) {
 		if diff := cmp.Diff(before, state()); diff != "" {
 			t.Errorf("%s: rows (-want +got):\n%s", step, diff)
 		}
-	}
+	})
 	var (
 		mu      sync.Mutex
 		handled []string
@@ -600,5 +570,28 @@ func TestUpgradeFromSchema6KeepsRowsInEveryState(t *testing.T) {
 	slices.Sort(handled)
 	if diff := cmp.Diff(want, handled); diff != "" {
 		t.Errorf("handled after the upgrade (-want +got):\n%s", diff)
+	}
+}
+
+// upAndBack upgrades ob, at schema from, to the latest schema, then goes
+// down to from and up again. After the way down it calls atFrom; after
+// each way up it checks the schema and calls upgraded with the step's
+// name.
+func upAndBack(t *testing.T, ob *Outbox, from int64, atFrom func(), upgraded func(step string)) {
+	t.Helper()
+	for _, step := range []string{"upgrade", fmt.Sprintf("down to %d and up again", from)} {
+		if step != "upgrade" {
+			if err := ob.MigrateDownTo(t.Context(), from); err != nil {
+				t.Fatalf("down to %d: %v", from, err)
+			}
+			atFrom()
+		}
+		if err := ob.Migrate(t.Context()); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if err := ob.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		upgraded(step)
 	}
 }
