@@ -201,10 +201,10 @@ func timeRun(ctx context.Context, sub runner, finished func() error) (time.Durat
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	errc := make(chan error, 1)
-	start := time.Now()
+	clock := startClock()
 	go func() { errc <- sub.Run(rctx) }()
 	werr := finished()
-	took := time.Since(start)
+	took := clock.stop()
 	stop()
 	if err := <-errc; err != nil {
 		return 0, err
@@ -270,7 +270,7 @@ func drainRiver(ctx context.Context, env *benchEnv, n int, rc riverConfig) (time
 	if err != nil {
 		return 0, err
 	}
-	start := time.Now()
+	clock := startClock()
 	if err := client.Start(ctx); err != nil {
 		return 0, err
 	}
@@ -279,7 +279,7 @@ func drainRiver(ctx context.Context, env *benchEnv, n int, rc riverConfig) (time
 		werr = waitTable(ctx, env, "SELECT count(*) = $1 FROM "+pgx.Identifier{schemaRiver, "river_job"}.Sanitize()+
 			" WHERE state = 'completed'", n)
 	}
-	took := time.Since(start)
+	took := clock.stop()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := client.Stop(sctx); err != nil {
@@ -341,7 +341,7 @@ func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner,
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var done atomic.Int64
-	start := time.Now()
+	clock := startClock()
 	ch, err := sub.Subscribe(rctx, topic)
 	if err != nil {
 		return 0, err
@@ -356,5 +356,5 @@ func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner,
 	if werr == nil {
 		werr = waitTable(ctx, env, "SELECT NOT EXISTS (SELECT 1 FROM "+schema.GenerateMessagesTableName(topic)+") AND $1 > 0", n)
 	}
-	return time.Since(start), werr
+	return clock.stop(), werr
 }

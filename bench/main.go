@@ -89,6 +89,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 7, "rounds per suite; medians are taken over rounds")
 	flag.Float64Var(&o.scale, "scale", 1, "multiplies the work per round (0.1 for a smoke run)")
 	flag.BoolVar(&o.statements, "statements", false, "profile the keyed suites' statements with pg_stat_statements (it must be loaded)")
+	flag.BoolVar(&measureCPU, "cpu", false, "report the client's and the local PostgreSQL server's CPU time per operation of each timed run (reads /proc; a server on this machine only)")
 	flag.BoolVar(&showSamples, "samples", false, "print every round's figure after each table")
 	flag.StringVar(&which, "suite", "all", "comma-separated suites to run: "+suiteNames()+", or all")
 	flag.Func("watermill-batch", "comma-separated SubscribeBatchSize values the drain suite runs watermill-sql at (default "+

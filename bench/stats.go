@@ -21,6 +21,8 @@ type samples map[string][]time.Duration
 // round, with reset before each run.
 func measure(rounds, n int, reset func() error, cs []contender) (samples, error) {
 	s := samples{}
+	cpuByName := cpuSamples{}
+	lastCPUSamples = cpuByName
 	for r := range rounds {
 		for i := range cs {
 			c := cs[(i+r)%len(cs)]
@@ -32,6 +34,9 @@ func measure(rounds, n int, reset func() error, cs []contender) (samples, error)
 				return nil, fmt.Errorf("%s: %w", c.name, err)
 			}
 			s[c.name] = append(s[c.name], d)
+			if measureCPU {
+				cpuByName[c.name] = append(cpuByName[c.name], lastCPU)
+			}
 		}
 	}
 	return s, nil
@@ -57,6 +62,9 @@ func report(w io.Writer, s samples, order []string, n int, unit, base string) {
 		fmt.Fprintf(tw, "%s\t%v\t%.0f\t%.2fx\t\n", name, (m / time.Duration(n)).Round(time.Microsecond/10), rate(m, n), rate(m, n)/baseRate)
 	}
 	_ = tw.Flush()
+	if measureCPU {
+		reportCPU(w, lastCPUSamples, order, n, unit)
+	}
 	if showSamples {
 		for _, name := range order {
 			fmt.Fprintf(w, "  %s, per %s by round:", name, unit)
@@ -67,6 +75,9 @@ func report(w io.Writer, s samples, order []string, n int, unit, base string) {
 		}
 	}
 }
+
+// lastCPUSamples is the CPU the last measure recorded, printed by report.
+var lastCPUSamples cpuSamples
 
 // showSamples makes report print every round's figure (-samples).
 var showSamples bool

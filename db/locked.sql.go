@@ -100,73 +100,48 @@ func (q *Queries) ClaimExpired(ctx context.Context, arg ClaimExpiredParams) ([]C
 	return items, nil
 }
 
-const endLock = `-- name: EndLock :one
-WITH gone AS (
-    DELETE FROM /*outbox:table*/outbox AS o
-    WHERE o.id = ANY($1::bigint[])
-    RETURNING o.id
-), leased AS (
-    UPDATE /*outbox:table*/outbox AS o
-    SET acquired_token   = $2::uuid,
-        acquired_at      = clock_timestamp(),
-        lease_expires_at = clock_timestamp() + make_interval(secs => $3::float8),
-        deliveries_count = l.deliveries
-    FROM (SELECT unnest($4::bigint[]) AS id, unnest($5::integer[]) AS deliveries) AS l
-    WHERE o.id = l.id
-    RETURNING o.id
-), record AS (
-    DELETE FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = $6::bigint
-), session AS (
-    SELECT set_config('synchronous_commit',
-                      CASE WHEN cardinality($4::bigint[]) = 0 THEN 'off' ELSE current_setting('synchronous_commit') END,
-                      true) AS synchronous_commit
-)
-SELECT (SELECT count(*) FROM gone)::integer AS deleted,
-       (SELECT count(*) FROM leased)::integer AS leased
-FROM session
+const deleteLocked = `-- name: DeleteLocked :execrows
+DELETE FROM /*outbox:table*/outbox AS o
+WHERE o.id = ANY($1::bigint[])
 `
 
-type EndLockParams struct {
-	Deleted         []int64
-	Token           pgtype.UUID
-	LeaseTtlSeconds float64
-	Leased          []int64
-	Deliveries      []int32
-	Xid             int64
+// Deletes, in the claim's transaction, its rows @ids: handled, or ended
+// without a dead letter. The claim holds every one of them, so fewer rows
+// deleted means the transaction no longer holds its locks.
+func (q *Queries) DeleteLocked(ctx context.Context, ids []int64) (int64, error) {
+	result, err := q.db.Exec(ctx, deleteLocked, ids)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
-type EndLockRow struct {
-	Deleted int32
-	Leased  int32
+const endLockRecord = `-- name: EndLockRecord :exec
+WITH record AS (
+    DELETE FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = $2::bigint
+)
+SELECT set_config('synchronous_commit',
+                  CASE WHEN $1::boolean THEN current_setting('synchronous_commit') ELSE 'off' END,
+                  true)::text AS synchronous_commit
+`
+
+type EndLockRecordParams struct {
+	Durable bool
+	Xid     int64
 }
 
-// Ends a claim of transaction @xid, in that transaction: deletes the rows
-// @deleted (handled, or ended without a dead letter), leases the rows
-// @leased with @token for @lease_ttl_seconds from the statement's time
-// (not the transaction's, which began at the claim): rows whose handlers
-// still run, or whose failure the lease path writes next; sets their
-// delivery counts to @deliveries, and deletes the claim's record. Returns
-// how many rows it deleted and leased: the claim holds every one of them,
-// so anything less means the transaction no longer holds its locks.
+// Deletes, in the claim's transaction, the record of the claim of
+// transaction @xid, the last statement of its end.
 //
-// An end that only deletes commits without waiting for its WAL flush: a
-// server crash can then undo it, and its rows (and a key's next row, which
-// the same transaction unblocked) are delivered again, in order, which
-// at-least-once delivery allows; no later flushed commit can survive it,
-// as WAL is flushed in order. An end that leases rows waits as usual, so a
-// running handler's lease outlives a crash.
-func (q *Queries) EndLock(ctx context.Context, arg EndLockParams) (EndLockRow, error) {
-	row := q.db.QueryRow(ctx, endLock,
-		arg.Deleted,
-		arg.Token,
-		arg.LeaseTtlSeconds,
-		arg.Leased,
-		arg.Deliveries,
-		arg.Xid,
-	)
-	var i EndLockRow
-	err := row.Scan(&i.Deleted, &i.Leased)
-	return i, err
+// An end that only deletes (@durable false) commits without waiting for
+// its WAL flush: a server crash can then undo it, and its rows (and a
+// key's next row, which the same transaction unblocked) are delivered
+// again, in order, which at-least-once delivery allows; no later flushed
+// commit can survive it, as WAL is flushed in order. An end that leases
+// rows waits as usual, so a running handler's lease outlives a crash.
+func (q *Queries) EndLockRecord(ctx context.Context, arg EndLockRecordParams) error {
+	_, err := q.db.Exec(ctx, endLockRecord, arg.Durable, arg.Xid)
+	return err
 }
 
 const forgetAborted = `-- name: ForgetAborted :exec
@@ -185,6 +160,42 @@ WHERE l.ids && counted.ids
 func (q *Queries) ForgetAborted(ctx context.Context, ids []int64) error {
 	_, err := q.db.Exec(ctx, forgetAborted, ids)
 	return err
+}
+
+const leaseLocked = `-- name: LeaseLocked :execrows
+UPDATE /*outbox:table*/outbox AS o
+SET acquired_token   = $1::uuid,
+    acquired_at      = clock_timestamp(),
+    lease_expires_at = clock_timestamp() + make_interval(secs => $2::float8),
+    deliveries_count = l.deliveries
+FROM (SELECT unnest($3::bigint[]) AS id, unnest($4::integer[]) AS deliveries) AS l
+WHERE o.id = l.id
+`
+
+type LeaseLockedParams struct {
+	Token           pgtype.UUID
+	LeaseTtlSeconds float64
+	Ids             []int64
+	Deliveries      []int32
+}
+
+// Leases, in the claim's transaction, its rows @ids with @token for
+// @lease_ttl_seconds from the statement's time (not the transaction's,
+// which began at the claim): rows whose handlers still run, or whose
+// failure the lease path writes next; sets their delivery counts to
+// @deliveries. Fewer rows leased than given means the transaction no
+// longer holds its locks.
+func (q *Queries) LeaseLocked(ctx context.Context, arg LeaseLockedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, leaseLocked,
+		arg.Token,
+		arg.LeaseTtlSeconds,
+		arg.Ids,
+		arg.Deliveries,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const lock = `-- name: Lock :many
@@ -280,26 +291,29 @@ SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
        o.attempts_count,
        least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
-       coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
-       pg_current_xact_id_if_assigned()::text::bigint AS xid
-FROM (SELECT set_config('idle_in_transaction_session_timeout', ($1::bigint)::text, true)) AS session(idle_timeout)
-CROSS JOIN LATERAL (
-    SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
-           o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
-    FROM /*outbox:table*/outbox AS o
-    WHERE o.queue = $2::text
-      AND o.acquired_token IS NULL
-      AND NOT o.blocked
-      AND o.next_attempt_at <= now()
-    ORDER BY o.next_attempt_at, o.id
-    LIMIT $3::integer
-    FOR UPDATE OF o SKIP LOCKED
-) AS o
+       CASE WHEN o.first_attempt_at IS NULL THEN 0
+            ELSE date_part('epoch', now()) - date_part('epoch', o.first_attempt_at)
+       END::float8 AS since_first_attempt_seconds,
+       least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
+       (SELECT pg_current_xact_id()::text::bigint
+        FROM (SELECT set_config('idle_in_transaction_session_timeout', ($1::bigint)::text, true)) AS session(idle_timeout)
+       ) AS xid
+FROM /*outbox:table*/outbox AS o
+WHERE o.queue = $2::text
+  AND o.acquired_token IS NULL
+  AND NOT o.blocked
+  AND o.next_attempt_at <= now()
+  AND (o.next_attempt_at, o.id) > (coalesce($3::timestamptz, '-infinity'), coalesce($4::bigint, 0))
+ORDER BY o.next_attempt_at, o.id
+LIMIT $5::integer
+FOR UPDATE OF o SKIP LOCKED
 `
 
 type LockQueueParams struct {
 	IdleTimeoutMs int64
 	Queue         string
+	AfterAt       *time.Time
+	AfterID       *int64
 	MaxRows       int32
 }
 
@@ -313,6 +327,7 @@ type LockQueueRow struct {
 	AttemptsCount            int32
 	DeliveriesCount          int32
 	SinceFirstAttemptSeconds float64
+	NextAttemptAt            time.Time
 	Xid                      int64
 }
 
@@ -327,10 +342,27 @@ type LockQueueRow struct {
 // @idle_timeout_ms, so a subscriber that stalls frees its rows after that
 // long, as an unextended lease would. Returns ClaimQueue's columns
 // (deliveries_count counting this delivery), read from the row versions it
-// locked, and the transaction's id. Values written by other clients are
-// read as ClaimQueue reads them.
+// locked, each row's next_attempt_at, and the transaction's id. Values
+// written by other clients are read as ClaimQueue reads them.
+//
+// With @after_at and @after_id set, it looks only past that position of
+// the queue's order (next_attempt_at, id): a claim made while another
+// claim of the same subscriber holds the rows before it need not step
+// over their locks one by one. Rows before it wait for a claim without.
+//
+// The transaction id and the timeout are set once, by an InitPlan run
+// when the first row comes, before its lock: a claim that finds nothing
+// takes no transaction id. Every other column is read as it is stored or
+// in float8 arithmetic: the rows are projected before they are locked, so
+// a costly expression is paid for every row stepped over too.
 func (q *Queries) LockQueue(ctx context.Context, arg LockQueueParams) ([]LockQueueRow, error) {
-	rows, err := q.db.Query(ctx, lockQueue, arg.IdleTimeoutMs, arg.Queue, arg.MaxRows)
+	rows, err := q.db.Query(ctx, lockQueue,
+		arg.IdleTimeoutMs,
+		arg.Queue,
+		arg.AfterAt,
+		arg.AfterID,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -348,6 +380,7 @@ func (q *Queries) LockQueue(ctx context.Context, arg LockQueueParams) ([]LockQue
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
 			&i.SinceFirstAttemptSeconds,
+			&i.NextAttemptAt,
 			&i.Xid,
 		); err != nil {
 			return nil, err

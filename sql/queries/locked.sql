@@ -11,27 +11,39 @@
 -- @idle_timeout_ms, so a subscriber that stalls frees its rows after that
 -- long, as an unextended lease would. Returns ClaimQueue's columns
 -- (deliveries_count counting this delivery), read from the row versions it
--- locked, and the transaction's id. Values written by other clients are
--- read as ClaimQueue reads them.
+-- locked, each row's next_attempt_at, and the transaction's id. Values
+-- written by other clients are read as ClaimQueue reads them.
+--
+-- With @after_at and @after_id set, it looks only past that position of
+-- the queue's order (next_attempt_at, id): a claim made while another
+-- claim of the same subscriber holds the rows before it need not step
+-- over their locks one by one. Rows before it wait for a claim without.
+--
+-- The transaction id and the timeout are set once, by an InitPlan run
+-- when the first row comes, before its lock: a claim that finds nothing
+-- takes no transaction id. Every other column is read as it is stored or
+-- in float8 arithmetic: the rows are projected before they are locked, so
+-- a costly expression is paid for every row stepped over too.
 SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
        o.attempts_count,
        least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
-       coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
-       pg_current_xact_id_if_assigned()::text::bigint AS xid
-FROM (SELECT set_config('idle_in_transaction_session_timeout', (@idle_timeout_ms::bigint)::text, true)) AS session(idle_timeout)
-CROSS JOIN LATERAL (
-    SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
-           o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
-    FROM /*outbox:table*/outbox AS o
-    WHERE o.queue = @queue::text
-      AND o.acquired_token IS NULL
-      AND NOT o.blocked
-      AND o.next_attempt_at <= now()
-    ORDER BY o.next_attempt_at, o.id
-    LIMIT @max_rows::integer
-    FOR UPDATE OF o SKIP LOCKED
-) AS o;
+       CASE WHEN o.first_attempt_at IS NULL THEN 0
+            ELSE date_part('epoch', now()) - date_part('epoch', o.first_attempt_at)
+       END::float8 AS since_first_attempt_seconds,
+       least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
+       (SELECT pg_current_xact_id()::text::bigint
+        FROM (SELECT set_config('idle_in_transaction_session_timeout', (@idle_timeout_ms::bigint)::text, true)) AS session(idle_timeout)
+       ) AS xid
+FROM /*outbox:table*/outbox AS o
+WHERE o.queue = @queue::text
+  AND o.acquired_token IS NULL
+  AND NOT o.blocked
+  AND o.next_attempt_at <= now()
+  AND (o.next_attempt_at, o.id) > (coalesce(sqlc.narg(after_at)::timestamptz, '-infinity'), coalesce(sqlc.narg(after_id)::bigint, 0))
+ORDER BY o.next_attempt_at, o.id
+LIMIT @max_rows::integer
+FOR UPDATE OF o SKIP LOCKED;
 
 -- name: Lock :many
 -- LockQueue for a subscriber of several queues: the rows Claim would
@@ -136,45 +148,44 @@ SELECT EXISTS (SELECT FROM record) AS recorded,
        coalesce((SELECT array_agg(a.aborted ORDER BY a.id) FROM aborted AS a), '{}')::integer[] AS aborted_counts,
        coalesce((SELECT array_agg(a.held ORDER BY a.id) FROM aborted AS a), '{}')::boolean[] AS held;
 
--- name: EndLock :one
--- Ends a claim of transaction @xid, in that transaction: deletes the rows
--- @deleted (handled, or ended without a dead letter), leases the rows
--- @leased with @token for @lease_ttl_seconds from the statement's time
--- (not the transaction's, which began at the claim): rows whose handlers
--- still run, or whose failure the lease path writes next; sets their
--- delivery counts to @deliveries, and deletes the claim's record. Returns
--- how many rows it deleted and leased: the claim holds every one of them,
--- so anything less means the transaction no longer holds its locks.
+-- name: DeleteLocked :execrows
+-- Deletes, in the claim's transaction, its rows @ids: handled, or ended
+-- without a dead letter. The claim holds every one of them, so fewer rows
+-- deleted means the transaction no longer holds its locks.
+DELETE FROM /*outbox:table*/outbox AS o
+WHERE o.id = ANY(@ids::bigint[]);
+
+-- name: LeaseLocked :execrows
+-- Leases, in the claim's transaction, its rows @ids with @token for
+-- @lease_ttl_seconds from the statement's time (not the transaction's,
+-- which began at the claim): rows whose handlers still run, or whose
+-- failure the lease path writes next; sets their delivery counts to
+-- @deliveries. Fewer rows leased than given means the transaction no
+-- longer holds its locks.
+UPDATE /*outbox:table*/outbox AS o
+SET acquired_token   = @token::uuid,
+    acquired_at      = clock_timestamp(),
+    lease_expires_at = clock_timestamp() + make_interval(secs => @lease_ttl_seconds::float8),
+    deliveries_count = l.deliveries
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@deliveries::integer[]) AS deliveries) AS l
+WHERE o.id = l.id;
+
+-- name: EndLockRecord :exec
+-- Deletes, in the claim's transaction, the record of the claim of
+-- transaction @xid, the last statement of its end.
 --
--- An end that only deletes commits without waiting for its WAL flush: a
--- server crash can then undo it, and its rows (and a key's next row, which
--- the same transaction unblocked) are delivered again, in order, which
--- at-least-once delivery allows; no later flushed commit can survive it,
--- as WAL is flushed in order. An end that leases rows waits as usual, so a
--- running handler's lease outlives a crash.
-WITH gone AS (
-    DELETE FROM /*outbox:table*/outbox AS o
-    WHERE o.id = ANY(@deleted::bigint[])
-    RETURNING o.id
-), leased AS (
-    UPDATE /*outbox:table*/outbox AS o
-    SET acquired_token   = @token::uuid,
-        acquired_at      = clock_timestamp(),
-        lease_expires_at = clock_timestamp() + make_interval(secs => @lease_ttl_seconds::float8),
-        deliveries_count = l.deliveries
-    FROM (SELECT unnest(@leased::bigint[]) AS id, unnest(@deliveries::integer[]) AS deliveries) AS l
-    WHERE o.id = l.id
-    RETURNING o.id
-), record AS (
+-- An end that only deletes (@durable false) commits without waiting for
+-- its WAL flush: a server crash can then undo it, and its rows (and a
+-- key's next row, which the same transaction unblocked) are delivered
+-- again, in order, which at-least-once delivery allows; no later flushed
+-- commit can survive it, as WAL is flushed in order. An end that leases
+-- rows waits as usual, so a running handler's lease outlives a crash.
+WITH record AS (
     DELETE FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = @xid::bigint
-), session AS (
-    SELECT set_config('synchronous_commit',
-                      CASE WHEN cardinality(@leased::bigint[]) = 0 THEN 'off' ELSE current_setting('synchronous_commit') END,
-                      true) AS synchronous_commit
 )
-SELECT (SELECT count(*) FROM gone)::integer AS deleted,
-       (SELECT count(*) FROM leased)::integer AS leased
-FROM session;
+SELECT set_config('synchronous_commit',
+                  CASE WHEN @durable::boolean THEN current_setting('synchronous_commit') ELSE 'off' END,
+                  true)::text AS synchronous_commit;
 
 -- name: SavepointLockEnd :exec
 -- Marks where a locked claim's end starts, so a failed end statement can
