@@ -447,3 +447,77 @@ func TestClaimAfterASmallClaimLeases(t *testing.T) {
 		t.Errorf("Run: %v", err)
 	}
 }
+
+// A locked claim made while the subscriber's last one is open, and took
+// all it asked for, looks past that claim's last row; rows before it that
+// no claim holds (here a row dated an hour early) wait for a claim that
+// looks from the start: one made when no other claim is open, one that
+// found nothing past the position (it looks again from the start), and
+// the first one LockWindow after
+// the last look from the start.
+func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := lockingConfig(nil)
+	cfg.LockWindow = time.Second
+	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[string]) error { return nil }, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRun(e.ctx, sub)
+	var rows []int64
+	for range 6 {
+		rows = append(rows, e.publish("q"))
+	}
+	// lock makes a claim and keeps its transaction open until end is
+	// called (the test's pool has few connections).
+	lock := func() (locked []int64, end func()) {
+		t.Helper()
+		tx, err := e.db.Pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		end = func() { _ = tx.Rollback(context.Background()) }
+		t.Cleanup(end)
+		got, err := r.lockQueue(e.ctx, e.ob.queries(tx), 2, 30000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range got {
+			locked = append(locked, g.ID)
+		}
+		return locked, end
+	}
+	want := func(what string, want []int64) func() {
+		t.Helper()
+		got, end := lock()
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("%s: locked rows (-want +got):\n%s", what, d)
+		}
+		return end
+	}
+	r.locks <- struct{}{} // the claim being made
+	end1 := want("first claim, none open", rows[0:2])
+	r.locks <- struct{}{} // the last claim stays open
+	var early int64
+	if err := e.db.Pool.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, next_attempt_at)
+		VALUES ('q', '"early"', now() - interval '1 hour') RETURNING id`).Scan(&early); err != nil {
+		t.Fatal(err)
+	}
+	end2 := want("claim while the last is open", rows[2:4])
+	r.frontLocked = time.Now().Add(-cfg.LockWindow)
+	end3 := want("claim a window after the last look from the start", []int64{early, rows[4]})
+	end1()
+	end2()
+	end4 := want("claim past that one", rows[5:6])
+	end5 := want("claim after one that found fewer than it asked for", rows[0:2])
+	for _, end := range []func(){end3, end4, end5} {
+		end()
+	}
+	r.lockedUpTo = lockCursor{at: new(time.Now().Add(time.Hour)), id: new(int64(0))}
+	r.frontLocked = time.Now()
+	want("claim that found nothing past the position", []int64{early, rows[0]})()
+	<-r.locks
+	r.lockedUpTo = lockCursor{at: new(time.Now().Add(time.Hour)), id: new(int64(0))}
+	want("claim while no other is open", []int64{early, rows[0]})()
+}
