@@ -84,6 +84,7 @@ func main() {
 		o          options
 		which      string
 		cpuProfile string
+		memProfile string
 	)
 	flag.StringVar(&o.dsn, "dsn", os.Getenv("DATABASE_URL"), "database to benchmark on (default $DATABASE_URL)")
 	flag.IntVar(&o.rounds, "rounds", 7, "rounds per suite; medians are taken over rounds")
@@ -106,6 +107,7 @@ func main() {
 		o.contenders, err = regexp.Compile(v)
 		return err
 	})
+	flag.StringVar(&memProfile, "memprofile", "", "write an allocation profile of the benchmark process to this file when it ends")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the benchmark process (peers and subscribers alike) to this file")
 	flag.Parse()
 	if o.watermillBatch == nil {
@@ -139,6 +141,11 @@ func main() {
 	err := run(o, which)
 	if cpuProfile != "" {
 		pprof.StopCPUProfile()
+	}
+	if memProfile != "" {
+		if perr := writeHeapProfile(memProfile); perr != nil {
+			fmt.Fprintln(os.Stderr, "bench: -memprofile:", perr)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -215,3 +222,17 @@ func run(o options, which string) error {
 }
 
 func jsonOrder(i int) ([]byte, error) { return json.Marshal(sampleOrder(i)) }
+
+// writeHeapProfile writes the allocations so far (pprof's allocs profile)
+// to path.
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}

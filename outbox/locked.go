@@ -227,7 +227,7 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 		ids[i] = rows[i].ID
 	}
 	lower, upper := runs(ids)
-	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Ids: ids, Lower: lower, Upper: upper,
+	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Lower: lower, Upper: upper,
 		LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
 	if err == nil && !counted.Recorded {
 		err = errClaimEnded
@@ -420,7 +420,8 @@ func (r *run[T]) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgt
 // much per row.
 func (r *run[T]) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e *lockEnd, token pgtype.UUID) error {
 	if len(e.deleted) > 0 {
-		n, err := q.DeleteLocked(ctx, e.deleted)
+		lower, upper := runs(e.deleted)
+		n, err := q.DeleteLocked(ctx, db.DeleteLockedParams{Lower: lower, Upper: upper})
 		if err != nil {
 			return err
 		}

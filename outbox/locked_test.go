@@ -408,7 +408,7 @@ func TestClaimWhoseTransactionEndedIsNotRecorded(t *testing.T) {
 	if err := tx.Rollback(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	got, err := e.ob.queries(e.db.Pool).RecordLock(e.ctx, db.RecordLockParams{Xid: xid, Ids: []int64{id}, Lower: []int64{id}, Upper: []int64{id},
+	got, err := e.ob.queries(e.db.Pool).RecordLock(e.ctx, db.RecordLockParams{Xid: xid, Lower: []int64{id}, Upper: []int64{id},
 		LeaseTtlSeconds: 30})
 	if err != nil {
 		t.Fatal(err)

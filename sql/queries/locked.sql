@@ -112,34 +112,39 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
 
 -- name: RecordLock :one
 -- Records, in a transaction of its own (autocommit), that the claim of
--- transaction @xid holds the rows @ids until @lease_ttl_seconds from now.
--- It records nothing, and recorded is false, when that transaction is no
--- longer in progress (its connection died after the claim): its locks are
--- gone, so its rows must not be handed to handlers. It returns, for each
--- of @ids that earlier claims which aborted held, how many those claims
--- were (deliveries that ended without an outcome: the subscriber crashed,
--- its connection died) and whether one of them still holds it (held: its
--- handler may still run, so the row must not be handled yet). The record
--- names the ranges @lower to @upper (inclusive), which cover exactly @ids,
--- but the held rows: the claim gives those up. It needs no flush at
+-- transaction @xid holds the rows in the ranges @lower to @upper
+-- (inclusive; they cover exactly the claimed rows) until
+-- @lease_ttl_seconds from now. It records nothing, and recorded is false,
+-- when that transaction is no longer in progress (its connection died
+-- after the claim): its locks are gone, so its rows must not be handed to
+-- handlers. It returns, for each claimed row that earlier claims which
+-- aborted held, how many those claims were (deliveries that ended without
+-- an outcome: the subscriber crashed, its connection died) and whether one
+-- of them still holds it (held: its handler may still run, so the row must
+-- not be handled yet). The record names the claimed rows but the held
+-- ones: the claim gives those up. Only the records that aborted and share
+-- rows with the claim are expanded into row ids. It needs no flush at
 -- commit: it must outlive the subscriber, not the server, whose crash
 -- aborts the claim too.
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
+), claimed AS MATERIALIZED (
+    SELECT range_agg(int8range(r.lower, r.upper, '[]')) AS ids
+    FROM (SELECT unnest(@lower::bigint[]) AS lower, unnest(@upper::bigint[]) AS upper) AS r
 ), aborted AS (
     SELECT c.id, count(*)::integer AS aborted, bool_or(l.until > now()) AS held
-    FROM unnest(@ids::bigint[]) AS c(id)
-    JOIN /*outbox:table*/outbox_locks AS l ON l.ids @> c.id
+    FROM claimed
+    JOIN /*outbox:table*/outbox_locks AS l ON l.ids && claimed.ids
+    CROSS JOIN LATERAL unnest(l.ids * claimed.ids) AS k(ids)
+    CROSS JOIN LATERAL generate_series(lower(k.ids), upper(k.ids) - 1) AS c(id)
     WHERE pg_xact_status(l.xid::text::xid8) = 'aborted'
     GROUP BY c.id
 ), record AS (
     INSERT INTO /*outbox:table*/outbox_locks (xid, ids, until)
     SELECT @xid::bigint,
-           (SELECT range_agg(int8range(r.lower, r.upper, '[]'))
-            FROM (SELECT unnest(@lower::bigint[]) AS lower, unnest(@upper::bigint[]) AS upper) AS r)
-           - coalesce((SELECT range_agg(int8range(a.id, a.id, '[]')) FROM aborted AS a WHERE a.held), '{}'),
+           claimed.ids - coalesce((SELECT range_agg(int8range(a.id, a.id, '[]')) FROM aborted AS a WHERE a.held), '{}'),
            now() + make_interval(secs => @lease_ttl_seconds::float8)
-    FROM session
+    FROM session, claimed
     WHERE pg_xact_status((@xid::bigint)::text::xid8) = 'in progress'
     RETURNING xid
 )
@@ -149,11 +154,15 @@ SELECT EXISTS (SELECT FROM record) AS recorded,
        coalesce((SELECT array_agg(a.held ORDER BY a.id) FROM aborted AS a), '{}')::boolean[] AS held;
 
 -- name: DeleteLocked :execrows
--- Deletes, in the claim's transaction, its rows @ids: handled, or ended
--- without a dead letter. The claim holds every one of them, so fewer rows
--- deleted means the transaction no longer holds its locks.
+-- Deletes, in the claim's transaction, its rows in the ranges @lower to
+-- @upper (inclusive), which cover exactly the rows to delete: handled, or
+-- ended without a dead letter. One index range scan per range costs the
+-- server about half as much per row as a lookup per id. The claim holds
+-- every one of them, so fewer rows deleted means the transaction no
+-- longer holds its locks.
 DELETE FROM /*outbox:table*/outbox AS o
-WHERE o.id = ANY(@ids::bigint[]);
+USING (SELECT unnest(@lower::bigint[]) AS lower, unnest(@upper::bigint[]) AS upper) AS r
+WHERE o.id BETWEEN r.lower AND r.upper;
 
 -- name: LeaseLocked :execrows
 -- Leases, in the claim's transaction, its rows @ids with @token for
