@@ -241,6 +241,7 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 		rows = c.countAborted(rows, counted)
 	}
 	c.left = len(rows)
+	c.kept = make([]outcome, 0, len(rows))
 	if len(rows) == 0 {
 		// Every row is still held by an aborted claim whose handlers may
 		// run: give them all back.
@@ -289,9 +290,9 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	c.open = false
 	kept := c.kept
 	var (
-		e     lockEnd
-		later []outcome // failures the lease path writes
-		done  []outcome // acknowledgements and terminal deletes
+		e     = lockEnd{deleted: make([]int64, 0, len(kept))}
+		later []outcome                       // failures the lease path writes
+		done  = make([]outcome, 0, len(kept)) // acknowledgements and terminal deletes
 	)
 	for _, o := range kept {
 		switch o.kind {
@@ -469,10 +470,10 @@ func (r *run[T]) lockQueue(ctx context.Context, q *db.Queries, n int32, idle int
 		p.AfterAt, p.AfterID = r.lockedUpTo.at, r.lockedUpTo.id
 	}
 	r.lockedUpTo = lockCursor{}
-	got, err := q.LockQueue(ctx, p)
+	got, err := q.LockQueueAppend(ctx, p, make([]db.LockQueueRow, 0, n))
 	if err == nil && len(got) == 0 && p.AfterAt != nil {
 		p.AfterAt, p.AfterID = nil, nil
-		got, err = q.LockQueue(ctx, p)
+		got, err = q.LockQueueAppend(ctx, p, got)
 	}
 	if err != nil {
 		return nil, err

@@ -521,3 +521,38 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 	r.lockedUpTo = lockCursor{at: new(time.Now().Add(time.Hour)), id: new(int64(0))}
 	want("claim while no other is open", []int64{early, rows[0]})()
 }
+
+// LockQueueAppend, the claim's scan into a slice sized once, reads every
+// column LockQueue returns, as LockQueue reads it, and appends after the
+// rows it is given.
+func TestLockQueueAppendReadsWhatLockQueueReads(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	key, timer := "k", "t"
+	e.publishWith(db.PublishParams{Queue: "q", Payload: []byte(`"a"`), Headers: []byte(`{"x":"y"}`), OrderingKey: &key})
+	e.publishWith(db.PublishParams{Queue: "q", Payload: []byte(`"b"`), TimerID: &timer})
+	third := e.publish("q")
+	e.exec(`UPDATE outbox SET attempts_count = 2, deliveries_count = 3, first_attempt_at = now() - interval '1 minute' WHERE id = $1`, third)
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	q := e.ob.queries(tx)
+	p := db.LockQueueParams{Queue: "q", MaxRows: 10, IdleTimeoutMs: 30000}
+	want, err := q.LockQueue(e.ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want) != 3 {
+		t.Fatalf("LockQueue locked %d rows, want 3", len(want))
+	}
+	before := db.LockQueueRow{ID: -1}
+	got, err := q.LockQueueAppend(e.ctx, p, append(make([]db.LockQueueRow, 0, 4), before))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(append([]db.LockQueueRow{before}, want...), got); d != "" {
+		t.Errorf("LockQueueAppend (-LockQueue +LockQueueAppend):\n%s", d)
+	}
+}
