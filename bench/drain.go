@@ -45,7 +45,7 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 		{"outbox Subscriber, bench config, claims by lease", func(n int) (time.Duration, error) {
 			return drainOutbox(ctx, env, n, leasing(drainConfig[order]()))
 		}},
-		{"outbox Subscriber, raw", func(n int) (time.Duration, error) { return drainOutboxRaw(ctx, env, n) }},
+		{"outbox Subscriber[[]byte], default config", func(n int) (time.Duration, error) { return drainOutboxRaw(ctx, env, n) }},
 	}
 	var rivers, watermills []string
 	for _, rc := range o.river {
@@ -168,15 +168,15 @@ func drainOutbox(ctx context.Context, env *benchEnv, n int, cfg *outbox.Subscrib
 	return drainWith(ctx, env, n, sub, &done)
 }
 
-// drainOutboxRaw drains into a Subscriber[[]byte] at the bench config:
-// payloads are handed over undecoded, as watermill hands over its
-// messages.
+// drainOutboxRaw drains into a Subscriber[[]byte] at its default
+// configuration: payloads are handed over undecoded, as watermill hands
+// over its messages.
 func drainOutboxRaw(ctx context.Context, env *benchEnv, n int) (time.Duration, error) {
 	var done atomic.Int64
 	sub, err := outbox.NewSubscriber(env.ob, []string{topic}, func(context.Context, *outbox.Message[[]byte]) error {
 		done.Add(1)
 		return nil
-	}, drainConfig[[]byte]())
+	}, defaultConfig[[]byte]())
 	if err != nil {
 		return 0, err
 	}

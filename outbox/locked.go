@@ -105,13 +105,14 @@ func (c *lockedClaim) settle() {
 	}
 }
 
-// countAborted adds to rows the deliveries of aborted claims that counted
-// says they had, and returns rows without those an aborted claim still
-// holds: its handlers may still run, so the claim gives them up, and they
-// are handed to a handler only once that claim's lease would have
-// expired.
-func (c *lockedClaim) countAborted(rows []db.ClaimRow, counted db.RecordLockRow) []db.ClaimRow {
-	more := make(map[int64]int32, len(counted.AbortedIds))
+// countAborted takes the deliveries of aborted claims that counted
+// reports for the claimed rows ids: it returns the indexes in ids of the
+// rows to hand to handlers, all but those an aborted claim still holds
+// (its handlers may still run, so the claim gives them up, and they are
+// handed to a handler only once that claim's lease would have expired),
+// and the deliveries each row's count must add.
+func (c *lockedClaim) countAborted(ids []int64, counted db.RecordLockRow) (handed []int, more map[int64]int32) {
+	more = make(map[int64]int32, len(counted.AbortedIds))
 	held := make(map[int64]bool)
 	for i, id := range counted.AbortedIds {
 		if i < len(counted.Held) && counted.Held[i] {
@@ -123,15 +124,13 @@ func (c *lockedClaim) countAborted(rows []db.ClaimRow, counted db.RecordLockRow)
 		}
 		c.aborted = append(c.aborted, id)
 	}
-	kept := rows[:0]
-	for _, row := range rows {
-		if held[row.ID] {
-			continue
+	handed = make([]int, 0, len(ids))
+	for i, id := range ids {
+		if !held[id] {
+			handed = append(handed, i)
 		}
-		row.DeliveriesCount = int32(min(int64(row.DeliveriesCount)+int64(more[row.ID]), math.MaxInt32))
-		kept = append(kept, row)
 	}
-	return kept
+	return handed, more
 }
 
 // watch watches c's connection while b's handlers run: when the
@@ -193,38 +192,44 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 	q := r.s.ob.queries(boundedDBTX{inner: tx, timeout: timeout})
 	idle := r.s.cfg.LeaseTTL.Milliseconds()
 	sent := time.Now()
+	// The claimed rows go from the scanned slice straight to their
+	// deliveries: fill writes row i as a claim row.
 	var (
-		rows []db.ClaimRow
+		ids  []int64
+		fill func(i int, row *db.ClaimRow)
 		xid  int64
 	)
 	if len(r.s.queues) > 1 {
 		var got []db.LockRow
 		got, err = q.Lock(ctx, db.LockParams{Queues: r.s.queues, MaxRows: n, IdleTimeoutMs: idle})
-		rows = make([]db.ClaimRow, len(got))
-		for i, g := range got {
-			rows[i] = db.ClaimRow{ID: g.ID, Queue: g.Queue, Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
+		ids = make([]int64, len(got))
+		for i := range got {
+			ids[i], xid = got[i].ID, got[i].Xid
+		}
+		fill = func(i int, row *db.ClaimRow) {
+			g := &got[i]
+			*row = db.ClaimRow{ID: g.ID, Queue: g.Queue, Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
 				TimerID: g.TimerID, CreatedAt: g.CreatedAt, AttemptsCount: g.AttemptsCount, DeliveriesCount: g.DeliveriesCount,
 				SinceFirstAttemptSeconds: g.SinceFirstAttemptSeconds}
-			xid = g.Xid
 		}
 	} else {
 		var got []db.LockQueueRow
 		got, err = r.lockQueue(ctx, q, n, idle)
-		rows = make([]db.ClaimRow, len(got))
-		for i, g := range got {
-			rows[i] = db.ClaimRow{ID: g.ID, Queue: r.s.queues[0], Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
+		ids = make([]int64, len(got))
+		for i := range got {
+			ids[i], xid = got[i].ID, got[i].Xid
+		}
+		queue := r.s.queues[0]
+		fill = func(i int, row *db.ClaimRow) {
+			g := &got[i]
+			*row = db.ClaimRow{ID: g.ID, Queue: queue, Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
 				TimerID: g.TimerID, CreatedAt: g.CreatedAt, AttemptsCount: g.AttemptsCount, DeliveriesCount: g.DeliveriesCount,
 				SinceFirstAttemptSeconds: g.SinceFirstAttemptSeconds}
-			xid = g.Xid
 		}
 	}
-	if err != nil || len(rows) == 0 {
+	if err != nil || len(ids) == 0 {
 		rollback()
 		return 0, err
-	}
-	ids := make([]int64, len(rows))
-	for i := range rows {
-		ids[i] = rows[i].ID
 	}
 	lower, upper := runs(ids)
 	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Lower: lower, Upper: upper,
@@ -237,12 +242,19 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 		return 0, fmt.Errorf("recording a locked claim: %w", err)
 	}
 	c := &lockedClaim{tx: tx, xid: xid, open: true, settled: make(chan struct{}), dead: make(chan struct{})}
+	handed := len(ids)
 	if len(counted.AbortedIds) > 0 {
-		rows = c.countAborted(rows, counted)
+		indexes, more := c.countAborted(ids, counted)
+		claimed := fill
+		handed = len(indexes)
+		fill = func(i int, row *db.ClaimRow) {
+			claimed(indexes[i], row)
+			row.DeliveriesCount = int32(min(int64(row.DeliveriesCount)+int64(more[row.ID]), math.MaxInt32))
+		}
 	}
-	c.left = len(rows)
-	c.kept = make([]outcome, 0, len(rows))
-	if len(rows) == 0 {
+	c.left = handed
+	c.kept = make([]outcome, 0, handed)
+	if handed == 0 {
 		// Every row is still held by an aborted claim whose handlers may
 		// run: give them all back.
 		r.lockEnds.Add(1)
@@ -250,7 +262,7 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 		go r.endLocked(nil, c)
 		return 0, nil
 	}
-	ds := r.leases.add(r.handlerCtx, rows, pgtype.UUID{}, sent)
+	ds := r.leases.addEach(r.handlerCtx, handed, fill, pgtype.UUID{}, sent)
 	ds[0].batch.locked = c
 	started = true
 	c.watch(ds[0].batch)

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -554,5 +555,66 @@ func TestLockQueueAppendReadsWhatLockQueueReads(t *testing.T) {
 	}
 	if d := cmp.Diff(append([]db.LockQueueRow{before}, want...), got); d != "" {
 		t.Errorf("LockQueueAppend (-LockQueue +LockQueueAppend):\n%s", d)
+	}
+}
+
+// A locked claim hands each row over with the deliveries of the aborted
+// claims that held it counted, and gives back the rows an aborted claim
+// still holds: among rows it took together, each row gets its own count.
+func TestLockedClaimCountsEachRowsAbortedClaims(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	free, held, counted := e.publish("q"), e.publish("q"), e.publish("q")
+	aborted := func() int64 {
+		t.Helper()
+		tx, err := e.db.Pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var xid int64
+		if err := tx.QueryRow(e.ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Rollback(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		return xid
+	}
+	record := `INSERT INTO outbox_locks (xid, ids, until) VALUES ($1, int8multirange(int8range($2, $2, '[]')), now() + $3 * interval '1 second')`
+	e.exec(record, aborted(), held, 2)
+	e.exec(record, aborted(), counted, -1)
+	e.exec(record, aborted(), counted, -1)
+	var (
+		mu   sync.Mutex
+		seen = map[int64]int{}
+	)
+	s := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := seen[m.ID]; !ok {
+			seen[m.ID] = m.Deliveries
+		}
+		return nil
+	}, lockingConfig(nil))
+	eventually(t, "the free and the counted rows handled", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) >= 2
+	})
+	mu.Lock()
+	if d := cmp.Diff(map[int64]int{free: 1, counted: 3}, seen); d != "" {
+		t.Errorf("deliveries of the rows handled first (-want +got):\n%s", d)
+	}
+	mu.Unlock()
+	eventually(t, "the held row handled once its aborted claim's lease ran out", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) == 3
+	})
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if d := cmp.Diff(map[int64]int{free: 1, counted: 3, held: 2}, seen); d != "" {
+		t.Errorf("deliveries (-want +got):\n%s", d)
 	}
 }
