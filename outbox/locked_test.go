@@ -38,6 +38,24 @@ func (e *env) terminateLockedClaims() int {
 	return n
 }
 
+// abortedXid returns the id of a transaction that took one and rolled
+// back, as a claim whose connection died does.
+func (e *env) abortedXid() int64 {
+	e.t.Helper()
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var xid int64
+	if err := tx.QueryRow(e.ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	return xid
+}
+
 // While its handlers run, a locked claim has written nothing to its rows:
 // they hold no lease and count no delivery, yet no other claim can take
 // them, and the claim is recorded. Its end deletes the rows and the
@@ -398,17 +416,7 @@ func TestClaimWhoseTransactionEndedIsNotRecorded(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	id := e.publish("q")
-	tx, err := e.db.Pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var xid int64
-	if err := tx.QueryRow(e.ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Rollback(e.ctx); err != nil {
-		t.Fatal(err)
-	}
+	xid := e.abortedXid()
 	got, err := e.ob.queries(e.db.Pool).RecordLock(e.ctx, db.RecordLockParams{Xid: xid, Lower: []int64{id}, Upper: []int64{id},
 		LeaseTtlSeconds: 30})
 	if err != nil {
@@ -565,25 +573,10 @@ func TestLockedClaimCountsEachRowsAbortedClaims(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	free, held, counted := e.publish("q"), e.publish("q"), e.publish("q")
-	aborted := func() int64 {
-		t.Helper()
-		tx, err := e.db.Pool.Begin(e.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var xid int64
-		if err := tx.QueryRow(e.ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&xid); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Rollback(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		return xid
-	}
 	record := `INSERT INTO outbox_locks (xid, ids, until) VALUES ($1, int8multirange(int8range($2, $2, '[]')), now() + $3 * interval '1 second')`
-	e.exec(record, aborted(), held, 2)
-	e.exec(record, aborted(), counted, -1)
-	e.exec(record, aborted(), counted, -1)
+	e.exec(record, e.abortedXid(), held, 2)
+	e.exec(record, e.abortedXid(), counted, -1)
+	e.exec(record, e.abortedXid(), counted, -1)
 	var (
 		mu   sync.Mutex
 		seen = map[int64]int{}
