@@ -494,8 +494,9 @@ func (r *run[T]) lockQueue(ctx context.Context, q *db.Queries, n int32, idle int
 		r.frontLocked = time.Now()
 	}
 	if len(got) == int(n) {
-		last := got[len(got)-1]
-		r.lockedUpTo = lockCursor{at: &last.NextAttemptAt, id: &last.ID}
+		// Copies, so the position does not keep the claim's rows alive.
+		at, id := got[len(got)-1].NextAttemptAt, got[len(got)-1].ID
+		r.lockedUpTo = lockCursor{at: &at, id: &id}
 	}
 	return got, nil
 }
