@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -59,41 +60,50 @@ func (e *env) abortedXid() int64 {
 // While its handlers run, a locked claim has written nothing to its rows:
 // they hold no lease and count no delivery, yet no other claim can take
 // them, and the claim is recorded. Its end deletes the rows and the
-// record.
+// record. A subscriber of one queue and one of several claim through
+// different statements (LockQueue, Lock); both are checked.
 func TestLockedClaimWritesNothingWhileItsHandlersRun(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
-	published := []int64{e.publish("q"), e.publish("q"), e.publish("q")}
-	release := make(chan struct{})
-	var started atomic.Int32
-	rec := &events{}
-	s := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
-		started.Add(1)
-		<-release
-		return nil
-	}, lockingConfig(rec))
-	eventually(t, "three handlers running", func() bool { return started.Load() == 3 })
-	for _, id := range published {
-		r, ok := e.row(id)
-		if !ok || r.AcquiredToken.Valid || r.DeliveriesCount != 0 {
-			t.Errorf("row %d while its handler runs: present %v, leased %v, deliveries %d; want present, no lease, 0",
-				id, ok, r.AcquiredToken.Valid, r.DeliveriesCount)
-		}
-	}
-	if got := e.claim(10, "q"); len(got) != 0 {
-		t.Errorf("another claim took rows %v held by a locked claim", ids(got))
-	}
-	if n := e.count("outbox_locks"); n != 1 {
-		t.Errorf("%d lock records, want 1", n)
-	}
-	close(release)
-	eventually(t, "the rows deleted", func() bool { return e.count("outbox") == 0 })
-	eventually(t, "the record deleted", func() bool { return e.count("outbox_locks") == 0 })
-	if err := s.stop(); err != nil {
-		t.Errorf("Run: %v", err)
-	}
-	if n := len(rec.named(EventAcked)); n != 3 {
-		t.Errorf("%d acked events, want 3", n)
+	for _, queues := range [][]string{{"q"}, {"q", "r"}} {
+		t.Run(strings.Join(queues, ","), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			var published []int64
+			for i := range 3 {
+				published = append(published, e.publish(queues[i%len(queues)]))
+			}
+			release := make(chan struct{})
+			var started atomic.Int32
+			rec := &events{}
+			s := startSub(t, e.ob, queues, func(context.Context, *Message[string]) error {
+				started.Add(1)
+				<-release
+				return nil
+			}, lockingConfig(rec))
+			eventually(t, "three handlers running", func() bool { return started.Load() == 3 })
+			for _, id := range published {
+				r, ok := e.row(id)
+				if !ok || r.AcquiredToken.Valid || r.DeliveriesCount != 0 {
+					t.Errorf("row %d while its handler runs: present %v, leased %v, deliveries %d; want present, no lease, 0",
+						id, ok, r.AcquiredToken.Valid, r.DeliveriesCount)
+				}
+			}
+			if got := e.claim(10, queues...); len(got) != 0 {
+				t.Errorf("another claim took rows %v held by a locked claim", ids(got))
+			}
+			if n := e.count("outbox_locks"); n != 1 {
+				t.Errorf("%d lock records, want 1", n)
+			}
+			close(release)
+			eventually(t, "the rows deleted", func() bool { return e.count("outbox") == 0 })
+			eventually(t, "the record deleted", func() bool { return e.count("outbox_locks") == 0 })
+			if err := s.stop(); err != nil {
+				t.Errorf("Run: %v", err)
+			}
+			if n := len(rec.named(EventAcked)); n != 3 {
+				t.Errorf("%d acked events, want 3", n)
+			}
+		})
 	}
 }
 

@@ -48,6 +48,8 @@ FOR UPDATE OF o SKIP LOCKED;
 -- name: Lock :many
 -- LockQueue for a subscriber of several queues: the rows Claim would
 -- lease but expired ones, ranked across the queues as Claim ranks them.
+-- The timeout and the transaction id are set and read once, by an
+-- InitPlan run when the first row leaves, after every lock is taken.
 WITH candidates AS (
     SELECT p.* FROM unnest(@queues::text[]) AS q(name)
     CROSS JOIN LATERAL (
@@ -70,10 +72,13 @@ SELECT c.id, c.queue, c.payload, c.headers, c.ordering_key, c.timer_id,
        least(greatest(c.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
        c.attempts_count,
        least(greatest(c.deliveries_count, 0)::bigint + 1, 2147483647)::integer AS deliveries_count,
-       coalesce(extract(epoch FROM now()) - extract(epoch FROM c.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
-       pg_current_xact_id_if_assigned()::text::bigint AS xid
-FROM (SELECT set_config('idle_in_transaction_session_timeout', (@idle_timeout_ms::bigint)::text, true)) AS session(idle_timeout)
-CROSS JOIN LATERAL (
+       CASE WHEN c.first_attempt_at IS NULL THEN 0
+            ELSE date_part('epoch', now()) - date_part('epoch', c.first_attempt_at)
+       END::float8 AS since_first_attempt_seconds,
+       (SELECT pg_current_xact_id_if_assigned()::text::bigint
+        FROM (SELECT set_config('idle_in_transaction_session_timeout', (@idle_timeout_ms::bigint)::text, true)) AS session(idle_timeout)
+       ) AS xid
+FROM (
     SELECT r.* FROM ranked AS r
     ORDER BY r.rank, r.next_attempt_at, r.id
     LIMIT @max_rows::integer
