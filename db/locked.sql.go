@@ -209,7 +209,10 @@ func (q *Queries) LeaseLocked(ctx context.Context, arg LeaseLockedParams) (int64
 
 const lock = `-- name: Lock :many
 WITH candidates AS (
-    SELECT p.id, p.queue, p.next_attempt_at, p.payload, p.headers, p.ordering_key, p.timer_id, p.created_at, p.attempts_count, p.deliveries_count, p.first_attempt_at FROM unnest($3::text[]) AS q(name)
+    SELECT p.id, p.queue, p.next_attempt_at, p.payload, p.headers, p.ordering_key, p.timer_id, p.created_at, p.attempts_count, p.deliveries_count, p.first_attempt_at FROM (
+        SELECT unnest($3::text[]) AS name, unnest($4::timestamptz[]) AS after_at,
+               unnest($5::bigint[]) AS after_id
+    ) AS q
     CROSS JOIN LATERAL (
         SELECT o.id, o.queue, o.next_attempt_at, o.payload, o.headers, o.ordering_key, o.timer_id,
                o.created_at, o.attempts_count, o.deliveries_count, o.first_attempt_at
@@ -218,8 +221,9 @@ WITH candidates AS (
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
+          AND (o.next_attempt_at, o.id) > (CASE WHEN q.after_id = -9223372036854775808 THEN '-infinity' ELSE q.after_at END, q.after_id)
         ORDER BY o.next_attempt_at, o.id
-        LIMIT $2::integer
+        LIMIT $6::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
 ), ranked AS (
@@ -233,6 +237,7 @@ SELECT c.id, c.queue, c.payload, c.headers, c.ordering_key, c.timer_id,
        CASE WHEN c.first_attempt_at IS NULL THEN 0
             ELSE date_part('epoch', now()) - date_part('epoch', c.first_attempt_at)
        END::float8 AS since_first_attempt_seconds,
+       least(greatest(c.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
        (SELECT pg_current_xact_id_if_assigned()::text::bigint
         FROM (SELECT set_config('idle_in_transaction_session_timeout', ($1::bigint)::text, true)) AS session(idle_timeout)
        ) AS xid
@@ -247,6 +252,9 @@ type LockParams struct {
 	IdleTimeoutMs int64
 	MaxRows       int32
 	Queues        []string
+	AfterAt       []time.Time
+	AfterID       []int64
+	PerQueue      int32
 }
 
 type LockRow struct {
@@ -260,15 +268,27 @@ type LockRow struct {
 	AttemptsCount            int32
 	DeliveriesCount          int32
 	SinceFirstAttemptSeconds float64
+	NextAttemptAt            time.Time
 	Xid                      int64
 }
 
-// LockQueue for a subscriber of several queues: the rows Claim would
-// lease but expired ones, ranked across the queues as Claim ranks them.
+// LockQueue for a subscriber of several queues: locks up to @per_queue
+// rows of each of @queues, past that queue's position in @after_at and
+// @after_id (an id of -2^63: from the queue's start), ranks them across
+// the queues as Claim ranks them, and returns up to @max_rows of them. With @per_queue times
+// the number of queues at most @max_rows, it returns every row it locks;
+// its caller locks again, past what it has, in the queues that had more.
 // The timeout and the transaction id are set and read once, by an
 // InitPlan run when the first row leaves, after every lock is taken.
 func (q *Queries) Lock(ctx context.Context, arg LockParams) ([]LockRow, error) {
-	rows, err := q.db.Query(ctx, lock, arg.IdleTimeoutMs, arg.MaxRows, arg.Queues)
+	rows, err := q.db.Query(ctx, lock,
+		arg.IdleTimeoutMs,
+		arg.MaxRows,
+		arg.Queues,
+		arg.AfterAt,
+		arg.AfterID,
+		arg.PerQueue,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -287,6 +307,7 @@ func (q *Queries) Lock(ctx context.Context, arg LockParams) ([]LockRow, error) {
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
 			&i.SinceFirstAttemptSeconds,
+			&i.NextAttemptAt,
 			&i.Xid,
 		); err != nil {
 			return nil, err

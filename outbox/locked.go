@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -201,7 +202,7 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 	)
 	if len(r.s.queues) > 1 {
 		var got []db.LockRow
-		got, err = q.Lock(ctx, db.LockParams{Queues: r.s.queues, MaxRows: n, IdleTimeoutMs: idle})
+		got, err = r.lockQueues(ctx, q, n, idle)
 		ids = make([]int64, len(got))
 		for i := range got {
 			ids[i], xid = got[i].ID, got[i].Xid
@@ -497,6 +498,89 @@ func (r *run[T]) lockQueue(ctx context.Context, q *db.Queries, n int32, idle int
 		// Copies, so the position does not keep the claim's rows alive.
 		at, id := got[len(got)-1].NextAttemptAt, got[len(got)-1].ID
 		r.lockedUpTo = lockCursor{at: &at, id: &id}
+	}
+	return got, nil
+}
+
+// lockQueuesRounds bounds the statements of one claim of several queues.
+const lockQueuesRounds = 4
+
+// lockQueues locks up to n rows of the subscriber's several queues, as
+// lockQueue does for one, without locking rows it does not hand out: each
+// statement locks at most an equal share of what is left in each queue,
+// and the next one looks again, past what it has, in the queues that
+// filled their share. Each queue's position is kept as lockQueue keeps
+// one queue's: while the subscriber's last claim is open and took all it
+// asked for, the next claim starts each queue past what that claim took,
+// and looks from the queues' start when none is open, when it found
+// nothing, and at least every LockWindow.
+func (r *run[T]) lockQueues(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockRow, error) {
+	var past map[string]lockCursor
+	if r.lockedUpToQueues != nil && len(r.locks) > 1 && time.Since(r.frontLocked) < r.s.cfg.LockWindow {
+		past = r.lockedUpToQueues
+	}
+	r.lockedUpToQueues = nil
+	got, err := r.lockQueuesFrom(ctx, q, n, idle, past)
+	if err == nil && len(got) == 0 && past != nil {
+		past = nil
+		got, err = r.lockQueuesFrom(ctx, q, n, idle, nil)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if past == nil {
+		r.frontLocked = time.Now()
+	}
+	if len(got) == int(n) {
+		r.lockedUpToQueues = make(map[string]lockCursor, len(r.s.queues))
+		for i := range got {
+			// Within a queue the rows come in its order, so its last row is
+			// its position.
+			at, id := got[i].NextAttemptAt, got[i].ID
+			r.lockedUpToQueues[got[i].Queue] = lockCursor{at: &at, id: &id}
+		}
+	}
+	return got, nil
+}
+
+// lockQueuesFrom is lockQueues from the positions in past (a queue not in
+// it from its start).
+func (r *run[T]) lockQueuesFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor) ([]db.LockRow, error) {
+	pos := maps.Clone(past)
+	if pos == nil {
+		pos = make(map[string]lockCursor, len(r.s.queues))
+	}
+	got := make([]db.LockRow, 0, n)
+	active := r.s.queues
+	for round := 0; round < lockQueuesRounds && len(active) > 0 && len(got) < int(n); round++ {
+		left := n - int32(len(got))
+		share := max(left/int32(len(active)), 1)
+		p := db.LockParams{Queues: active, PerQueue: share, MaxRows: left, IdleTimeoutMs: idle,
+			AfterAt: make([]time.Time, len(active)), AfterID: make([]int64, len(active))}
+		for i, name := range active {
+			p.AfterID[i] = math.MinInt64 // from the queue's start
+			if c, ok := pos[name]; ok {
+				p.AfterAt[i], p.AfterID[i] = *c.at, *c.id
+			}
+		}
+		rows, err := q.Lock(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		took := make(map[string]int32, len(active))
+		for i := range rows {
+			took[rows[i].Queue]++
+			at, id := rows[i].NextAttemptAt, rows[i].ID
+			pos[rows[i].Queue] = lockCursor{at: &at, id: &id}
+		}
+		got = append(got, rows...)
+		var more []string
+		for _, name := range active {
+			if took[name] == share {
+				more = append(more, name)
+			}
+		}
+		active = more
 	}
 	return got, nil
 }

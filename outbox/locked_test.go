@@ -621,3 +621,68 @@ func TestLockedClaimCountsEachRowsAbortedClaims(t *testing.T) {
 		t.Errorf("deliveries (-want +got):\n%s", d)
 	}
 }
+
+// A locked claim of several queues locks only the rows it hands out, an
+// equal share of each queue first and then, past what it has, more of the
+// queues that had more, in Claim's ranking within each statement; while
+// it stays open, the next claim starts each queue past what it took.
+func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg := lockingConfig(nil)
+	sub, err := NewSubscriber(e.ob, []string{"a", "b"}, func(context.Context, *Message[string]) error { return nil }, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRun(e.ctx, sub)
+	var a, b []int64
+	for range 10 {
+		a = append(a, e.publish("a"))
+	}
+	for range 2 {
+		b = append(b, e.publish("b"))
+	}
+	lock := func(n int32) []int64 {
+		t.Helper()
+		tx, err := e.db.Pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		got, err := r.lockQueues(e.ctx, e.ob.queries(tx), n, 30000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var locked []int64
+		for _, g := range got {
+			locked = append(locked, g.ID)
+		}
+		return locked
+	}
+	// free counts the rows of both queues no transaction has locked.
+	free := func() int {
+		t.Helper()
+		tx, err := e.db.Pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background())
+		var n int
+		if err := tx.QueryRow(e.ctx, `SELECT count(*) FROM (SELECT id FROM outbox WHERE queue IN ('a', 'b') FOR UPDATE SKIP LOCKED) AS f`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	r.locks <- struct{}{} // the claim being made
+	want := []int64{a[0], b[0], a[1], b[1], a[2], a[3]}
+	if d := cmp.Diff(want, lock(6)); d != "" {
+		t.Errorf("first claim (-want +got):\n%s", d)
+	}
+	if n := free(); n != 6 {
+		t.Errorf("%d rows free after a claim that handed out 6 of 12; want 6", n)
+	}
+	r.locks <- struct{}{} // the first claim stays open
+	if d := cmp.Diff([]int64{a[4], a[5]}, lock(2)); d != "" {
+		t.Errorf("claim while the first is open (-want +got):\n%s", d)
+	}
+}

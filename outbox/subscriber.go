@@ -197,6 +197,9 @@ type run[T any] struct {
 	// locked claim last looked from the queue's start. Fetcher only.
 	lockedUpTo  lockCursor
 	frontLocked time.Time
+	// lockedUpToQueues is lockedUpTo for a subscriber of several queues:
+	// each queue's position. Fetcher only.
+	lockedUpToQueues map[string]lockCursor
 	// ends bounds the ends of locked claims: done StopSlack/2 after the
 	// graceful timeout, so a claim whose handlers were abandoned can
 	// still lease their rows.
