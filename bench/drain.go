@@ -46,6 +46,7 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 			return drainOutbox(ctx, env, n, leasing(drainConfig[order]()))
 		}},
 		{"outbox Subscriber[[]byte], default config", func(n int) (time.Duration, error) { return drainOutboxRaw(ctx, env, n) }},
+		{"outbox Subscriber of two queues, default config", func(n int) (time.Duration, error) { return drainTwoQueues(ctx, env, n) }},
 	}
 	var rivers, watermills []string
 	for _, rc := range o.river {
@@ -181,6 +182,42 @@ func drainOutboxRaw(ctx context.Context, env *benchEnv, n int) (time.Duration, e
 		return 0, err
 	}
 	return drainWith(ctx, env, n, sub, &done)
+}
+
+// drainTwoQueues drains into a Subscriber[order] of two queues at its
+// default configuration, the backlog split between them: a claim of
+// several queues ranks its rows across them.
+func drainTwoQueues(ctx context.Context, env *benchEnv, n int) (time.Duration, error) {
+	queues := []string{topic, topic + ".2"}
+	var done atomic.Int64
+	sub, err := outbox.NewSubscriber(env.ob, queues, func(context.Context, *outbox.Message[order]) error {
+		done.Add(1)
+		return nil
+	}, defaultConfig[order]())
+	if err != nil {
+		return 0, err
+	}
+	for q, queue := range queues {
+		pub, err := outbox.NewPublisher[order](env.ob, queue, nil)
+		if err != nil {
+			return 0, err
+		}
+		rows := n / 2
+		if q == 1 {
+			rows = n - n/2
+		}
+		msgs := make([]order, 0, drainBatch)
+		for first := 0; first < rows; first += drainBatch {
+			msgs = msgs[:0]
+			for i := first; i < min(first+drainBatch, rows); i++ {
+				msgs = append(msgs, sampleOrder(q*n+i))
+			}
+			if _, err := pub.PublishBatch(ctx, env.pool, msgs, nil); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return runUntilEmpty(ctx, env, n, sub, &done)
 }
 
 // runner is a Subscriber of any message type.
