@@ -193,40 +193,19 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 	q := r.s.ob.queries(boundedDBTX{inner: tx, timeout: timeout})
 	idle := r.s.cfg.LeaseTTL.Milliseconds()
 	sent := time.Now()
+	got, err := r.lockRows(ctx, q, n, idle)
+	ids := make([]int64, len(got))
+	var xid int64
+	for i := range got {
+		ids[i], xid = got[i].ID, got[i].Xid
+	}
 	// The claimed rows go from the scanned slice straight to their
 	// deliveries: fill writes row i as a claim row.
-	var (
-		ids  []int64
-		fill func(i int, row *db.ClaimRow)
-		xid  int64
-	)
-	if len(r.s.queues) > 1 {
-		var got []db.LockRow
-		got, err = r.lockQueues(ctx, q, n, idle)
-		ids = make([]int64, len(got))
-		for i := range got {
-			ids[i], xid = got[i].ID, got[i].Xid
-		}
-		fill = func(i int, row *db.ClaimRow) {
-			g := &got[i]
-			*row = db.ClaimRow{ID: g.ID, Queue: g.Queue, Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
-				TimerID: g.TimerID, CreatedAt: g.CreatedAt, AttemptsCount: g.AttemptsCount, DeliveriesCount: g.DeliveriesCount,
-				SinceFirstAttemptSeconds: g.SinceFirstAttemptSeconds}
-		}
-	} else {
-		var got []db.LockQueueRow
-		got, err = r.lockQueue(ctx, q, n, idle)
-		ids = make([]int64, len(got))
-		for i := range got {
-			ids[i], xid = got[i].ID, got[i].Xid
-		}
-		queue := r.s.queues[0]
-		fill = func(i int, row *db.ClaimRow) {
-			g := &got[i]
-			*row = db.ClaimRow{ID: g.ID, Queue: queue, Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
-				TimerID: g.TimerID, CreatedAt: g.CreatedAt, AttemptsCount: g.AttemptsCount, DeliveriesCount: g.DeliveriesCount,
-				SinceFirstAttemptSeconds: g.SinceFirstAttemptSeconds}
-		}
+	fill := func(i int, row *db.ClaimRow) {
+		g := &got[i]
+		*row = db.ClaimRow{ID: g.ID, Queue: g.Queue, Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
+			TimerID: g.TimerID, CreatedAt: g.CreatedAt, AttemptsCount: g.AttemptsCount, DeliveriesCount: g.DeliveriesCount,
+			SinceFirstAttemptSeconds: g.SinceFirstAttemptSeconds}
 	}
 	if err != nil || len(ids) == 0 {
 		rollback()
@@ -464,66 +443,32 @@ func (r *run[T]) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim
 // lockCursor is a position in a queue's claim order: a row's
 // next_attempt_at and id.
 type lockCursor struct {
-	at *time.Time
-	id *int64
+	at time.Time
+	id int64
 }
 
-// lockQueue locks up to n rows of the subscriber's one queue. While the
-// subscriber's last locked claim is still open and found all it asked
-// for, it looks past that claim's last row, instead of stepping over the
-// rows that claim holds one lock at a time. Rows before that position
-// that no claim holds (a row given back, a key's next row, a row its
-// publisher's long transaction dated early) are found by a claim that
-// looks from the start: the first claim made when no other is open, one
-// that found nothing past the position, and one at least every
-// LockWindow.
-func (r *run[T]) lockQueue(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockQueueRow, error) {
-	p := db.LockQueueParams{Queue: r.s.queues[0], MaxRows: n, IdleTimeoutMs: idle}
-	if r.lockedUpTo.at != nil && len(r.locks) > 1 && time.Since(r.frontLocked) < r.s.cfg.LockWindow {
-		p.AfterAt, p.AfterID = r.lockedUpTo.at, r.lockedUpTo.id
-	}
-	r.lockedUpTo = lockCursor{}
-	got, err := q.LockQueueAppend(ctx, p, make([]db.LockQueueRow, 0, n))
-	if err == nil && len(got) == 0 && p.AfterAt != nil {
-		p.AfterAt, p.AfterID = nil, nil
-		got, err = q.LockQueueAppend(ctx, p, got)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if p.AfterAt == nil {
-		r.frontLocked = time.Now()
-	}
-	if len(got) == int(n) {
-		// Copies, so the position does not keep the claim's rows alive.
-		at, id := got[len(got)-1].NextAttemptAt, got[len(got)-1].ID
-		r.lockedUpTo = lockCursor{at: &at, id: &id}
-	}
-	return got, nil
-}
+// lockRounds bounds the statements of one claim of several queues.
+const lockRounds = 4
 
-// lockQueuesRounds bounds the statements of one claim of several queues.
-const lockQueuesRounds = 4
-
-// lockQueues locks up to n rows of the subscriber's several queues, as
-// lockQueue does for one, without locking rows it does not hand out: each
-// statement locks at most an equal share of what is left in each queue,
-// and the next one looks again, past what it has, in the queues that
-// filled their share. Each queue's position is kept as lockQueue keeps
-// one queue's: while the subscriber's last claim is open and took all it
-// asked for, the next claim starts each queue past what that claim took,
-// and looks from the queues' start when none is open, when it found
-// nothing, and at least every LockWindow.
-func (r *run[T]) lockQueues(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockRow, error) {
+// lockRows locks up to n rows of the subscriber's queues. While the
+// subscriber's last locked claim is still open and took all it asked for,
+// it starts each queue past the last row that claim took there, instead
+// of stepping over the rows that claim holds one lock at a time. Rows
+// before that position that no claim holds (a row given back, a key's
+// next row, a row its publisher's long transaction dated early) are found
+// by a claim that looks from the start: the first claim made when no
+// other is open, one that found nothing past the positions, and one at
+// least every LockWindow.
+func (r *run[T]) lockRows(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockRow, error) {
 	var past map[string]lockCursor
-	if r.lockedUpToQueues != nil && len(r.locks) > 1 && time.Since(r.frontLocked) < r.s.cfg.LockWindow {
-		past = r.lockedUpToQueues
+	if r.lockedUpTo != nil && len(r.locks) > 1 && time.Since(r.frontLocked) < r.s.cfg.LockWindow {
+		past = r.lockedUpTo
 	}
-	r.lockedUpToQueues = nil
-	got, err := r.lockQueuesFrom(ctx, q, n, idle, past)
+	r.lockedUpTo = nil
+	got, err := r.lockFrom(ctx, q, n, idle, past)
 	if err == nil && len(got) == 0 && past != nil {
 		past = nil
-		got, err = r.lockQueuesFrom(ctx, q, n, idle, nil)
+		got, err = r.lockFrom(ctx, q, n, idle, nil)
 	}
 	if err != nil {
 		return nil, err
@@ -532,27 +477,37 @@ func (r *run[T]) lockQueues(ctx context.Context, q *db.Queries, n int32, idle in
 		r.frontLocked = time.Now()
 	}
 	if len(got) == int(n) {
-		r.lockedUpToQueues = make(map[string]lockCursor, len(r.s.queues))
+		r.lockedUpTo = make(map[string]lockCursor, len(r.s.queues))
 		for i := range got {
 			// Within a queue the rows come in its order, so its last row is
 			// its position.
-			at, id := got[i].NextAttemptAt, got[i].ID
-			r.lockedUpToQueues[got[i].Queue] = lockCursor{at: &at, id: &id}
+			r.lockedUpTo[got[i].Queue] = lockCursor{at: got[i].NextAttemptAt, id: got[i].ID}
 		}
 	}
 	return got, nil
 }
 
-// lockQueuesFrom is lockQueues from the positions in past (a queue not in
-// it from its start).
-func (r *run[T]) lockQueuesFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor) ([]db.LockRow, error) {
+// lockFrom locks up to n rows of the subscriber's queues, each past its
+// position in past (a queue not in it from its start). A subscriber of
+// one queue locks in one statement. One of several locks no row it does
+// not hand out: each statement (at most lockRounds) locks at most an
+// equal share of what is left in each queue, and the next looks again,
+// past what the claim has, in the queues that filled their share.
+func (r *run[T]) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor) ([]db.LockRow, error) {
+	got := make([]db.LockRow, 0, n)
+	if len(r.s.queues) == 1 {
+		p := db.LockQueueParams{Queue: r.s.queues[0], MaxRows: n, IdleTimeoutMs: idle}
+		if c, ok := past[p.Queue]; ok {
+			p.AfterAt, p.AfterID = &c.at, &c.id
+		}
+		return q.LockQueueAppend(ctx, p, got)
+	}
 	pos := maps.Clone(past)
 	if pos == nil {
 		pos = make(map[string]lockCursor, len(r.s.queues))
 	}
-	got := make([]db.LockRow, 0, n)
 	active := r.s.queues
-	for round := 0; round < lockQueuesRounds && len(active) > 0 && len(got) < int(n); round++ {
+	for round := 0; round < lockRounds && len(active) > 0 && len(got) < int(n); round++ {
 		left := n - int32(len(got))
 		share := max(left/int32(len(active)), 1)
 		p := db.LockParams{Queues: active, PerQueue: share, MaxRows: left, IdleTimeoutMs: idle,
@@ -560,7 +515,7 @@ func (r *run[T]) lockQueuesFrom(ctx context.Context, q *db.Queries, n int32, idl
 		for i, name := range active {
 			p.AfterID[i] = math.MinInt64 // from the queue's start
 			if c, ok := pos[name]; ok {
-				p.AfterAt[i], p.AfterID[i] = *c.at, *c.id
+				p.AfterAt[i], p.AfterID[i] = c.at, c.id
 			}
 		}
 		rows, err := q.Lock(ctx, p)
@@ -570,8 +525,7 @@ func (r *run[T]) lockQueuesFrom(ctx context.Context, q *db.Queries, n int32, idl
 		took := make(map[string]int32, len(active))
 		for i := range rows {
 			took[rows[i].Queue]++
-			at, id := rows[i].NextAttemptAt, rows[i].ID
-			pos[rows[i].Queue] = lockCursor{at: &at, id: &id}
+			pos[rows[i].Queue] = lockCursor{at: rows[i].NextAttemptAt, id: rows[i].ID}
 		}
 		got = append(got, rows...)
 		var more []string

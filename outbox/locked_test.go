@@ -39,6 +39,28 @@ func (e *env) terminateLockedClaims() int {
 	return n
 }
 
+// lockRows makes a locked claim of up to n rows for r, as its fetcher
+// does, and returns the ids of the rows it locked. The claim's transaction
+// stays open until end is called or the test ends (the test's pool has
+// few connections).
+func (e *env) lockRows(r *run[string], n int32) (locked []int64, end func()) {
+	e.t.Helper()
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	end = func() { _ = tx.Rollback(context.Background()) }
+	e.t.Cleanup(end)
+	got, err := r.lockRows(e.ctx, e.ob.queries(tx), n, 30000)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, g := range got {
+		locked = append(locked, g.ID)
+	}
+	return locked, end
+}
+
 // abortedXid returns the id of a transaction that took one and rolled
 // back, as a claim whose connection died does.
 func (e *env) abortedXid() int64 {
@@ -488,28 +510,9 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 	for range 6 {
 		rows = append(rows, e.publish("q"))
 	}
-	// lock makes a claim and keeps its transaction open until end is
-	// called (the test's pool has few connections).
-	lock := func() (locked []int64, end func()) {
-		t.Helper()
-		tx, err := e.db.Pool.Begin(e.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		end = func() { _ = tx.Rollback(context.Background()) }
-		t.Cleanup(end)
-		got, err := r.lockQueue(e.ctx, e.ob.queries(tx), 2, 30000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, g := range got {
-			locked = append(locked, g.ID)
-		}
-		return locked, end
-	}
 	want := func(what string, want []int64) func() {
 		t.Helper()
-		got, end := lock()
+		got, end := e.lockRows(r, 2)
 		if d := cmp.Diff(want, got); d != "" {
 			t.Errorf("%s: locked rows (-want +got):\n%s", what, d)
 		}
@@ -533,16 +536,17 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 	for _, end := range []func(){end3, end4, end5} {
 		end()
 	}
-	r.lockedUpTo = lockCursor{at: new(time.Now().Add(time.Hour)), id: new(int64(0))}
+	r.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
 	r.frontLocked = time.Now()
 	want("claim that found nothing past the position", []int64{early, rows[0]})()
 	<-r.locks
-	r.lockedUpTo = lockCursor{at: new(time.Now().Add(time.Hour)), id: new(int64(0))}
+	r.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
 	want("claim while no other is open", []int64{early, rows[0]})()
 }
 
 // LockQueueAppend, the claim's scan into a slice sized once, reads every
-// column LockQueue returns, as LockQueue reads it, and appends after the
+// column LockQueue returns, as LockQueue reads it, into rows of Lock
+// naming the queue, and appends after the
 // rows it is given.
 func TestLockQueueAppendReadsWhatLockQueueReads(t *testing.T) {
 	t.Parallel()
@@ -566,12 +570,19 @@ func TestLockQueueAppendReadsWhatLockQueueReads(t *testing.T) {
 	if len(want) != 3 {
 		t.Fatalf("LockQueue locked %d rows, want 3", len(want))
 	}
-	before := db.LockQueueRow{ID: -1}
-	got, err := q.LockQueueAppend(e.ctx, p, append(make([]db.LockQueueRow, 0, 4), before))
+	before := db.LockRow{ID: -1}
+	got, err := q.LockQueueAppend(e.ctx, p, append(make([]db.LockRow, 0, 4), before))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := cmp.Diff(append([]db.LockQueueRow{before}, want...), got); d != "" {
+	wantRows := []db.LockRow{before}
+	for _, w := range want {
+		wantRows = append(wantRows, db.LockRow{ID: w.ID, Queue: "q", Payload: w.Payload, Headers: w.Headers,
+			OrderingKey: w.OrderingKey, TimerID: w.TimerID, CreatedAt: w.CreatedAt, AttemptsCount: w.AttemptsCount,
+			DeliveriesCount: w.DeliveriesCount, SinceFirstAttemptSeconds: w.SinceFirstAttemptSeconds,
+			NextAttemptAt: w.NextAttemptAt, Xid: w.Xid})
+	}
+	if d := cmp.Diff(wantRows, got); d != "" {
 		t.Errorf("LockQueueAppend (-LockQueue +LockQueueAppend):\n%s", d)
 	}
 }
@@ -644,19 +655,7 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 	}
 	lock := func(n int32) []int64 {
 		t.Helper()
-		tx, err := e.db.Pool.Begin(e.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-		got, err := r.lockQueues(e.ctx, e.ob.queries(tx), n, 30000)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var locked []int64
-		for _, g := range got {
-			locked = append(locked, g.ID)
-		}
+		locked, _ := e.lockRows(r, n)
 		return locked
 	}
 	// free counts the rows of both queues no transaction has locked.

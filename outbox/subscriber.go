@@ -192,14 +192,11 @@ type run[T any] struct {
 	expiredTaken time.Time
 	// lastClaimed is how many rows the last claim took. Fetcher only.
 	lastClaimed int
-	// lockedUpTo is where the last locked claim of one queue stopped, set
-	// when it found as many rows as it asked for; frontLocked is when a
-	// locked claim last looked from the queue's start. Fetcher only.
-	lockedUpTo  lockCursor
+	// lockedUpTo is where, in each queue, the last locked claim stopped,
+	// set when it found as many rows as it asked for; frontLocked is when
+	// a locked claim last looked from the queues' start. Fetcher only.
+	lockedUpTo  map[string]lockCursor
 	frontLocked time.Time
-	// lockedUpToQueues is lockedUpTo for a subscriber of several queues:
-	// each queue's position. Fetcher only.
-	lockedUpToQueues map[string]lockCursor
 	// ends bounds the ends of locked claims: done StopSlack/2 after the
 	// graceful timeout, so a claim whose handlers were abandoned can
 	// still lease their rows.
