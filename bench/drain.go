@@ -46,7 +46,10 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 			return drainOutbox(ctx, env, n, leasing(drainConfig[order]()))
 		}},
 		{"outbox Subscriber[[]byte], default config", func(n int) (time.Duration, error) { return drainOutboxRaw(ctx, env, n) }},
-		{"outbox Subscriber of two queues, default config", func(n int) (time.Duration, error) { return drainTwoQueues(ctx, env, n) }},
+		{"outbox Subscriber of two queues, default config", func(n int) (time.Duration, error) {
+			// A claim of several queues ranks its rows across them.
+			return drainOutbox(ctx, env, n, defaultConfig[order](), topic, topic+".2")
+		}},
 	}
 	var rivers, watermills []string
 	for _, rc := range o.river {
@@ -116,19 +119,27 @@ func waitFor(ctx context.Context, done *atomic.Int64, n int) error {
 	return nil
 }
 
-// outboxBacklog publishes n orders to topic.
-func outboxBacklog(ctx context.Context, env *benchEnv, n int) error {
-	pub, err := outbox.NewPublisher[order](env.ob, topic, nil)
-	if err != nil {
-		return err
+// outboxBacklog publishes n orders to topic, or split evenly between
+// queues when it is given some.
+func outboxBacklog(ctx context.Context, env *benchEnv, n int, queues ...string) error {
+	if len(queues) == 0 {
+		queues = []string{topic}
 	}
 	msgs := make([]order, drainBatch)
-	for first := 0; first < n; first += drainBatch {
-		for i := range msgs {
-			msgs[i] = sampleOrder(first + i)
-		}
-		if _, err := pub.PublishBatch(ctx, env.pool, msgs, nil); err != nil {
+	next := 0
+	for q, queue := range queues {
+		pub, err := outbox.NewPublisher[order](env.ob, queue, nil)
+		if err != nil {
 			return err
+		}
+		for end := n * (q + 1) / len(queues); next < end; next += len(msgs) {
+			msgs = msgs[:min(drainBatch, end-next)]
+			for i := range msgs {
+				msgs[i] = sampleOrder(next + i)
+			}
+			if _, err := pub.PublishBatch(ctx, env.pool, msgs, nil); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -154,19 +165,23 @@ func defaultConfig[T any]() *outbox.SubscriberConfig[T] {
 	return &outbox.SubscriberConfig[T]{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
-// drainOutbox drains into a Subscriber[order] configured by cfg: each
-// payload is decoded into the typed message, as River decodes its job
-// args.
-func drainOutbox(ctx context.Context, env *benchEnv, n int, cfg *outbox.SubscriberConfig[order]) (time.Duration, error) {
+// drainOutbox drains into a Subscriber[order] configured by cfg, of
+// topic or of queues (the backlog split between them): each payload is
+// decoded into the typed message, as River decodes its job args.
+func drainOutbox(ctx context.Context, env *benchEnv, n int, cfg *outbox.SubscriberConfig[order], queues ...string) (time.Duration, error) {
+	subscribed := queues
+	if len(subscribed) == 0 {
+		subscribed = []string{topic}
+	}
 	var done atomic.Int64
-	sub, err := outbox.NewSubscriber(env.ob, []string{topic}, func(context.Context, *outbox.Message[order]) error {
+	sub, err := outbox.NewSubscriber(env.ob, subscribed, func(context.Context, *outbox.Message[order]) error {
 		done.Add(1)
 		return nil
 	}, cfg)
 	if err != nil {
 		return 0, err
 	}
-	return drainWith(ctx, env, n, sub, &done)
+	return drainWith(ctx, env, n, sub, &done, queues...)
 }
 
 // drainOutboxRaw drains into a Subscriber[[]byte] at its default
@@ -184,49 +199,13 @@ func drainOutboxRaw(ctx context.Context, env *benchEnv, n int) (time.Duration, e
 	return drainWith(ctx, env, n, sub, &done)
 }
 
-// drainTwoQueues drains into a Subscriber[order] of two queues at its
-// default configuration, the backlog split between them: a claim of
-// several queues ranks its rows across them.
-func drainTwoQueues(ctx context.Context, env *benchEnv, n int) (time.Duration, error) {
-	queues := []string{topic, topic + ".2"}
-	var done atomic.Int64
-	sub, err := outbox.NewSubscriber(env.ob, queues, func(context.Context, *outbox.Message[order]) error {
-		done.Add(1)
-		return nil
-	}, defaultConfig[order]())
-	if err != nil {
-		return 0, err
-	}
-	for q, queue := range queues {
-		pub, err := outbox.NewPublisher[order](env.ob, queue, nil)
-		if err != nil {
-			return 0, err
-		}
-		rows := n / 2
-		if q == 1 {
-			rows = n - n/2
-		}
-		msgs := make([]order, 0, drainBatch)
-		for first := 0; first < rows; first += drainBatch {
-			msgs = msgs[:0]
-			for i := first; i < min(first+drainBatch, rows); i++ {
-				msgs = append(msgs, sampleOrder(q*n+i))
-			}
-			if _, err := pub.PublishBatch(ctx, env.pool, msgs, nil); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return runUntilEmpty(ctx, env, n, sub, &done)
-}
-
 // runner is a Subscriber of any message type.
 type runner interface{ Run(context.Context) error }
 
-// drainWith writes the backlog, then times sub until done reaches n and
-// the outbox is empty.
-func drainWith(ctx context.Context, env *benchEnv, n int, sub runner, done *atomic.Int64) (time.Duration, error) {
-	if err := outboxBacklog(ctx, env, n); err != nil {
+// drainWith writes the backlog (to topic, or split between queues), then
+// times sub until done reaches n and the outbox is empty.
+func drainWith(ctx context.Context, env *benchEnv, n int, sub runner, done *atomic.Int64, queues ...string) (time.Duration, error) {
+	if err := outboxBacklog(ctx, env, n, queues...); err != nil {
 		return 0, err
 	}
 	return runUntilEmpty(ctx, env, n, sub, done)
