@@ -547,11 +547,87 @@ func TestUpgradeFromSchema6KeepsRowsInEveryState(t *testing.T) {
 			t.Errorf("%s: rows (-want +got):\n%s", step, diff)
 		}
 	})
+	e.handlesEveryDueRow()
+}
+
+// Upgrading from schema 7 keeps rows in every state, a record of an
+// aborted locked claim and sleep records in every state (holding, woken,
+// lapsed); going down to 7 and up again does too. The horizon starts at
+// the records that hold, and follows records written as schema 7's
+// subscribers write them: a writer notifies while one holds and not after
+// it ends.
+func TestUpgradeFromSchema7KeepsRowsAndSleepRecords(t *testing.T) {
+	t.Parallel()
+	e := atVersion(t, 7)
+	rows := e.seedEveryState()
+	e.exec(`INSERT INTO outbox_locks (xid, ids, until) SELECT $1, int8multirange(int8range(min(id), max(id), '[]')), now() - interval '1 minute' FROM outbox`,
+		e.abortedXid())
+	holding := newSleeper().id
+	e.exec(`INSERT INTO outbox_sleepers (id, queues, until) VALUES
+		($1, '{q,n}', now() + interval '1 hour'),
+		(gen_random_uuid(), '{q}', '-infinity'),
+		(gen_random_uuid(), '{q}', now() - interval '1 minute')`, holding)
+	state := func() []string {
+		t.Helper()
+		var sleepers string
+		if err := e.db.Pool.QueryRow(e.ctx, `SELECT string_agg(format('%s %s', queues,
+				CASE WHEN until = '-infinity' THEN 'woken' WHEN until > now() THEN 'holds' ELSE 'lapsed' END), ', ' ORDER BY until)
+			FROM outbox_sleepers`).Scan(&sleepers); err != nil {
+			t.Fatal(err)
+		}
+		return append(rows(), fmt.Sprintf("claim records=%d", e.count("outbox_locks")), "sleepers: "+sleepers)
+	}
+	before := state()
+	horizonAt := func(step string) {
+		t.Helper()
+		if got, want := e.horizon(); got != want || want == 0 {
+			t.Errorf("%s: horizon %d, want %d", step, got, want)
+		}
+	}
+	upAndBack(t, e.ob, 7, func() {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("at 7 again (-want +got):\n%s", diff)
+		}
+		var gone bool
+		if err := e.db.Pool.QueryRow(e.ctx, "SELECT to_regclass('outbox_sleep_horizon') IS NULL").Scan(&gone); err != nil || !gone {
+			t.Errorf("at 7 again the horizon is left (%v)", err)
+		}
+	}, func(step string) {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", step, diff)
+		}
+		horizonAt(step)
+	})
+
+	l := listen(t, e.db.URL, e.ob.Channel())
+	e.sleepOn("sentinel")
+	e.exec("INSERT INTO outbox (queue, payload) VALUES ('n', 'x')")
+	e.publish("sentinel")
+	if diff := cmp.Diff([]string{e.ob.Channel() + ":n"}, l.until("sentinel")); diff != "" {
+		t.Errorf("a record written at 7 (-want +got):\n%s", diff)
+	}
+	// Schema 7's Wake; the sentinel's record still holds.
+	e.exec("UPDATE outbox_sleepers AS s SET until = '-infinity' WHERE s.id = $1", holding)
+	horizonAt("the record at 7 woke")
+	e.exec("INSERT INTO outbox (queue, payload) VALUES ('n', 'x')")
+	e.publish("sentinel")
+	if got := l.until("sentinel"); len(got) != 0 {
+		t.Errorf("after the record at 7 woke: %v", got)
+	}
+	e.handlesEveryDueRow()
+}
+
+// handlesEveryDueRow checks that a subscriber of queue q handles every
+// due row seedEveryState wrote, expired leases and a key's rows in order
+// included.
+func (e *env) handlesEveryDueRow() {
+	t := e.t
+	t.Helper()
 	var (
 		mu      sync.Mutex
 		handled []string
 	)
-	s := startSub(t, ob, []string{"q"}, func(_ context.Context, m *Message[[]byte]) error {
+	s := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[[]byte]) error {
 		mu.Lock()
 		defer mu.Unlock()
 		handled = append(handled, string(m.Payload))

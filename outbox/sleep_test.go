@@ -2,11 +2,13 @@ package outbox
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -96,13 +98,15 @@ func TestWritersNotifyOnlyWhileASubscriberSleeps(t *testing.T) {
 }
 
 // A writer outside READ COMMITTED reads the sleep records in a snapshot
-// that may predate them, so it notifies whether or not anyone sleeps.
-func TestWritersOutsideReadCommittedAlwaysNotify(t *testing.T) {
+// that may predate them, so while any subscriber sleeps it notifies
+// whether or not one of its queue does. It reads the sleep horizon
+// outside any snapshot, so while nobody sleeps it does not notify.
+func TestWritersOutsideReadCommittedNotifyWhileAnyoneSleeps(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	l := listen(t, e.db.URL, e.ob.Channel())
-	e.sleepOn("sentinel")
-	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+	publishIn := func(iso pgx.TxIsoLevel) {
+		t.Helper()
 		tx, err := e.db.Pool.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: iso})
 		if err != nil {
 			t.Fatal(err)
@@ -113,10 +117,168 @@ func TestWritersOutsideReadCommittedAlwaysNotify(t *testing.T) {
 		if err := tx.Commit(e.ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+	isolations := []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable}
+	for _, iso := range isolations {
+		publishIn(iso)
+	}
+	// Notifications arrive in commit order: any of the publishes above
+	// would come before the sentinel.
+	e.sleepOn("sentinel")
+	e.publish("sentinel")
+	if got := l.until("sentinel"); len(got) != 0 {
+		t.Errorf("with nobody asleep: %v", got)
+	}
+	for _, iso := range isolations {
+		publishIn(iso)
 		e.publish("sentinel")
 		if diff := cmp.Diff([]string{e.ob.Channel() + ":q"}, l.until("sentinel")); diff != "" {
 			t.Errorf("%s publish (-want +got):\n%s", iso, diff)
 		}
+	}
+}
+
+// horizon returns the sleep horizon, and what the records that hold make
+// it: the latest end of one, in milliseconds since the epoch, or 0.
+func (e *env) horizon() (got, want int64) {
+	e.t.Helper()
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT pg_sequence_last_value('outbox_sleep_horizon'),
+		coalesce((SELECT ceil(date_part('epoch', max(until)) * 1000)::bigint FROM outbox_sleepers WHERE until > now()), 0)`,
+	).Scan(&got, &want); err != nil {
+		e.t.Fatal(err)
+	}
+	return got, want
+}
+
+// sleepFor records sleeper id asleep on queue q for seconds.
+func (e *env) sleepFor(q *db.Queries, id pgtype.UUID, seconds float64) {
+	e.t.Helper()
+	if err := q.Sleep(e.ctx, db.SleepParams{ID: id, Queues: []string{"q"}, ForSeconds: seconds}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// Every change to the sleep records, whoever makes it, sets the horizon to
+// the latest end of a record that holds; a change that rolls back can
+// leave it later, never earlier.
+func TestSleepHorizonFollowsTheRecords(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	exact := func(step string, none bool) {
+		t.Helper()
+		got, want := e.horizon()
+		if got != want || (want == 0) != none {
+			t.Errorf("%s: horizon %d, want %d (none: %v)", step, got, want, none)
+		}
+	}
+	exact("no records", true)
+	a, b, c := newSleeper().id, newSleeper().id, newSleeper().id
+	e.sleepFor(e.q, a, 60)
+	exact("a asleep", false)
+	e.sleepFor(e.q, b, 120)
+	exact("b asleep longer", false)
+	if err := e.q.Wake(e.ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	exact("b woke", false)
+	e.exec("UPDATE outbox_sleepers SET until = now() - interval '1 second' WHERE id = $1", a)
+	exact("a's record lapsed", true)
+
+	e.sleepFor(e.q, a, 60)
+	aOnly, _ := e.horizon()
+	tx := e.begin()
+	e.sleepFor(e.ob.queries(tx), c, 600)
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := e.horizon(); got <= aOnly || want != aOnly {
+		t.Errorf("after a record that rolled back: horizon %d, records' %d; want it past a's %d", got, want, aOnly)
+	}
+	if err := e.q.Leave(e.ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	exact("a left", true)
+	e.sleepFor(e.q, a, 60)
+	e.exec("TRUNCATE outbox_sleepers")
+	exact("records truncated", true)
+
+	// Concurrent changes take turns: after each round of them the horizon
+	// is the records' again.
+	ids := make([]pgtype.UUID, 8)
+	for w := range ids {
+		ids[w] = newSleeper().id
+	}
+	for round := range 30 {
+		var wg sync.WaitGroup
+		for w, id := range ids {
+			wg.Go(func() {
+				var err error
+				if (round+w)%3 != 0 {
+					err = e.q.Sleep(e.ctx, db.SleepParams{ID: id, Queues: []string{"q"}, ForSeconds: float64(60 + 7*w + round)})
+				} else {
+					err = e.q.Wake(e.ctx, id)
+				}
+				if err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		if got, want := e.horizon(); got != want {
+			t.Fatalf("after round %d of concurrent changes: horizon %d, want %d", round, got, want)
+		}
+	}
+	exact("after concurrent changes", false)
+}
+
+// The horizon needs no privilege of its own: a role that may publish and
+// write sleep records, as before schema 8, still may.
+func TestSleepHorizonNeedsNoNewPrivilege(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	role := e.db.Schema + "_role"
+	ident := pgx.Identifier{role}.Sanitize()
+	e.exec("CREATE ROLE " + ident)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = e.db.Pool.Exec(ctx, "DROP OWNED BY "+ident)
+		_, _ = e.db.Pool.Exec(ctx, "DROP ROLE "+ident)
+	})
+	schema := pgx.Identifier{e.db.Schema}.Sanitize()
+	e.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + ident)
+	e.exec("GRANT SELECT, INSERT ON outbox TO " + ident)
+	e.exec("GRANT USAGE ON SEQUENCE outbox_id_seq TO " + ident)
+	e.exec("GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_sleepers TO " + ident)
+	asRole := func(what string, fn func(q *db.Queries) error) {
+		t.Helper()
+		tx := e.begin()
+		defer func() { _ = tx.Rollback(e.ctx) }()
+		if _, err := tx.Exec(e.ctx, "SET LOCAL ROLE "+ident); err != nil {
+			t.Fatal(err)
+		}
+		if err := fn(e.ob.queries(tx)); err != nil {
+			t.Fatalf("%s as a role without privileges on the horizon: %v", what, err)
+		}
+		if err := tx.Commit(e.ctx); err != nil {
+			t.Fatalf("%s: commit: %v", what, err)
+		}
+	}
+	publish := func(q *db.Queries) error {
+		_, err := q.Publish(e.ctx, db.PublishParams{Queue: "q", Payload: []byte("x")})
+		return err
+	}
+	asRole("publish, nobody asleep", publish)
+	id := newSleeper().id
+	asRole("sleep", func(q *db.Queries) error {
+		return q.Sleep(e.ctx, db.SleepParams{ID: id, Queues: []string{"q"}, ForSeconds: 60})
+	})
+	if got, want := e.horizon(); got != want || want == 0 {
+		t.Errorf("after the role's sleep: horizon %d, want %d", got, want)
+	}
+	asRole("publish, a subscriber asleep", publish)
+	asRole("wake", func(q *db.Queries) error { return q.Wake(e.ctx, id) })
+	if n := e.count("outbox"); n != 2 {
+		t.Errorf("%d rows published, want 2", n)
 	}
 }
 
