@@ -94,7 +94,7 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 				wg   sync.WaitGroup
 				errs = make(chan error, concurrentPublishers)
 			)
-			start := time.Now()
+			clock := startClock()
 			for range concurrentPublishers {
 				wg.Go(func() {
 					for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
@@ -107,7 +107,7 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 				})
 			}
 			wg.Wait()
-			elapsed := time.Since(start)
+			elapsed := clock.stop()
 			close(errs)
 			if err := <-errs; err != nil {
 				return 0, err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -51,7 +52,7 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 			return drainOutbox(ctx, env, n, defaultConfig[order](), topic, topic+".2")
 		}},
 	}
-	var rivers, watermills []string
+	var rivers, watermills, decoding []string
 	for _, rc := range o.river {
 		name := "river, " + rc.String()
 		rivers = append(rivers, name)
@@ -60,12 +61,16 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 	for _, b := range o.watermillBatch {
 		pgxName, stdName := fmt.Sprintf("watermill-sql pgx, batch %d", b), fmt.Sprintf("watermill-sql database/sql, batch %d", b)
 		watermills = append(watermills, pgxName, stdName)
+		decoding = append(decoding, decodingName(b))
 		cs = append(cs,
 			contender{pgxName, func(n int) (time.Duration, error) {
-				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b)
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, false)
+			}},
+			contender{decodingName(b), func(n int) (time.Duration, error) {
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, true)
 			}},
 			contender{stdName, func(n int) (time.Duration, error) {
-				return drainWatermill(ctx, env, n, wsql.BeginnerFromStdSQL(env.stdDB), b)
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromStdSQL(env.stdDB), b, false)
 			}})
 	}
 	cs = o.only(cs)
@@ -83,13 +88,21 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 		base = names[0]
 	}
 	report(o.out, s, names, n, "msg", base)
-	for _, peer := range [][]string{rivers, watermills} {
+	for _, peer := range [][]string{rivers, watermills, decoding} {
 		if best := fastest(s, peer); best != "" {
 			fmt.Fprintf(o.out, "fastest %s: %.0f msgs/s; %s / it = %.2fx\n", best, rate(median(s[best]), n), base,
 				rate(median(s[base]), n)/rate(median(s[best]), n))
 		}
 	}
 	return nil
+}
+
+// decodingName names the watermill-sql contender whose consumer decodes
+// each payload into an order, as the typed Subscriber does before its
+// handler runs: the same work for the same result. The goal is judged
+// against the fastest watermill-sql that decodes nothing.
+func decodingName(batch int) string {
+	return fmt.Sprintf("watermill-sql pgx, batch %d, consumer decodes JSON", batch)
 }
 
 // drainDefault names the contender the drain's goal is judged on.
@@ -326,7 +339,7 @@ func waitTable(ctx context.Context, env *benchEnv, query string, n int) error {
 // taking batch rows per query, through db: its pgx adapter or
 // database/sql (what its documentation shows). The clock stops when every
 // message was acknowledged and the table is empty.
-func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner, batch int) (time.Duration, error) {
+func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner, batch int, decode bool) (time.Duration, error) {
 	msgs := make([]*message.Message, drainBatch)
 	for first := 0; first < n; first += drainBatch {
 		for i := range msgs {
@@ -362,13 +375,29 @@ func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner,
 	if err != nil {
 		return 0, err
 	}
+	decoded := make(chan error, 1)
 	go func() {
+		var o order
 		for m := range ch {
+			if decode {
+				// What a handler that wants the typed message must do.
+				if err := json.Unmarshal(m.Payload, &o); err != nil {
+					select {
+					case decoded <- err:
+					default:
+					}
+				}
+			}
 			done.Add(1)
 			m.Ack()
 		}
 	}()
 	werr := waitFor(ctx, &done, n)
+	select {
+	case err := <-decoded:
+		werr = errors.Join(werr, err)
+	default:
+	}
 	if werr == nil {
 		werr = waitTable(ctx, env, "SELECT NOT EXISTS (SELECT 1 FROM "+schema.GenerateMessagesTableName(topic)+") AND $1 > 0", n)
 	}

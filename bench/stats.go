@@ -29,12 +29,13 @@ func measure(rounds, n int, reset func() error, cs []contender) (samples, error)
 			if err := reset(); err != nil {
 				return nil, err
 			}
+			lastCPU = cpuUse{} // a contender that keeps no clock records none
 			d, err := c.round(n)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", c.name, err)
 			}
 			s[c.name] = append(s[c.name], d)
-			if measureCPU {
+			if measureCPU && lastCPU != (cpuUse{}) {
 				cpuByName[c.name] = append(cpuByName[c.name], lastCPU)
 			}
 		}
