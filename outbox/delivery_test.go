@@ -115,3 +115,24 @@ func TestBatchedFlushReportsTheRowWhoseLeaseWasTaken(t *testing.T) {
 		}
 	}
 }
+
+// A dispatched event carries the row's age: from its creation to the
+// dispatch.
+func TestDispatchedEventCarriesTheRowsAge(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.exec(`INSERT INTO outbox (queue, payload, created_at) VALUES ('aged', '"old"', now() - interval '1 hour'), ('aged', '"new"', now())`)
+	rec := &events{}
+	startSub(t, e.ob, []string{"aged"}, func(context.Context, *Message[string]) error { return nil }, fastConfig[string](rec))
+	eventually(t, "both dispatched", func() bool { return len(rec.named(EventDispatched)) == 2 })
+	ages := map[bool]time.Duration{}
+	for _, ev := range rec.named(EventDispatched) {
+		ages[ev.Age >= time.Hour] = ev.Age
+	}
+	if old, ok := ages[true]; !ok || old > time.Hour+time.Minute {
+		t.Errorf("the row created an hour ago: age %v", old)
+	}
+	if young, ok := ages[false]; !ok || young > time.Minute {
+		t.Errorf("the row created now: age %v", young)
+	}
+}

@@ -62,6 +62,12 @@ type MetricEvent struct {
 	// Duration is how long the operation took; for acked, retried and
 	// terminal events, how long the handler ran.
 	Duration time.Duration
+	// Age is, for a dispatched event, how long ago the row was created:
+	// from its created_at (the server's clock, at the start of the
+	// publishing transaction) to the dispatch (this process's clock), so a
+	// skew between the two clocks shifts it. It is 0 when the clocks make
+	// it negative.
+	Age time.Duration
 	// ErrorType classifies the error that ended the operation: "input"
 	// (an *InputError), "timer_exists", "canceled" or "database"; empty on
 	// success.

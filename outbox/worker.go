@@ -55,7 +55,8 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, text: errorText(err)})
 		return true
 	}
-	r.emit(MetricEvent{Name: EventDispatched, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Bytes: len(d.row.Payload)})
+	r.emit(MetricEvent{Name: EventDispatched, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Bytes: len(d.row.Payload),
+		Age: max(time.Since(d.row.CreatedAt), 0)})
 	switch w.enter() {
 	case enterStopped:
 		// The forced stop came before the handler started: the row goes
