@@ -31,15 +31,7 @@ func (r *run[T]) listen(ctx context.Context) {
 }
 
 func (r *run[T]) connectListener(ctx context.Context) (*pgx.Conn, error) {
-	cfg := &r.s.cfg
-	switch {
-	case cfg.ListenConnect != nil:
-		return cfg.ListenConnect(ctx)
-	case cfg.ListenDSN != "":
-		return pgx.Connect(ctx, cfg.ListenDSN)
-	default:
-		return pgx.ConnectConfig(ctx, r.s.ob.pool.Config().ConnConfig.Copy())
-	}
+	return dialListener(ctx, r.s.ob, r.s.cfg.ListenDSN, r.s.cfg.ListenConnect)
 }
 
 // listenOnce runs one LISTEN connection until it fails or ctx is done.

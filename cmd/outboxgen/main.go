@@ -6,6 +6,7 @@
 //	outboxgen migrate up|down|down-to N|reset|status [-dsn DSN] [-schema S] [-table T]
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
 //	outboxgen inspect [-queue Q] [-json] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen health [-listen-dsn DSN] [-notify-timeout D] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D] [-limit N] [-after ID]
 //	    [-drop-timer-ids] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
@@ -15,7 +16,9 @@
 //
 // migrate applies, rolls back or lists the outbox's embedded migrations
 // against DATABASE_URL (or -dsn). migrations writes them, rendered for the
-// schema and table, into a repository's goose migrations directory. bind
+// schema and table, into a repository's goose migrations directory.
+// inspect shows each queue's state; health checks the conditions that
+// break PostgreSQL queues and exits with status 1 when it finds one. bind
 // writes typed constructors and an AsyncAPI document for the types
 // annotated //outbox:message queue=NAME [type=TYPENAME]; type= also
 // generates the type's OutboxMessageType method. Exit status is 2 for a
@@ -23,7 +26,7 @@
 //
 // Environment (a flag wins over its variable):
 //
-//	DATABASE_URL   database of migrate, inspect and dlq (-dsn)
+//	DATABASE_URL   database of migrate, inspect, health and dlq (-dsn)
 //	OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
 //	OUTBOX_TABLE   name of the outbox table, default outbox (-table)
 package main
@@ -119,6 +122,7 @@ Commands:
   migrate      apply, roll back or list the outbox migrations (up, down, down-to N, reset, status)
   migrations   write the outbox's goose migrations into a repository's directory
   inspect      show each queue's depth, leases, age, dead letters and held ordering keys
+  health       check NOTIFY, the notification queue, what holds back vacuum, dead rows and the schema version
   dlq          list, show, replay or purge dead-lettered rows
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
 
@@ -143,6 +147,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return migrationsCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "inspect":
 		return inspectCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "health":
+		return healthCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "dlq":
 		return dlqCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "bind":

@@ -4,7 +4,8 @@
 // PublisherConfig.Metrics and SubscriberConfig.Metrics, and register it,
 // and it counts what publishers and subscribers do and times handlers. A
 // [QueueCollector] reads each queue's depth from the database when
-// Prometheus scrapes it.
+// Prometheus scrapes it, and a [HealthCollector] runs the outbox's health
+// report ([outbox.Outbox.Health]) at each scrape.
 //
 //	rec := outboxprom.NewRecorder(nil)
 //	prometheus.MustRegister(rec, outboxprom.NewQueueCollector(ob, nil))
@@ -277,5 +278,101 @@ func (c *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- m
 		}
+	}
+}
+
+// HealthCollector runs [outbox.Outbox.Health] when it is collected and
+// reports it as gauges (with the default namespace):
+//
+//	outbox_health_problems                       conditions past their thresholds (Health.Problems)
+//	outbox_health_schema_version                 the schema's version (0: no outbox table)
+//	outbox_health_notify_heard                   1 when the NOTIFY probe was heard, else 0
+//	outbox_health_notify_seconds                 how long the probe took to arrive
+//	outbox_health_notification_queue_usage      the server's notification queue, 0 to 1
+//	outbox_health_oldest_xmin_age_transactions   what holds back vacuum: its horizon's age
+//	outbox_health_oldest_xmin_open_seconds       and how long its transaction has been open
+//	outbox_health_table_dead_tuples              the outbox table's dead row versions
+//	outbox_health_table_live_tuples              and live ones
+//	outbox_health_table_xid_age_transactions     the age of its oldest unfrozen row
+//
+// Each scrape runs a few catalog queries and one notification, waiting at
+// most the options' NotifyTimeout (default 2 s) for it.
+type HealthCollector struct {
+	ob    *outbox.Outbox
+	opts  *outbox.HealthOptions
+	descs []*prometheus.Desc
+}
+
+// Indexes of HealthCollector.descs, in the order of the list above.
+const (
+	hProblems = iota
+	hSchema
+	hNotifyHeard
+	hNotifySeconds
+	hQueueUsage
+	hXminAge
+	hXminOpen
+	hDead
+	hLive
+	hXidAge
+)
+
+// NewHealthCollector returns a collector of ob's health; opts may be nil
+// (pass the subscribers' ListenDSN in it when they have one).
+func NewHealthCollector(ob *outbox.Outbox, opts *outbox.HealthOptions, namespace string) *HealthCollector {
+	if namespace == "" {
+		namespace = "outbox"
+	}
+	desc := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName(namespace, "health", name), help, nil, nil)
+	}
+	return &HealthCollector{ob: ob, opts: opts, descs: []*prometheus.Desc{
+		hProblems:      desc("problems", "Conditions past their thresholds that break the outbox (see Outbox.Health)."),
+		hSchema:        desc("schema_version", "The outbox schema's version; 0 when the outbox table does not exist."),
+		hNotifyHeard:   desc("notify_heard", "1 when a NOTIFY sent through the pool was heard on a LISTEN connection, else 0."),
+		hNotifySeconds: desc("notify_seconds", "How long the NOTIFY probe took to arrive."),
+		hQueueUsage:    desc("notification_queue_usage", "pg_notification_queue_usage(): the server's notification queue, 0 to 1."),
+		hXminAge:       desc("oldest_xmin_age_transactions", "Age of the oldest snapshot horizon in the cluster, which holds back vacuum."),
+		hXminOpen:      desc("oldest_xmin_open_seconds", "How long the transaction that holds the oldest horizon has been open."),
+		hDead:          desc("table_dead_tuples", "Dead row versions in the outbox table (statistics collector's estimate)."),
+		hLive:          desc("table_live_tuples", "Live row versions in the outbox table (statistics collector's estimate)."),
+		hXidAge:        desc("table_xid_age_transactions", "Age in transactions of the outbox table's oldest unfrozen row."),
+	}}
+}
+
+// Describe implements prometheus.Collector.
+func (c *HealthCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *HealthCollector) Collect(ch chan<- prometheus.Metric) {
+	h, err := c.ob.Health(context.Background(), c.opts)
+	if err != nil {
+		for _, d := range c.descs {
+			ch <- prometheus.NewInvalidMetric(d, err)
+		}
+		return
+	}
+	values := make([]float64, len(c.descs))
+	values[hProblems] = float64(len(h.Problems))
+	values[hSchema] = float64(h.SchemaVersion)
+	if h.NotifyHeard {
+		values[hNotifyHeard] = 1
+	}
+	values[hNotifySeconds] = h.NotifyTook.Seconds()
+	values[hQueueUsage] = h.NotificationQueueUsage
+	if x := h.OldestXmin; x != nil {
+		values[hXminAge], values[hXminOpen] = float64(x.Age), x.Open.Seconds()
+	}
+	values[hDead], values[hLive], values[hXidAge] = float64(h.DeadTuples), float64(h.LiveTuples), float64(h.XidAge)
+	for i, d := range c.descs {
+		m, err := prometheus.NewConstMetric(d, prometheus.GaugeValue, values[i])
+		if err != nil {
+			m = prometheus.NewInvalidMetric(d, err)
+		}
+		ch <- m
 	}
 }

@@ -241,3 +241,35 @@ func TestQueueCollectorReportsAFailedScrape(t *testing.T) {
 		t.Errorf("scrape of a missing outbox: %v, want the QueueStats error", err)
 	}
 }
+
+// The health collector reports a healthy outbox as such, and a missing one
+// as a problem with schema version 0.
+func TestHealthCollector(t *testing.T) {
+	t.Parallel()
+	ob, _ := newOutbox(t)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(outboxprom.NewHealthCollector(ob, nil, ""))
+	for name, want := range map[string]float64{
+		"outbox_health_problems":       0,
+		"outbox_health_schema_version": float64(ob.LatestSchemaVersion()),
+		"outbox_health_notify_heard":   1,
+	} {
+		if diff := cmp.Diff(map[string]float64{"": want}, series(t, reg, name)); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", name, diff)
+		}
+	}
+
+	d := pgtest.New(t)
+	missing, err := outbox.New(d.Pool, &outbox.Config{Schema: d.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg = prometheus.NewPedanticRegistry()
+	reg.MustRegister(outboxprom.NewHealthCollector(missing, &outbox.HealthOptions{NotifyTimeout: time.Second}, "shop"))
+	if got := series(t, reg, "shop_health_problems")[""]; got != 1 {
+		t.Errorf("a missing outbox: %v problems, want 1", got)
+	}
+	if got := series(t, reg, "shop_health_schema_version")[""]; got != 0 {
+		t.Errorf("a missing outbox: schema version %v", got)
+	}
+}

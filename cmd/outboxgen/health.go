@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+const healthUsage = `Usage: outboxgen health [-listen-dsn DSN] [-json] [flags]
+
+Checks what breaks PostgreSQL queues in production: the schema's version
+against this release's, whether a NOTIFY reaches a LISTEN connection (give
+-listen-dsn the subscribers' ListenDSN when they have one), how full the
+server's notification queue is, what holds back vacuum in the cluster, and
+the outbox table's dead rows and transaction-id age. Prints the report and
+exits with status 1 when it found a problem.
+
+Example:
+  DATABASE_URL=postgres://localhost/app outboxgen health -schema billing
+  outboxgen health -json | jq .problems
+
+Flags:
+`
+
+func healthCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
+	fs := newFlags("health", healthUsage, stderr)
+	conn := connFlags(fs)
+	listenDSN := fs.String("listen-dsn", "", "connection string of the LISTEN connection (default: -dsn's)")
+	timeout := fs.Duration("notify-timeout", 2*time.Second, "how long to wait for the NOTIFY probe")
+	asJSON := fs.Bool("json", false, "print JSON instead of text")
+	pos, err := parseFlags(fs, args, "health")
+	if err != nil {
+		return err
+	}
+	if err := noArgs(pos, "health"); err != nil {
+		return err
+	}
+	ob, closeDB, err := conn.open(ctx, "health", getenv)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	h, err := ob.Health(ctx, &outbox.HealthOptions{ListenDSN: *listenDSN, NotifyTimeout: *timeout})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if h.Problems == nil {
+			h.Problems = []string{}
+		}
+		if err := enc.Encode(h); err != nil {
+			return err
+		}
+	} else {
+		printHealth(stdout, &h)
+	}
+	if n := len(h.Problems); n > 0 {
+		return fmt.Errorf("health: %d problem(s) found", n)
+	}
+	return nil
+}
+
+func printHealth(w io.Writer, h *outbox.Health) {
+	fmt.Fprintf(w, "schema version        %d (this release: %d)\n", h.SchemaVersion, h.LibraryVersion)
+	if h.NotifyHeard {
+		fmt.Fprintf(w, "NOTIFY                heard in %v\n", h.NotifyTook.Round(time.Microsecond*10))
+	} else {
+		fmt.Fprintf(w, "NOTIFY                not heard: %s\n", cell(h.NotifyError))
+	}
+	fmt.Fprintf(w, "notification queue    %.4f%% used\n", 100*h.NotificationQueueUsage)
+	if x := h.OldestXmin; x != nil {
+		fmt.Fprintf(w, "oldest xmin           %s %s (%s): %d transactions, open %v\n", x.Kind, cell(x.Name), x.State, x.Age, x.Open.Round(time.Second))
+	} else {
+		fmt.Fprintln(w, "oldest xmin           none")
+	}
+	vacuumed := "never"
+	if h.SinceVacuum >= 0 {
+		vacuumed = h.SinceVacuum.Round(time.Second).String() + " ago"
+	}
+	fmt.Fprintf(w, "table                 %d live, %d dead row versions; vacuumed %s; oldest unfrozen row %d transactions old\n",
+		h.LiveTuples, h.DeadTuples, vacuumed, h.XidAge)
+	if len(h.Problems) == 0 {
+		fmt.Fprintln(w, "problems              none")
+		return
+	}
+	fmt.Fprintln(w, "problems:")
+	for _, p := range h.Problems {
+		fmt.Fprintln(w, "  - "+p)
+	}
+}

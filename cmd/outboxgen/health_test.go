@@ -1,0 +1,43 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/outboxgen/outboxgen/internal/pgtest"
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+// A healthy outbox exits 0 and says so; -json carries the report.
+func TestHealth(t *testing.T) {
+	t.Parallel()
+	_, ob, env, flags := migrated(t)
+	r := runCLI(t, env, append([]string{"health"}, flags...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "problems              none") || !strings.Contains(r.stdout, "NOTIFY                heard in") {
+		t.Errorf("exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, append([]string{"health", "-json"}, flags...)...)
+	var h outbox.Health
+	if err := json.Unmarshal([]byte(r.stdout), &h); err != nil || r.code != 0 {
+		t.Fatalf("exit %d, %v in %s", r.code, err, r.stdout)
+	}
+	if h.SchemaVersion != ob.LatestSchemaVersion() || !h.NotifyHeard || len(h.Problems) != 0 {
+		t.Errorf("report %+v", h)
+	}
+}
+
+// A missing outbox is a problem: the report names the fix and the exit
+// status is 1.
+func TestHealthOfAMissingOutbox(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	r := runCLI(t, map[string]string{"DATABASE_URL": pgtest.URL(t)}, "health", "-schema", d.Schema)
+	if r.code != 1 || !strings.Contains(r.stdout, "does not exist: run `outboxgen migrate up`") || !strings.Contains(r.stderr, "1 problem(s) found") {
+		t.Errorf("exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, nil, "health")
+	if r.code != 2 || !strings.Contains(r.stderr, "set DATABASE_URL or pass -dsn") {
+		t.Errorf("no database: exit %d: %s", r.code, r.stderr)
+	}
+}

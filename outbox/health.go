@@ -1,0 +1,262 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// HealthOptions configures [Outbox.Health]. A nil *HealthOptions means
+// every default.
+type HealthOptions struct {
+	// ListenDSN and ListenConnect open the connection the NOTIFY probe
+	// listens on, as SubscriberConfig's fields of the same names do for a
+	// subscriber: pass the subscriber's, so the probe tests its path.
+	// Default: the pool's own connection settings.
+	ListenDSN     string
+	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
+	// NotifyTimeout bounds the wait for the probe's notification.
+	// Default: 2 s.
+	NotifyTimeout time.Duration
+	// The thresholds past which a condition is a problem; zero means the
+	// default of the same name (HealthNotifyQueueUsage, ...).
+	NotifyQueueUsage float64
+	XminAge          int64
+	XminDuration     time.Duration
+	XidAge           int64
+	DeadTuples       int64
+}
+
+// withDefaults fills every zero field of o with its default.
+func (o HealthOptions) withDefaults() HealthOptions {
+	if o.NotifyTimeout <= 0 {
+		o.NotifyTimeout = 2 * time.Second
+	}
+	if o.NotifyQueueUsage <= 0 {
+		o.NotifyQueueUsage = HealthNotifyQueueUsage
+	}
+	if o.XminAge <= 0 {
+		o.XminAge = HealthXminAge
+	}
+	if o.XminDuration <= 0 {
+		o.XminDuration = HealthXminDuration
+	}
+	if o.XidAge <= 0 {
+		o.XidAge = HealthXidAge
+	}
+	if o.DeadTuples <= 0 {
+		o.DeadTuples = HealthDeadTuples
+	}
+	return o
+}
+
+// Default thresholds past which [Outbox.Health] reports a problem.
+const (
+	// HealthNotifyQueueUsage: writers stop notifying at half, and a full
+	// queue fails every notifying transaction at commit.
+	HealthNotifyQueueUsage = 0.25
+	// HealthXminAge and HealthXminDuration: a snapshot horizon this old
+	// (in transactions), or a transaction open this long, keeps every row
+	// deleted since in the outbox's table and indexes.
+	HealthXminAge      = 10_000_000
+	HealthXminDuration = 10 * time.Minute
+	// HealthXidAge: the outbox table's oldest unfrozen row is this old (in
+	// transactions); at about 2 billion the server stops writing.
+	HealthXidAge = 1_000_000_000
+	// HealthDeadTuples: dead row versions past this many, and more than
+	// the live ones, slow every claim that scans past them.
+	HealthDeadTuples = 100_000
+)
+
+// Health is what [Outbox.Health] found: the conditions that break
+// PostgreSQL queues in production.
+type Health struct {
+	// SchemaVersion is the schema's version (0: no outbox table), and
+	// LibraryVersion the version this library needs.
+	SchemaVersion, LibraryVersion int64
+	// NotifyHeard reports that a notification sent through the pool was
+	// heard on a LISTEN connection within NotifyTimeout, and NotifyTook
+	// how long it took. A pooler in transaction mode (PgBouncer) passes
+	// LISTEN but never delivers its notifications; subscribers then find
+	// rows only by polling. NotifyError is why the probe could not run.
+	NotifyHeard bool
+	NotifyTook  time.Duration
+	NotifyError string
+	// NotificationQueueUsage is pg_notification_queue_usage(), 0 to 1.
+	NotificationQueueUsage float64
+	// OldestXmin is what holds back vacuum in the cluster, if anything.
+	OldestXmin *XminHolder
+	// LiveTuples and DeadTuples count the outbox table's row versions (the
+	// statistics collector's estimates), SinceVacuum is the time since it
+	// was last vacuumed (-1: never), and XidAge the age in transactions of
+	// its oldest unfrozen row.
+	LiveTuples, DeadTuples int64
+	SinceVacuum            time.Duration
+	XidAge                 int64
+	// Problems names each condition past its threshold, with its fix; empty
+	// when all is well.
+	Problems []string
+}
+
+// XminHolder is a session, replication slot or prepared transaction that
+// holds back vacuum.
+type XminHolder struct {
+	// Kind is "session", "replication slot" or "prepared transaction".
+	Kind string
+	// Name identifies it: "pid 123 (user, application)", the slot's name,
+	// or the prepared transaction's gid.
+	Name string
+	// Age is its snapshot horizon's age in transactions.
+	Age int64
+	// Open is how long its transaction has been open (sessions and
+	// prepared transactions).
+	Open time.Duration
+	// State is a session's state (e.g. "idle in transaction"), a slot's
+	// "active" or "inactive", or "prepared".
+	State string
+}
+
+// Health reads the outbox's health: its schema version, whether NOTIFY
+// reaches a LISTEN connection, the server's notification queue, what
+// holds back vacuum, and the table's dead rows and transaction-id age. It
+// fails only when the database cannot be queried; what it finds wrong is
+// in Health.Problems. It runs a few catalog queries and one notification:
+// cheap enough for a health endpoint polled every few seconds.
+func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error) {
+	var opt HealthOptions
+	if opts != nil {
+		opt = *opts
+	}
+	opt = opt.withDefaults()
+	h := Health{LibraryVersion: o.latest}
+	v, err := o.SchemaVersion(ctx)
+	if err != nil {
+		return h, fmt.Errorf("outbox: Health: %w", err)
+	}
+	h.SchemaVersion = v
+	q := o.queries(o.pool)
+	t, err := q.TableHealth(ctx, o.naming.qualified(o.naming.table))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return h, fmt.Errorf("outbox: Health: %w", err)
+	default:
+		h.LiveTuples, h.DeadTuples, h.XidAge = t.LiveTuples, t.DeadTuples, t.XidAge
+		h.SinceVacuum = -1
+		if t.SinceVacuumSeconds >= 0 {
+			h.SinceVacuum = seconds(t.SinceVacuumSeconds)
+		}
+		h.NotificationQueueUsage = t.NotificationQueueUsage
+	}
+	holders, err := q.OldestXmin(ctx)
+	if err != nil {
+		return h, fmt.Errorf("outbox: Health: %w", err)
+	}
+	if len(holders) > 0 {
+		x := holders[0]
+		h.OldestXmin = &XminHolder{Kind: x.Kind, Name: x.Name, Age: x.XminAge, Open: seconds(x.XactSeconds), State: x.State}
+	}
+	h.NotifyTook, err = o.probeNotify(ctx, &opt)
+	h.NotifyHeard = err == nil
+	if err != nil {
+		h.NotifyError = err.Error()
+	}
+	h.Problems = h.problems(o, &opt)
+	return h, nil
+}
+
+// errNotHeard is the NOTIFY probe's failure when the listener heard nothing.
+var errNotHeard = errors.New("the LISTEN connection heard nothing")
+
+// probeNotify listens on the probe channel, sends a notification through
+// the pool and waits for it, and returns how long it took.
+func (o *Outbox) probeNotify(ctx context.Context, opt *HealthOptions) (time.Duration, error) {
+	cctx, cancel := context.WithTimeout(ctx, opt.NotifyTimeout)
+	defer cancel()
+	conn, err := dialListener(cctx, o, opt.ListenDSN, opt.ListenConnect)
+	if err != nil {
+		return 0, fmt.Errorf("connecting the LISTEN connection: %w", err)
+	}
+	defer func() {
+		c, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(c)
+	}()
+	if err := o.queries(conn).ListenProbe(cctx); err != nil {
+		return 0, fmt.Errorf("LISTEN: %w", err)
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	payload := hex.EncodeToString(b[:])
+	start := time.Now()
+	if err := o.queries(o.pool).NotifyProbe(cctx, payload); err != nil {
+		return 0, fmt.Errorf("NOTIFY: %w", err)
+	}
+	for {
+		n, err := conn.WaitForNotification(cctx)
+		if err != nil {
+			if cctx.Err() != nil && ctx.Err() == nil {
+				return 0, fmt.Errorf("%w within %v", errNotHeard, opt.NotifyTimeout)
+			}
+			return 0, err
+		}
+		if n.Payload == payload {
+			return time.Since(start), nil
+		}
+	}
+}
+
+// dialListener opens a LISTEN connection: through connect when set,
+// else dsn when set, else with the pool's connection settings.
+func dialListener(ctx context.Context, o *Outbox, dsn string, connect func(context.Context) (*pgx.Conn, error)) (*pgx.Conn, error) {
+	switch {
+	case connect != nil:
+		return connect(ctx)
+	case dsn != "":
+		return pgx.Connect(ctx, dsn)
+	default:
+		return pgx.ConnectConfig(ctx, o.pool.Config().ConnConfig.Copy())
+	}
+}
+
+// problems lists what h found past its thresholds.
+func (h *Health) problems(o *Outbox, opt *HealthOptions) []string {
+	var out []string
+	table := o.naming.qualified(o.naming.table)
+	switch {
+	case h.SchemaVersion == 0:
+		out = append(out, fmt.Sprintf("the outbox table %s does not exist: run `outboxgen migrate up` or call Outbox.Migrate", table))
+	case h.SchemaVersion < h.LibraryVersion:
+		out = append(out, fmt.Sprintf("the schema is at version %d and this library needs %d: run `outboxgen migrate up` or call Outbox.Migrate",
+			h.SchemaVersion, h.LibraryVersion))
+	case h.SchemaVersion > h.LibraryVersion:
+		out = append(out, fmt.Sprintf("the schema is at version %d, newer than this library's %d: upgrade the library", h.SchemaVersion, h.LibraryVersion))
+	}
+	if !h.NotifyHeard {
+		out = append(out, fmt.Sprintf("NOTIFY did not reach a LISTEN connection within %v (%s): subscribers find rows only by polling; "+
+			"through a pooler in transaction mode (PgBouncer) LISTEN never hears, so give subscribers a direct session connection (SubscriberConfig.ListenDSN)",
+			opt.NotifyTimeout, h.NotifyError))
+	}
+	if h.NotificationQueueUsage >= opt.NotifyQueueUsage {
+		out = append(out, fmt.Sprintf("the server's notification queue is %.0f%% full (a session LISTENs and does not read): "+
+			"writers stop notifying at 50%%, and a full queue fails every notifying transaction at commit", 100*h.NotificationQueueUsage))
+	}
+	if x := h.OldestXmin; x != nil && (x.Age >= opt.XminAge || x.Open >= opt.XminDuration) {
+		out = append(out, fmt.Sprintf("%s %s (%s) holds back vacuum: its horizon is %d transactions old, open for %v; "+
+			"rows deleted since stay in the outbox's table and indexes until it ends", x.Kind, x.Name, x.State, x.Age, x.Open.Round(time.Second)))
+	}
+	if h.XidAge >= opt.XidAge {
+		out = append(out, fmt.Sprintf("%s's oldest unfrozen row is %d transactions old: vacuum it (VACUUM FREEZE) before the server refuses writes near 2 billion",
+			table, h.XidAge))
+	}
+	if h.DeadTuples >= opt.DeadTuples && h.DeadTuples > h.LiveTuples {
+		out = append(out, fmt.Sprintf("%s holds %d dead row versions and %d live ones: check that autovacuum runs on it and that nothing holds back vacuum",
+			table, h.DeadTuples, h.LiveTuples))
+	}
+	return out
+}

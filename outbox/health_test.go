@@ -1,0 +1,177 @@
+package outbox
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/internal/pgtest"
+)
+
+// health runs Health and fails the test on its error.
+func (e *env) health(opts *HealthOptions) Health {
+	e.t.Helper()
+	h, err := e.ob.Health(e.ctx, opts)
+	if err != nil {
+		e.t.Fatalf("Health: %v", err)
+	}
+	return h
+}
+
+// problem returns the first problem that contains all of parts, or "".
+func (h *Health) problem(parts ...string) string {
+	for _, p := range h.Problems {
+		ok := true
+		for _, part := range parts {
+			ok = ok && strings.Contains(p, part)
+		}
+		if ok {
+			return p
+		}
+	}
+	return ""
+}
+
+// A migrated outbox whose notifications arrive is healthy.
+func TestHealthOfAWorkingOutbox(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	h := e.health(nil)
+	if h.SchemaVersion != e.ob.LatestSchemaVersion() || h.LibraryVersion != e.ob.LatestSchemaVersion() {
+		t.Errorf("versions %d and %d, want %d", h.SchemaVersion, h.LibraryVersion, e.ob.LatestSchemaVersion())
+	}
+	if !h.NotifyHeard || h.NotifyTook <= 0 || h.NotifyTook > 2*time.Second || h.NotifyError != "" {
+		t.Errorf("NOTIFY probe: heard %v in %v (%q)", h.NotifyHeard, h.NotifyTook, h.NotifyError)
+	}
+	if h.XidAge <= 0 {
+		t.Errorf("the table's transaction-id age is %d", h.XidAge)
+	}
+	if len(h.Problems) != 0 {
+		t.Errorf("problems: %q", h.Problems)
+	}
+}
+
+// Without an outbox table, Health still answers, and says how to make it.
+func TestHealthOfAMissingOutbox(t *testing.T) {
+	t.Parallel()
+	d := pgtest.New(t)
+	ob := newOutbox(t, d) // never migrated
+	h, err := ob.Health(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.SchemaVersion != 0 || h.problem("does not exist", "outboxgen migrate up") == "" {
+		t.Errorf("version %d, problems %q", h.SchemaVersion, h.Problems)
+	}
+	if !h.NotifyHeard {
+		t.Errorf("NOTIFY needs no table, yet was not heard: %s", h.NotifyError)
+	}
+}
+
+// A LISTEN connection that never hears the notification, as through a
+// pooler in transaction mode, is a problem naming the fix. Here the
+// listener is in another database, where this database's notifications
+// never arrive.
+func TestHealthReportsANotificationThatNeverArrives(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	u, err := url.Parse(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/postgres"
+	h := e.health(&HealthOptions{ListenDSN: u.String(), NotifyTimeout: 300 * time.Millisecond})
+	if h.NotifyHeard || !strings.Contains(h.NotifyError, "heard nothing") {
+		t.Errorf("heard %v (%q)", h.NotifyHeard, h.NotifyError)
+	}
+	if h.problem("NOTIFY did not reach", "ListenDSN") == "" {
+		t.Errorf("problems: %q", h.Problems)
+	}
+	h = e.health(&HealthOptions{ListenDSN: "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", NotifyTimeout: 300 * time.Millisecond})
+	if h.NotifyHeard || !strings.Contains(h.NotifyError, "connecting the LISTEN connection") {
+		t.Errorf("an unreachable listener: heard %v (%q)", h.NotifyHeard, h.NotifyError)
+	}
+}
+
+// A transaction left open is named as what holds back vacuum, once it is
+// the oldest in the cluster, and is a problem past the thresholds.
+func TestHealthNamesATransactionHoldingBackVacuum(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	app := "health-" + e.db.Schema
+	cfg, err := pgx.ParseConfig(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	conn, err := pgx.ConnectConfig(e.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	tx, err := conn.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, "SELECT 1"); err != nil { // takes the snapshot
+		t.Fatal(err)
+	}
+	opts := &HealthOptions{XminDuration: time.Millisecond}
+	var h Health
+	eventually(t, "the open transaction is the oldest", func() bool {
+		h = e.health(opts)
+		return h.OldestXmin != nil && strings.Contains(h.OldestXmin.Name, app)
+	})
+	if x := h.OldestXmin; x.Kind != "session" || x.State != "idle in transaction" || x.Open <= 0 {
+		t.Errorf("holder %+v", *x)
+	}
+	if h.problem("holds back vacuum", app) == "" {
+		t.Errorf("problems: %q", h.Problems)
+	}
+	if h := e.health(nil); h.problem("holds back vacuum") != "" {
+		t.Errorf("a transaction open for seconds is a problem at the default thresholds: %q", h.Problems)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Dead row versions, the table's transaction-id age and an unread
+// notification queue are problems past their thresholds.
+func TestHealthReportsDeadRowsXidAgeAndTheNotificationQueue(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.exec(`INSERT INTO outbox (queue, payload) SELECT 'q', 'x' FROM generate_series(1, 100)`)
+	e.exec(`DELETE FROM outbox`)
+
+	// A session that LISTENs and then stays in a transaction reads no
+	// notification, so it holds those sent since in the server's queue.
+	idle := listen(t, e.db.URL, "health_unread_"+e.db.Schema)
+	stuck, err := idle.conn.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stuck.Rollback(context.Background()) }()
+	for range 10 {
+		e.exec("SELECT pg_notify($1, repeat('x', 7000))", "health_unread_"+e.db.Schema)
+	}
+	opts := &HealthOptions{DeadTuples: 50, XidAge: 1, NotifyQueueUsage: 1e-12}
+	var h Health
+	eventually(t, "the statistics of the deletes", func() bool { h = e.health(opts); return h.DeadTuples >= 100 })
+	if h.problem("100 dead row versions") == "" && h.problem("dead row versions and 0 live") == "" {
+		t.Errorf("dead rows %d: problems %q", h.DeadTuples, h.Problems)
+	}
+	if h.problem("oldest unfrozen row") == "" {
+		t.Errorf("xid age %d: problems %q", h.XidAge, h.Problems)
+	}
+	if h.NotificationQueueUsage <= 0 || h.problem("notification queue") == "" {
+		t.Errorf("queue usage %v: problems %q", h.NotificationQueueUsage, h.Problems)
+	}
+	if h := e.health(nil); len(h.Problems) != 0 {
+		t.Errorf("at the default thresholds: %q", h.Problems)
+	}
+}
