@@ -13,7 +13,8 @@ const listenProbe = `-- name: ListenProbe :exec
 LISTEN /*outbox:listen*/"outbox_outbox:probe"
 `
 
-// Subscribes the session to the channel of Health's NOTIFY probe.
+// Subscribes the session to the channel of the NOTIFY probes (Health's, and
+// a subscriber's check that its LISTEN connection hears).
 func (q *Queries) ListenProbe(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, listenProbe)
 	return err

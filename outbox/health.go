@@ -190,9 +190,7 @@ func (o *Outbox) probeNotify(ctx context.Context, opt *HealthOptions) (time.Dura
 	if err := o.queries(conn).ListenProbe(cctx); err != nil {
 		return 0, fmt.Errorf("LISTEN: %w", err)
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	payload := hex.EncodeToString(b[:])
+	payload := randomHex()
 	start := time.Now()
 	if err := o.queries(o.pool).NotifyProbe(cctx, payload); err != nil {
 		return 0, fmt.Errorf("NOTIFY: %w", err)
@@ -259,4 +257,11 @@ func (h *Health) problems(o *Outbox, opt *HealthOptions) []string {
 			table, h.DeadTuples, h.LiveTuples))
 	}
 	return out
+}
+
+// randomHex returns 16 random hex digits, telling probes apart.
+func randomHex() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
 }

@@ -59,15 +59,26 @@ func (r *run[T]) listenOnce(ctx context.Context) error {
 	if err := q.ListenHandoff(ctx); err != nil {
 		return err
 	}
+	if err := q.ListenProbe(ctx); err != nil {
+		return err
+	}
 	r.handoffs.pending.Store(true)
 	r.wakeFetcher()
+	var p notifyProbe
+	r.sendProbe(ctx, &p)
 	for {
-		wctx, cancel := context.WithTimeout(ctx, r.s.cfg.ListenProbeInterval)
+		wait := r.s.cfg.ListenProbeInterval
+		if p.payload != "" {
+			wait = min(wait, max(time.Until(p.deadline), 0))
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return nil
+		case err == nil && n.Channel == r.s.ob.naming.probeChannel():
+			r.probeHeard(ctx, &p, n.Payload)
 		case err == nil:
 			if r.wants(n.Payload) {
 				if n.Channel == r.s.ob.naming.handoffChannel() {
@@ -76,11 +87,62 @@ func (r *run[T]) listenOnce(ctx context.Context) error {
 				r.wakeFetcher()
 			}
 		case wctx.Err() != nil:
+			if p.payload != "" && !time.Now().Before(p.deadline) {
+				r.probeMissed(ctx, &p)
+			}
 			if _, err := q.Probe(ctx); err != nil {
 				return err
+			}
+			if p.payload == "" && r.deaf.Load() {
+				r.sendProbe(ctx, &p) // check again every ListenProbeInterval
 			}
 		default:
 			return err
 		}
+	}
+}
+
+// notifyProbe checks that a notification sent through the pool reaches
+// the LISTEN connection: through a pooler in transaction mode (PgBouncer)
+// LISTEN succeeds but never hears anything.
+type notifyProbe struct {
+	payload  string // the probe in flight; empty when none is
+	deadline time.Time
+}
+
+// sendProbe notifies the probe channel through the pool.
+func (r *run[T]) sendProbe(ctx context.Context, p *notifyProbe) {
+	ob := r.s.ob
+	payload := randomHex()
+	cctx, cancel := context.WithTimeout(ctx, r.s.cfg.ListenProbeTimeout)
+	defer cancel()
+	if err := ob.queries(ob.pool).NotifyProbe(cctx, payload); err != nil {
+		if ctx.Err() == nil {
+			r.s.log.DebugContext(ctx, "outbox: could not send the NOTIFY probe", slog.Any("error", err))
+		}
+		return
+	}
+	p.payload, p.deadline = payload, time.Now().Add(r.s.cfg.ListenProbeTimeout)
+}
+
+// probeHeard handles a notification on the probe channel.
+func (r *run[T]) probeHeard(ctx context.Context, p *notifyProbe, payload string) {
+	if payload != p.payload {
+		return // another subscriber's or Health's
+	}
+	p.payload = ""
+	if r.deaf.Swap(false) {
+		r.s.log.InfoContext(ctx, "outbox: NOTIFY reaches the LISTEN connection again")
+	}
+}
+
+// probeMissed handles a probe that did not arrive in time.
+func (r *run[T]) probeMissed(ctx context.Context, p *notifyProbe) {
+	p.payload = ""
+	if !r.deaf.Swap(true) {
+		r.s.log.WarnContext(ctx, "outbox: a NOTIFY sent through the pool did not reach the LISTEN connection; "+
+			"polling every MinFetchInterval to MaxFetchInterval instead. Through a pooler in transaction mode (PgBouncer) "+
+			"LISTEN never hears: give the subscriber a direct session connection (SubscriberConfig.ListenDSN)",
+			slog.Duration("waited", r.s.cfg.ListenProbeTimeout), slog.Duration("max_fetch_interval", r.s.cfg.MaxFetchInterval))
 	}
 }

@@ -2,7 +2,11 @@ package outbox
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,7 +20,7 @@ func (e *env) listeners(ch string) []int32 {
 	e.t.Helper()
 	rows, err := e.db.Pool.Query(e.ctx, `SELECT pid FROM pg_stat_activity
 		WHERE application_name = $1 AND query = $2 AND pid <> pg_backend_pid()`,
-		e.db.Schema, "-- name: ListenHandoff :exec\nLISTEN "+pgx.Identifier{ch + handoffSuffix}.Sanitize()+"\n")
+		e.db.Schema, "-- name: ListenProbe :exec\nLISTEN "+pgx.Identifier{ch + ":probe"}.Sanitize()+"\n")
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -170,5 +174,68 @@ func TestSubscriberSurvivesKilledBackends(t *testing.T) {
 		if seen[i].Load() == 0 {
 			t.Fatalf("message %d never handled", i)
 		}
+	}
+}
+
+// logLines is a slog destination that tests can read while it is written.
+type logLines struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A subscriber whose LISTEN connection never hears (as through a pooler
+// in transaction mode) says so once, with the fix, records no sleep (so
+// writers do not notify for nothing), and finds rows by polling. One whose
+// connection hears says nothing and records its sleep.
+func TestSubscriberWhoseListenerCannotHearPollsAndSaysSo(t *testing.T) {
+	t.Parallel()
+	for _, deaf := range []bool{true, false} {
+		t.Run(fmt.Sprintf("deaf=%v", deaf), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			logs := &logLines{}
+			cfg := fastConfig[string](nil)
+			cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+			cfg.ListenProbeTimeout = 300 * time.Millisecond
+			if deaf {
+				// Another database's notifications never reach this one's.
+				u, err := url.Parse(e.db.URL)
+				if err != nil {
+					t.Fatal(err)
+				}
+				u.Path = "/postgres"
+				cfg.ListenDSN = u.String()
+			}
+			handled := make(chan time.Time, 1)
+			startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+				handled <- time.Now()
+				return nil
+			}, cfg)
+			const warning = "did not reach the LISTEN connection"
+			if deaf {
+				eventually(t, "the warning", func() bool { return strings.Contains(logs.String(), warning) })
+			}
+			time.Sleep(500 * time.Millisecond) // several idle polls after the probe's verdict
+			if holding, _ := e.sleeping(); (holding == 1) == deaf {
+				t.Errorf("deaf %v: %d sleep records hold", deaf, holding)
+			}
+			if n := strings.Count(logs.String(), warning); n != map[bool]int{true: 1, false: 0}[deaf] {
+				t.Errorf("deaf %v: the warning logged %d times:\n%s", deaf, n, logs.String())
+			}
+			e.publish("q")
+			within(t, handled, 10*time.Second, "the row")
+		})
 	}
 }

@@ -112,6 +112,10 @@ func (n naming) handoffChannel() string { return n.channel() + handoffSuffix }
 
 const handoffSuffix = ":handoff"
 
+// probeChannel carries the NOTIFY probes of Health and of subscribers'
+// LISTEN connections.
+func (n naming) probeChannel() string { return n.channel() + ":probe" }
+
 // scheduledSuffix turns a due channel into its scheduled channel; the
 // migrations write it after the channel marker.
 const scheduledSuffix = ":scheduled"

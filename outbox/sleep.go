@@ -91,6 +91,14 @@ func (r *run[T]) asleep(ctx context.Context, q *db.Queries) bool {
 		s.xids = still
 		return ended
 	}
+	if r.deaf.Load() {
+		// Writers' notifications would not arrive: poll, and spare
+		// publishers the NOTIFY a record would ask of them.
+		if !s.until.IsZero() && q.Wake(ctx, s.id) == nil {
+			s.until = time.Time{}
+		}
+		return false
+	}
 	cfg := &r.s.cfg
 	now := time.Now()
 	if s.until.After(now.Add(cfg.MaxFetchInterval + sleepRecordSlack)) {

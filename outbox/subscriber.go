@@ -162,8 +162,13 @@ type run[T any] struct {
 	leases   leases
 	handoffs handoffs
 	sleeper  sleeper // fetcher only
-	metrics  *metricsSink
-	logs     *logSummary
+	// deaf is set while a notification sent through the pool did not
+	// reach the LISTEN connection (a pooler in transaction mode): the
+	// fetcher then polls without recording its sleep, since writers'
+	// notifications would never arrive.
+	deaf    atomic.Bool
+	metrics *metricsSink
+	logs    *logSummary
 	// unstarted holds rows a worker took after the stop began.
 	unstartedMu sync.Mutex
 	unstarted   []*delivery

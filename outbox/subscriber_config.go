@@ -141,7 +141,10 @@ type SubscriberConfig[T any] struct {
 
 	// ListenDSN connects the LISTEN connection, for setups whose pool goes
 	// through a pooler that cannot LISTEN (PgBouncer in transaction mode).
-	// Default: the pool's own connection settings.
+	// The subscriber checks that a notification sent through its pool
+	// reaches the LISTEN connection; when it does not, it logs a warning
+	// naming this field and polls. Default: the pool's own connection
+	// settings.
 	ListenDSN string
 	// ListenConnect, when set, opens the LISTEN connection instead.
 	ListenConnect func(ctx context.Context) (*pgx.Conn, error)

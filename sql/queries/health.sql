@@ -47,7 +47,8 @@ ORDER BY h.xmin_age DESC
 LIMIT 1;
 
 -- name: ListenProbe :exec
--- Subscribes the session to the channel of Health's NOTIFY probe.
+-- Subscribes the session to the channel of the NOTIFY probes (Health's, and
+-- a subscriber's check that its LISTEN connection hears).
 LISTEN /*outbox:listen*/"outbox_outbox:probe";
 
 -- name: NotifyProbe :exec
