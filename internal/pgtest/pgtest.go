@@ -46,6 +46,11 @@ func run(m *testing.M) int {
 	var ctr *postgres.PostgresContainer
 	if baseURL == "" {
 		ctr, baseURL, startErr = startContainer()
+		if startErr == nil {
+			// For code under test that reads the variable itself
+			// (outboxtest.Connect).
+			_ = os.Setenv(EnvURL, baseURL)
+		}
 	}
 	code := m.Run()
 	if ctr != nil {

@@ -1,6 +1,8 @@
-// Package outboxtest helps the tests of services that use an outbox: read
-// what a test published, and run the subscriber until the queues are
-// empty.
+// Package outboxtest helps the tests of services that use an outbox: a
+// fresh, migrated outbox per test ([New], on the database [Connect]
+// reaches), assertions on what a test published ([RequirePublished],
+// [Published]), and a run of the subscriber until the queues are empty,
+// retries included ([Drain]).
 //
 // It uses only the outbox package's public API against a real database;
 // there is no fake outbox.

@@ -1,0 +1,117 @@
+package outboxtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+// EnvURL names the variable [Connect] reads the test database from.
+const EnvURL = "TEST_DATABASE_URL"
+
+// Fixture is one test's outbox: a schema of its own, migrated to the
+// library's latest version, dropped when the test ends. Tests that run in
+// parallel each get their own, so they never see each other's rows.
+type Fixture struct {
+	// Outbox is the test's outbox; its tables are in Schema.
+	Outbox *outbox.Outbox
+	// Pool is the pool the fixture was made on.
+	Pool *pgxpool.Pool
+	// Schema is the test's own schema, "outboxtest_" and random hex.
+	Schema string
+}
+
+// New makes a fresh, migrated outbox in a schema of its own on pool and
+// drops the schema when tb ends. cfg may be nil; its Schema is replaced by
+// the fixture's own. Rows that the code under test publishes through
+// f.Outbox land in that schema, whatever the pool's search_path; the code's
+// own tables stay where they are.
+func New(tb testing.TB, pool *pgxpool.Pool, cfg *outbox.Config) *Fixture {
+	tb.Helper()
+	var c outbox.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	c.Schema = "outboxtest_" + hex.EncodeToString(b[:])
+	ob, err := outbox.New(pool, &c)
+	if err != nil {
+		tb.Fatalf("outboxtest: New: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{c.Schema}.Sanitize()+" CASCADE"); err != nil {
+			tb.Errorf("outboxtest: dropping schema %s: %v", c.Schema, err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := ob.Migrate(ctx); err != nil {
+		tb.Fatalf("outboxtest: New: %v", err)
+	}
+	return &Fixture{Outbox: ob, Pool: pool, Schema: c.Schema}
+}
+
+// Connect returns a pool on the test database, closed when tb ends: the
+// one $TEST_DATABASE_URL names, or else the one PostgreSQL's own client
+// defaults reach (the PG* variables, then the local socket or
+// localhost:5432, as psql with no arguments). When neither answers it
+// fails tb saying what to set.
+func Connect(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	dsn, from := os.Getenv(EnvURL), "$"+EnvURL
+	if dsn == "" {
+		from = "PostgreSQL's client defaults (PGHOST, PGPORT, PGUSER, PGDATABASE; else the local socket or localhost:5432)"
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		tb.Fatalf("outboxtest: %s: %v", from, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		tb.Fatalf("outboxtest: no test database through %s: %v\n"+
+			"Run PostgreSQL locally or set %s, e.g. %s=postgres://postgres@localhost:5432/postgres?sslmode=disable",
+			from, err, EnvURL, EnvURL)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// RequirePublished fails tb unless queue holds exactly want, oldest first,
+// decoded with the default codec of T, and prints the difference. Call it
+// after the transaction under test committed: it reads through ob's pool.
+func RequirePublished[T any](tb testing.TB, ob *outbox.Outbox, queue string, want ...T) {
+	tb.Helper()
+	got := Published[T](tb, ob, queue, nil)
+	if want == nil {
+		want = []T{}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		tb.Fatalf("outboxtest: queue %q (-want +got):\n%s", queue, diff)
+	}
+}
+
+// String describes the fixture, for test logs.
+func (f *Fixture) String() string {
+	return fmt.Sprintf("outbox %s.%s", f.Schema, f.Outbox.Table())
+}
