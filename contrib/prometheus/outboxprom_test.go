@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
@@ -18,22 +19,35 @@ import (
 	outboxprom "github.com/outboxgen/outboxgen/contrib/prometheus"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
+	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// newOutbox returns a migrated outbox in the test's own schema.
-func newOutbox(t *testing.T) (*outbox.Outbox, *pgtest.DB) {
+// newOutbox returns a migrated outbox of the test's own.
+func newOutbox(t *testing.T) *outboxtest.Fixture {
 	t.Helper()
-	d := pgtest.New(t)
-	ob, err := outbox.New(d.Pool, &outbox.Config{Schema: d.Schema})
+	return outboxtest.New(t, outboxtest.Connect(t), nil)
+}
+
+// exec runs sql on f's pool with its outbox's schema first on the
+// search_path, so that "outbox" is the fixture's table.
+func exec(t *testing.T, f *outboxtest.Fixture, sql string) {
+	t.Helper()
+	tx, err := f.Pool.Begin(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ob.Migrate(t.Context()); err != nil {
+	defer func() { _ = tx.Rollback(t.Context()) }()
+	if _, err := tx.Exec(t.Context(), "SET LOCAL search_path = "+pgx.Identifier{f.Schema}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	return ob, d
+	if _, err := tx.Exec(t.Context(), sql); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // series returns the value of every sample of family name in reg, by its
@@ -76,7 +90,8 @@ func value(typ dto.MetricType, m *dto.Metric) float64 {
 // delivery produces the series of each step.
 func TestRecorderCountsAPublishRetryAckCycle(t *testing.T) {
 	t.Parallel()
-	ob, d := newOutbox(t)
+	f := newOutbox(t)
+	ob := f.Outbox
 	rec := outboxprom.NewRecorder(nil)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(rec)
@@ -85,10 +100,10 @@ func TestRecorderCountsAPublishRetryAckCycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pub.Publish(t.Context(), d.Pool, "order 1", nil); err != nil {
+	if _, err := pub.Publish(t.Context(), f.Pool, "order 1", nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pub.Publish(t.Context(), d.Pool, "", &outbox.PublishOpts{OrderingKey: strings.Repeat("k", 1<<20)}); err == nil {
+	if _, err := pub.Publish(t.Context(), f.Pool, "", &outbox.PublishOpts{OrderingKey: strings.Repeat("k", 1<<20)}); err == nil {
 		t.Fatal("a 1 MiB ordering key was published")
 	}
 
@@ -153,7 +168,8 @@ func TestRecorderCountsAPublishRetryAckCycle(t *testing.T) {
 // the rejected one's handler ran.
 func TestRecorderCountsDeadLettersByReason(t *testing.T) {
 	t.Parallel()
-	ob, d := newOutbox(t)
+	f := newOutbox(t)
+	ob := f.Outbox
 	rec := outboxprom.NewRecorder(&outboxprom.Options{Namespace: "shop"})
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(rec)
@@ -161,12 +177,10 @@ func TestRecorderCountsDeadLettersByReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pub.Publish(t.Context(), d.Pool, "reject me", nil); err != nil {
+	if _, err := pub.Publish(t.Context(), f.Pool, "reject me", nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox (queue, payload, headers) VALUES ('q', 'x', '{"content-type": "application/x-unknown"}')`); err != nil {
-		t.Fatal(err)
-	}
+	exec(t, f, `INSERT INTO outbox (queue, payload, headers) VALUES ('q', 'x', '{"content-type": "application/x-unknown"}')`)
 	sub, err := outbox.NewSubscriber(ob, []string{"q"}, func(context.Context, *outbox.Message[string]) error {
 		return outbox.Reject(errors.New("no"))
 	}, &outbox.SubscriberConfig[string]{Metrics: rec, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -201,17 +215,15 @@ func TestRecorderCountsDeadLettersByReason(t *testing.T) {
 // scrape.
 func TestQueueCollectorReportsEachQueue(t *testing.T) {
 	t.Parallel()
-	ob, d := newOutbox(t)
+	f := newOutbox(t)
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(outboxprom.NewQueueCollector(ob, nil))
+	reg.MustRegister(outboxprom.NewQueueCollector(f.Outbox, nil))
 	if got := series(t, reg, "outbox_queue_ready_messages"); len(got) != 0 {
 		t.Errorf("an empty outbox: %v", got)
 	}
-	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox (queue, payload, next_attempt_at, created_at) VALUES
+	exec(t, f, `INSERT INTO outbox (queue, payload, next_attempt_at, created_at) VALUES
 		('a', 'x', now(), now() - interval '90 seconds'), ('a', 'x', now(), now()), ('a', 'x', now() + interval '1 hour', now()),
-		('b', 'x', now(), now())`); err != nil {
-		t.Fatal(err)
-	}
+		('b', 'x', now(), now())`)
 	for name, want := range map[string]map[string]float64{
 		"outbox_queue_ready_messages":     {"queue=a": 2, "queue=b": 1},
 		"outbox_queue_scheduled_messages": {"queue=a": 1, "queue=b": 0},
@@ -231,7 +243,7 @@ func TestQueueCollectorReportsEachQueue(t *testing.T) {
 func TestQueueCollectorReportsAFailedScrape(t *testing.T) {
 	t.Parallel()
 	d := pgtest.New(t)
-	ob, err := outbox.New(d.Pool, &outbox.Config{Schema: d.Schema}) // never migrated
+	ob, err := outbox.New(d.Pool, &outbox.Config{Schema: d.Schema}) // an empty schema, never migrated
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +258,7 @@ func TestQueueCollectorReportsAFailedScrape(t *testing.T) {
 // as a problem with schema version 0.
 func TestHealthCollector(t *testing.T) {
 	t.Parallel()
-	ob, _ := newOutbox(t)
+	ob := newOutbox(t).Outbox
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(outboxprom.NewHealthCollector(ob, nil, ""))
 	for name, want := range map[string]float64{
