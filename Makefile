@@ -1,5 +1,7 @@
 # The commands the README gives. Tests need a PostgreSQL: TEST_DATABASE_URL
-# when set, else a testcontainers container (Docker).
+# when set, else what psql with no arguments reaches, else a throwaway
+# cluster made with the machine's server binaries, else a testcontainers
+# container (Docker).
 
 GO          ?= go
 TOOL        := $(GO) tool -modfile=tools/go.mod
@@ -12,7 +14,7 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: ## Run the demo: 10,000 orders through the outbox on $DATABASE_URL (or a testcontainers PostgreSQL)
+demo: ## Run the demo: 10,000 orders through the outbox on $DATABASE_URL (or what psql reaches, a throwaway cluster, a container)
 	$(GO) run ./examples/orders
 
 .PHONY: gen

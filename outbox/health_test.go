@@ -12,6 +12,22 @@ import (
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
+// otherDatabase returns dsn pointed at another database of the same
+// server, where notifications of dsn's database never arrive.
+func otherDatabase(t *testing.T, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Path == "/postgres" {
+		u.Path = "/template1"
+	} else {
+		u.Path = "/postgres"
+	}
+	return u.String()
+}
+
 // health runs Health and fails the test on its error.
 func (e *env) health(opts *HealthOptions) Health {
 	e.t.Helper()
@@ -79,12 +95,7 @@ func TestHealthOfAMissingOutbox(t *testing.T) {
 func TestHealthReportsANotificationThatNeverArrives(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	u, err := url.Parse(e.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/postgres"
-	h := e.health(&HealthOptions{ListenDSN: u.String(), NotifyTimeout: 300 * time.Millisecond})
+	h := e.health(&HealthOptions{ListenDSN: otherDatabase(t, e.db.URL), NotifyTimeout: 300 * time.Millisecond})
 	if h.NotifyHeard || !strings.Contains(h.NotifyError, "heard nothing") {
 		t.Errorf("heard %v (%q)", h.NotifyHeard, h.NotifyError)
 	}

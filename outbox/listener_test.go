@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -211,12 +210,7 @@ func TestSubscriberWhoseListenerCannotHearPollsAndSaysSo(t *testing.T) {
 			cfg.ListenProbeTimeout = 300 * time.Millisecond
 			if deaf {
 				// Another database's notifications never reach this one's.
-				u, err := url.Parse(e.db.URL)
-				if err != nil {
-					t.Fatal(err)
-				}
-				u.Path = "/postgres"
-				cfg.ListenDSN = u.String()
+				cfg.ListenDSN = otherDatabase(t, e.db.URL)
 			}
 			handled := make(chan time.Time, 1)
 			startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {

@@ -2,37 +2,22 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"time"
 
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/modules/postgres"
+	"github.com/outboxgen/outboxgen/internal/localpg"
 )
 
-// database returns DATABASE_URL, or starts PostgreSQL in a container when
-// it is unset and Docker is available.
+// database returns DATABASE_URL; when it is unset, what PostgreSQL's
+// client defaults reach (as psql with no arguments), else a throwaway
+// cluster made with the machine's server binaries, else a testcontainers
+// container. The func stops what it started.
 func database(ctx context.Context) (string, func(), error) {
-	if dsn := os.Getenv("DATABASE_URL"); dsn != "" {
-		return dsn, func() {}, nil
-	}
-	fmt.Println("DATABASE_URL is not set; starting PostgreSQL with testcontainers...")
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	ctr, err := postgres.Run(cctx, "postgres:15-alpine",
-		postgres.WithDatabase("demo"), postgres.WithUsername("postgres"), postgres.WithPassword("postgres"),
-		postgres.BasicWaitStrategies())
+	s, err := localpg.Acquire(ctx, "DATABASE_URL")
 	if err != nil {
-		return "", nil, errors.New("no database: DATABASE_URL is not set and Docker is not available to start one.\n" +
-			"Point the demo at a PostgreSQL you may create a schema in, e.g.\n" +
-			"  DATABASE_URL='postgres://postgres@127.0.0.1:5432/test?sslmode=disable' make demo")
-	}
-	cleanup := func() { _ = testcontainers.TerminateContainer(ctr) }
-	dsn, err := ctr.ConnectionString(cctx, "sslmode=disable")
-	if err != nil {
-		cleanup()
 		return "", nil, err
 	}
-	return dsn, cleanup, nil
+	if s.How != "$DATABASE_URL" {
+		fmt.Printf("DATABASE_URL is not set; using %s\n", s.How)
+	}
+	return s.URL, s.Stop, nil
 }

@@ -6,8 +6,11 @@
 //
 //	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test?sslmode=disable go run ./examples/orders
 //
-// Without DATABASE_URL it starts PostgreSQL with testcontainers when Docker
-// is available. It works in the schema outboxgen_demo, which it recreates.
+// Without DATABASE_URL it uses what PostgreSQL's client defaults reach (as
+// psql with no arguments), else a throwaway cluster made with the machine's
+// PostgreSQL server binaries, else a testcontainers container. It works in
+// the schema outboxgen_demo, which it recreates, and drops it when it ends
+// (-keep keeps it).
 package main
 
 import (
@@ -44,16 +47,17 @@ const (
 func main() {
 	n := flag.Int("orders", 10000, "orders to publish")
 	writers := flag.Int("writers", 8, "concurrent publishing transactions")
+	keep := flag.Bool("keep", false, "keep the demo's schema when it ends, to look at it (outboxgen inspect)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *n, *writers); err != nil {
+	if err := run(ctx, *n, *writers, *keep); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, n, writers int) error {
+func run(ctx context.Context, n, writers int, keep bool) error {
 	dsn, cleanup, err := database(ctx)
 	if err != nil {
 		return err
@@ -68,6 +72,17 @@ func run(ctx context.Context, n, writers int) error {
 	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
 		return fmt.Errorf("reset the demo schema: %w", err)
 	}
+	defer func() {
+		if keep {
+			fmt.Printf("kept schema %s: outboxgen inspect -schema %s shows it; DROP SCHEMA %s CASCADE drops it\n", schema, schema, schema)
+			return
+		}
+		if _, err := pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			fmt.Fprintf(os.Stderr, "orders: could not drop schema %s (DROP SCHEMA %s CASCADE drops it): %v\n", schema, schema, err)
+			return
+		}
+		fmt.Printf("dropped schema %s (-keep keeps it)\n", schema)
+	}()
 	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
 	if err != nil {
 		return err

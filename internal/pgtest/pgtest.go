@@ -1,9 +1,11 @@
 // Package pgtest gives each test its own schema in a real PostgreSQL.
 //
-// The database is TEST_DATABASE_URL when it is set; otherwise [Main] starts a
-// PostgreSQL container with testcontainers for the test binary and removes
-// it afterwards. Tests never read DATABASE_URL: they create and drop
-// schemas, which must not happen to a database someone points the CLI at.
+// The database is TEST_DATABASE_URL when it is set; otherwise [Main] takes,
+// in order, what PostgreSQL's client defaults reach (as psql with no
+// arguments), a throwaway cluster made with the machine's server binaries,
+// or a testcontainers container (see localpg.Acquire), and removes what it
+// started afterwards. Tests never read DATABASE_URL, which the CLI and the
+// demo use; they create and drop only schemas of their own.
 //
 // Only tests import this package, so release binaries never link
 // testcontainers.
@@ -17,13 +19,12 @@ import (
 	"net/url"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/modules/postgres"
 	"go.uber.org/goleak"
+
+	"github.com/outboxgen/outboxgen/internal/localpg"
 )
 
 // EnvURL is the variable that points tests at a database.
@@ -34,31 +35,31 @@ var (
 	startErr error
 )
 
-// Main runs the package's tests: it resolves the database (starting a
-// container when EnvURL is unset), runs m, removes the container, and
+// Main runs the package's tests: it resolves the database (finding or
+// starting one when EnvURL is unset), runs m, stops what it started, and
 // fails the run if goroutines leaked. Call it from TestMain.
 func Main(m *testing.M) {
 	os.Exit(run(m))
 }
 
 func run(m *testing.M) int {
-	baseURL = os.Getenv(EnvURL)
-	var ctr *postgres.PostgresContainer
-	if baseURL == "" {
-		ctr, baseURL, startErr = startContainer()
-		if startErr == nil {
+	srv, err := localpg.Acquire(context.Background(), EnvURL)
+	if err != nil {
+		startErr = err
+	} else {
+		baseURL = srv.URL
+		if srv.How != "$"+EnvURL {
+			fmt.Fprintf(os.Stderr, "pgtest: %s is not set; testing on %s\n", EnvURL, srv.How)
 			// For code under test that reads the variable itself
 			// (outboxtest.Connect).
 			_ = os.Setenv(EnvURL, baseURL)
 		}
 	}
 	code := m.Run()
-	if ctr != nil {
-		if err := testcontainers.TerminateContainer(ctr); err != nil {
-			fmt.Fprintln(os.Stderr, "pgtest: remove container:", err)
-		}
+	if srv != nil {
+		srv.Stop()
 	}
-	if code == 0 && ctr == nil {
+	if code == 0 && (srv == nil || srv.How != "a testcontainers container") {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked:", err)
 			return 1
@@ -67,31 +68,12 @@ func run(m *testing.M) int {
 	return code
 }
 
-func startContainer() (*postgres.PostgresContainer, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	ctr, err := postgres.Run(ctx, "postgres:15-alpine",
-		postgres.WithDatabase("test"),
-		postgres.WithUsername("postgres"),
-		postgres.WithPassword("postgres"),
-		postgres.BasicWaitStrategies(),
-	)
-	if err != nil {
-		return nil, "", fmt.Errorf("start a PostgreSQL container (is Docker running?): %w", err)
-	}
-	dsn, err := ctr.ConnectionString(ctx, "sslmode=disable")
-	if err != nil {
-		return ctr, "", err
-	}
-	return ctr, dsn, nil
-}
-
 // URL returns the test database's connection string, failing tb when
 // there is none.
 func URL(tb testing.TB) string {
 	tb.Helper()
 	if startErr != nil {
-		tb.Fatalf("pgtest: no test database: set %s or make Docker available: %v", EnvURL, startErr)
+		tb.Fatalf("pgtest: %v", startErr)
 	}
 	if baseURL == "" {
 		tb.Fatalf("pgtest: no test database: set %s (and call pgtest.Main from TestMain)", EnvURL)

@@ -1,0 +1,56 @@
+package localpg
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/testcontainers/testcontainers-go"
+	"github.com/testcontainers/testcontainers-go/modules/postgres"
+)
+
+// Acquire returns the PostgreSQL the tests or the demo should use, trying
+// in order: the URL in the environment variable env; what PostgreSQL's
+// client defaults reach; a throwaway cluster made with the machine's
+// server binaries; a testcontainers container, where Docker runs. Its
+// error says what to install or set.
+func Acquire(ctx context.Context, env string) (*Server, error) {
+	if u := os.Getenv(env); u != "" {
+		return &Server{URL: u, How: "$" + env}, nil
+	}
+	s, err := Find(ctx)
+	if err == nil {
+		return s, nil
+	}
+	s, cerr := startContainer(ctx)
+	if cerr == nil {
+		return s, nil
+	}
+	return nil, fmt.Errorf("no PostgreSQL: %s is not set; %w; testcontainers: %w.\n"+
+		"Install PostgreSQL (its server package, which brings initdb and pg_ctl) or Docker, "+
+		"or set %s to a database you may create schemas in, e.g.\n"+
+		"  %s='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'", env, err, cerr, env, env)
+}
+
+// startContainer starts PostgreSQL 15 in a container.
+func startContainer(ctx context.Context) (*Server, error) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	ctr, err := postgres.Run(cctx, "postgres:15-alpine",
+		postgres.WithDatabase("test"), postgres.WithUsername("postgres"), postgres.WithPassword("postgres"),
+		postgres.BasicWaitStrategies())
+	if err != nil {
+		if ctr != nil {
+			_ = testcontainers.TerminateContainer(ctr)
+		}
+		return nil, fmt.Errorf("start a PostgreSQL container (is Docker running?): %w", err)
+	}
+	stop := func() { _ = testcontainers.TerminateContainer(ctr) }
+	dsn, err := ctr.ConnectionString(cctx, "sslmode=disable")
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return &Server{URL: dsn, How: "a testcontainers container", stop: stop}, nil
+}
