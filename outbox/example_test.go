@@ -93,3 +93,54 @@ func ExampleConfigError() {
 	// Output:
 	// outbox: Config.Table "Orders": must be lower-case letters, digits and underscores, not starting with a digit
 }
+
+// At least once means a handler may see a message again: after a crash
+// between its effect and the acknowledgement, or a lease that ran out.
+// Recording each message's id in an inbox table, in the transaction of the
+// handler's effect, makes the effect happen once: a second delivery finds
+// the id and does nothing.
+func ExampleNewSubscriber_inbox() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.BaseURL())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer pool.Close()
+	defer func() { _, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS example_billing CASCADE") }()
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA example_billing;
+		CREATE TABLE example_billing.inbox (queue text, message_id bigint, PRIMARY KEY (queue, message_id));
+		CREATE TABLE example_billing.invoices (order_id text PRIMARY KEY, cents int NOT NULL)`); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	invoice := func(ctx context.Context, m *outbox.Message[OrderCreated]) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, "INSERT INTO example_billing.inbox VALUES ($1, $2) ON CONFLICT DO NOTHING", m.Queue, m.ID)
+			if err != nil || tag.RowsAffected() == 0 {
+				return err // seen before: done already
+			}
+			_, err = tx.Exec(ctx, "INSERT INTO example_billing.invoices VALUES ($1, $2)", m.Payload.ID, m.Payload.Total)
+			return err
+		})
+	}
+	// Pass invoice to outbox.NewSubscriber; here it is called as two
+	// deliveries of one message would call it.
+	m := &outbox.Message[OrderCreated]{ID: 42, Queue: "orders.created", Payload: OrderCreated{ID: "o-1", Total: 1999}}
+	for delivery := 1; delivery <= 2; delivery++ {
+		m.Deliveries = delivery
+		if err := invoice(ctx, m); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM example_billing.invoices").Scan(&n); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("invoices:", n)
+	// Output:
+	// invoices: 1
+}
