@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
 	"slices"
 	"time"
@@ -57,6 +58,13 @@ type PublisherConfig[T any] struct {
 	// Logger receives the publisher's own problems (a panicking metrics
 	// recorder). Default: slog.Default().
 	Logger *slog.Logger
+
+	// HeadersFrom, when set, adds headers taken from the context of each
+	// Publish and PublishBatch call to its messages: a trace context, say
+	// (contrib/otel's HeadersFrom). Headers in PublishOpts win over them,
+	// and together they pass the checks PublishOpts.Headers does. A panic
+	// in it fails the call with an error. Default: none.
+	HeadersFrom func(ctx context.Context) map[string]string
 }
 
 // Publisher writes messages of type T to one queue of an outbox, inside the
@@ -70,6 +78,7 @@ type Publisher[T any] struct {
 	maxPayload  int
 	metrics     MetricsRecorder
 	log         *slog.Logger
+	headersFrom func(ctx context.Context) map[string]string
 }
 
 // ValidateQueue reports, as a *[ConfigError], whether name breaks the rule
@@ -152,6 +161,7 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 		messageType: messageType,
 		maxPayload:  c.MaxPayloadBytes,
 		metrics:     c.Metrics,
+		headersFrom: c.HeadersFrom,
 		log:         c.Logger,
 	}, nil
 }
@@ -181,6 +191,10 @@ func (p *Publisher[T]) Publish(ctx context.Context, tx DBTX, msg T, opts *Publis
 }
 
 func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *PublishOpts) (int64, int, error) {
+	opts, err := p.contextHeaders(ctx, opts)
+	if err != nil {
+		return 0, 0, err
+	}
 	if err := p.check(tx, opts, false); err != nil {
 		return 0, 0, err
 	}
@@ -231,6 +245,10 @@ func (p *Publisher[T]) PublishBatch(ctx context.Context, tx DBTX, msgs []T, opts
 }
 
 func (p *Publisher[T]) publishBatch(ctx context.Context, tx DBTX, msgs []T, opts *PublishOpts) ([]int64, int, error) {
+	opts, err := p.contextHeaders(ctx, opts)
+	if err != nil {
+		return nil, 0, err
+	}
 	if err := p.check(tx, opts, true); err != nil {
 		return nil, 0, err
 	}
@@ -280,6 +298,31 @@ func (p *Publisher[T]) check(tx DBTX, opts *PublishOpts, batch bool) error {
 		reserved += len(HeaderMessageType) + len(p.messageType)
 	}
 	return checkHeaders("PublishOpts.Headers", opts.headers(), reserved)
+}
+
+// contextHeaders returns opts with the headers HeadersFrom takes from ctx
+// added under opts' own, or opts itself when there are none.
+func (p *Publisher[T]) contextHeaders(ctx context.Context, opts *PublishOpts) (_ *PublishOpts, err error) {
+	if p.headersFrom == nil {
+		return opts, nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("outbox: PublisherConfig.HeadersFrom panicked: %v", r)
+		}
+	}()
+	from := p.headersFrom(ctx)
+	if len(from) == 0 {
+		return opts, nil
+	}
+	var o PublishOpts
+	if opts != nil {
+		o = *opts
+	}
+	merged := maps.Clone(from)
+	maps.Copy(merged, o.Headers)
+	o.Headers = merged
+	return &o, nil
 }
 
 // encode runs the codec and enforces the payload cap. Errors name field,

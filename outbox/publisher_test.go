@@ -411,3 +411,67 @@ func TestPanickingRecorderDoesNotFailPublish(t *testing.T) {
 		t.Errorf("outbox holds %d rows, want 1", n)
 	}
 }
+
+// HeadersFrom adds headers from the publishing context to every message;
+// PublishOpts' own headers win, the checks apply to them all, and a panic
+// in it fails the call.
+func TestPublisherTakesHeadersFromTheContext(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	type key struct{}
+	from := func(ctx context.Context) map[string]string {
+		v, _ := ctx.Value(key{}).(string)
+		switch v {
+		case "":
+			return nil
+		case "panic":
+			panic("hook bug")
+		}
+		return map[string]string{"traceparent": v, "tenant": "from-context"}
+	}
+	pub, err := NewPublisher[string](e.ob, "q", &PublisherConfig[string]{HeadersFrom: from})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.WithValue(e.ctx, key{}, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	one, err := pub.Publish(ctx, e.db.Pool, "one", &PublishOpts{Headers: map[string]string{"tenant": "explicit"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := pub.PublishBatch(ctx, e.db.Pool, []string{"two"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := pub.Publish(e.ctx, e.db.Pool, "three", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := func(id int64, k string) string {
+		t.Helper()
+		var v *string
+		if err := e.db.Pool.QueryRow(e.ctx, "SELECT headers->>$2 FROM outbox WHERE id = $1", id, k).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v == nil {
+			return "(none)"
+		}
+		return *v
+	}
+	got := []string{header(one, "traceparent"), header(one, "tenant"), header(batch[0], "traceparent"), header(batch[0], "tenant"),
+		header(plain, "traceparent")}
+	want := []string{"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "explicit", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "from-context", "(none)"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("headers (-want +got):\n%s", diff)
+	}
+
+	if _, err := pub.Publish(context.WithValue(e.ctx, key{}, "panic"), e.db.Pool, "x", nil); err == nil || !strings.Contains(err.Error(), "HeadersFrom panicked") {
+		t.Errorf("a panicking hook: %v", err)
+	}
+	var inputErr *InputError
+	if _, err := pub.Publish(context.WithValue(e.ctx, key{}, strings.Repeat("x", 70000)), e.db.Pool, "x", nil); !errors.As(err, &inputErr) {
+		t.Errorf("a malformed traceparent from the context: %v, want an *InputError", err)
+	}
+	if n := e.count("outbox"); n != 3 {
+		t.Errorf("%d rows, want 3", n)
+	}
+}
