@@ -1,0 +1,226 @@
+// Package outboxotel traces and measures an outbox with OpenTelemetry.
+//
+// Tracing: [HeadersFrom] carries the publishing context's trace (W3C
+// traceparent and tracestate, through the global propagator) in each
+// message's headers, and [Handler] starts a consumer span per delivery as
+// a child of the publishing span, so one trace spans the publish and every
+// handling of the message:
+//
+//	pub, err := outbox.NewPublisher(ob, "orders", &outbox.PublisherConfig[Order]{HeadersFrom: outboxotel.HeadersFrom})
+//	sub, err := outbox.NewSubscriber(ob, []string{"orders"}, outboxotel.Handler(handle, nil), nil)
+//
+// Metrics: [Recorder] is an [outbox.MetricsRecorder] that records the same
+// series as contrib/prometheus's, as OpenTelemetry instruments.
+//
+// It is a module of its own, so that the outbox package does not depend on
+// OpenTelemetry.
+package outboxotel
+
+import (
+	"context"
+	"strconv"
+	"strings"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+// ScopeName names this package's tracer and meter.
+const ScopeName = "github.com/outboxgen/outboxgen/contrib/otel"
+
+// System is the messaging.system attribute of every span.
+const System = "outboxgen"
+
+// HeadersFrom returns the trace context of ctx as message headers, through
+// the global propagator (otel.GetTextMapPropagator). Set it as
+// PublisherConfig.HeadersFrom.
+func HeadersFrom(ctx context.Context) map[string]string {
+	carrier := propagation.MapCarrier{}
+	otel.GetTextMapPropagator().Inject(ctx, carrier)
+	if len(carrier) == 0 {
+		return nil
+	}
+	return carrier
+}
+
+// Options configures [Handler]. A nil *Options means every default.
+type Options struct {
+	// TracerProvider makes the tracer. Default: otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// Propagator reads the trace context from the headers. Default:
+	// otel.GetTextMapPropagator().
+	Propagator propagation.TextMapPropagator
+	// Link makes each delivery's span the root of a trace of its own,
+	// linked to the publishing span, instead of its child (for publishers
+	// whose traces should not grow with every later handling).
+	Link bool
+}
+
+// Handler wraps h so that each delivery runs in a consumer span named
+// "process <queue>": a child of the span the message was published in
+// (or linked to it, with Options.Link). The span carries the messaging
+// attributes (system, operation, destination, message id), the
+// delivery's number and ordering key, and ends when h returns: a failed
+// delivery records its error and an error status, and when the
+// subscriber will retry it, its next delivery is a new span of the same
+// trace.
+func Handler[T any](h outbox.Handler[T], opts *Options) outbox.Handler[T] {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.TracerProvider == nil {
+		o.TracerProvider = otel.GetTracerProvider()
+	}
+	if o.Propagator == nil {
+		o.Propagator = otel.GetTextMapPropagator()
+	}
+	tracer := o.TracerProvider.Tracer(ScopeName)
+	return func(ctx context.Context, m *outbox.Message[T]) error {
+		published := o.Propagator.Extract(ctx, propagation.MapCarrier(m.Headers))
+		attrs := []attribute.KeyValue{
+			attribute.String("messaging.system", System),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.operation.name", "process"),
+			attribute.String("messaging.destination.name", m.Queue),
+			attribute.String("messaging.message.id", strconv.FormatInt(m.ID, 10)),
+			attribute.Int("messaging.outboxgen.deliveries", m.Deliveries),
+		}
+		if m.OrderingKey != "" {
+			attrs = append(attrs, attribute.String("messaging.outboxgen.ordering_key", m.OrderingKey))
+		}
+		startOpts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
+		if o.Link {
+			if sc := trace.SpanContextFromContext(published); sc.IsValid() {
+				startOpts = append(startOpts, trace.WithLinks(trace.Link{SpanContext: sc}), trace.WithNewRoot())
+			}
+		} else {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, trace.SpanContextFromContext(published))
+		}
+		ctx, span := tracer.Start(ctx, "process "+m.Queue, startOpts...)
+		defer span.End()
+		err := h(ctx, m)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, firstLine(err.Error()))
+		}
+		return err
+	}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// Recorder records outbox events as OpenTelemetry metrics, the set
+// contrib/prometheus records (without its "_total" suffixes):
+//
+//	outbox.published_messages{queue}, outbox.publish_errors{queue, error_type}
+//	outbox.fetched_messages, .dispatched_messages, .acked_messages, .retried_messages{subscriber, queue}
+//	outbox.dead_lettered_messages, .dropped_messages{subscriber, queue, reason}
+//	outbox.lease_lost, .write_refused{subscriber, queue, write}
+//	outbox.drain_timeouts{subscriber}
+//	outbox.handler.duration (s){subscriber, queue, outcome}
+//	outbox.message.age (s){subscriber, queue}
+type Recorder struct {
+	published, publishErrors, fetched, dispatched, acked, retried metric.Int64Counter
+	deadLettered, dropped, leaseLost, writeRefused, drainTimeouts metric.Int64Counter
+	handlerDuration, age                                          metric.Float64Histogram
+}
+
+var _ outbox.MetricsRecorder = (*Recorder)(nil)
+
+// NewRecorder makes the instruments with mp (nil: otel.GetMeterProvider()).
+func NewRecorder(mp metric.MeterProvider) (*Recorder, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(ScopeName)
+	r := &Recorder{}
+	var err error
+	counter := func(dst *metric.Int64Counter, name, desc string) {
+		if err != nil {
+			return
+		}
+		*dst, err = m.Int64Counter("outbox."+name, metric.WithDescription(desc), metric.WithUnit("{message}"))
+	}
+	counter(&r.published, "published_messages", "Messages published to the outbox.")
+	counter(&r.publishErrors, "publish_errors", "Publish and PublishBatch calls that failed, by error type.")
+	counter(&r.fetched, "fetched_messages", "Messages a subscriber claimed.")
+	counter(&r.dispatched, "dispatched_messages", "Handlers a subscriber started.")
+	counter(&r.acked, "acked_messages", "Messages handled and deleted.")
+	counter(&r.retried, "retried_messages", "Messages rescheduled after their handler failed.")
+	counter(&r.deadLettered, "dead_lettered_messages", "Messages moved to the dead-letter table, by reason.")
+	counter(&r.dropped, "dropped_messages", "Messages ended without a dead-letter table, by reason.")
+	counter(&r.leaseLost, "lease_lost", "Outcome writes and heartbeats that found the lease gone, by write.")
+	counter(&r.writeRefused, "write_refused", "Outcomes the database refused to store, by write.")
+	counter(&r.drainTimeouts, "drain_timeouts", "Stops that abandoned handlers still running after the graceful timeout.")
+	if err != nil {
+		return nil, err
+	}
+	if r.handlerDuration, err = m.Float64Histogram("outbox.handler.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long handlers ran, by outcome (acked, retried, ended).")); err != nil {
+		return nil, err
+	}
+	if r.age, err = m.Float64Histogram("outbox.message.age", metric.WithUnit("s"),
+		metric.WithDescription("A message's age when its handler starts: from the row's creation (server clock) to the start (subscriber's clock).")); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Record implements [outbox.MetricsRecorder].
+func (r *Recorder) Record(ev outbox.MetricEvent) {
+	ctx := context.Background()
+	q := attribute.String("queue", ev.Queue)
+	sq := metric.WithAttributes(attribute.String("subscriber", ev.Subscriber), q)
+	withReason := func(key string) metric.MeasurementOption {
+		return metric.WithAttributes(attribute.String("subscriber", ev.Subscriber), q, attribute.String(key, ev.Reason))
+	}
+	handler := func(outcome string) {
+		if ev.Duration > 0 {
+			r.handlerDuration.Record(ctx, ev.Duration.Seconds(),
+				metric.WithAttributes(attribute.String("subscriber", ev.Subscriber), q, attribute.String("outcome", outcome)))
+		}
+	}
+	switch ev.Name {
+	case outbox.EventPublished:
+		if ev.ErrorType != "" {
+			r.publishErrors.Add(ctx, 1, metric.WithAttributes(q, attribute.String("error_type", ev.ErrorType)))
+			return
+		}
+		r.published.Add(ctx, int64(ev.Count), metric.WithAttributes(q))
+	case outbox.EventFetched:
+		r.fetched.Add(ctx, int64(ev.Count), sq)
+	case outbox.EventDispatched:
+		r.dispatched.Add(ctx, 1, sq)
+		r.age.Record(ctx, ev.Age.Seconds(), sq)
+	case outbox.EventAcked:
+		r.acked.Add(ctx, 1, sq)
+		handler("acked")
+	case outbox.EventRetried:
+		r.retried.Add(ctx, 1, sq)
+		handler("retried")
+	case outbox.EventDeadLettered:
+		r.deadLettered.Add(ctx, 1, withReason("reason"))
+		handler("ended")
+	case outbox.EventTerminal:
+		r.dropped.Add(ctx, 1, withReason("reason"))
+		handler("ended")
+	case outbox.EventLeaseLost:
+		r.leaseLost.Add(ctx, 1, withReason("write"))
+	case outbox.EventWriteRefused:
+		r.writeRefused.Add(ctx, 1, withReason("write"))
+	case outbox.EventDrainTimeout:
+		r.drainTimeouts.Add(ctx, 1, metric.WithAttributes(attribute.String("subscriber", ev.Subscriber)))
+	}
+}

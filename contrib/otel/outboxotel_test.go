@@ -1,0 +1,175 @@
+package outboxotel_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	outboxotel "github.com/outboxgen/outboxgen/contrib/otel"
+	"github.com/outboxgen/outboxgen/internal/pgtest"
+	"github.com/outboxgen/outboxgen/outbox"
+	"github.com/outboxgen/outboxgen/outbox/outboxtest"
+)
+
+func TestMain(m *testing.M) {
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	pgtest.Main(m)
+}
+
+type order struct {
+	ID string `json:"id"`
+}
+
+// sums returns each counter's total and each histogram's count, by
+// instrument name, over every attribute set.
+func sums(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					out[m.Name] += p.Value
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					out[m.Name] += int64(p.Count)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// One message published in a span, failed once and handled on its second
+// delivery: one trace holds the publishing span and a consumer span per
+// delivery, children of it, the first with its error; the metrics count
+// each step.
+func TestOneTraceSpansPublishAndEveryDelivery(t *testing.T) {
+	t.Parallel()
+	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	reader := sdkmetric.NewManualReader()
+	rec, err := outboxotel.NewRecorder(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	pub, err := outbox.NewPublisher(f.Outbox, "orders", &outbox.PublisherConfig[order]{HeadersFrom: outboxotel.HeadersFrom, Metrics: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, publish := tp.Tracer("shop").Start(t.Context(), "place order")
+	if _, err := pub.Publish(ctx, f.Pool, order{ID: "o-1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	publish.End()
+
+	attempts := 0
+	handle := outboxotel.Handler(func(ctx context.Context, m *outbox.Message[order]) error {
+		attempts++
+		if attempts == 1 {
+			return outbox.RetryAfter(errors.New("carrier busy"), 10*time.Millisecond)
+		}
+		return nil
+	}, &outboxotel.Options{TracerProvider: tp})
+	if n := outboxtest.Drain(t, f.Outbox, []string{"orders"}, handle, &outbox.SubscriberConfig[order]{Name: "shipping", Metrics: rec}, 0); n != 2 {
+		t.Fatalf("%d deliveries, want 2", n)
+	}
+
+	ended := spans.Ended()
+	if len(ended) != 3 {
+		t.Fatalf("%d spans, want 3", len(ended))
+	}
+	parent := ended[0].SpanContext()
+	type summary struct {
+		Name, Queue  string
+		Deliveries   int64
+		Status       codes.Code
+		Events       int
+		ChildOfOrder bool
+	}
+	var got []summary
+	for _, s := range ended[1:] {
+		attrs := map[string]any{}
+		for _, kv := range s.Attributes() {
+			attrs[string(kv.Key)] = kv.Value.AsInterface()
+		}
+		got = append(got, summary{
+			Name: s.Name(), Queue: attrs["messaging.destination.name"].(string), Deliveries: attrs["messaging.outboxgen.deliveries"].(int64),
+			Status: s.Status().Code, Events: len(s.Events()),
+			ChildOfOrder: s.Parent().SpanID() == parent.SpanID() && s.SpanContext().TraceID() == parent.TraceID(),
+		})
+	}
+	want := []summary{
+		{Name: "process orders", Queue: "orders", Deliveries: 1, Status: codes.Error, Events: 1, ChildOfOrder: true},
+		{Name: "process orders", Queue: "orders", Deliveries: 2, Status: codes.Unset, Events: 0, ChildOfOrder: true},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("delivery spans (-want +got):\n%s", diff)
+	}
+
+	m := sums(t, reader)
+	for name, want := range map[string]int64{
+		"outbox.published_messages": 1, "outbox.dispatched_messages": 2, "outbox.retried_messages": 1,
+		"outbox.acked_messages": 1, "outbox.handler.duration": 2, "outbox.message.age": 2, "outbox.fetched_messages": 2,
+	} {
+		if m[name] != want {
+			t.Errorf("%s = %d, want %d (all: %v)", name, m[name], want, m)
+		}
+	}
+}
+
+// With Link, a delivery's span starts a trace of its own, linked to the
+// publishing span; a message published outside any span gets a root span.
+func TestLinkedDeliveriesStartTracesOfTheirOwn(t *testing.T) {
+	t.Parallel()
+	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	pub, err := outbox.NewPublisher(f.Outbox, "orders", &outbox.PublisherConfig[order]{HeadersFrom: outboxotel.HeadersFrom})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, publish := tp.Tracer("shop").Start(t.Context(), "place order")
+	if _, err := pub.Publish(ctx, f.Pool, order{ID: "o-1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	publish.End()
+	outboxtest.Drain(t, f.Outbox, []string{"orders"}, outboxotel.Handler(func(context.Context, *outbox.Message[order]) error { return nil },
+		&outboxotel.Options{TracerProvider: tp, Link: true}), nil, 0)
+	if _, err := pub.Publish(t.Context(), f.Pool, order{ID: "o-2"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.Drain(t, f.Outbox, []string{"orders"}, outboxotel.Handler(func(context.Context, *outbox.Message[order]) error { return nil },
+		&outboxotel.Options{TracerProvider: tp}), nil, 0)
+
+	ended := spans.Ended()
+	if len(ended) != 3 {
+		t.Fatalf("%d spans, want 3", len(ended))
+	}
+	linked, root := ended[1], ended[2]
+	if linked.Parent().IsValid() || linked.SpanContext().TraceID() == ended[0].SpanContext().TraceID() ||
+		len(linked.Links()) != 1 || linked.Links()[0].SpanContext.SpanID() != ended[0].SpanContext().SpanID() {
+		t.Errorf("linked span: parent %v, links %v", linked.Parent(), linked.Links())
+	}
+	if root.Parent().IsValid() {
+		t.Errorf("a message published outside a span: parent %v", root.Parent())
+	}
+}
