@@ -30,6 +30,23 @@ type order struct {
 	ID string `json:"id"`
 }
 
+// publishInSpan publishes order o-1 to queue orders in a span "place
+// order" of tp, through a publisher that carries the trace in the headers
+// and records to rec, which it returns.
+func publishInSpan(t *testing.T, f *outboxtest.Fixture, tp *sdktrace.TracerProvider, rec outbox.MetricsRecorder) *outbox.Publisher[order] {
+	t.Helper()
+	pub, err := outbox.NewPublisher(f.Outbox, "orders", &outbox.PublisherConfig[order]{HeadersFrom: outboxotel.HeadersFrom, Metrics: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, publish := tp.Tracer("shop").Start(t.Context(), "place order")
+	defer publish.End()
+	if _, err := pub.Publish(ctx, f.Pool, order{ID: "o-1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return pub
+}
+
 // sums returns each counter's total and each histogram's count, by
 // instrument name, over every attribute set.
 func sums(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
@@ -71,15 +88,7 @@ func TestOneTraceSpansPublishAndEveryDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	pub, err := outbox.NewPublisher(f.Outbox, "orders", &outbox.PublisherConfig[order]{HeadersFrom: outboxotel.HeadersFrom, Metrics: rec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, publish := tp.Tracer("shop").Start(t.Context(), "place order")
-	if _, err := pub.Publish(ctx, f.Pool, order{ID: "o-1"}, nil); err != nil {
-		t.Fatal(err)
-	}
-	publish.End()
+	publishInSpan(t, f, tp, rec)
 
 	attempts := 0
 	handle := outboxotel.Handler(func(ctx context.Context, m *outbox.Message[order]) error {
@@ -143,15 +152,7 @@ func TestLinkedDeliveriesStartTracesOfTheirOwn(t *testing.T) {
 	f := outboxtest.New(t, outboxtest.Connect(t), nil)
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	pub, err := outbox.NewPublisher(f.Outbox, "orders", &outbox.PublisherConfig[order]{HeadersFrom: outboxotel.HeadersFrom})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, publish := tp.Tracer("shop").Start(t.Context(), "place order")
-	if _, err := pub.Publish(ctx, f.Pool, order{ID: "o-1"}, nil); err != nil {
-		t.Fatal(err)
-	}
-	publish.End()
+	pub := publishInSpan(t, f, tp, nil)
 	outboxtest.Drain(t, f.Outbox, []string{"orders"}, outboxotel.Handler(func(context.Context, *outbox.Message[order]) error { return nil },
 		&outboxotel.Options{TracerProvider: tp, Link: true}), nil, 0)
 	if _, err := pub.Publish(t.Context(), f.Pool, order{ID: "o-2"}, nil); err != nil {
