@@ -153,6 +153,12 @@ type SubscriberConfig[T any] struct {
 	// block; a panic in it is recovered and logged. Default: none.
 	Metrics MetricsRecorder
 
+	// Observer sees each delivery from before its handler starts (it may
+	// give the handler a derived context, e.g. with a span) to the outcome
+	// decided when the handler returns. Default: none. contrib/otel's
+	// Observer traces deliveries.
+	Observer DeliveryObserver
+
 	// Logger receives the subscriber's logs. Default: slog.Default().
 	Logger *slog.Logger
 

@@ -69,16 +69,29 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 		// would.
 		return false
 	}
+	hctx, observed := d.ctx, r.s.cfg.Observer != nil
+	var info DeliveryInfo
+	if observed {
+		info = r.deliveryInfo(d, msg.Headers)
+		hctx = r.observeStart(d.ctx, info)
+	}
 	start := time.Now()
-	herr := safeHandle(d.ctx, r.s.handler, msg)
+	herr := safeHandle(hctx, r.s.handler, msg)
 	ran := time.Since(start)
 	if !w.leave() {
 		// Abandoned by the forced stop while the handler ran, and counted
 		// then; Run may have returned.
+		if observed {
+			r.observeEnd(hctx, info, DeliveryOutcome{Outcome: OutcomeAbandoned, Err: herr, Ran: ran})
+		}
 		return false
 	}
+	stopped, lost := r.handlerCtx.Err() != nil, r.leases.isLost(d)
+	if observed && (stopped || lost) {
+		r.observeEnd(hctx, info, DeliveryOutcome{Outcome: OutcomeAbandoned, Err: herr, Ran: ran})
+	}
 	switch {
-	case r.handlerCtx.Err() != nil:
+	case stopped:
 		// Forced stop: the outcome raced the stop. The row keeps its
 		// lease and is delivered again after it expires. The stop's cause
 		// may not have reached d's context yet (a parent cancels its
@@ -87,7 +100,7 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 		d.cancel(context.Cause(r.handlerCtx))
 		r.leases.remove(d)
 		return true
-	case r.leases.isLost(d):
+	case lost:
 		// A heartbeat found the lease gone and reported it; the newer
 		// delivery decides.
 		r.leases.remove(d)
@@ -96,6 +109,9 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 	o := r.decide(d, herr)
 	o.ran = ran
 	o.attempted = true
+	if observed {
+		r.observeEnd(hctx, info, deliveryOutcome(o, herr))
+	}
 	r.finish(d, o)
 	return true
 }
