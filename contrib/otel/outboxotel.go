@@ -2,12 +2,13 @@
 //
 // Tracing: [HeadersFrom] carries the publishing context's trace (W3C
 // traceparent and tracestate, through the global propagator) in each
-// message's headers, and [Handler] starts a consumer span per delivery as
-// a child of the publishing span, so one trace spans the publish and every
-// handling of the message:
+// message's headers, and an [Observer] runs each delivery in a consumer
+// span that is a child of the publishing span, with the outcome as an
+// event, so one trace spans the publish and every handling of the message:
 //
 //	pub, err := outbox.NewPublisher(ob, "orders", &outbox.PublisherConfig[Order]{HeadersFrom: outboxotel.HeadersFrom})
-//	sub, err := outbox.NewSubscriber(ob, []string{"orders"}, outboxotel.Handler(handle, nil), nil)
+//	sub, err := outbox.NewSubscriber(ob, []string{"orders"}, handle,
+//		&outbox.SubscriberConfig[Order]{Observer: outboxotel.NewObserver(nil)})
 //
 // Metrics: [Recorder] is an [outbox.MetricsRecorder] that records the same
 // series as contrib/prometheus's, as OpenTelemetry instruments.
@@ -49,7 +50,7 @@ func HeadersFrom(ctx context.Context) map[string]string {
 	return carrier
 }
 
-// Options configures [Handler]. A nil *Options means every default.
+// Options configures [NewObserver]. A nil *Options means every default.
 type Options struct {
 	// TracerProvider makes the tracer. Default: otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
@@ -62,15 +63,26 @@ type Options struct {
 	Link bool
 }
 
-// Handler wraps h so that each delivery runs in a consumer span named
-// "process <queue>": a child of the span the message was published in
-// (or linked to it, with Options.Link). The span carries the messaging
-// attributes (system, operation, destination, message id), the
-// delivery's number and ordering key, and ends when h returns: a failed
-// delivery records its error and an error status, and when the
-// subscriber will retry it, its next delivery is a new span of the same
-// trace.
-func Handler[T any](h outbox.Handler[T], opts *Options) outbox.Handler[T] {
+// Observer traces deliveries; set it as SubscriberConfig.Observer.
+type Observer struct {
+	tracer     trace.Tracer
+	propagator propagation.TextMapPropagator
+	link       bool
+}
+
+var _ outbox.DeliveryObserver = (*Observer)(nil)
+
+// NewObserver returns an Observer that runs each delivery's handler in a
+// consumer span named "process <queue>": a child of the span the message
+// was published in (or linked to it, with Options.Link). The span carries
+// the messaging attributes (system, operation, destination, message id),
+// the delivery's number and ordering key; when the handler returns it
+// records the outcome the subscriber decided as an event
+// (outbox.retry_scheduled with its delay, outbox.dead_lettered or
+// outbox.dropped with their reason, outbox.abandoned) and a failed
+// handler's error with an error status, and ends. A retried message's next
+// delivery is a new span of the same trace.
+func NewObserver(opts *Options) *Observer {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -81,37 +93,56 @@ func Handler[T any](h outbox.Handler[T], opts *Options) outbox.Handler[T] {
 	if o.Propagator == nil {
 		o.Propagator = otel.GetTextMapPropagator()
 	}
-	tracer := o.TracerProvider.Tracer(ScopeName)
-	return func(ctx context.Context, m *outbox.Message[T]) error {
-		published := o.Propagator.Extract(ctx, propagation.MapCarrier(m.Headers))
-		attrs := []attribute.KeyValue{
-			attribute.String("messaging.system", System),
-			attribute.String("messaging.operation.type", "process"),
-			attribute.String("messaging.operation.name", "process"),
-			attribute.String("messaging.destination.name", m.Queue),
-			attribute.String("messaging.message.id", strconv.FormatInt(m.ID, 10)),
-			attribute.Int("messaging.outboxgen.deliveries", m.Deliveries),
-		}
-		if m.OrderingKey != "" {
-			attrs = append(attrs, attribute.String("messaging.outboxgen.ordering_key", m.OrderingKey))
-		}
-		startOpts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
-		if o.Link {
-			if sc := trace.SpanContextFromContext(published); sc.IsValid() {
-				startOpts = append(startOpts, trace.WithLinks(trace.Link{SpanContext: sc}), trace.WithNewRoot())
-			}
-		} else {
-			ctx = trace.ContextWithRemoteSpanContext(ctx, trace.SpanContextFromContext(published))
-		}
-		ctx, span := tracer.Start(ctx, "process "+m.Queue, startOpts...)
-		defer span.End()
-		err := h(ctx, m)
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, firstLine(err.Error()))
-		}
-		return err
+	return &Observer{tracer: o.TracerProvider.Tracer(ScopeName), propagator: o.Propagator, link: o.Link}
+}
+
+// Start implements [outbox.DeliveryObserver].
+func (ob *Observer) Start(ctx context.Context, d outbox.DeliveryInfo) context.Context {
+	published := ob.propagator.Extract(context.Background(), propagation.MapCarrier(d.Headers))
+	attrs := []attribute.KeyValue{
+		attribute.String("messaging.system", System),
+		attribute.String("messaging.operation.type", "process"),
+		attribute.String("messaging.operation.name", "process"),
+		attribute.String("messaging.destination.name", d.Queue),
+		attribute.String("messaging.message.id", strconv.FormatInt(d.ID, 10)),
+		attribute.Int("messaging.outboxgen.deliveries", d.Deliveries),
 	}
+	if d.Subscriber != "" {
+		attrs = append(attrs, attribute.String("messaging.consumer.group.name", d.Subscriber))
+	}
+	if d.OrderingKey != "" {
+		attrs = append(attrs, attribute.String("messaging.outboxgen.ordering_key", d.OrderingKey))
+	}
+	startOpts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
+	if sc := trace.SpanContextFromContext(published); sc.IsValid() {
+		if ob.link {
+			startOpts = append(startOpts, trace.WithLinks(trace.Link{SpanContext: sc}), trace.WithNewRoot())
+		} else {
+			ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+		}
+	}
+	ctx, _ = ob.tracer.Start(ctx, "process "+d.Queue, startOpts...)
+	return ctx
+}
+
+// End implements [outbox.DeliveryObserver].
+func (ob *Observer) End(ctx context.Context, _ outbox.DeliveryInfo, o outbox.DeliveryOutcome) {
+	span := trace.SpanFromContext(ctx)
+	switch o.Outcome {
+	case outbox.OutcomeRetried:
+		span.AddEvent("outbox.retry_scheduled", trace.WithAttributes(attribute.Float64("outbox.retry.delay_seconds", o.Delay.Seconds())))
+	case outbox.OutcomeDeadLettered:
+		span.AddEvent("outbox.dead_lettered", trace.WithAttributes(attribute.String("outbox.reason", o.Reason)))
+	case outbox.OutcomeDropped:
+		span.AddEvent("outbox.dropped", trace.WithAttributes(attribute.String("outbox.reason", o.Reason)))
+	case outbox.OutcomeAbandoned:
+		span.AddEvent("outbox.abandoned")
+	}
+	if o.Err != nil {
+		span.RecordError(o.Err)
+		span.SetStatus(codes.Error, firstLine(o.Err.Error()))
+	}
+	span.End()
 }
 
 func firstLine(s string) string {

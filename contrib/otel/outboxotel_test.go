@@ -47,6 +47,15 @@ func publishInSpan(t *testing.T, f *outboxtest.Fixture, tp *sdktrace.TracerProvi
 	return pub
 }
 
+// eventNames returns the names of s's events, in order.
+func eventNames(s sdktrace.ReadOnlySpan) []string {
+	var out []string
+	for _, e := range s.Events() {
+		out = append(out, e.Name)
+	}
+	return out
+}
+
 // sums returns each counter's total and each histogram's count, by
 // instrument name, over every attribute set.
 func sums(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
@@ -91,14 +100,15 @@ func TestOneTraceSpansPublishAndEveryDelivery(t *testing.T) {
 	publishInSpan(t, f, tp, rec)
 
 	attempts := 0
-	handle := outboxotel.Handler(func(ctx context.Context, m *outbox.Message[order]) error {
+	handle := func(ctx context.Context, m *outbox.Message[order]) error {
 		attempts++
 		if attempts == 1 {
 			return outbox.RetryAfter(errors.New("carrier busy"), 10*time.Millisecond)
 		}
 		return nil
-	}, &outboxotel.Options{TracerProvider: tp})
-	if n := outboxtest.Drain(t, f.Outbox, []string{"orders"}, handle, &outbox.SubscriberConfig[order]{Name: "shipping", Metrics: rec}, 0); n != 2 {
+	}
+	cfg := &outbox.SubscriberConfig[order]{Name: "shipping", Metrics: rec, Observer: outboxotel.NewObserver(&outboxotel.Options{TracerProvider: tp})}
+	if n := outboxtest.Drain(t, f.Outbox, []string{"orders"}, handle, cfg, 0); n != 2 {
 		t.Fatalf("%d deliveries, want 2", n)
 	}
 
@@ -111,7 +121,7 @@ func TestOneTraceSpansPublishAndEveryDelivery(t *testing.T) {
 		Name, Queue  string
 		Deliveries   int64
 		Status       codes.Code
-		Events       int
+		Events       []string
 		ChildOfOrder bool
 	}
 	var got []summary
@@ -122,13 +132,13 @@ func TestOneTraceSpansPublishAndEveryDelivery(t *testing.T) {
 		}
 		got = append(got, summary{
 			Name: s.Name(), Queue: attrs["messaging.destination.name"].(string), Deliveries: attrs["messaging.outboxgen.deliveries"].(int64),
-			Status: s.Status().Code, Events: len(s.Events()),
+			Status: s.Status().Code, Events: eventNames(s),
 			ChildOfOrder: s.Parent().SpanID() == parent.SpanID() && s.SpanContext().TraceID() == parent.TraceID(),
 		})
 	}
 	want := []summary{
-		{Name: "process orders", Queue: "orders", Deliveries: 1, Status: codes.Error, Events: 1, ChildOfOrder: true},
-		{Name: "process orders", Queue: "orders", Deliveries: 2, Status: codes.Unset, Events: 0, ChildOfOrder: true},
+		{Name: "process orders", Queue: "orders", Deliveries: 1, Status: codes.Error, Events: []string{"outbox.retry_scheduled", "exception"}, ChildOfOrder: true},
+		{Name: "process orders", Queue: "orders", Deliveries: 2, Status: codes.Unset, ChildOfOrder: true},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("delivery spans (-want +got):\n%s", diff)
@@ -153,13 +163,14 @@ func TestLinkedDeliveriesStartTracesOfTheirOwn(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	pub := publishInSpan(t, f, tp, nil)
-	outboxtest.Drain(t, f.Outbox, []string{"orders"}, outboxotel.Handler(func(context.Context, *outbox.Message[order]) error { return nil },
-		&outboxotel.Options{TracerProvider: tp, Link: true}), nil, 0)
+	ok := func(context.Context, *outbox.Message[order]) error { return nil }
+	outboxtest.Drain(t, f.Outbox, []string{"orders"}, ok,
+		&outbox.SubscriberConfig[order]{Observer: outboxotel.NewObserver(&outboxotel.Options{TracerProvider: tp, Link: true})}, 0)
 	if _, err := pub.Publish(t.Context(), f.Pool, order{ID: "o-2"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	outboxtest.Drain(t, f.Outbox, []string{"orders"}, outboxotel.Handler(func(context.Context, *outbox.Message[order]) error { return nil },
-		&outboxotel.Options{TracerProvider: tp}), nil, 0)
+	outboxtest.Drain(t, f.Outbox, []string{"orders"}, ok,
+		&outbox.SubscriberConfig[order]{Observer: outboxotel.NewObserver(&outboxotel.Options{TracerProvider: tp})}, 0)
 
 	ended := spans.Ended()
 	if len(ended) != 3 {
@@ -172,5 +183,30 @@ func TestLinkedDeliveriesStartTracesOfTheirOwn(t *testing.T) {
 	}
 	if root.Parent().IsValid() {
 		t.Errorf("a message published outside a span: parent %v", root.Parent())
+	}
+}
+
+// A rejected message's span records the dead letter and its reason.
+func TestDeadLetterIsASpanEvent(t *testing.T) {
+	t.Parallel()
+	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	publishInSpan(t, f, tp, nil)
+	reject := func(context.Context, *outbox.Message[order]) error {
+		return outbox.Reject(errors.New("no such customer"))
+	}
+	outboxtest.Drain(t, f.Outbox, []string{"orders"}, reject,
+		&outbox.SubscriberConfig[order]{Observer: outboxotel.NewObserver(&outboxotel.Options{TracerProvider: tp})}, 0)
+	ended := spans.Ended()
+	if len(ended) != 2 {
+		t.Fatalf("%d spans, want 2", len(ended))
+	}
+	s := ended[1]
+	if diff := cmp.Diff([]string{"outbox.dead_lettered", "exception"}, eventNames(s)); diff != "" || s.Status().Code != codes.Error {
+		t.Errorf("status %v; events (-want +got):\n%s", s.Status(), diff)
+	}
+	if reason := s.Events()[0].Attributes[0]; string(reason.Key) != "outbox.reason" || reason.Value.AsString() != outbox.ReasonRejected {
+		t.Errorf("dead letter event attribute %v", reason)
 	}
 }
