@@ -11,7 +11,8 @@
 //		&outbox.SubscriberConfig[Order]{Observer: outboxotel.NewObserver(nil)})
 //
 // Metrics: [Recorder] is an [outbox.MetricsRecorder] that records the same
-// series as contrib/prometheus's, as OpenTelemetry instruments.
+// series as contrib/prometheus's, as OpenTelemetry instruments, and
+// [RegisterHealthGauges] reports the outbox's health report as gauges.
 //
 // It is a module of its own, so that the outbox package does not depend on
 // OpenTelemetry.
@@ -254,4 +255,78 @@ func (r *Recorder) Record(ev outbox.MetricEvent) {
 	case outbox.EventDrainTimeout:
 		r.drainTimeouts.Add(ctx, 1, metric.WithAttributes(attribute.String("subscriber", ev.Subscriber)))
 	}
+}
+
+// RegisterHealthGauges reports ob's health report ([outbox.Outbox.Health],
+// with opts) as observable gauges of mp (nil: otel.GetMeterProvider()),
+// read at each collection: outbox.health.problems,
+// outbox.health.schema_version, outbox.health.notify_heard (1 or 0),
+// outbox.health.notify.duration (s), outbox.health.notification_queue_usage
+// (0 to 1), outbox.health.oldest_xmin.age ({transaction}),
+// outbox.health.oldest_xmin.open (s), outbox.health.table.dead_tuples,
+// outbox.health.table.live_tuples and outbox.health.table.xid_age
+// ({transaction}). Each collection runs a few catalog queries and one
+// notification, waiting at most opts.NotifyTimeout (default 2 s); a
+// collection whose report fails records nothing. Unregister the returned
+// registration to stop.
+func RegisterHealthGauges(mp metric.MeterProvider, ob *outbox.Outbox, opts *outbox.HealthOptions) (metric.Registration, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(ScopeName)
+	type gauge struct {
+		name, unit, desc string
+		value            func(*outbox.Health) float64
+	}
+	gauges := []gauge{
+		{"problems", "{problem}", "Conditions past their thresholds that break the outbox (see Outbox.Health).",
+			func(h *outbox.Health) float64 { return float64(len(h.Problems)) }},
+		{"schema_version", "1", "The outbox schema's version; 0 when the outbox table does not exist.",
+			func(h *outbox.Health) float64 { return float64(h.SchemaVersion) }},
+		{"notify_heard", "1", "1 when a NOTIFY sent through the pool was heard on a LISTEN connection, else 0.",
+			func(h *outbox.Health) float64 { return map[bool]float64{true: 1}[h.NotifyHeard] }},
+		{"notify.duration", "s", "How long the NOTIFY probe took to arrive.",
+			func(h *outbox.Health) float64 { return h.NotifyTook.Seconds() }},
+		{"notification_queue_usage", "1", "pg_notification_queue_usage(): the server's notification queue, 0 to 1.",
+			func(h *outbox.Health) float64 { return h.NotificationQueueUsage }},
+		{"oldest_xmin.age", "{transaction}", "Age of the oldest snapshot horizon in the cluster, which holds back vacuum.",
+			func(h *outbox.Health) float64 {
+				if h.OldestXmin == nil {
+					return 0
+				}
+				return float64(h.OldestXmin.Age)
+			}},
+		{"oldest_xmin.open", "s", "How long the transaction that holds the oldest horizon has been open.",
+			func(h *outbox.Health) float64 {
+				if h.OldestXmin == nil {
+					return 0
+				}
+				return h.OldestXmin.Open.Seconds()
+			}},
+		{"table.dead_tuples", "{tuple}", "Dead row versions in the outbox table (statistics collector's estimate).",
+			func(h *outbox.Health) float64 { return float64(h.DeadTuples) }},
+		{"table.live_tuples", "{tuple}", "Live row versions in the outbox table (statistics collector's estimate).",
+			func(h *outbox.Health) float64 { return float64(h.LiveTuples) }},
+		{"table.xid_age", "{transaction}", "Age in transactions of the outbox table's oldest unfrozen row.",
+			func(h *outbox.Health) float64 { return float64(h.XidAge) }},
+	}
+	instruments := make([]metric.Float64ObservableGauge, len(gauges))
+	observables := make([]metric.Observable, len(gauges))
+	for i, g := range gauges {
+		inst, err := m.Float64ObservableGauge("outbox.health."+g.name, metric.WithUnit(g.unit), metric.WithDescription(g.desc))
+		if err != nil {
+			return nil, err
+		}
+		instruments[i], observables[i] = inst, inst
+	}
+	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		h, err := ob.Health(ctx, opts)
+		if err != nil {
+			return err
+		}
+		for i, g := range gauges {
+			o.ObserveFloat64(instruments[i], g.value(&h))
+		}
+		return nil
+	}, observables...)
 }

@@ -210,3 +210,41 @@ func TestDeadLetterIsASpanEvent(t *testing.T) {
 		t.Errorf("dead letter event attribute %v", reason)
 	}
 }
+
+// The health gauges report a healthy outbox as such, at each collection.
+func TestHealthGauges(t *testing.T) {
+	t.Parallel()
+	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	reader := sdkmetric.NewManualReader()
+	reg, err := outboxotel.RegisterHealthGauges(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), f.Outbox, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reg.Unregister() }()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if g, ok := m.Data.(metricdata.Gauge[float64]); ok && len(g.DataPoints) == 1 {
+				got[m.Name] = g.DataPoints[0].Value
+			}
+		}
+	}
+	if len(got) != 10 {
+		t.Errorf("%d gauges: %v", len(got), got)
+	}
+	want := map[string]float64{
+		"outbox.health.problems": 0, "outbox.health.schema_version": float64(f.Outbox.LatestSchemaVersion()), "outbox.health.notify_heard": 1,
+	}
+	for name, v := range want {
+		if got[name] != v {
+			t.Errorf("%s = %v, want %v", name, got[name], v)
+		}
+	}
+	if got["outbox.health.table.xid_age"] <= 0 {
+		t.Errorf("xid age %v", got["outbox.health.table.xid_age"])
+	}
+}
