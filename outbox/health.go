@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -226,14 +227,8 @@ func dialListener(ctx context.Context, o *Outbox, dsn string, connect func(conte
 func (h *Health) problems(o *Outbox, opt *HealthOptions) []string {
 	var out []string
 	table := o.naming.qualified(o.naming.table)
-	switch {
-	case h.SchemaVersion == 0:
-		out = append(out, fmt.Sprintf("the outbox table %s does not exist: run `outboxgen migrate up` or call Outbox.Migrate", table))
-	case h.SchemaVersion < h.LibraryVersion:
-		out = append(out, fmt.Sprintf("the schema is at version %d and this library needs %d: run `outboxgen migrate up` or call Outbox.Migrate",
-			h.SchemaVersion, h.LibraryVersion))
-	case h.SchemaVersion > h.LibraryVersion:
-		out = append(out, fmt.Sprintf("the schema is at version %d, newer than this library's %d: upgrade the library", h.SchemaVersion, h.LibraryVersion))
+	if e := o.schemaMismatch(h.SchemaVersion); e != nil {
+		out = append(out, strings.TrimPrefix(e.Error(), "outbox: "))
 	}
 	if !h.NotifyHeard {
 		out = append(out, fmt.Sprintf("NOTIFY did not reach a LISTEN connection within %v (%s): subscribers find rows only by polling; "+

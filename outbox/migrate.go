@@ -120,10 +120,19 @@ func (o *Outbox) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if have != o.latest {
-		return &SchemaError{Schema: o.naming.schema, Table: o.naming.table, Version: have, Want: o.latest}
+	if e := o.schemaMismatch(have); e != nil {
+		return e
 	}
 	return nil
+}
+
+// schemaMismatch returns the *SchemaError of a schema at version have, or
+// nil when have is the version this library needs.
+func (o *Outbox) schemaMismatch(have int64) *SchemaError {
+	if have == o.latest {
+		return nil
+	}
+	return &SchemaError{Schema: o.naming.schema, Table: o.naming.table, Version: have, Want: o.latest}
 }
 
 // SchemaVersion returns the version of the outbox's schema: the number of
