@@ -16,7 +16,7 @@ func database(ctx context.Context) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	if s.How != "$DATABASE_URL" {
+	if s.Source != localpg.FromEnv {
 		fmt.Printf("DATABASE_URL is not set; using %s\n", s.How)
 	}
 	return s.URL, s.Stop, nil

@@ -17,7 +17,7 @@ import (
 // error says what to install or set.
 func Acquire(ctx context.Context, env string) (*Server, error) {
 	if u := os.Getenv(env); u != "" {
-		return &Server{URL: u, How: "$" + env}, nil
+		return &Server{URL: u, Source: FromEnv, How: "$" + env}, nil
 	}
 	s, err := Find(ctx)
 	if err == nil {
@@ -52,5 +52,5 @@ func startContainer(ctx context.Context) (*Server, error) {
 		stop()
 		return nil, err
 	}
-	return &Server{URL: dsn, How: "a testcontainers container", stop: stop}, nil
+	return &Server{URL: dsn, Source: Container, How: "a testcontainers container", stop: stop}, nil
 }

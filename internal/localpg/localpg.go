@@ -28,12 +28,24 @@ import (
 type Server struct {
 	// URL connects to it (as a URL, so callers may add parameters).
 	URL string
-	// How says where it came from, for one line of log.
-	How string
+	// Source is where it came from, and How says so for one line of log.
+	Source Source
+	How    string
 
 	dir  string // a started cluster's files
 	stop func()
 }
+
+// Source is where a Server came from.
+type Source int
+
+// Sources of a Server.
+const (
+	FromEnv        Source = iota // the environment variable Acquire was given
+	ClientDefaults               // what PostgreSQL's client defaults reach
+	Cluster                      // a throwaway cluster Find started
+	Container                    // a testcontainers container
+)
 
 // Stop stops a cluster Find started and removes its files; for a server
 // Find only found, it does nothing.
@@ -48,7 +60,7 @@ func (s *Server) Stop() {
 func Find(ctx context.Context) (*Server, error) {
 	dflt, err := clientDefaults(ctx)
 	if err == nil {
-		return &Server{URL: dflt, How: "PostgreSQL's client defaults"}, nil
+		return &Server{URL: dflt, Source: ClientDefaults, How: "PostgreSQL's client defaults"}, nil
 	}
 	s, cerr := startCluster(ctx)
 	if cerr == nil {
@@ -201,10 +213,11 @@ func startCluster(ctx context.Context) (*Server, error) {
 		cleanup()
 	}
 	return &Server{
-		URL:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
-		How:  fmt.Sprintf("a throwaway cluster in %s (%s)", dir, filepath.Dir(initdb)),
-		dir:  dir,
-		stop: stop,
+		URL:    fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		Source: Cluster,
+		How:    fmt.Sprintf("a throwaway cluster in %s (%s)", dir, filepath.Dir(initdb)),
+		dir:    dir,
+		stop:   stop,
 	}, nil
 }
 

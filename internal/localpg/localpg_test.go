@@ -58,7 +58,7 @@ func TestFindUsesTheClientDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Stop()
-	if s.How != "PostgreSQL's client defaults" {
+	if s.Source != ClientDefaults {
 		t.Errorf("found %s", s.How)
 	}
 	conn, err := pgx.Connect(t.Context(), s.URL)

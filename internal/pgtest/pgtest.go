@@ -48,7 +48,7 @@ func run(m *testing.M) int {
 		startErr = err
 	} else {
 		baseURL = srv.URL
-		if srv.How != "$"+EnvURL {
+		if srv.Source != localpg.FromEnv {
 			fmt.Fprintf(os.Stderr, "pgtest: %s is not set; testing on %s\n", EnvURL, srv.How)
 			// For code under test that reads the variable itself
 			// (outboxtest.Connect).
@@ -59,7 +59,7 @@ func run(m *testing.M) int {
 	if srv != nil {
 		srv.Stop()
 	}
-	if code == 0 && (srv == nil || srv.How != "a testcontainers container") {
+	if code == 0 && (srv == nil || srv.Source != localpg.Container) {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked:", err)
 			return 1
