@@ -191,9 +191,9 @@ func (o *Outbox) probeNotify(ctx context.Context, opt *HealthOptions) (time.Dura
 	if err := o.queries(conn).ListenProbe(cctx); err != nil {
 		return 0, fmt.Errorf("LISTEN: %w", err)
 	}
-	payload := randomHex()
 	start := time.Now()
-	if err := o.queries(o.pool).NotifyProbe(cctx, payload); err != nil {
+	payload, err := o.sendProbe(cctx)
+	if err != nil {
 		return 0, fmt.Errorf("NOTIFY: %w", err)
 	}
 	for {
@@ -254,9 +254,11 @@ func (h *Health) problems(o *Outbox, opt *HealthOptions) []string {
 	return out
 }
 
-// randomHex returns 16 random hex digits, telling probes apart.
-func randomHex() string {
+// sendProbe notifies the probe channel through the pool, with a random
+// payload that tells this probe from others, and returns the payload.
+func (o *Outbox) sendProbe(ctx context.Context) (string, error) {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	return hex.EncodeToString(b[:])
+	payload := hex.EncodeToString(b[:])
+	return payload, o.queries(o.pool).NotifyProbe(ctx, payload)
 }

@@ -112,11 +112,10 @@ type notifyProbe struct {
 
 // sendProbe notifies the probe channel through the pool.
 func (r *run[T]) sendProbe(ctx context.Context, p *notifyProbe) {
-	ob := r.s.ob
-	payload := randomHex()
 	cctx, cancel := context.WithTimeout(ctx, r.s.cfg.ListenProbeTimeout)
 	defer cancel()
-	if err := ob.queries(ob.pool).NotifyProbe(cctx, payload); err != nil {
+	payload, err := r.s.ob.sendProbe(cctx)
+	if err != nil {
 		if ctx.Err() == nil {
 			r.s.log.DebugContext(ctx, "outbox: could not send the NOTIFY probe", slog.Any("error", err))
 		}

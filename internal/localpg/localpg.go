@@ -47,8 +47,8 @@ const (
 	Container                    // a testcontainers container
 )
 
-// Stop stops a cluster Find started and removes its files; for a server
-// Find only found, it does nothing.
+// Stop stops a cluster or container that was started for it (removing a
+// cluster's files); for a server that was only found, it does nothing.
 func (s *Server) Stop() {
 	if s.stop != nil {
 		s.stop()
