@@ -257,9 +257,7 @@ func (c *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = errors.Join(err, errors.New("outboxprom: QueueStats took longer than QueueOptions.Timeout"))
 		}
-		for _, d := range c.descs.all() {
-			ch <- prometheus.NewInvalidMetric(d, err)
-		}
+		failed(ch, c.descs.all(), err)
 		return
 	}
 	d := &c.descs
@@ -272,11 +270,7 @@ func (c *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 			{d.leased, float64(s.Leased)}, {d.expired, float64(s.Expired)}, {d.dead, float64(s.DeadLettered)},
 			{d.oldest, s.OldestAge.Seconds()}, {d.handOffs, float64(s.HandOffs)},
 		} {
-			m, err := prometheus.NewConstMetric(g.desc, prometheus.GaugeValue, g.v, s.Queue)
-			if err != nil {
-				m = prometheus.NewInvalidMetric(g.desc, err)
-			}
-			ch <- m
+			ch <- gauge(g.desc, g.v, s.Queue)
 		}
 	}
 }
@@ -351,9 +345,7 @@ func (c *HealthCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 	h, err := c.ob.Health(context.Background(), c.opts)
 	if err != nil {
-		for _, d := range c.descs {
-			ch <- prometheus.NewInvalidMetric(d, err)
-		}
+		failed(ch, c.descs, err)
 		return
 	}
 	values := make([]float64, len(c.descs))
@@ -369,10 +361,24 @@ func (c *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	values[hDead], values[hLive], values[hXidAge] = float64(h.DeadTuples), float64(h.LiveTuples), float64(h.XidAge)
 	for i, d := range c.descs {
-		m, err := prometheus.NewConstMetric(d, prometheus.GaugeValue, values[i])
-		if err != nil {
-			m = prometheus.NewInvalidMetric(d, err)
-		}
-		ch <- m
+		ch <- gauge(d, values[i])
+	}
+}
+
+// gauge is a gauge sample of desc, or the error that kept it from being
+// one.
+func gauge(desc *prometheus.Desc, v float64, labels ...string) prometheus.Metric {
+	m, err := prometheus.NewConstMetric(desc, prometheus.GaugeValue, v, labels...)
+	if err != nil {
+		return prometheus.NewInvalidMetric(desc, err)
+	}
+	return m
+}
+
+// failed reports err, for a collection that could not read its values, as
+// every one of descs.
+func failed(ch chan<- prometheus.Metric, descs []*prometheus.Desc, err error) {
+	for _, d := range descs {
+		ch <- prometheus.NewInvalidMetric(d, err)
 	}
 }
