@@ -86,7 +86,8 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 		}
 		return false
 	}
-	stopped, lost := r.handlerCtx.Err() != nil, r.leases.isLost(d)
+	stopped := r.handlerCtx.Err() != nil
+	lost := !stopped && r.leases.isLost(d)
 	if observed && (stopped || lost) {
 		r.observeEnd(hctx, info, DeliveryOutcome{Outcome: OutcomeAbandoned, Err: herr, Ran: ran})
 	}
