@@ -12,6 +12,10 @@ import (
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
 
+// The service's tests run against $TEST_DATABASE_URL, what psql would
+// reach, a throwaway cluster or a container, whichever comes first.
+func TestMain(m *testing.M) { outboxtest.Main(m) }
+
 // The test of a service, as it uses outboxtest: a fresh outbox per test,
 // an assertion on what a transaction published, and a drain through the
 // service's own subscriber.

@@ -54,3 +54,21 @@ func startContainer(ctx context.Context) (*Server, error) {
 	}
 	return &Server{URL: dsn, Source: Container, How: "a testcontainers container", stop: stop}, nil
 }
+
+// RunTests is the body of a test binary's TestMain: it acquires a server
+// (Acquire), sets env to its URL when it came from elsewhere, so that code
+// under test that reads env finds it, and says so on stderr under the
+// name who. It then calls run with the server, or with nil and the error
+// saying what to install or set, and stops what it started when run
+// returns run's exit code.
+func RunTests(env, who string, run func(*Server, error) int) int {
+	srv, err := Acquire(context.Background(), env)
+	if err == nil && srv.Source != FromEnv {
+		fmt.Fprintf(os.Stderr, "%s: %s is not set; testing on %s\n", who, env, srv.How)
+		_ = os.Setenv(env, srv.URL)
+	}
+	if srv != nil {
+		defer srv.Stop()
+	}
+	return run(srv, err)
+}

@@ -43,23 +43,16 @@ func Main(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	srv, err := localpg.Acquire(context.Background(), EnvURL)
-	if err != nil {
-		startErr = err
-	} else {
-		baseURL = srv.URL
-		if srv.Source != localpg.FromEnv {
-			fmt.Fprintf(os.Stderr, "pgtest: %s is not set; testing on %s\n", EnvURL, srv.How)
-			// For code under test that reads the variable itself
-			// (outboxtest.Connect).
-			_ = os.Setenv(EnvURL, baseURL)
+	var fromContainer bool
+	code := localpg.RunTests(EnvURL, "pgtest", func(srv *localpg.Server, err error) int {
+		if err != nil {
+			startErr = err
+		} else {
+			baseURL, fromContainer = srv.URL, srv.Source == localpg.Container
 		}
-	}
-	code := m.Run()
-	if srv != nil {
-		srv.Stop()
-	}
-	if code == 0 && (srv == nil || srv.Source != localpg.Container) {
+		return m.Run()
+	})
+	if code == 0 && !fromContainer {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest: goroutines leaked:", err)
 			return 1

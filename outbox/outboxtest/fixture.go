@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxgen/outboxgen/internal/localpg"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -64,13 +65,39 @@ func New(tb testing.TB, pool *pgxpool.Pool, cfg *outbox.Config) *Fixture {
 	return &Fixture{Outbox: ob, Pool: pool, Schema: c.Schema}
 }
 
+// Main runs a package's tests against a test database and exits with
+// their code. Call it from TestMain:
+//
+//	func TestMain(m *testing.M) { outboxtest.Main(m) }
+//
+// It takes, in order: the database $TEST_DATABASE_URL names; the one
+// PostgreSQL's own client defaults reach (the PG* variables, then the
+// local socket or localhost:5432, as psql with no arguments); a throwaway
+// cluster made with the machine's PostgreSQL server binaries (initdb and
+// pg_ctl on PATH or where distributions install them; as root, the
+// cluster runs as the postgres user); or a PostgreSQL container through
+// testcontainers, where Docker runs. It removes the cluster or container
+// when the tests end, and [Connect] connects to what it chose. When none
+// is found, Connect fails each test saying what to install or set.
+func Main(m *testing.M) {
+	os.Exit(localpg.RunTests(EnvURL, "outboxtest", func(_ *localpg.Server, err error) int {
+		mainErr = err
+		return m.Run()
+	}))
+}
+
+// mainErr is why Main found no database.
+var mainErr error
+
 // Connect returns a pool on the test database, closed when tb ends: the
-// one $TEST_DATABASE_URL names, or else the one PostgreSQL's own client
-// defaults reach (the PG* variables, then the local socket or
-// localhost:5432, as psql with no arguments). When neither answers it
-// fails tb saying what to set.
+// one [Main] chose, or without Main the one $TEST_DATABASE_URL names or
+// else the one PostgreSQL's own client defaults reach. When none answers
+// it fails tb saying what to set.
 func Connect(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
+	if mainErr != nil {
+		tb.Fatalf("outboxtest: %v", mainErr)
+	}
 	dsn, from := os.Getenv(EnvURL), "$"+EnvURL
 	if dsn == "" {
 		from = "PostgreSQL's client defaults (PGHOST, PGPORT, PGUSER, PGDATABASE; else the local socket or localhost:5432)"
@@ -90,7 +117,8 @@ func Connect(tb testing.TB) *pgxpool.Pool {
 			pool.Close()
 		}
 		tb.Fatalf("outboxtest: no test database through %s: %v\n"+
-			"Run PostgreSQL locally or set %s, e.g. %s=postgres://postgres@localhost:5432/postgres?sslmode=disable",
+			"Run PostgreSQL locally, set %s (e.g. %s=postgres://postgres@localhost:5432/postgres?sslmode=disable), "+
+			"or call outboxtest.Main from TestMain to start a throwaway cluster or container",
 			from, err, EnvURL, EnvURL)
 	}
 	tb.Cleanup(pool.Close)

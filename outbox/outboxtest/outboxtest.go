@@ -1,11 +1,19 @@
 // Package outboxtest helps the tests of services that use an outbox: a
+// test database found or started for the package's tests ([Main]), a
 // fresh, migrated outbox per test ([New], on the database [Connect]
 // reaches), assertions on what a test published ([RequirePublished],
 // [Published]), and a run of the subscriber until the queues are empty,
 // retries included ([Drain]).
 //
 // It uses only the outbox package's public API against a real database;
-// there is no fake outbox.
+// there is no fake outbox. A package's tests start with
+//
+//	func TestMain(m *testing.M) { outboxtest.Main(m) }
+//
+// and then need nothing set on a machine where PostgreSQL is installed
+// (running or not) or Docker runs; $TEST_DATABASE_URL picks a database.
+// Main's last resort is a testcontainers container, so test binaries that
+// import this package link testcontainers; the outbox package does not.
 package outboxtest
 
 import (

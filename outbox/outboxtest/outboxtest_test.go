@@ -3,6 +3,7 @@ package outboxtest_test
 import (
 	"context"
 	"errors"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +15,12 @@ import (
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(mainChild) != "" {
+		outboxtest.Main(m) // as a user's TestMain, for TestMainStartsAClusterWhenNothingAnswers
+	}
+	pgtest.Main(m)
+}
 
 type Order struct {
 	ID string `json:"id"`
