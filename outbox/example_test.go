@@ -12,10 +12,14 @@ import (
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
+// readme:begin order-created
+
 type OrderCreated struct {
 	ID    string `json:"id"`
 	Total int    `json:"total_cents"`
 }
+
+// readme:end
 
 // A service publishes in its own transaction; a subscriber handles the
 // message once the transaction commits.

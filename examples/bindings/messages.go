@@ -5,6 +5,7 @@ package shop
 
 import "time"
 
+// readme:begin bind
 //go:generate go run github.com/outboxgen/outboxgen/cmd/outboxgen bind
 
 // OrderPlaced is published in the transaction that stores the order.
@@ -18,6 +19,10 @@ type OrderPlaced struct {
 	Coupon   *string   `json:"coupon,omitempty"`
 }
 
+// readme:end
+
+// readme:begin shipped
+
 // OrderShipped is published when the parcel leaves the warehouse. Its
 // message type is named, so a shipping service may consume it with a Go
 // type of its own that names the same message type.
@@ -28,3 +33,5 @@ type OrderShipped struct {
 	Carrier  string   `json:"carrier"`
 	Tracking []string `json:"tracking"`
 }
+
+// readme:end

@@ -16,6 +16,27 @@ import (
 // reach, a throwaway cluster or a container, whichever comes first.
 func TestMain(m *testing.M) { outboxtest.Main(m) }
 
+// readme:begin testing
+
+func TestPlaceOrder(t *testing.T) {
+	f := outboxtest.New(t, outboxtest.Connect(t), nil) // or on your own pool
+	if err := pgx.BeginFunc(t.Context(), f.Pool, func(tx pgx.Tx) error {
+		return PlaceOrder(t.Context(), f.Outbox, tx, OrderPlaced{OrderID: "o-1"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.RequirePublished(t, f.Outbox, QueueOrderPlaced, OrderPlaced{OrderID: "o-1"})
+	n := outboxtest.Drain(t, f.Outbox, []string{QueueOrderPlaced}, handleOrderPlaced, nil, 0) // retries run to their end
+	if n != 1 {
+		t.Errorf("%d deliveries, want 1", n)
+	}
+}
+
+// readme:end
+
+// handleOrderPlaced stands for the service's handler.
+func handleOrderPlaced(ctx context.Context, m *outbox.Message[OrderPlaced]) error { return nil }
+
 // The test of a service, as it uses outboxtest: a fresh outbox per test,
 // an assertion on what a transaction published, and a drain through the
 // service's own subscriber.
