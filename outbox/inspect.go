@@ -51,11 +51,13 @@ type QueueStats struct {
 
 // QueueStats reports every queue that has rows in the outbox or its
 // dead-letter table, by name. It reads both tables whole: it is for
-// operators, not hot paths.
+// operators, not hot paths ([Outbox.QueueDepths] is the cheap read for
+// metrics). A missing outbox, or one at another schema version, gives a
+// *[SchemaError] naming the fix.
 func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	rows, err := o.queries(o.pool).QueueStats(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: QueueStats: %w", err)
+		return nil, o.readError(ctx, "QueueStats", err)
 	}
 	out := make([]QueueStats, len(rows))
 	for i, r := range rows {
@@ -68,6 +70,22 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 		}
 	}
 	return out, nil
+}
+
+// readError is the error of a read of the outbox's tables that failed:
+// when a table, column or function it needs does not exist and the
+// schema is missing or at another version, the *SchemaError that names
+// the fix; otherwise err, wrapped with the method's name.
+func (o *Outbox) readError(ctx context.Context, method string, err error) error {
+	switch sqlState(err) {
+	case "42P01", "42703", "42883": // undefined table, column, function
+		if have, verr := o.SchemaVersion(ctx); verr == nil {
+			if se := o.schemaMismatch(have); se != nil {
+				return se
+			}
+		}
+	}
+	return fmt.Errorf("outbox: %s: %w", method, err)
 }
 
 // seconds converts a server-side count of seconds, saturating at the

@@ -1,0 +1,128 @@
+package outbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// DepthCapDefault is the default [DepthOptions.Cap]: each of a queue's
+// counts stops at 10,000, so a queue costs [Outbox.QueueDepths] at most
+// about 50,000 index entries (some 5 ms when the table is vacuumed).
+const DepthCapDefault = 10_000
+
+// DepthOptions configures [Outbox.QueueDepths]. A nil *DepthOptions means
+// every default.
+type DepthOptions struct {
+	// Cap is where each count stops: a count equal to it means at least
+	// that many rows, and [QueueDepth.Capped] says so. It bounds the cost
+	// of a read, which grows with the index entries it counts (about 1 ms
+	// per 10,000 on a vacuumed table). Default: DepthCapDefault; it must
+	// not be negative.
+	Cap int64
+}
+
+// QueueDepth is one queue's depth as [Outbox.QueueDepths] reads it: the
+// counts of [QueueStats] that an index holds, each counted up to
+// [DepthOptions.Cap].
+type QueueDepth struct {
+	// Queue is the queue's name.
+	Queue string `json:"queue"`
+	// Ready counts rows due now, not leased and not blocked behind their
+	// ordering key (rows a claim by row lock holds count too, as in
+	// QueueStats).
+	Ready int64 `json:"ready"`
+	// Scheduled counts rows due later (delayed, or waiting to retry) that
+	// are not blocked behind their ordering key.
+	Scheduled int64 `json:"scheduled"`
+	// Leased counts rows a subscriber holds with a live lease.
+	Leased int64 `json:"leased"`
+	// Expired counts leased rows whose lease expiry has passed: their
+	// subscriber stalled or died, and any claim takes them.
+	Expired int64 `json:"expired"`
+	// DeadLettered counts the queue's rows in the dead-letter table.
+	DeadLettered int64 `json:"dead_lettered"`
+	// OldestReadyWait is how long the ready row that came due earliest has
+	// been due (now minus its next_attempt_at, on the server's clock): how
+	// long the longest-waiting due row has waited for a subscriber. Zero
+	// when no row is ready. It is not the age of the queue's oldest row
+	// ([QueueStats.OldestAge]): a row scheduled for later, or retried,
+	// starts waiting when it comes due.
+	OldestReadyWait time.Duration `json:"oldest_ready_wait_ns"`
+	// Capped reports that at least one of the counts reached the cap, so
+	// it is a lower bound.
+	Capped bool `json:"capped"`
+}
+
+// QueueDepths reports every queue that has rows in the outbox or its
+// dead-letter table, by name, cheaply enough to run at every metrics
+// scrape: it reads only indexes (index-only scans of the outbox's partial
+// indexes and the dead-letter table's queue index), and each count stops
+// at opts.Cap, so its cost is bounded per queue however long the backlog.
+//
+// Measured at 1,000,000 rows (four queues, mixed states, 40,000 dead
+// letters) on a 2-core machine, with the default cap: about 13 ms per read
+// on a vacuumed table, where [Outbox.QueueStats] takes about 290 ms. Index-
+// only scans skip the heap only for pages vacuum has marked all-visible:
+// right after a bulk load, before any vacuum, the same read took about
+// 70 ms.
+//
+// It does not report what only the rows themselves tell: rows blocked
+// behind their ordering key, held keys and hand-overs, or the age of the
+// oldest row. [Outbox.QueueStats] reads those, scanning both tables whole.
+// A queue whose only rows are blocked is listed with zero counts.
+//
+// A missing outbox, or one at another schema version, gives a
+// *[SchemaError] naming the fix.
+func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDepth, error) {
+	limit := int64(DepthCapDefault)
+	if opts != nil {
+		switch {
+		case opts.Cap < 0:
+			return nil, &InputError{Field: "Cap", Rule: "must not be negative"}
+		case opts.Cap > 0:
+			limit = opts.Cap
+		}
+	}
+	rows, err := o.readDepths(ctx, limit)
+	if err != nil {
+		return nil, o.readError(ctx, "QueueDepths", err)
+	}
+	out := make([]QueueDepth, len(rows))
+	for i, r := range rows {
+		out[i] = QueueDepth{
+			Queue: r.Queue, Ready: r.Ready, Scheduled: r.Scheduled, Leased: r.Leased, Expired: r.Expired,
+			DeadLettered: r.DeadLettered, OldestReadyWait: seconds(r.OldestReadyWaitSeconds),
+			Capped: max(r.Ready, r.Scheduled, r.Leased, r.Expired, r.DeadLettered) >= limit,
+		}
+	}
+	return out, nil
+}
+
+// readDepths runs the depth query in a read-only transaction of its own
+// with JIT compilation off: its plan's cost passes jit_above_cost, and
+// compiling it would cost more than running it.
+func (o *Outbox) readDepths(ctx context.Context, limit int64) (rows []db.QueueDepthsRow, err error) {
+	tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = tx.Rollback(rctx)
+		}
+	}()
+	q := o.queries(tx)
+	if err := q.DepthPlanSettings(ctx); err != nil {
+		return nil, err
+	}
+	if rows, err = q.QueueDepths(ctx, limit); err != nil {
+		return nil, err
+	}
+	return rows, tx.Commit(ctx)
+}
