@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -12,24 +13,42 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-var updateReadme = flag.Bool("update", false, "rewrite README.md's Go blocks from the regions they quote")
+var updateReadme = flag.Bool("update", false, "rewrite the Go blocks of README.md and docs/*.md from the regions they quote")
 
-// quote is the line before each Go block of the README: the file and the
+// quote is the line before each Go block of a page: the file and the
 // region it quotes.
 var quote = regexp.MustCompile(`^<!-- quotes (\S+) region (\S+) -->$`)
 
-// TestReadmeQuotesCompiledCode keeps the README's Go blocks compiling:
-// each one is preceded by a "<!-- quotes FILE region NAME -->" line and
+// TestDocsQuoteCompiledCode keeps the Go blocks of README.md and of
+// the pages in docs/ compiling: each one is preceded by a "<!-- quotes FILE region NAME -->" line and
 // must equal that region of FILE (the lines between "// readme:begin NAME"
 // and "// readme:end", blank lines at either end trimmed, indented with
-// four spaces a tab, as the README is). The files are Go files that make
+// four spaces a tab, as the pages are). The files are Go files that make
 // test and make verify compile. go test . -update rewrites the blocks.
-func TestReadmeQuotesCompiledCode(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+func TestDocsQuoteCompiledCode(t *testing.T) {
+	pages, err := filepath.Glob("docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(string(readme), "\n")
+	blocks := 0
+	for _, page := range append([]string{"README.md"}, pages...) {
+		blocks += checkQuotes(t, page)
+	}
+	if blocks == 0 {
+		t.Fatal("no Go block in README.md nor docs/")
+	}
+}
+
+// checkQuotes checks (or with -update rewrites) the Go blocks of page and
+// returns their number. Paths in the quote lines are relative to the
+// module's root.
+func checkQuotes(t *testing.T, page string) int {
+	t.Helper()
+	text, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(text), "\n")
 	var out []string
 	blocks := 0
 	for i := 0; i < len(lines); i++ {
@@ -43,7 +62,7 @@ func TestReadmeQuotesCompiledCode(t *testing.T) {
 			end++
 		}
 		if end == len(lines) {
-			t.Fatalf("README.md:%d: the Go block never ends", i+1)
+			t.Fatalf("%s:%d: the Go block never ends", page, i+1)
 		}
 		got := lines[i+1 : end]
 		var m []string
@@ -51,30 +70,28 @@ func TestReadmeQuotesCompiledCode(t *testing.T) {
 			m = quote.FindStringSubmatch(lines[i-1])
 		}
 		if m == nil {
-			t.Errorf("README.md:%d: a Go block without a <!-- quotes FILE region NAME --> line before it", i+1)
+			t.Errorf("%s:%d: a Go block without a <!-- quotes FILE region NAME --> line before it", page, i+1)
 			out = append(out, got...)
 		} else if want, err := region(m[1], m[2]); err != nil {
-			t.Errorf("README.md:%d: %v", i+1, err)
+			t.Errorf("%s:%d: %v", page, i+1, err)
 			out = append(out, got...)
 		} else {
 			if diff := cmp.Diff(want, got); diff != "" && !*updateReadme {
-				t.Errorf("README.md:%d: the block differs from %s region %s (-region +README; go test . -update rewrites it):\n%s", i+1, m[1], m[2], diff)
+				t.Errorf("%s:%d: the block differs from %s region %s (-region +page; go test . -update rewrites it):\n%s", page, i+1, m[1], m[2], diff)
 			}
 			out = append(out, want...)
 		}
 		i = end - 1
 	}
-	if blocks == 0 {
-		t.Fatal("README.md has no Go block")
-	}
 	if *updateReadme {
-		if err := os.WriteFile("README.md", []byte(strings.Join(out, "\n")), 0o644); err != nil {
+		if err := os.WriteFile(page, []byte(strings.Join(out, "\n")), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return blocks
 }
 
-// region returns the region name of the Go file path as the README shows
+// region returns the region name of the Go file path as the pages show
 // it.
 func region(path, name string) ([]string, error) {
 	src, err := os.ReadFile(path)

@@ -13,7 +13,7 @@ import (
 
 // The README's Go blocks are the regions of this file and of a few others
 // between "readme:begin NAME" and "readme:end" comments, so that what the
-// README shows compiles. TestReadmeQuotesCompiledCode, at the module's
+// README shows compiles. TestDocsQuoteCompiledCode, at the module's
 // root, checks that the README quotes each region as it is.
 
 func readmeNew(ctx context.Context) (*outbox.Outbox, error) {

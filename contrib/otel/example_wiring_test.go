@@ -39,6 +39,7 @@ func Example() {
 		log.Fatal(err)
 	}
 
+	// readme:begin tracing
 	// Publish within the request's span: its trace travels in the headers.
 	pub, err := outbox.NewPublisher(ob, "orders", &outbox.PublisherConfig[OrderCreated]{
 		HeadersFrom: outboxotel.HeadersFrom,
@@ -61,5 +62,6 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// readme:end
 	log.Fatal(sub.Run(ctx))
 }

@@ -12,9 +12,13 @@ import (
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
 
+// readme:begin main
+
 // The service's tests run against $TEST_DATABASE_URL, what psql would
 // reach, a throwaway cluster or a container, whichever comes first.
 func TestMain(m *testing.M) { outboxtest.Main(m) }
+
+// readme:end
 
 // readme:begin testing
 
