@@ -1,0 +1,358 @@
+package outboxjs_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	outboxjs "github.com/outboxgen/outboxgen/contrib/jetstream"
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+// Rows arrive on the subjects the mapping gives, with their headers,
+// ordering key and a message id made of the outbox and the row; the
+// outbox is empty afterwards.
+func TestRelayPublishesSubjectsAndHeaders(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	s := e.stream(t, 0)
+	pub, err := outbox.NewPublisher[[]byte](e.f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	keyed, err := pub.Publish(ctx, e.f.Pool, []byte(`{"id":1}`), &outbox.PublishOpts{
+		OrderingKey: "customer-42", Headers: map[string]string{"tenant": "acme", "Trace-Id": "t-1"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unkeyed, err := pub.Publish(ctx, e.f.Pool, []byte(`{"id":2}`), &outbox.PublishOpts{CorrelationID: "c-2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := e.createdAt(t)
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: fastSubscriber(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, relay)
+	waitFor(t, 10*time.Second, "the rows were not relayed", func() bool { return msgs(t, s) == 2 && e.rows(t) == 0 })
+
+	id := func(row int64) string {
+		return outboxjs.MsgID(e.f.Schema+".outbox", &outbox.Message[[]byte]{ID: row, CreatedAt: created[row]})
+	}
+	want := []*nats.Msg{
+		{Subject: e.prefix + ".orders.customer-42", Data: []byte(`{"id":1}`), Header: nats.Header{
+			"tenant": {"acme"}, "Trace-Id": {"t-1"}, "Outbox-Queue": {"orders"}, "Outbox-Ordering-Key": {"customer-42"},
+			"Nats-Msg-Id": {id(keyed)},
+		}},
+		{Subject: e.prefix + ".orders.none", Data: []byte(`{"id":2}`), Header: nats.Header{
+			"correlation-id": {"c-2"}, "Outbox-Queue": {"orders"}, "Nats-Msg-Id": {id(unkeyed)},
+		}},
+	}
+	got := stored(t, s)
+	for _, m := range got {
+		// The publisher's own headers: a fresh correlation id and the
+		// content type.
+		if m.Header.Get("correlation-id") != "c-2" {
+			delete(m.Header, "correlation-id")
+		}
+		delete(m.Header, "content-type")
+	}
+	// The two rows have different keys: either may be stored first.
+	byData := cmpopts.SortSlices(func(a, b *nats.Msg) bool { return string(a.Data) < string(b.Data) })
+	if diff := cmp.Diff(want, got, byData, cmpopts.IgnoreUnexported(nats.Msg{}), cmpopts.IgnoreFields(nats.Msg{}, "Sub")); diff != "" {
+		t.Errorf("stream (-want +got):\n%s", diff)
+	}
+}
+
+// The start-up check refuses a stream whose duplicate window is shorter
+// than the relay's redelivery timing, names both, and relays nothing;
+// WarnOnly relays all the same; a long enough window passes.
+func TestCheckRefusesAShortDuplicateWindow(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	s := e.stream(t, 10*time.Second)
+	pub, err := outbox.NewPublisher[[]byte](e.f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(t.Context(), e.f.Pool, []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &outboxjs.Config{Subject: e.subject, Subjects: []string{e.prefix + ".orders.*"}, Subscriber: fastSubscriber()}
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// LeaseTTL 30 s (the default) alone exceeds the 10 s window.
+	wantTiming := outboxjs.Redelivery{
+		PublishTimeout: 5 * time.Second, LeaseTTL: 30 * time.Second, MaxRetryDelay: 50 * time.Millisecond,
+		MaxFetchInterval: 50 * time.Millisecond, Margin: time.Second,
+	}
+	if diff := cmp.Diff(wantTiming, relay.Redelivery()); diff != "" {
+		t.Errorf("Redelivery (-want +got):\n%s", diff)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	err = relay.Run(ctx)
+	var we *outboxjs.WindowError
+	if !errors.As(err, &we) {
+		t.Fatalf("Run = %v, want a *WindowError", err)
+	}
+	want := &outboxjs.WindowError{
+		Stream: strings.ToUpper(e.prefix), Subjects: []string{e.prefix + ".orders.*"},
+		Duplicates: 10 * time.Second, Redelivery: wantTiming,
+	}
+	if diff := cmp.Diff(want, we); diff != "" {
+		t.Errorf("WindowError (-want +got):\n%s", diff)
+	}
+	for _, part := range []string{"drops duplicates for 10s", "up to 36.05s", "LeaseTTL 30s", "at least 36.05s", "WarnOnly"} {
+		if !strings.Contains(err.Error(), part) {
+			t.Errorf("the error %q does not say %q", err, part)
+		}
+	}
+	if got := e.rows(t); got != 1 {
+		t.Errorf("%d rows left after a refused start; want 1 (nothing relayed)", got)
+	}
+
+	// A shorter lease fits the window.
+	short := fastSubscriber()
+	short.LeaseTTL = 3 * time.Second
+	relay, err = outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject: e.subject, Subjects: cfg.Subjects, Subscriber: short,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := relay.Check(t.Context()); err != nil {
+		t.Errorf("Check with a %v redelivery and a 10s window: %v", relay.Redelivery().Bound(), err)
+	}
+
+	// WarnOnly relays despite the short window.
+	cfg.WarnOnly = true
+	relay, err = outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, relay)
+	waitFor(t, 10*time.Second, "WarnOnly did not relay", func() bool { return msgs(t, s) == 1 && e.rows(t) == 0 })
+}
+
+// A subject no stream captures is refused at start.
+func TestCheckRefusesASubjectWithoutAStream(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.stream(t, 0)
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject:  func(*outbox.Message[[]byte]) (string, error) { return "nowhere." + e.prefix, nil },
+		Subjects: []string{"nowhere." + e.prefix}, Subscriber: fastSubscriber(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = relay.Run(t.Context())
+	if !errors.Is(err, outboxjs.ErrNoStream) || !strings.Contains(err.Error(), `"nowhere.`+e.prefix+`"`) {
+		t.Errorf("Run = %v, want ErrNoStream naming the subject", err)
+	}
+}
+
+// A broker that refuses a publish (its stream is gone) fails the
+// handler: the row is retried, neither dropped nor dead-lettered, and
+// arrives once the stream is back.
+func TestBrokerFailureRetriesTheRow(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	s := e.stream(t, 0)
+	cfg := s.CachedInfo().Config
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: fastSubscriber(),
+		PublishTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := outbox.NewPublisher[[]byte](e.f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(t.Context(), e.f.Pool, []byte("before"), &outbox.PublishOpts{OrderingKey: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	run(t, relay) // the check passes: the stream exists
+	waitFor(t, 5*time.Second, "the relay did not start", func() bool { return msgs(t, s) == 1 && e.rows(t) == 0 })
+	if err := e.js.DeleteStream(t.Context(), cfg.Name); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := pub.Publish(t.Context(), e.f.Pool, []byte("survives"), &outbox.PublishOpts{OrderingKey: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the row was not retried", func() bool { return e.rows(t) == 1 && e.attempts(t) >= 2 })
+	dead, err := e.f.Outbox.DeadLetters(t.Context(), outbox.DeadLetterFilter{}, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 0 {
+		t.Fatalf("dead-lettered while the stream was gone: %+v", dead)
+	}
+
+	s, err = e.js.CreateStream(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the row did not arrive after the stream came back", func() bool { return msgs(t, s) == 1 && e.rows(t) == 0 })
+	if got := stored(t, s); string(got[0].Data) != "survives" || got[0].Subject != e.prefix+".orders.k" {
+		t.Errorf("stored %q on %s", got[0].Data, got[0].Subject)
+	}
+}
+
+// NewRelay names the field that breaks a rule.
+func TestNewRelayValidates(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, tc := range []struct {
+		name   string
+		queues []string
+		cfg    *outboxjs.Config
+		field  string
+	}{
+		{"Subject without Subjects", []string{"q"},
+			&outboxjs.Config{Subject: outboxjs.DefaultSubject}, "outboxjs.Config.Subjects"},
+		{"a wildcard subject", []string{"q"},
+			&outboxjs.Config{Subjects: []string{"a.>.b"}}, "outboxjs.Config.Subjects"},
+		{"a queue that is no subject", []string{"orders created"}, nil, "outboxjs.Config.Subject"},
+		{"a retry strategy it cannot bound", []string{"q"},
+			&outboxjs.Config{Subscriber: &outbox.SubscriberConfig[[]byte]{Retry: myRetry{}}}, "outboxjs.Config.MaxRetryDelay"},
+		{"an exponential retry without a cap", []string{"q"},
+			&outboxjs.Config{Subscriber: &outbox.SubscriberConfig[[]byte]{Retry: &outbox.ExponentialRetry{Initial: time.Second, Multiplier: 2}}},
+			"outboxjs.Config.MaxRetryDelay"},
+		{"a bad stream name", []string{"q"}, &outboxjs.Config{Stream: "a.b"}, "outboxjs.Config.Stream"},
+		{"a negative timeout", []string{"q"}, &outboxjs.Config{PublishTimeout: -1}, "outboxjs.Config.PublishTimeout"},
+		{"a bad subscriber config", []string{"q"},
+			&outboxjs.Config{Subscriber: &outbox.SubscriberConfig[[]byte]{Workers: -1}}, "SubscriberConfig.Workers"},
+	} {
+		_, err := outboxjs.NewRelay(e.f.Outbox, e.nc, tc.queues, tc.cfg)
+		var ce *outbox.ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("%s: NewRelay = %v, want a *ConfigError of %s", tc.name, err, tc.field)
+		}
+	}
+	// A stated bound makes any strategy usable.
+	if _, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"q"}, &outboxjs.Config{
+		MaxRetryDelay: time.Second, Subscriber: &outbox.SubscriberConfig[[]byte]{Retry: myRetry{}},
+	}); err != nil {
+		t.Errorf("NewRelay with MaxRetryDelay: %v", err)
+	}
+}
+
+type myRetry struct{}
+
+func (myRetry) NextDelay(int, time.Duration, error) (time.Duration, bool) { return time.Second, true }
+
+// The retry strategies' longest waits enter the redelivery timing.
+func TestRedeliveryCountsTheLongestRetry(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, tc := range []struct {
+		retry outbox.RetryStrategy
+		want  time.Duration
+	}{
+		{nil, 12 * time.Second}, // DefaultRetry: 10 s + 20 % jitter
+		{outbox.NoRetry{}, 0},
+		{outbox.ConstantRetry{Delay: 3 * time.Second}, 3 * time.Second},
+		{outbox.LinearRetry{Initial: time.Second, Step: time.Second, MaxAttempts: 5}, 4 * time.Second},
+		{&outbox.LinearRetry{Initial: time.Second, Step: time.Second, MaxDelay: 7 * time.Second}, 7 * time.Second},
+		{&outbox.ExponentialRetry{Initial: time.Second, Multiplier: 2, MaxAttempts: 5}, 8 * time.Second},
+		{&outbox.ExponentialRetry{Initial: time.Second, Multiplier: 2, MaxDelay: time.Minute, Jitter: 0.5}, 90 * time.Second},
+	} {
+		relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"q"}, &outboxjs.Config{
+			Subscriber: &outbox.SubscriberConfig[[]byte]{Retry: tc.retry},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := relay.Redelivery().MaxRetryDelay; got != tc.want {
+			t.Errorf("%#v: MaxRetryDelay %v, want %v", tc.retry, got, tc.want)
+		}
+	}
+}
+
+// A mapping that fails, or gives no subject one can publish to, ends
+// the row at once in the dead-letter table, with the reason.
+func TestBadSubjectDeadLettersTheRow(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.stream(t, 0)
+	pub, err := outbox.NewPublisher[[]byte](e.f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(t.Context(), e.f.Pool, []byte("x"), &outbox.PublishOpts{OrderingKey: "has space"}); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: fastSubscriber(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, relay)
+	var dead []outbox.DeadLetter
+	waitFor(t, 10*time.Second, "the row was not dead-lettered", func() bool {
+		dead, err = e.f.Outbox.DeadLetters(t.Context(), outbox.DeadLetterFilter{}, 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(dead) == 1
+	})
+	if dead[0].Reason != outbox.ReasonRejected || !strings.Contains(dead[0].LastError, "not a subject to publish to") {
+		t.Errorf("dead letter: reason %q, error %q", dead[0].Reason, dead[0].LastError)
+	}
+}
+
+// Config.Stream makes every publish expect that stream: a subject
+// another stream captures is refused and retried, never stored there.
+func TestExpectedStream(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	s := e.stream(t, 0)
+	other := e.prefix + "_other"
+	if _, err := e.js.CreateStream(t.Context(), jetstream.StreamConfig{Name: strings.ToUpper(other), Subjects: []string{other + ".>"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.js.DeleteStream(context.Background(), strings.ToUpper(other)) })
+	pub, err := outbox.NewPublisher[[]byte](e.f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(t.Context(), e.f.Pool, []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject:  func(*outbox.Message[[]byte]) (string, error) { return other + ".orders", nil },
+		Subjects: []string{other + ".>"}, Stream: s.CachedInfo().Config.Name, Subscriber: fastSubscriber(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, relay)
+	waitFor(t, 10*time.Second, "the row was not retried", func() bool { return e.attempts(t) >= 2 })
+	o, err := e.js.Stream(t.Context(), strings.ToUpper(other))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := o.CachedInfo().State.Msgs; n != 0 {
+		t.Errorf("the other stream holds %d messages; want 0", n)
+	}
+}
