@@ -356,3 +356,38 @@ func TestExpectedStream(t *testing.T) {
 		t.Errorf("the other stream holds %d messages; want 0", n)
 	}
 }
+
+// A row published again within the duplicate window (here: its first
+// publish reached the stream but the relay never learnt it) is stored
+// once: the stream drops the second copy by its id, and the row is
+// acknowledged all the same.
+func TestRepublishedRowIsStoredOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	s := e.stream(t, 0)
+	pub, err := outbox.NewPublisher[[]byte](e.f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, err := pub.Publish(t.Context(), e.f.Pool, []byte("once"), &outbox.PublishOpts{OrderingKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := &nats.Msg{Subject: e.prefix + ".orders.k", Data: []byte("once"), Header: nats.Header{}}
+	id := outboxjs.MsgID(e.f.Schema+".outbox", &outbox.Message[[]byte]{ID: row, CreatedAt: e.createdAt(t)[row]})
+	if _, err := e.js.PublishMsg(t.Context(), first, jetstream.WithMsgID(id)); err != nil {
+		t.Fatal(err)
+	}
+
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: fastSubscriber(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, relay)
+	waitFor(t, 10*time.Second, "the row was not acknowledged", func() bool { return e.rows(t) == 0 })
+	if n := msgs(t, s); n != 1 {
+		t.Errorf("the stream holds %d messages; want 1", n)
+	}
+}
