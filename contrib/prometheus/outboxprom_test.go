@@ -211,35 +211,51 @@ func TestRecorderCountsDeadLettersByReason(t *testing.T) {
 	}
 }
 
-// The queue collector reports what QueueStats reads, per queue, at each
-// scrape.
+// The queue collector reports what QueueDepths reads, per queue, at each
+// scrape, and which counts stopped at the cap.
 func TestQueueCollectorReportsEachQueue(t *testing.T) {
 	t.Parallel()
 	f := newOutbox(t)
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(outboxprom.NewQueueCollector(f.Outbox, nil))
+	capped := prometheus.NewPedanticRegistry()
+	capped.MustRegister(outboxprom.NewQueueCollector(f.Outbox, &outboxprom.QueueOptions{Namespace: "capped", Cap: 2}))
 	if got := series(t, reg, "outbox_queue_ready_messages"); len(got) != 0 {
 		t.Errorf("an empty outbox: %v", got)
 	}
-	exec(t, f, `INSERT INTO outbox (queue, payload, next_attempt_at, created_at) VALUES
-		('a', 'x', now(), now() - interval '90 seconds'), ('a', 'x', now(), now()), ('a', 'x', now() + interval '1 hour', now()),
-		('b', 'x', now(), now())`)
+	exec(t, f, `INSERT INTO outbox (queue, payload, next_attempt_at) VALUES
+		('a', 'x', now() - interval '90 seconds'), ('a', 'x', now()), ('a', 'x', now()), ('a', 'x', now() + interval '1 hour'),
+		('b', 'x', now())`)
+	exec(t, f, `INSERT INTO outbox (queue, payload, acquired_at, acquired_token, lease_expires_at) VALUES
+		('b', 'x', now(), gen_random_uuid(), now() + interval '1 minute'),
+		('b', 'x', now() - interval '2 minutes', gen_random_uuid(), now() - interval '1 minute')`)
+	exec(t, f, `INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (1, 'c', 'x', 3, 3, now(), 'rejected')`)
 	for name, want := range map[string]map[string]float64{
-		"outbox_queue_ready_messages":     {"queue=a": 2, "queue=b": 1},
-		"outbox_queue_scheduled_messages": {"queue=a": 1, "queue=b": 0},
-		"outbox_queue_leased_messages":    {"queue=a": 0, "queue=b": 0},
-		"outbox_queue_dead_letters":       {"queue=a": 0, "queue=b": 0},
+		"outbox_queue_ready_messages":     {"queue=a": 3, "queue=b": 1, "queue=c": 0},
+		"outbox_queue_scheduled_messages": {"queue=a": 1, "queue=b": 0, "queue=c": 0},
+		"outbox_queue_leased_messages":    {"queue=a": 0, "queue=b": 1, "queue=c": 0},
+		"outbox_queue_expired_messages":   {"queue=a": 0, "queue=b": 1, "queue=c": 0},
+		"outbox_queue_dead_letters":       {"queue=a": 0, "queue=b": 0, "queue=c": 1},
+		"outbox_queue_depth_capped":       {"queue=a": 0, "queue=b": 0, "queue=c": 0},
+		"capped_queue_ready_messages":     {"queue=a": 2, "queue=b": 1, "queue=c": 0},
+		"capped_queue_depth_capped":       {"queue=a": 1, "queue=b": 0, "queue=c": 0},
 	} {
-		if diff := cmp.Diff(want, series(t, reg, name)); diff != "" {
+		r := reg
+		if strings.HasPrefix(name, "capped_") {
+			r = capped
+		}
+		if diff := cmp.Diff(want, series(t, r, name)); diff != "" {
 			t.Errorf("%s (-want +got):\n%s", name, diff)
 		}
 	}
-	if age := series(t, reg, "outbox_queue_oldest_message_age_seconds")["queue=a"]; age < 90 || age > 3600 {
-		t.Errorf("queue a's oldest message is %v s old, want about 90", age)
+	if wait := series(t, reg, "outbox_queue_oldest_ready_wait_seconds")["queue=a"]; wait < 90 || wait > 3600 {
+		t.Errorf("queue a's oldest ready message has waited %v s, want about 90", wait)
 	}
 }
 
-// A scrape whose query fails reports the error instead of values.
+// A scrape whose query fails reports the error instead of values: for a
+// missing outbox, the error that names the fix.
 func TestQueueCollectorReportsAFailedScrape(t *testing.T) {
 	t.Parallel()
 	d := pgtest.New(t)
@@ -249,8 +265,8 @@ func TestQueueCollectorReportsAFailedScrape(t *testing.T) {
 	}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(outboxprom.NewQueueCollector(ob, &outboxprom.QueueOptions{Timeout: time.Second}))
-	if _, err := reg.Gather(); err == nil || !strings.Contains(err.Error(), "QueueStats") {
-		t.Errorf("scrape of a missing outbox: %v, want the QueueStats error", err)
+	if _, err := reg.Gather(); err == nil || !strings.Contains(err.Error(), "does not exist: run `outboxgen migrate up`") {
+		t.Errorf("scrape of a missing outbox: %v, want the SchemaError", err)
 	}
 }
 
