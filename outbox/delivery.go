@@ -32,6 +32,9 @@ type delivery struct {
 	cancel context.CancelCauseFunc
 	lost   bool // guarded by leases.mu
 	done   bool // guarded by leases.mu: no longer tracked
+	// acking: a transactional handler's transaction is deleting the row,
+	// so heartbeats leave it be. Guarded by leases.mu.
+	acking bool
 	// settled: a locked claim keeps the row's outcome, or gave the row
 	// up. Guarded by batch.locked.mu.
 	settled bool
@@ -211,7 +214,7 @@ func (l *leases) snapshot() ([]*delivery, []int64, []pgtype.UUID) {
 	tokens := make([]pgtype.UUID, 0, l.n)
 	for b := range l.batches {
 		for _, d := range b.rows {
-			if !d.done && d.token.Valid {
+			if !d.done && !d.acking && d.token.Valid {
 				ds = append(ds, d)
 				ids = append(ids, d.row.ID)
 				tokens = append(tokens, d.token)
@@ -240,8 +243,8 @@ func (l *leases) extended(extended []lease, tried []*delivery, sent time.Time) [
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, d := range tried {
-		if d.done {
-			continue // finished while the heartbeat ran
+		if d.done || d.acking {
+			continue // finished, or being acknowledged, while the heartbeat ran
 		}
 		if ok[d.lease()] {
 			reset[d.batch] = true
@@ -261,6 +264,14 @@ func (l *leases) extended(extended []lease, tried []*delivery, sent time.Time) [
 		}
 	}
 	return lost
+}
+
+// settle stops heartbeats of d, whose row a transactional handler's
+// transaction is deleting: their statement would wait for its commit.
+func (l *leases) settle(d *delivery) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	d.acking = true
 }
 
 // isLost reports whether a heartbeat found d's lease gone.

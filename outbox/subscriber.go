@@ -34,6 +34,7 @@ type Subscriber[T any] struct {
 	ob          *Outbox
 	queues      []string
 	handler     Handler[T]
+	txHandler   TxHandler[T] // set by NewTxSubscriber; handler is then unused
 	cfg         SubscriberConfig[T]
 	contentType string
 	log         *slog.Logger

@@ -76,7 +76,15 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 		hctx = r.observeStart(d.ctx, info)
 	}
 	start := time.Now()
-	herr := safeHandle(hctx, r.s.handler, msg)
+	var (
+		herr error
+		res  txResult
+	)
+	if r.s.txHandler != nil {
+		res, herr = r.handleInTx(hctx, d, msg)
+	} else {
+		herr = safeHandle(hctx, r.s.handler, msg)
+	}
 	ran := time.Since(start)
 	if !w.leave() {
 		// Abandoned by the forced stop while the handler ran, and counted
@@ -85,6 +93,12 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 			r.observeEnd(hctx, info, DeliveryOutcome{Outcome: OutcomeAbandoned, Err: herr, Ran: ran})
 		}
 		return false
+	}
+	if res != txRolledBack {
+		// A transactional handler's acknowledgement committed with its
+		// writes, or found the lease taken: nothing is left to write.
+		r.txEnded(hctx, d, res, ran, observed, info)
+		return true
 	}
 	stopped := r.handlerCtx.Err() != nil
 	lost := !stopped && r.leases.isLost(d)

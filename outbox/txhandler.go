@@ -1,0 +1,166 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// TxHandler handles one delivery inside a transaction the subscriber
+// began on the outbox's pool. Returning nil acknowledges the message in
+// that same transaction: the row is deleted (filtered by its lease, as
+// every outcome is) and the transaction commits, so the handler's writes,
+// any messages it published through tx, and the acknowledgement commit
+// together or not at all. An error, or a panic, rolls the transaction
+// back, and the retry or dead letter is recorded afterwards as for a
+// [Handler].
+//
+// The handler must not commit or roll back tx: its Commit and Rollback
+// return [ErrTxOwned]. Nested transactions (tx.Begin, savepoints) are
+// fine. ctx is cancelled as a Handler's is, with cause ErrLeaseLost when
+// the lease is lost; tx's statements then fail and nothing commits.
+type TxHandler[T any] func(ctx context.Context, tx pgx.Tx, m *Message[T]) error
+
+// ErrTxOwned is returned by Commit and Rollback of the transaction a
+// [TxHandler] is given: the subscriber ends it.
+var ErrTxOwned = errors.New("outbox: the subscriber commits or rolls back a TxHandler's transaction")
+
+// errTxLeaseLost ends a transactional delivery whose acknowledgement
+// found the lease taken: the transaction rolled back.
+var errTxLeaseLost = errors.New("outbox: lease lost before the acknowledgement; the transaction rolled back")
+
+// NewTxSubscriber returns a subscriber of queues that runs handler for
+// each message in a transaction of its own and acknowledges the message in
+// it (see [TxHandler]): the handler's effects happen exactly once in the
+// database, even though delivery stays at least once. A redelivered
+// message (after a crash, or a lease that ran out) finds its earlier
+// attempt rolled back, or the row gone.
+//
+// Its rules and cfg are [NewSubscriber]'s, with these differences: every
+// claim writes leases (the transaction deletes the row itself, which a
+// claim by row lock would hold), so cfg.LockWindow must be 0 or negative;
+// each running handler holds a pool connection for its transaction, so
+// the pool needs Workers connections plus three for claims, heartbeats
+// and outcomes; and acknowledgements are not batched, one commit each.
+// Retries and dead letters still are.
+//
+// The transaction uses the pool's default isolation level; a handler that
+// needs another sets it with its first statement (SET TRANSACTION
+// ISOLATION LEVEL ...). A commit that fails (a serialization failure, a
+// lost connection) is retried like a handler's error.
+func NewTxSubscriber[T any](ob *Outbox, queues []string, handler TxHandler[T], cfg *SubscriberConfig[T]) (*Subscriber[T], error) {
+	if handler == nil {
+		return nil, &ConfigError{Field: "handler", Value: "<nil>", Rule: "must not be nil"}
+	}
+	if cfg != nil && cfg.LockWindow > 0 {
+		return nil, &ConfigError{Field: "LockWindow", Value: cfg.LockWindow.String(),
+			Rule: "must be 0 or negative for NewTxSubscriber: a transactional handler's claims write leases"}
+	}
+	var c SubscriberConfig[T]
+	if cfg != nil {
+		c = *cfg
+	}
+	c.LockWindow = -1
+	s, err := NewSubscriber(ob, queues, func(context.Context, *Message[T]) error {
+		return errors.New("outbox: a transactional subscriber's plain handler ran")
+	}, &c)
+	if err != nil {
+		return nil, err
+	}
+	s.txHandler = handler
+	return s, nil
+}
+
+// txResult is how a transactional delivery ended.
+type txResult int
+
+const (
+	txRolledBack txResult = iota // the handler or the transaction failed: decide an outcome
+	txCommitted                  // the handler's writes and the acknowledgement committed
+	txLeaseLost                  // the acknowledgement found the lease taken
+)
+
+// handleInTx runs the transactional handler for d and, when it returns
+// nil, deletes d's row in its transaction and commits. herr is the error
+// that decides the outcome of a rolled-back delivery.
+func (r *run[T]) handleInTx(ctx context.Context, d *delivery, msg *Message[T]) (res txResult, herr error) {
+	tx, err := r.s.ob.pool.Begin(ctx)
+	if err != nil {
+		return txRolledBack, fmt.Errorf("outbox: beginning the handler's transaction: %w", err)
+	}
+	defer func() {
+		if res != txCommitted {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.s.cfg.QueryTimeout)
+			_ = tx.Rollback(rctx)
+			cancel()
+		}
+	}()
+	if herr = safeTxHandle(ctx, r.s.txHandler, ownedTx{tx}, msg); herr != nil {
+		return txRolledBack, herr
+	}
+	// From here the row is ours to delete: the heartbeat lets it be, so
+	// its statement never waits on the row lock the delete takes.
+	r.leases.settle(d)
+	n, err := r.s.ob.queries(boundedDBTX{inner: tx, timeout: r.s.cfg.QueryTimeout}).DeleteWithLease(ctx,
+		db.DeleteWithLeaseParams{ID: d.row.ID, Token: d.token})
+	switch {
+	case err != nil:
+		return txRolledBack, fmt.Errorf("outbox: acknowledging in the handler's transaction: %w", err)
+	case n == 0:
+		return txLeaseLost, errTxLeaseLost
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.s.cfg.QueryTimeout)
+	defer cancel()
+	if err := tx.Commit(cctx); err != nil {
+		return txRolledBack, fmt.Errorf("outbox: committing the handler's transaction: %w", err)
+	}
+	return txCommitted, nil
+}
+
+// txEnded reports what became of a transactional delivery that committed
+// or lost its lease: there is no outcome to write.
+func (r *run[T]) txEnded(hctx context.Context, d *delivery, res txResult, ran time.Duration, observed bool, info DeliveryInfo) {
+	r.leases.remove(d)
+	ev := MetricEvent{Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Duration: ran}
+	out := DeliveryOutcome{Ran: ran}
+	if res == txCommitted {
+		ev.Name, out.Outcome = EventAcked, OutcomeAcked
+		if d.row.OrderingKey != nil {
+			r.wakeFetcher() // the delete handed the key to its next row
+		}
+	} else {
+		ev.Name, ev.Reason = EventLeaseLost, outcomeWrites[kindAck]
+		out.Outcome, out.Err = OutcomeAbandoned, errTxLeaseLost
+		r.s.log.WarnContext(d.context(), "outbox: lease lost before the acknowledgement; the handler's transaction rolled back and the newer delivery decides",
+			rowAttrs(d)...)
+	}
+	if observed {
+		r.observeEnd(hctx, info, out)
+	}
+	r.emit(ev)
+}
+
+// safeTxHandle calls h, turning a panic into an error.
+func safeTxHandle[T any](ctx context.Context, h TxHandler[T], tx pgx.Tx, msg *Message[T]) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return h(ctx, tx, msg)
+}
+
+// ownedTx is the transaction a TxHandler gets: the subscriber ends it.
+type ownedTx struct{ pgx.Tx }
+
+// Commit returns ErrTxOwned.
+func (ownedTx) Commit(context.Context) error { return ErrTxOwned }
+
+// Rollback returns ErrTxOwned.
+func (ownedTx) Rollback(context.Context) error { return ErrTxOwned }

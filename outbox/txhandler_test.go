@@ -1,0 +1,321 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// txEnv is an outbox with a business table, a queue of orders and a
+// queue of follow-ups that handlers publish to.
+type txEnv struct {
+	*env
+	follow *Publisher[string]
+}
+
+func setupTx(t *testing.T) *txEnv {
+	t.Helper()
+	e := setup(t)
+	e.exec(`CREATE TABLE invoices (order_id text PRIMARY KEY, delivery int NOT NULL)`)
+	return &txEnv{env: e, follow: newPublisher[string](t, e, "invoiced", nil)}
+}
+
+// invoices returns the business rows, by order id.
+func (e *txEnv) invoices() map[string]int {
+	e.t.Helper()
+	rows, err := e.db.Pool.Query(e.ctx, `SELECT order_id, delivery FROM invoices`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]int{}
+	var id string
+	var n int
+	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { out[id] = n; return nil }); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// queued returns the payloads in queue, oldest first.
+func (e *txEnv) queued(queue string) []string {
+	e.t.Helper()
+	rows, err := e.db.Pool.Query(e.ctx, `SELECT convert_from(payload, 'UTF8') FROM outbox WHERE queue = $1 ORDER BY id`, queue)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// invoice is a transactional handler: a business row and a follow-up,
+// both through tx.
+func (e *txEnv) invoice(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO invoices VALUES ($1, $2)`, m.Payload, m.Deliveries); err != nil {
+		return err
+	}
+	_, err := e.follow.Publish(ctx, tx, "invoiced "+m.Payload, nil)
+	return err
+}
+
+func startTxSub(t *testing.T, ob *Outbox, queues []string, h TxHandler[string], cfg *SubscriberConfig[string]) *started {
+	t.Helper()
+	sub, err := NewTxSubscriber(ob, queues, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return start(t, sub)
+}
+
+// A handler that succeeds commits its business row, its follow-up and the
+// acknowledgement together: until the commit none is visible, after it all
+// are.
+func TestTxHandlerCommitsItsWritesWithTheAcknowledgement(t *testing.T) {
+	t.Parallel()
+	e := setupTx(t)
+	rec := &events{}
+	id := e.publishWith(rawRow("orders", "o-1"))
+	var before struct {
+		invoices map[string]int
+		follows  []string
+		present  bool
+	}
+	checked := make(chan struct{})
+	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
+		if err := e.invoice(ctx, tx, m); err != nil {
+			return err
+		}
+		before.invoices, before.follows = e.invoices(), e.queued("invoiced")
+		_, before.present = e.row(id)
+		close(checked)
+		return nil
+	}, fastConfig[string](rec))
+	waitFor(t, checked, "the handler")
+	eventually(t, "the acknowledgement", func() bool { return len(rec.named(EventAcked)) == 1 })
+
+	if diff := cmp.Diff(map[string]int{}, before.invoices); diff != "" || len(before.follows) != 0 || !before.present {
+		t.Errorf("before the commit: invoices %v, follow-ups %q, order row present %t; want none, none, true", before.invoices, before.follows, before.present)
+	}
+	if diff := cmp.Diff(map[string]int{"o-1": 1}, e.invoices()); diff != "" {
+		t.Errorf("invoices after the commit (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"invoiced o-1"}, e.queued("invoiced")); diff != "" {
+		t.Errorf("follow-ups after the commit (-want +got):\n%s", diff)
+	}
+	if _, ok := e.row(id); ok {
+		t.Error("the order row is still in the outbox after its acknowledgement committed")
+	}
+}
+
+// A handler's error rolls its transaction back: no business row, no
+// follow-up; the row is retried, and the retry's transaction commits.
+func TestTxHandlerErrorRollsBackAndRetries(t *testing.T) {
+	t.Parallel()
+	e := setupTx(t)
+	rec := &events{}
+	e.publishWith(rawRow("orders", "o-1"))
+	var calls atomic.Int32
+	failed := make(chan struct{})
+	release := make(chan struct{})
+	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
+		if err := e.invoice(ctx, tx, m); err != nil {
+			return err
+		}
+		switch calls.Add(1) {
+		case 1:
+			return RetryAfter(errors.New("carrier busy"), 50*time.Millisecond)
+		case 2:
+			panic("handler bug")
+		case 3:
+			close(failed)
+			<-release
+		}
+		return nil
+	}, fastConfig[string](rec))
+	waitFor(t, failed, "the third delivery")
+	// Two failed deliveries left nothing behind.
+	if got := e.invoices(); len(got) != 0 {
+		t.Errorf("invoices after two failed deliveries: %v", got)
+	}
+	if got := e.queued("invoiced"); len(got) != 0 {
+		t.Errorf("follow-ups after two failed deliveries: %q", got)
+	}
+	close(release)
+	eventually(t, "the acknowledgement", func() bool { return len(rec.named(EventAcked)) == 1 })
+	if diff := cmp.Diff(map[string]int{"o-1": 3}, e.invoices()); diff != "" {
+		t.Errorf("invoices (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"invoiced o-1"}, e.queued("invoiced")); diff != "" {
+		t.Errorf("follow-ups (-want +got):\n%s", diff)
+	}
+	if n := len(rec.named(EventRetried)); n != 2 {
+		t.Errorf("%d retries recorded, want 2", n)
+	}
+	if got := e.queued("orders"); len(got) != 0 {
+		t.Errorf("orders left: %q", got)
+	}
+}
+
+// A handler whose lease was taken while it ran rolls back: its business
+// row and follow-up never commit, the row stays with the newer claim, and
+// the loss is reported.
+func TestTxHandlerThatLostItsLeaseRollsBack(t *testing.T) {
+	t.Parallel()
+	e := setupTx(t)
+	rec := &events{}
+	id := e.publishWith(rawRow("orders", "o-1"))
+	newer := newToken()
+	done := make(chan struct{})
+	cfg := fastConfig[string](rec)
+	cfg.HeartbeatInterval = -1 // the heartbeat would notice the theft first; this test is about the acknowledgement
+	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
+		defer close(done)
+		if err := e.invoice(ctx, tx, m); err != nil {
+			return err
+		}
+		// Another claim takes the row over (its lease ran out, say).
+		e.exec(`UPDATE outbox SET acquired_token = $2, lease_expires_at = now() + interval '1 hour' WHERE id = $1`, id, newer)
+		return nil
+	}, cfg)
+	waitFor(t, done, "the handler")
+	eventually(t, "the lease loss", func() bool { return len(rec.named(EventLeaseLost)) == 1 })
+	if got := e.invoices(); len(got) != 0 {
+		t.Errorf("invoices after a lost lease: %v", got)
+	}
+	if got := e.queued("invoiced"); len(got) != 0 {
+		t.Errorf("follow-ups after a lost lease: %q", got)
+	}
+	row, ok := e.row(id)
+	if !ok || row.AcquiredToken != newer {
+		t.Errorf("the row after a lost lease: present %t, held by the newer claim %t", ok, row.AcquiredToken == newer)
+	}
+	if n := len(rec.named(EventAcked)); n != 0 {
+		t.Errorf("%d acknowledgements of a row whose lease was lost", n)
+	}
+}
+
+// A lease that runs out while the handler runs cancels its context: its
+// statements fail and nothing commits.
+func TestTxHandlerLeaseExpiryCancelsTheTransaction(t *testing.T) {
+	t.Parallel()
+	e := setupTx(t)
+	e.publishWith(rawRow("orders", "o-1"))
+	var calls atomic.Int32
+	cause := make(chan error, 1)
+	cfg := fastConfig[string](nil)
+	cfg.LeaseTTL, cfg.HeartbeatInterval = 300*time.Millisecond, -1
+	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
+		if calls.Add(1) > 1 {
+			return e.invoice(ctx, tx, m)
+		}
+		if err := e.invoice(ctx, tx, m); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return nil
+	}, cfg)
+	if err := waitFor(t, cause, "the first delivery's cancellation"); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("the first delivery's context ended with %v, want ErrLeaseLost", err)
+	}
+	eventually(t, "the second delivery's commit", func() bool { return len(e.queued("orders")) == 0 })
+	if diff := cmp.Diff(map[string]int{"o-1": 2}, e.invoices()); diff != "" {
+		t.Errorf("invoices (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"invoiced o-1"}, e.queued("invoiced")); diff != "" {
+		t.Errorf("follow-ups (-want +got):\n%s", diff)
+	}
+}
+
+// The handler cannot end the subscriber's transaction; savepoints work.
+func TestTxHandlerCannotEndItsTransaction(t *testing.T) {
+	t.Parallel()
+	e := setupTx(t)
+	rec := &events{}
+	e.publishWith(rawRow("orders", "o-1"))
+	got := make(chan []error, 1)
+	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
+		errs := []error{tx.Commit(ctx), tx.Rollback(ctx)}
+		// A nested transaction that rolls back undoes only its own writes.
+		_ = pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+			if _, err := sp.Exec(ctx, `INSERT INTO invoices VALUES ('undone', 0)`); err != nil {
+				return err
+			}
+			return errors.New("undo")
+		})
+		got <- errs
+		return e.invoice(ctx, tx, m)
+	}, fastConfig[string](rec))
+	errs := waitFor(t, got, "the handler")
+	for i, err := range errs {
+		if !errors.Is(err, ErrTxOwned) {
+			t.Errorf("call %d: %v, want ErrTxOwned", i, err)
+		}
+	}
+	eventually(t, "the acknowledgement", func() bool { return len(rec.named(EventAcked)) == 1 })
+	if diff := cmp.Diff(map[string]int{"o-1": 1}, e.invoices()); diff != "" {
+		t.Errorf("invoices (-want +got):\n%s", diff)
+	}
+}
+
+// A key's rows go one at a time, in order, through transactional handlers
+// too: each commit hands the key to its next row.
+func TestTxHandlerKeepsPerKeyOrder(t *testing.T) {
+	t.Parallel()
+	e := setupTx(t)
+	pub := newPublisher[string](t, e.env, "orders", nil)
+	want := []string{"a1", "a2", "a3", "a4", "a5"}
+	for _, p := range want {
+		if _, err := pub.Publish(e.ctx, e.db.Pool, p, &PublishOpts{OrderingKey: "a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var order []string
+	var running atomic.Int32
+	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
+		if running.Add(1) > 1 {
+			t.Errorf("%s ran beside another row of its key", m.Payload)
+		}
+		defer running.Add(-1)
+		order = append(order, m.Payload)
+		return e.invoice(ctx, tx, m)
+	}, fastConfig[string](nil))
+	eventually(t, "every row", func() bool { return len(e.queued("orders")) == 0 })
+	if diff := cmp.Diff(want, order); diff != "" {
+		t.Errorf("handled (-want +got):\n%s", diff)
+	}
+}
+
+// Claims by row lock cannot serve a transactional handler, and a nil
+// handler is refused.
+func TestNewTxSubscriberRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	h := func(context.Context, pgx.Tx, *Message[string]) error { return nil }
+	_, err := NewTxSubscriber(e.ob, []string{"q"}, h, &SubscriberConfig[string]{LockWindow: time.Second})
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Field != "LockWindow" {
+		t.Errorf("LockWindow 1s: %v, want a ConfigError on LockWindow", err)
+	}
+	_, err = NewTxSubscriber[string](e.ob, []string{"q"}, nil, nil)
+	if !errors.As(err, &ce) || ce.Field != "handler" {
+		t.Errorf("nil handler: %v, want a ConfigError on handler", err)
+	}
+	if _, err := NewTxSubscriber(e.ob, []string{"q"}, h, &SubscriberConfig[string]{LockWindow: -1}); err != nil {
+		t.Errorf("LockWindow -1: %v", err)
+	}
+}
+
+// rawRow is a due row of queue with payload as it is, no headers.
+func rawRow(queue, payload string) db.PublishParams {
+	return db.PublishParams{Queue: queue, Payload: []byte(payload)}
+}
