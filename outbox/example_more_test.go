@@ -18,9 +18,15 @@ import (
 )
 
 // exampleOutbox migrates an outbox in schema on the test database and
-// returns it with a function that drops the schema.
+// returns it with a pool whose search_path is schema, and a function that
+// drops the schema.
 func exampleOutbox(ctx context.Context, schema string) (*outbox.Outbox, *pgxpool.Pool, func(), error) {
-	pool, err := pgxpool.New(ctx, pgtest.BaseURL())
+	cfg, err := pgxpool.ParseConfig(pgtest.BaseURL())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -208,4 +214,64 @@ func ExampleOutbox_ReplayDeadLetters() {
 	// Output:
 	// dead letters: 0
 	// replayed: 0
+}
+
+type Invoiced struct {
+	OrderID string `json:"order_id"`
+}
+
+// A transactional handler's writes, the messages it publishes and the
+// acknowledgement of its message commit together: the effect happens
+// exactly once in the database, though the message may be delivered again.
+func ExampleNewTxSubscriber() {
+	ctx := context.Background()
+	ob, pool, drop, err := exampleOutbox(ctx, "example_tx")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer drop()
+	if _, err := pool.Exec(ctx, `CREATE TABLE invoices (order_id text PRIMARY KEY, cents int NOT NULL)`); err != nil {
+		fmt.Println(err)
+		return
+	}
+	orders, err := outbox.NewPublisher[OrderCreated](ob, "orders.created", nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := orders.Publish(ctx, pool, OrderCreated{ID: "o-1", Total: 1999}, nil); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	sub, err := newInvoicer(ob)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(runCtx) }()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if left, err := ob.Unprocessed(ctx, "orders.created", 1); err == nil && len(left) == 0 {
+			break
+		}
+	}
+	stop()
+	fmt.Println("Run:", <-done)
+	var cents int
+	if err := pool.QueryRow(ctx, "SELECT cents FROM invoices WHERE order_id = 'o-1'").Scan(&cents); err != nil {
+		fmt.Println(err)
+		return
+	}
+	follow, err := ob.Unprocessed(ctx, "invoices.created", 10)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("invoice o-1: %d cents; follow-ups: %d\n", cents, len(follow))
+	// Output:
+	// Run: <nil>
+	// invoice o-1: 1999 cents; follow-ups: 1
 }

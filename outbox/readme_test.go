@@ -6,6 +6,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/outbox"
@@ -93,6 +94,24 @@ func readmeSubscribe(ctx context.Context, ob *outbox.Outbox) error {
 		return err // an *outbox.ConfigError names the field and the rule
 	}
 	return sub.Run(ctx) // blocks; when ctx ends: stop claiming, drain, return
+	// readme:end
+}
+
+// newInvoicer is ExampleNewTxSubscriber's subscriber.
+func newInvoicer(ob *outbox.Outbox) (*outbox.Subscriber[OrderCreated], error) {
+	// readme:begin tx-subscriber
+	invoiced, err := outbox.NewPublisher[Invoiced](ob, "invoices.created", nil)
+	if err != nil {
+		return nil, err
+	}
+	return outbox.NewTxSubscriber(ob, []string{"orders.created"},
+		func(ctx context.Context, tx pgx.Tx, m *outbox.Message[OrderCreated]) error {
+			if _, err := tx.Exec(ctx, "INSERT INTO invoices VALUES ($1, $2)", m.Payload.ID, m.Payload.Total); err != nil {
+				return err // rolls back; the message is retried
+			}
+			_, err := invoiced.Publish(ctx, tx, Invoiced{OrderID: m.Payload.ID}, nil)
+			return err // nil: the invoice, the follow-up and the acknowledgement commit together
+		}, nil)
 	// readme:end
 }
 
