@@ -62,6 +62,12 @@
 // decode_error. Subscribers of []byte, and rows written without the
 // header, accept any row.
 //
+// [NewTxSubscriber] runs a [TxHandler] in a transaction the subscriber
+// begins and acknowledges the message in that transaction: the handler's
+// writes, the messages it publishes through the transaction and the
+// acknowledgement commit together, so its effects in the database happen
+// once.
+//
 // A handler's error is retried by the [RetryStrategy] (by default
 // exponential: 1 s doubling to 5 min, 10 attempts); [RetryAfter] picks the
 // delay and [Reject] ends the delivery at once. Rows that end without
