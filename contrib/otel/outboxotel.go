@@ -11,8 +11,10 @@
 //		&outbox.SubscriberConfig[Order]{Observer: outboxotel.NewObserver(nil)})
 //
 // Metrics: [Recorder] is an [outbox.MetricsRecorder] that records the same
-// series as contrib/prometheus's, as OpenTelemetry instruments, and
-// [RegisterHealthGauges] reports the outbox's health report as gauges.
+// series as contrib/prometheus's, as OpenTelemetry instruments,
+// [RegisterQueueGauges] reports each queue's depth as gauges (read from the
+// outbox's indexes at each collection), and [RegisterHealthGauges] the
+// outbox's health report.
 //
 // It is a module of its own, so that the outbox package does not depend on
 // OpenTelemetry.
@@ -326,6 +328,87 @@ func RegisterHealthGauges(mp metric.MeterProvider, ob *outbox.Outbox, opts *outb
 		}
 		for i, g := range gauges {
 			o.ObserveFloat64(instruments[i], g.value(&h))
+		}
+		return nil
+	}, observables...)
+}
+
+// RegisterQueueGauges reports each queue's depth ([outbox.Outbox.QueueDepths],
+// with opts; nil means every default) as observable gauges of mp (nil:
+// otel.GetMeterProvider()), read at each collection, with the queue as
+// attribute "queue": the series of contrib/prometheus's QueueCollector,
+//
+//	outbox.queue.ready_messages ({message})      due now and not leased
+//	outbox.queue.scheduled_messages ({message})  due later (delayed or waiting to retry)
+//	outbox.queue.leased_messages ({message})     held by a live lease
+//	outbox.queue.expired_messages ({message})    held by a lease that has run out
+//	outbox.queue.dead_letters ({message})        rows in the dead-letter table
+//	outbox.queue.oldest_ready_wait (s)           how long the ready row due earliest has been due
+//	outbox.queue.depth_capped                    1 when a count stopped at opts.Cap, else 0
+//
+// Each count stops at opts.Cap (default outbox.DepthCapDefault, 10,000),
+// and a collection reads only indexes, so its cost is bounded per queue:
+// at 1,000,000 rows of four queues, about 15 ms on a vacuumed table
+// (see QueueDepths for the cost before vacuum). Rows blocked behind their
+// ordering key and key hand-overs are not reported: Outbox.QueueStats
+// reads them. A collection whose read fails records nothing; the
+// collection's context bounds the read. Unregister the returned
+// registration to stop.
+func RegisterQueueGauges(mp metric.MeterProvider, ob *outbox.Outbox, opts *outbox.DepthOptions) (metric.Registration, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(ScopeName)
+	type count struct {
+		name, desc string
+		value      func(*outbox.QueueDepth) int64
+	}
+	counts := []count{
+		{"ready_messages", "Messages due now and not leased (counted up to the cap).",
+			func(d *outbox.QueueDepth) int64 { return d.Ready }},
+		{"scheduled_messages", "Messages due later: delayed, or waiting for a retry (counted up to the cap).",
+			func(d *outbox.QueueDepth) int64 { return d.Scheduled }},
+		{"leased_messages", "Messages held by a live lease (counted up to the cap).",
+			func(d *outbox.QueueDepth) int64 { return d.Leased }},
+		{"expired_messages", "Messages held by a lease that has run out; any claim takes them (counted up to the cap).",
+			func(d *outbox.QueueDepth) int64 { return d.Expired }},
+		{"dead_letters", "Rows of the queue in the dead-letter table (counted up to the cap).",
+			func(d *outbox.QueueDepth) int64 { return d.DeadLettered }},
+	}
+	instruments := make([]metric.Int64ObservableGauge, len(counts))
+	observables := make([]metric.Observable, 0, len(counts)+2)
+	for i, c := range counts {
+		inst, err := m.Int64ObservableGauge("outbox.queue."+c.name, metric.WithUnit("{message}"), metric.WithDescription(c.desc))
+		if err != nil {
+			return nil, err
+		}
+		instruments[i] = inst
+		observables = append(observables, inst)
+	}
+	wait, err := m.Float64ObservableGauge("outbox.queue.oldest_ready_wait", metric.WithUnit("s"),
+		metric.WithDescription("How long the ready message due earliest has been due; 0 when none is ready."))
+	if err != nil {
+		return nil, err
+	}
+	capped, err := m.Int64ObservableGauge("outbox.queue.depth_capped", metric.WithUnit("1"),
+		metric.WithDescription("1 when one of the queue's counts stopped at the cap (it means at least that many), else 0."))
+	if err != nil {
+		return nil, err
+	}
+	observables = append(observables, wait, capped)
+	return m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		depths, err := ob.QueueDepths(ctx, opts)
+		if err != nil {
+			return err
+		}
+		for i := range depths {
+			d := &depths[i]
+			attrs := metric.WithAttributes(attribute.String("queue", d.Queue))
+			for j, c := range counts {
+				o.ObserveInt64(instruments[j], c.value(d), attrs)
+			}
+			o.ObserveFloat64(wait, d.OldestReadyWait.Seconds(), attrs)
+			o.ObserveInt64(capped, map[bool]int64{true: 1}[d.Capped], attrs)
 		}
 		return nil
 	}, observables...)

@@ -3,10 +3,12 @@ package outboxotel_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -246,5 +248,100 @@ func TestHealthGauges(t *testing.T) {
 	}
 	if got["outbox.health.table.xid_age"] <= 0 {
 		t.Errorf("xid age %v", got["outbox.health.table.xid_age"])
+	}
+}
+
+// gaugePoints returns every gauge point of rm as "name{queue}" -> value.
+func gaugePoints(rm *metricdata.ResourceMetrics) map[string]float64 {
+	out := map[string]float64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch g := m.Data.(type) {
+			case metricdata.Gauge[int64]:
+				for _, p := range g.DataPoints {
+					q, _ := p.Attributes.Value("queue")
+					out[m.Name+"{"+q.AsString()+"}"] = float64(p.Value)
+				}
+			case metricdata.Gauge[float64]:
+				for _, p := range g.DataPoints {
+					q, _ := p.Attributes.Value("queue")
+					out[m.Name+"{"+q.AsString()+"}"] = p.Value
+				}
+			}
+		}
+	}
+	return out
+}
+
+// The queue gauges report what QueueDepths reads, per queue, at each
+// collection, with the counts that stopped at the cap; a missing outbox
+// fails the collection with the error that names the fix.
+func TestQueueGauges(t *testing.T) {
+	t.Parallel()
+	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	reader := sdkmetric.NewManualReader()
+	reg, err := outboxotel.RegisterQueueGauges(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), f.Outbox, &outbox.DepthOptions{Cap: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reg.Unregister() }()
+	for _, sql := range []string{
+		`INSERT INTO outbox (queue, payload, next_attempt_at) VALUES
+			('a', 'x', now() - interval '90 seconds'), ('a', 'x', now()), ('a', 'x', now()), ('a', 'x', now() + interval '1 hour')`,
+		`INSERT INTO outbox (queue, payload, acquired_at, acquired_token, lease_expires_at) VALUES
+			('b', 'x', now(), gen_random_uuid(), now() + interval '1 minute'),
+			('b', 'x', now() - interval '2 minutes', gen_random_uuid(), now() - interval '1 minute')`,
+		`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+			VALUES (1, 'b', 'x', 3, 3, now(), 'rejected')`,
+	} {
+		err := pgx.BeginFunc(t.Context(), f.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(t.Context(), "SET LOCAL search_path = "+pgx.Identifier{f.Schema}.Sanitize()); err != nil {
+				return err
+			}
+			_, err := tx.Exec(t.Context(), sql)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := gaugePoints(&rm)
+	wait := got["outbox.queue.oldest_ready_wait{a}"]
+	if wait < 90 || wait > 3600 {
+		t.Errorf("queue a's oldest ready message has waited %v s, want about 90", wait)
+	}
+	delete(got, "outbox.queue.oldest_ready_wait{a}")
+	want := map[string]float64{
+		"outbox.queue.ready_messages{a}": 2, "outbox.queue.scheduled_messages{a}": 1, "outbox.queue.leased_messages{a}": 0,
+		"outbox.queue.expired_messages{a}": 0, "outbox.queue.dead_letters{a}": 0, "outbox.queue.depth_capped{a}": 1,
+		"outbox.queue.ready_messages{b}": 0, "outbox.queue.scheduled_messages{b}": 0, "outbox.queue.leased_messages{b}": 1,
+		"outbox.queue.expired_messages{b}": 1, "outbox.queue.dead_letters{b}": 1, "outbox.queue.depth_capped{b}": 0,
+		"outbox.queue.oldest_ready_wait{b}": 0,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("gauges (-want +got):\n%s", diff)
+	}
+
+	d := pgtest.New(t)
+	missing, err := outbox.New(d.Pool, &outbox.Config{Schema: d.Schema}) // never migrated
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader = sdkmetric.NewManualReader()
+	reg, err = outboxotel.RegisterQueueGauges(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), missing, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reg.Unregister() }()
+	rm = metricdata.ResourceMetrics{}
+	if err := reader.Collect(t.Context(), &rm); err == nil || !strings.Contains(err.Error(), "does not exist: run `outboxgen migrate up`") {
+		t.Errorf("collection of a missing outbox: %v, want the SchemaError", err)
+	}
+	if got := gaugePoints(&rm); len(got) != 0 {
+		t.Errorf("a missing outbox recorded %v", got)
 	}
 }
