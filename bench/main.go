@@ -1,5 +1,6 @@
 // Command bench measures outboxgen against a bare INSERT and against its
-// peers, River and watermill-sql, on one database in one process.
+// peers, River and watermill-sql, on one database in one process, and its
+// JetStream relay against watermill's SQL-to-NATS forwarder.
 //
 // Every suite runs its contenders in alternating order for several rounds
 // on freshly emptied tables and reports the median of each and the ratio
@@ -12,6 +13,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,8 +42,13 @@ type options struct {
 	watermillBatch []int
 	river          []riverConfig
 	// contenders, when set, keeps only the contenders whose names it
-	// matches (suites that filter: drain).
+	// matches (suites that filter: drain, relay).
 	contenders *regexp.Regexp
+	// natsURL is the broker the relay suite publishes to, and
+	// relayWatermillBatch the SubscribeBatchSize values it runs
+	// watermill's forwarder at.
+	natsURL             string
+	relayWatermillBatch []int
 }
 
 // only returns the contenders of cs that o.contenders matches.
@@ -77,6 +84,7 @@ var suites = []suite{
 	{"keyedpublish", runKeyedPublish},
 	{"keyedbatch", runKeyedBatch},
 	{"explain", runExplain},
+	{"relay", runRelay},
 }
 
 func main() {
@@ -103,6 +111,12 @@ func main() {
 		o.river, err = parseRiverConfigs(v)
 		return err
 	})
+	flag.StringVar(&o.natsURL, "nats", cmp.Or(os.Getenv("NATS_URL"), "nats://127.0.0.1:4222"), "NATS server with JetStream the relay suite publishes to (default $NATS_URL, else 127.0.0.1:4222); the suite is skipped when none answers")
+	flag.Func("relay-watermill-batch", "comma-separated SubscribeBatchSize values the relay suite runs watermill's forwarder at (default "+
+		defaultRelayWatermillBatch+")", func(v string) (err error) {
+		o.relayWatermillBatch, err = parseInts(v)
+		return err
+	})
 	flag.Func("contenders", "regular expression: the drain suite runs only the contenders whose names match", func(v string) (err error) {
 		o.contenders, err = regexp.Compile(v)
 		return err
@@ -112,6 +126,9 @@ func main() {
 	flag.Parse()
 	if o.watermillBatch == nil {
 		o.watermillBatch, _ = parseInts(defaultWatermillBatch)
+	}
+	if o.relayWatermillBatch == nil {
+		o.relayWatermillBatch, _ = parseInts(defaultRelayWatermillBatch)
 	}
 	if o.river == nil {
 		o.river, _ = parseRiverConfigs(defaultRiver)
