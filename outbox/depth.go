@@ -82,7 +82,7 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 	if opts != nil {
 		switch {
 		case opts.Cap < 0:
-			return nil, &InputError{Field: "Cap", Rule: "must not be negative"}
+			return nil, &InputError{Field: "DepthOptions.Cap", Rule: "must not be negative"}
 		case opts.Cap > 0:
 			limit = opts.Cap
 		}
@@ -102,9 +102,10 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 	return out, nil
 }
 
-// readDepths runs the depth query in a read-only transaction of its own
-// with JIT compilation off: its plan's cost passes jit_above_cost, and
-// compiling it would cost more than running it.
+// readDepths runs the depth query in a read-only transaction of its own,
+// whose planner settings keep every read an index-only scan, however
+// recently the table was vacuumed, and skip JIT compilation, which would
+// cost more than the query (see DepthPlanSettings).
 func (o *Outbox) readDepths(ctx context.Context, limit int64) (rows []db.QueueDepthsRow, err error) {
 	tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
