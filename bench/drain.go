@@ -52,6 +52,7 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 			return drainOutbox(ctx, env, n, defaultConfig[order](), topic, topic+".2")
 		}},
 	}
+	cs = append(cs, txContenders(ctx, env)...)
 	var rivers, watermills, decoding []string
 	for _, rc := range o.river {
 		name := "river, " + rc.String()
