@@ -348,7 +348,7 @@ func RegisterHealthGauges(mp metric.MeterProvider, ob *outbox.Outbox, opts *outb
 //
 // Each count stops at opts.Cap (default outbox.DepthCapDefault, 10,000),
 // and a collection reads only indexes, so its cost is bounded per queue:
-// at 1,000,000 rows of four queues, about 15 ms on a vacuumed table
+// at 1,000,000 rows of four queues, about 16 ms on a vacuumed table
 // (see QueueDepths for the cost before vacuum). Rows blocked behind their
 // ordering key and key hand-overs are not reported: Outbox.QueueStats
 // reads them. A collection whose read fails records nothing; the
