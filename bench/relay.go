@@ -78,6 +78,9 @@ func runRelay(ctx context.Context, env *benchEnv, o options) error {
 	var cs []contender
 	for _, workers := range []int{outbox.WorkersDefault, 64} {
 		name := fmt.Sprintf("outboxjs Relay, %d workers", workers)
+		if workers == outbox.WorkersDefault {
+			name += " (default)"
+		}
 		ours = append(ours, name)
 		cs = append(cs, contender{name, func(n int) (time.Duration, error) {
 			return relayOutbox(ctx, env, nc, stream, n, workers)
@@ -101,14 +104,18 @@ func runRelay(ctx context.Context, env *benchEnv, o options) error {
 	for _, c := range cs {
 		names = append(names, c.name)
 	}
-	base := fastest(s, ours)
-	if base == "" {
+	base := ours[0] // the relay at its default configuration
+	if s[base] == nil {
 		base = names[0]
 	}
 	report(o.out, s, names, n, "msg", base)
-	if best, peer := fastest(s, ours), fastest(s, theirs); best != "" && peer != "" {
-		fmt.Fprintf(o.out, "fastest %s: %.0f msgs/s; fastest %s: %.0f msgs/s; ratio %.2fx\n",
-			best, rate(median(s[best]), n), peer, rate(median(s[peer]), n), rate(median(s[best]), n)/rate(median(s[peer]), n))
+	if peer := fastest(s, theirs); peer != "" {
+		for _, name := range ours {
+			if s[name] != nil {
+				fmt.Fprintf(o.out, "%s: %.0f msgs/s = %.2fx the fastest watermill forwarder (%s, %.0f msgs/s)\n",
+					name, rate(median(s[name]), n), rate(median(s[name]), n)/rate(median(s[peer]), n), peer, rate(median(s[peer]), n))
+			}
+		}
 	}
 	return nil
 }
