@@ -36,6 +36,7 @@ func Example() {
 	}
 	defer nc.Close()
 
+	// readme:begin relay
 	relay, err := outboxjs.NewRelay(ob, nc, []string{"orders.created"}, &outboxjs.Config{
 		Subject:  func(m *outbox.Message[[]byte]) (string, error) { return "events." + m.Queue, nil },
 		Subjects: []string{"events.>"},
@@ -51,4 +52,5 @@ func Example() {
 	if err := relay.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
+	// readme:end
 }

@@ -36,6 +36,7 @@ func TestMain(m *testing.M) {
 }
 
 // natsURL is the broker the tests use: $NATS_URL, else 127.0.0.1:4222.
+// Without NATS_URL, tests skip when nothing answers there.
 func natsURL() string {
 	if u := os.Getenv("NATS_URL"); u != "" {
 		return u
@@ -59,8 +60,13 @@ func setup(t *testing.T) *env {
 	t.Helper()
 	f := outboxtest.New(t, outboxtest.Connect(t), nil)
 	nc, err := nats.Connect(natsURL(), nats.Timeout(2*time.Second))
-	if err != nil {
-		t.Fatalf("no NATS server at %s (%v): start one with JetStream, e.g. nats-server -a 127.0.0.1 -p 4222 -js, or set NATS_URL", natsURL(), err)
+	switch {
+	case err != nil && os.Getenv("NATS_URL") == "":
+		// make test needs only Go and PostgreSQL; CI sets NATS_URL, so
+		// there a missing broker fails.
+		t.Skipf("no NATS server at %s (%v): start one with JetStream (nats-server -a 127.0.0.1 -p 4222 -js) or set NATS_URL to run this test", natsURL(), err)
+	case err != nil:
+		t.Fatalf("no NATS server at $NATS_URL %s (%v): start one with JetStream, e.g. nats-server -a 127.0.0.1 -p 4222 -js", natsURL(), err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
