@@ -336,27 +336,32 @@ func waitTable(ctx context.Context, env *benchEnv, query string, n int) error {
 	}
 }
 
-// drainWatermill drains with watermill-sql's queue schema and DeleteOnAck,
-// taking batch rows per query, through db: its pgx adapter or
-// database/sql (what its documentation shows). The clock stops when every
-// message was acknowledged and the table is empty.
-func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner, batch int, decode bool) (time.Duration, error) {
+// watermillBacklog publishes n orders to topic through pub, drainBatch
+// at a time.
+func watermillBacklog(pub message.Publisher, topic string, n int) error {
 	msgs := make([]*message.Message, drainBatch)
 	for first := 0; first < n; first += drainBatch {
 		for i := range msgs {
 			payload, err := jsonOrder(first + i)
 			if err != nil {
-				return 0, err
+				return err
 			}
 			msgs[i] = message.NewMessage(watermill.NewUUID(), payload)
 		}
-		if err := env.watermill.Publish(topic, msgs...); err != nil {
-			return 0, err
+		if err := pub.Publish(topic, msgs...); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// watermillSubscriber is watermill-sql's subscriber of its queue schema
+// through db, taking batch rows per query and deleting rows on ack,
+// polling every 20 ms.
+func watermillSubscriber(db wsql.Beginner, batch int) (*wsql.Subscriber, error) {
 	schema := watermillSchema()
 	schema.SubscribeBatchSize = batch
-	sub, err := wsql.NewSubscriber(db, wsql.SubscriberConfig{
+	return wsql.NewSubscriber(db, wsql.SubscriberConfig{
 		SchemaAdapter: schema,
 		OffsetsAdapter: wsql.PostgreSQLQueueOffsetsAdapter{
 			DeleteOnAck:               true,
@@ -364,6 +369,17 @@ func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner,
 		},
 		PollInterval: 20 * time.Millisecond,
 	}, watermill.NopLogger{})
+}
+
+// drainWatermill drains with watermill-sql's queue schema and DeleteOnAck,
+// taking batch rows per query, through db: its pgx adapter or
+// database/sql (what its documentation shows). The clock stops when every
+// message was acknowledged and the table is empty.
+func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner, batch int, decode bool) (time.Duration, error) {
+	if err := watermillBacklog(env.watermill, topic, n); err != nil {
+		return 0, err
+	}
+	sub, err := watermillSubscriber(db, batch)
 	if err != nil {
 		return 0, err
 	}
@@ -400,7 +416,7 @@ func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner,
 	default:
 	}
 	if werr == nil {
-		werr = waitTable(ctx, env, "SELECT NOT EXISTS (SELECT 1 FROM "+schema.GenerateMessagesTableName(topic)+") AND $1 > 0", n)
+		werr = waitTable(ctx, env, "SELECT NOT EXISTS (SELECT 1 FROM "+watermillSchema().GenerateMessagesTableName(topic)+") AND $1 > 0", n)
 	}
 	return clock.stop(), werr
 }

@@ -148,29 +148,10 @@ func relayOutbox(ctx context.Context, env *benchEnv, nc *nats.Conn, stream jetst
 // TrackMsgId (Nats-Msg-Id from the message's UUID).
 func relayWatermill(ctx context.Context, env *benchEnv, nc *nats.Conn, stream jetstream.Stream,
 	fwd *forwarder.Publisher, table string, n, batch int) (time.Duration, error) {
-	msgs := make([]*message.Message, drainBatch)
-	for first := 0; first < n; first += drainBatch {
-		for i := range msgs {
-			payload, err := jsonOrder(first + i)
-			if err != nil {
-				return 0, err
-			}
-			msgs[i] = message.NewMessage(watermill.NewUUID(), payload)
-		}
-		if err := fwd.Publish(relaySubject, msgs...); err != nil {
-			return 0, err
-		}
+	if err := watermillBacklog(fwd, relaySubject, n); err != nil {
+		return 0, err
 	}
-	schema := watermillSchema()
-	schema.SubscribeBatchSize = batch
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(env.pool), wsql.SubscriberConfig{
-		SchemaAdapter: schema,
-		OffsetsAdapter: wsql.PostgreSQLQueueOffsetsAdapter{
-			DeleteOnAck:               true,
-			GenerateMessagesTableName: schema.GenerateMessagesTableName,
-		},
-		PollInterval: 20 * time.Millisecond,
-	}, watermill.NopLogger{})
+	sub, err := watermillSubscriber(wsql.BeginnerFromPgx(env.pool), batch)
 	if err != nil {
 		return 0, err
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxgen/outboxgen/outbox"
 )
@@ -32,48 +33,47 @@ func txContenders(ctx context.Context, env *benchEnv) []contender {
 		c.Workers = txWorkers
 		return c
 	}
-	plain := func(n int, write bool) (time.Duration, error) {
+	// drain times a Subscriber (tx false) or a TxSubscriber whose handler
+	// counts each message and, with write, inserts its row: on the pool
+	// for the Subscriber, in the delivery's transaction for the other.
+	drain := func(n int, tx, write bool) (time.Duration, error) {
 		if err := prepare(); err != nil {
 			return 0, err
 		}
 		var done atomic.Int64
-		sub, err := outbox.NewSubscriber(env.ob, []string{topic}, func(ctx context.Context, m *outbox.Message[order]) error {
+		handle := func(ctx context.Context, db interface {
+			Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+		}, m *outbox.Message[order]) error {
 			if write {
-				if _, err := env.pool.Exec(ctx, insert, m.Payload.ID); err != nil {
+				if _, err := db.Exec(ctx, insert, m.Payload.ID); err != nil {
 					return err
 				}
 			}
 			done.Add(1)
 			return nil
-		}, cfg())
-		if err != nil {
-			return 0, err
 		}
-		return drainWith(ctx, env, n, sub, &done)
-	}
-	tx := func(n int, write bool) (time.Duration, error) {
-		if err := prepare(); err != nil {
-			return 0, err
+		var (
+			sub runner
+			err error
+		)
+		if tx {
+			sub, err = outbox.NewTxSubscriber(env.ob, []string{topic}, func(ctx context.Context, tx pgx.Tx, m *outbox.Message[order]) error {
+				return handle(ctx, tx, m)
+			}, cfg())
+		} else {
+			sub, err = outbox.NewSubscriber(env.ob, []string{topic}, func(ctx context.Context, m *outbox.Message[order]) error {
+				return handle(ctx, env.pool, m)
+			}, cfg())
 		}
-		var done atomic.Int64
-		sub, err := outbox.NewTxSubscriber(env.ob, []string{topic}, func(ctx context.Context, tx pgx.Tx, m *outbox.Message[order]) error {
-			if write {
-				if _, err := tx.Exec(ctx, insert, m.Payload.ID); err != nil {
-					return err
-				}
-			}
-			done.Add(1)
-			return nil
-		}, cfg())
 		if err != nil {
 			return 0, err
 		}
 		return drainWith(ctx, env, n, sub, &done)
 	}
 	return []contender{
-		{"outbox Subscriber, 12 workers, claims by lease", func(n int) (time.Duration, error) { return plain(n, false) }},
-		{"outbox TxSubscriber, 12 workers", func(n int) (time.Duration, error) { return tx(n, false) }},
-		{"outbox Subscriber, 12 workers, claims by lease, handler inserts a row", func(n int) (time.Duration, error) { return plain(n, true) }},
-		{"outbox TxSubscriber, 12 workers, handler inserts a row in its transaction", func(n int) (time.Duration, error) { return tx(n, true) }},
+		{"outbox Subscriber, 12 workers, claims by lease", func(n int) (time.Duration, error) { return drain(n, false, false) }},
+		{"outbox TxSubscriber, 12 workers", func(n int) (time.Duration, error) { return drain(n, true, false) }},
+		{"outbox Subscriber, 12 workers, claims by lease, handler inserts a row", func(n int) (time.Duration, error) { return drain(n, false, true) }},
+		{"outbox TxSubscriber, 12 workers, handler inserts a row in its transaction", func(n int) (time.Duration, error) { return drain(n, true, true) }},
 	}
 }

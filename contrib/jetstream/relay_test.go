@@ -39,12 +39,7 @@ func TestRelayPublishesSubjectsAndHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	created := e.createdAt(t)
-	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
-		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: fastSubscriber(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	relay := e.relay(t)
 	run(t, relay)
 	waitFor(t, 10*time.Second, "the rows were not relayed", func() bool { return msgs(t, s) == 2 && e.rows(t) == 0 })
 
@@ -301,12 +296,7 @@ func TestBadSubjectDeadLettersTheRow(t *testing.T) {
 	if _, err := pub.Publish(t.Context(), e.f.Pool, []byte("x"), &outbox.PublishOpts{OrderingKey: "has space"}); err != nil {
 		t.Fatal(err)
 	}
-	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
-		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: fastSubscriber(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	relay := e.relay(t)
 	run(t, relay)
 	var dead []outbox.DeadLetter
 	waitFor(t, 10*time.Second, "the row was not dead-lettered", func() bool {
@@ -379,12 +369,7 @@ func TestRepublishedRowIsStoredOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
-		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: fastSubscriber(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	relay := e.relay(t)
 	run(t, relay)
 	waitFor(t, 10*time.Second, "the row was not acknowledged", func() bool { return e.rows(t) == 0 })
 	if n := msgs(t, s); n != 1 {

@@ -129,6 +129,19 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 // run runs relay until the test ends, and fails the test if Run returns
 // an error.
+// relay returns a relay of the test's queue orders to its prefix's
+// subjects, polling fast.
+func (e *env) relay(t *testing.T) *outboxjs.Relay {
+	t.Helper()
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: fastSubscriber(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return relay
+}
+
 func run(t *testing.T, relay *outboxjs.Relay) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
