@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"time"
 
@@ -47,8 +48,9 @@ var errTxLeaseLost = errors.New("outbox: lease lost before the acknowledgement; 
 // claim by row lock would hold), so cfg.LockWindow must be 0 or negative;
 // each running handler holds a pool connection for its transaction, so
 // the pool needs Workers connections plus three for claims, heartbeats
-// and outcomes; and acknowledgements are not batched, one commit each.
-// Retries and dead letters still are.
+// and outcomes: Workers defaults to that many (at most WorkersDefault),
+// and a larger Workers is logged as a warning; and acknowledgements are
+// not batched, one commit each. Retries and dead letters still are.
 //
 // The transaction uses the pool's default isolation level; a handler that
 // needs another sets it with its first statement (SET TRANSACTION
@@ -67,15 +69,32 @@ func NewTxSubscriber[T any](ob *Outbox, queues []string, handler TxHandler[T], c
 		c = *cfg
 	}
 	c.LockWindow = -1
+	spare := 0 // pool connections left to claims, heartbeats and outcomes
+	if ob != nil {
+		spare = int(ob.pool.Config().MaxConns) - txPoolReserve
+		if c.Workers == 0 {
+			c.Workers = min(WorkersDefault, max(spare, 1))
+		}
+	}
 	s, err := NewSubscriber(ob, queues, func(context.Context, *Message[T]) error {
 		return errors.New("outbox: a transactional subscriber's plain handler ran")
 	}, &c)
 	if err != nil {
 		return nil, err
 	}
+	if s.cfg.Workers > spare {
+		s.log.Warn("outbox: the pool is too small for this transactional subscriber's workers: handlers wait for connections, and a long wait delays heartbeats",
+			slog.Int("workers", s.cfg.Workers), slog.Int("pool_max_conns", int(ob.pool.Config().MaxConns)),
+			slog.Int("want_max_conns", s.cfg.Workers+txPoolReserve))
+	}
 	s.txHandler = handler
 	return s, nil
 }
+
+// txPoolReserve is the pool connections a transactional subscriber keeps
+// beside its handlers' transactions: a claim, a heartbeat and an outcome
+// write.
+const txPoolReserve = 3
 
 // txResult is how a transactional delivery ended.
 type txResult int

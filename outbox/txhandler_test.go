@@ -1,14 +1,18 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -318,4 +322,42 @@ func TestNewTxSubscriberRefusesBadInput(t *testing.T) {
 // rawRow is a due row of queue with payload as it is, no headers.
 func rawRow(queue, payload string) db.PublishParams {
 	return db.PublishParams{Queue: queue, Payload: []byte(payload)}
+}
+
+// A transactional subscriber's workers default to what its pool can hold
+// beside a claim, a heartbeat and an outcome write; more are a warning.
+func TestTxSubscriberWorkersFitThePool(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 6
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ob, err := New(pool, &Config{Schema: e.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(context.Context, pgx.Tx, *Message[string]) error { return nil }
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	sub, err := NewTxSubscriber(ob, []string{"q"}, h, &SubscriberConfig[string]{Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sub.cfg.Workers != 3 || logs.Len() != 0 {
+		t.Errorf("a pool of 6: %d workers, logs %q; want 3 and none", sub.cfg.Workers, logs.String())
+	}
+	sub, err = NewTxSubscriber(ob, []string{"q"}, h, &SubscriberConfig[string]{Logger: logger, Workers: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sub.cfg.Workers != 8 || !strings.Contains(logs.String(), "want_max_conns=11") {
+		t.Errorf("8 workers on a pool of 6: %d workers, logs %q; want 8 and a warning asking for 11", sub.cfg.Workers, logs.String())
+	}
 }
