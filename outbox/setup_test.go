@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -15,7 +17,18 @@ import (
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(txChildDSN) != "" {
+		// A subscriber process of TestTxEffectsHappenOnceThroughKills: it
+		// runs until it is killed.
+		if err := runTxChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "transactional subscriber child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	pgtest.Main(m)
+}
 
 // env is one test's migrated outbox in its own schema.
 type env struct {
