@@ -83,7 +83,7 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10s); make test runs t
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench: ## Benchmark against a bare INSERT, River and watermill-sql on $DATABASE_URL (medians, ratios)
+bench: ## Benchmark against a bare INSERT, River, watermill-sql and watermill's SQL-to-NATS forwarder on $DATABASE_URL (medians, ratios)
 	cd bench && $(GO) run . $(BENCH_ARGS)
 
 # The soak is not run in CI: DURATION sets its length, SOAK_ARGS passes
