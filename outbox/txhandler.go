@@ -48,9 +48,12 @@ var errTxLeaseLost = errors.New("outbox: lease lost before the acknowledgement; 
 // claim by row lock would hold), so cfg.LockWindow must be 0 or negative;
 // each running handler holds a pool connection for its transaction, so
 // the pool needs Workers connections plus three for claims, heartbeats
-// and outcomes: Workers defaults to that many (at most WorkersDefault),
-// and a larger Workers is logged as a warning; and acknowledgements are
-// not batched, one commit each. Retries and dead letters still are.
+// and outcomes: Workers defaults to the pool's MaxConns minus three (at
+// least 1, at most WorkersDefault), and a larger Workers is logged as a
+// warning; and acknowledgements are not batched, one commit each. Retries
+// and dead letters still are. A commit whose answer was lost after the
+// server committed leaves the row deleted: the retry then finds the
+// lease gone and writes nothing.
 //
 // The transaction uses the pool's default isolation level; a handler that
 // needs another sets it with its first statement (SET TRANSACTION
