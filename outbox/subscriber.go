@@ -34,7 +34,7 @@ type Subscriber[T any] struct {
 	ob          *Outbox
 	queues      []string
 	handler     Handler[T]
-	txHandler   TxHandler[T] // set by NewTxSubscriber; handler is then unused
+	txHandler   TxHandler[T] // set by NewTxSubscriber, instead of handler
 	cfg         SubscriberConfig[T]
 	contentType string
 	log         *slog.Logger
@@ -46,6 +46,18 @@ type Subscriber[T any] struct {
 // naming the first that breaks a rule; it does not touch the database.
 // Call [Subscriber.Run] to start delivering.
 func NewSubscriber[T any](ob *Outbox, queues []string, handler Handler[T], cfg *SubscriberConfig[T]) (*Subscriber[T], error) {
+	s, err := newSubscriber(ob, queues, handler == nil, cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.handler = handler
+	return s, nil
+}
+
+// newSubscriber validates a subscriber's arguments in NewSubscriber's
+// order (noHandler: the handler given is nil) and returns the subscriber
+// without its handler.
+func newSubscriber[T any](ob *Outbox, queues []string, noHandler bool, cfg *SubscriberConfig[T]) (*Subscriber[T], error) {
 	if ob == nil {
 		return nil, &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
 	}
@@ -62,7 +74,7 @@ func NewSubscriber[T any](ob *Outbox, queues []string, handler Handler[T], cfg *
 		}
 		seen[q] = true
 	}
-	if handler == nil {
+	if noHandler {
 		return nil, &ConfigError{Field: "handler", Value: "<nil>", Rule: "must not be nil"}
 	}
 	c, err := cfg.resolve(queues)
@@ -72,7 +84,6 @@ func NewSubscriber[T any](ob *Outbox, queues []string, handler Handler[T], cfg *
 	return &Subscriber[T]{
 		ob:          ob,
 		queues:      append([]string(nil), queues...),
-		handler:     handler,
 		cfg:         c,
 		contentType: c.Codec.ContentType(),
 		log:         c.Logger.With(slog.String("subscriber", c.Name)),

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,18 +50,15 @@ var errTxLeaseLost = errors.New("outbox: lease lost before the acknowledgement; 
 // and outcomes: Workers defaults to the pool's MaxConns minus three (at
 // least 1, at most WorkersDefault), and a larger Workers is logged as a
 // warning; and acknowledgements are not batched, one commit each. Retries
-// and dead letters still are. A commit whose answer was lost after the
-// server committed leaves the row deleted: the retry then finds the
-// lease gone and writes nothing.
+// and dead letters still are.
 //
 // The transaction uses the pool's default isolation level; a handler that
 // needs another sets it with its first statement (SET TRANSACTION
 // ISOLATION LEVEL ...). A commit that fails (a serialization failure, a
-// lost connection) is retried like a handler's error.
+// lost connection) is retried like a handler's error; one whose answer
+// was lost after the server committed left the row deleted, so that
+// retry finds the lease gone and writes nothing.
 func NewTxSubscriber[T any](ob *Outbox, queues []string, handler TxHandler[T], cfg *SubscriberConfig[T]) (*Subscriber[T], error) {
-	if handler == nil {
-		return nil, &ConfigError{Field: "handler", Value: "<nil>", Rule: "must not be nil"}
-	}
 	if cfg != nil && cfg.LockWindow > 0 {
 		return nil, &ConfigError{Field: "LockWindow", Value: cfg.LockWindow.String(),
 			Rule: "must be 0 or negative for NewTxSubscriber: a transactional handler's claims write leases"}
@@ -79,9 +75,7 @@ func NewTxSubscriber[T any](ob *Outbox, queues []string, handler TxHandler[T], c
 			c.Workers = min(WorkersDefault, max(spare, 1))
 		}
 	}
-	s, err := NewSubscriber(ob, queues, func(context.Context, *Message[T]) error {
-		return errors.New("outbox: a transactional subscriber's plain handler ran")
-	}, &c)
+	s, err := newSubscriber(ob, queues, handler == nil, &c)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +117,8 @@ func (r *run[T]) handleInTx(ctx context.Context, d *delivery, msg *Message[T]) (
 			cancel()
 		}
 	}()
-	if herr = safeTxHandle(ctx, r.s.txHandler, ownedTx{tx}, msg); herr != nil {
+	inTx := func(ctx context.Context, m *Message[T]) error { return r.s.txHandler(ctx, ownedTx{tx}, m) }
+	if herr = safeHandle(ctx, inTx, msg); herr != nil {
 		return txRolledBack, herr
 	}
 	// From here the row is ours to delete: the heartbeat lets it be, so
@@ -146,36 +141,23 @@ func (r *run[T]) handleInTx(ctx context.Context, d *delivery, msg *Message[T]) (
 }
 
 // txEnded reports what became of a transactional delivery that committed
-// or lost its lease: there is no outcome to write.
+// or lost its lease: there is no outcome left to write, so its event is
+// reported as a landed acknowledgement's, or a lost one's, would be.
 func (r *run[T]) txEnded(hctx context.Context, d *delivery, res txResult, ran time.Duration, observed bool, info DeliveryInfo) {
 	r.leases.remove(d)
-	ev := MetricEvent{Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Duration: ran}
-	out := DeliveryOutcome{Ran: ran}
-	if res == txCommitted {
-		ev.Name, out.Outcome = EventAcked, OutcomeAcked
-		if d.row.OrderingKey != nil {
-			r.wakeFetcher() // the delete handed the key to its next row
-		}
-	} else {
-		ev.Name, ev.Reason = EventLeaseLost, outcomeWrites[kindAck]
-		out.Outcome, out.Err = OutcomeAbandoned, errTxLeaseLost
-		r.s.log.WarnContext(d.context(), "outbox: lease lost before the acknowledgement; the handler's transaction rolled back and the newer delivery decides",
-			rowAttrs(d)...)
+	o := outcome{d: d, kind: kindAck, attempted: true, ran: ran}
+	var matched map[lease]bool // nil: the acknowledgement landed
+	out := deliveryOutcome(o, nil)
+	if res == txLeaseLost {
+		matched = map[lease]bool{}
+		out = DeliveryOutcome{Outcome: OutcomeAbandoned, Err: errTxLeaseLost, Ran: ran}
+	} else if d.row.OrderingKey != nil {
+		r.wakeFetcher() // the delete handed the key to its next row
 	}
 	if observed {
 		r.observeEnd(hctx, info, out)
 	}
-	r.emit(ev)
-}
-
-// safeTxHandle calls h, turning a panic into an error.
-func safeTxHandle[T any](ctx context.Context, h TxHandler[T], tx pgx.Tx, msg *Message[T]) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
-		}
-	}()
-	return h(ctx, tx, msg)
+	r.report([]outcome{o}, matched)
 }
 
 // ownedTx is the transaction a TxHandler gets: the subscriber ends it.
