@@ -90,6 +90,12 @@ func newSubscriber[T any](ob *Outbox, queues []string, noHandler bool, cfg *Subs
 	}, nil
 }
 
+// Config returns the subscriber's configuration as it runs: every field
+// left zero in the SubscriberConfig it was made with holds its default
+// (Workers, LeaseTTL, HeartbeatInterval, Retry, Codec, Logger, ...), so
+// code built around a subscriber can read its timing.
+func (s *Subscriber[T]) Config() SubscriberConfig[T] { return s.cfg }
+
 // Run delivers messages until ctx is done, then stops claiming, releases
 // the rows it claimed but did not start, waits for running handlers,
 // writes their outcomes, and returns.

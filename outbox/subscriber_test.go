@@ -298,7 +298,7 @@ func TestNewSubscriberRejectsBadConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := sub.cfg
+	c := sub.Config() // the defaults filled in
 	got := []any{c.Name, c.Workers, c.FetchBatchSize, c.LeaseTTL, c.HeartbeatInterval, c.MaxDeliveries, c.GracefulTimeout}
 	want := []any{"a,b", WorkersDefault, FetchBatchSizeDefault, LeaseTTLDefault, LeaseTTLDefault / 3, MaxDeliveriesDefault, GracefulTimeoutDefault}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -153,9 +153,6 @@ func NewRelay(ob *outbox.Outbox, nc *nats.Conn, queues []string, cfg *Config) (*
 	if sc.MaxDeliveries == 0 {
 		sc.MaxDeliveries = -1
 	}
-	sc.Workers = cmp.Or(sc.Workers, outbox.WorkersDefault)
-	sc.LeaseTTL = cmp.Or(sc.LeaseTTL, outbox.LeaseTTLDefault)
-	sc.MaxFetchInterval = cmp.Or(sc.MaxFetchInterval, outbox.MaxFetchIntervalDefault)
 	log := cmp.Or(c.Logger, sc.Logger, slog.Default())
 	if sc.Logger == nil {
 		sc.Logger = log
@@ -202,20 +199,21 @@ func NewRelay(ob *outbox.Outbox, nc *nats.Conn, queues []string, cfg *Config) (*
 	r := &Relay{
 		ob: ob, subject: c.Subject, header: c.Header, subjects: c.Subjects,
 		source: c.Source, stream: c.Stream, warnOnly: c.WarnOnly, log: log,
-		redelivery: Redelivery{
-			PublishTimeout: c.PublishTimeout, LeaseTTL: sc.LeaseTTL, MaxRetryDelay: retry,
-			MaxFetchInterval: sc.MaxFetchInterval, Margin: redeliveryMargin,
-		},
 	}
 	r.sub, err = outbox.NewSubscriber(ob, queues, r.handle, &sc)
 	if err != nil {
 		return nil, err
 	}
+	run := r.sub.Config() // the subscriber's timing, defaults filled in
+	r.redelivery = Redelivery{
+		PublishTimeout: c.PublishTimeout, LeaseTTL: run.LeaseTTL, MaxRetryDelay: retry,
+		MaxFetchInterval: run.MaxFetchInterval, Margin: redeliveryMargin,
+	}
 	// Each worker has at most one publish awaiting its ack; the margin
 	// covers publishes a cancelled handler left behind until they time
 	// out.
 	r.js, err = jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(2*sc.Workers),
+		jetstream.WithPublishAsyncMaxPending(2*run.Workers),
 		jetstream.WithPublishAsyncTimeout(c.PublishTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("outboxjs: %w", err)
