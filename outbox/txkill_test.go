@@ -7,13 +7,13 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/internal/childtest"
 )
 
 // The child process's settings, from the environment.
@@ -85,51 +85,27 @@ func TestTxEffectsHappenOnceThroughKills(t *testing.T) {
 	q.Set("application_name", app)
 	u.RawQuery = q.Encode()
 
-	var stderr strings.Builder
-	startChild := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), txChildDSN+"="+u.String(), txChildSchema+"="+e.db.Schema)
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if cmd.ProcessState == nil {
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			}
-		})
-		return cmd
+	startChild := func() *childtest.Child {
+		return childtest.Start(t, txChildDSN+"="+u.String(), txChildSchema+"="+e.db.Schema)
 	}
-	effects := func() int { return e.count("effects") }
 	waitEffects := func(n int) {
 		t.Helper()
-		eventually(t, fmt.Sprintf("%d effects", n), func() bool { return effects() >= n })
-	}
-	kill := func(cmd *exec.Cmd) {
-		t.Helper()
-		if err := cmd.Process.Kill(); err != nil {
-			t.Fatal(err)
-		}
-		_ = cmd.Wait()
-		if cmd.ProcessState.Exited() {
-			t.Fatalf("the subscriber exited (%v) before it was killed:\n%s", cmd.ProcessState, stderr.String())
-		}
+		eventually(t, fmt.Sprintf("%d effects", n), func() bool { return e.count("effects") >= n })
 	}
 
 	child := startChild()
 	waitEffects(500)
-	kill(child)
+	child.Kill(t)
 	child = startChild()
 	waitEffects(1200)
 	e.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app)
 	waitEffects(1800)
-	kill(child)
+	child.Kill(t)
 	child = startChild()
 	waitEffects(2400)
 	e.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app)
 	eventually(t, "an empty outbox", func() bool { return e.count("outbox") == 0 })
-	kill(child)
+	child.Kill(t)
 
 	rows, err := e.db.Pool.Query(e.ctx, `SELECT msg, count(*) FROM effects GROUP BY msg HAVING count(*) <> 1 ORDER BY msg LIMIT 10`)
 	if err != nil {

@@ -1,16 +1,13 @@
 package outboxjs_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	outboxjs "github.com/outboxgen/outboxgen/contrib/jetstream"
+	"github.com/outboxgen/outboxgen/internal/childtest"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -65,61 +63,19 @@ func runChild() error {
 	return relay.Run(ctx)
 }
 
-// child is one relay process.
-type child struct {
-	cmd    *exec.Cmd
-	stderr *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // startChild runs the test binary as a relay of e's outbox.
-func startChild(t *testing.T, e *env) *child {
+func startChild(t *testing.T, e *env) *childtest.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childDSNEnv+"="+e.f.Pool.Config().ConnString(),
+	return childtest.Start(t, childEnv+"=1", childDSNEnv+"="+e.f.Pool.Config().ConnString(),
 		childSchemaEnv+"="+e.f.Schema, childPrefixEnv+"="+e.prefix)
-	c := &child{cmd: cmd, stderr: &lockedBuffer{}}
-	cmd.Stderr = c.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	return c
 }
 
 // kill ends the relay with SIGKILL and returns how many duplicates the
 // stream dropped for it.
-func (c *child) kill(t *testing.T) int {
+func kill(t *testing.T, c *childtest.Child) int {
 	t.Helper()
-	if err := c.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.cmd.Wait()
-	if c.cmd.ProcessState.Exited() {
-		t.Fatalf("the relay exited (%v) before it was killed:\n%s", c.cmd.ProcessState, c.stderr)
-	}
-	return strings.Count(c.stderr.String(), "dropped as a duplicate")
+	c.Kill(t)
+	return strings.Count(c.Stderr(), "dropped as a duplicate")
 }
 
 // 10,000 rows (eight ordering keys and unkeyed rows) relayed by a relay
@@ -174,17 +130,17 @@ func TestKilledRelayPublishesEveryRowOnceInKeyOrder(t *testing.T) {
 	first := startChild(t, e)
 	publish(callsPerRound - callsPerRound/2) // while the first relay runs
 	waitFor(t, 30*time.Second, "the first relay stored nothing", func() bool { return msgs(t, s) >= 2500 })
-	dups := first.kill(t)
+	dups := kill(t, first)
 	t.Logf("killed the first relay at %d messages, after %v", msgs(t, s), time.Since(start).Round(time.Millisecond))
 
 	second := startChild(t, e)
 	waitFor(t, 30*time.Second, "the second relay got stuck", func() bool { return msgs(t, s) >= 6000 })
-	dups += second.kill(t)
+	dups += kill(t, second)
 	t.Logf("killed the second relay at %d messages, after %v", msgs(t, s), time.Since(start).Round(time.Millisecond))
 
 	third := startChild(t, e)
 	waitFor(t, 40*time.Second, "the third relay did not finish", func() bool { return e.rows(t) == 0 })
-	dups += third.kill(t)
+	dups += kill(t, third)
 	t.Logf("the outbox was empty after %v; the stream dropped %d duplicates", time.Since(start).Round(time.Millisecond), dups)
 
 	if n := msgs(t, s); n != total {
