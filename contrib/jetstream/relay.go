@@ -110,6 +110,23 @@ type Config struct {
 
 // Relay publishes the rows of outbox queues to JetStream. Create it with
 // [NewRelay] and call [Relay.Run].
+//
+// A publish that fails is retried by the subscriber's retry strategy
+// (Config.Subscriber), unless publishing the same message again cannot
+// succeed: a payload above the server's max_payload or a header NATS
+// cannot carry, which the client refuses, or a refusal of the stream
+// for what the message is, such as a message above the stream's
+// MaxMsgSize or headers above its limit, or a directive of a custom
+// Config.Header that cannot hold (Nats-Expected-Last-Sequence,
+// Nats-Expected-Last-Msg-Id, a Nats-Rollup the stream does not allow).
+// Such a row's delivery ends at once with [outbox.Reject]: it goes to
+// the dead-letter table with reason rejected and the broker's error,
+// and its key's later rows are relayed. Refusals about the stream
+// rather than the message (no stream captures the subject, another
+// stream than Config.Stream does, a sealed stream, storage or account
+// limits, a cluster without a leader), timeouts and connection failures
+// are retried: every row would meet them until the stream or the broker
+// is mended.
 type Relay struct {
 	ob         *outbox.Outbox
 	js         jetstream.JetStream
@@ -270,13 +287,18 @@ func (r *Relay) handle(ctx context.Context, m *outbox.Message[[]byte]) error {
 	if h == nil {
 		h = nats.Header{} // the options set headers
 	}
+	failed := func(err error) error {
+		err = fmt.Errorf("outboxjs: publish %s to %s: %w", id, subject, err)
+		if permanent(err) {
+			// The same message would be refused the same way every
+			// time, and would hold back its key's later rows.
+			return outbox.Reject(err)
+		}
+		return err
+	}
 	f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: m.Payload}, opts...)
 	if err != nil {
-		if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadHeaderMsg) {
-			// The same message would fail the same way every time.
-			return outbox.Reject(fmt.Errorf("outboxjs: publish %s to %s: %w", id, subject, err))
-		}
-		return fmt.Errorf("outboxjs: publish %s to %s: %w", id, subject, err)
+		return failed(err)
 	}
 	// The ack timeout (Config.PublishTimeout) ends every wait.
 	select {
@@ -287,7 +309,7 @@ func (r *Relay) handle(ctx context.Context, m *outbox.Message[[]byte]) error {
 		}
 		return nil
 	case err := <-f.Err():
-		return fmt.Errorf("outboxjs: publish %s to %s: %w", id, subject, err)
+		return failed(err)
 	case <-ctx.Done():
 		return fmt.Errorf("outboxjs: publish %s to %s: %w", id, subject, context.Cause(ctx))
 	}

@@ -376,3 +376,66 @@ func TestRepublishedRowIsStoredOnce(t *testing.T) {
 		t.Errorf("the stream holds %d messages; want 1", n)
 	}
 }
+
+// A row the stream refuses for what it is (here: larger than the
+// stream's MaxMsgSize, though below the server's max_payload) is
+// dead-lettered at its first refusal, with the broker's reason, even
+// under the relay's default retry strategy, which never gives up; the
+// later rows of its key are relayed, in order.
+func TestRowTheStreamRefusesForGoodIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	s := e.streamWith(t, jetstream.StreamConfig{MaxMsgSize: 1024})
+	pub, err := outbox.NewPublisher[[]byte](e.f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := []byte(strings.Repeat("x", 4096))
+	for _, p := range [][]byte{big, []byte("after-1"), []byte("after-2"), []byte("after-3")} {
+		if _, err := pub.Publish(t.Context(), e.f.Pool, p, &outbox.PublishOpts{OrderingKey: "k"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sc := fastSubscriber()
+	sc.Retry = nil // the relay's default: no cap on attempts
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: sc,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, relay)
+	waitFor(t, 10*time.Second, "the key's later rows were not relayed", func() bool { return msgs(t, s) == 3 && e.rows(t) == 0 })
+
+	var data []string
+	for _, m := range stored(t, s) {
+		data = append(data, string(m.Data))
+	}
+	if diff := cmp.Diff([]string{"after-1", "after-2", "after-3"}, data); diff != "" {
+		t.Errorf("stream (-want +got):\n%s", diff)
+	}
+	dead, err := e.f.Outbox.DeadLetters(t.Context(), outbox.DeadLetterFilter{}, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type letter struct {
+		Queue, OrderingKey, Reason string
+		Payload                    []byte
+		Attempts                   int
+		SaysWhy                    bool
+	}
+	var got []letter
+	for _, d := range dead {
+		got = append(got, letter{
+			Queue: d.Queue, OrderingKey: d.OrderingKey, Reason: d.Reason, Payload: d.Payload, Attempts: d.Attempts,
+			SaysWhy: strings.Contains(d.LastError, "message size exceeds maximum allowed"),
+		})
+	}
+	want := []letter{{Queue: "orders", OrderingKey: "k", Reason: outbox.ReasonRejected, Payload: big, Attempts: 1, SaysWhy: true}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("dead letters (-want +got):\n%s", diff)
+		for _, d := range dead {
+			t.Logf("last error: %s", d.LastError)
+		}
+	}
+}

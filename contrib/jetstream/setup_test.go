@@ -89,10 +89,16 @@ func randomHex(t *testing.T, n int) string {
 // given duplicate window, deleted when the test ends.
 func (e *env) stream(t *testing.T, duplicates time.Duration) jetstream.Stream {
 	t.Helper()
+	return e.streamWith(t, jetstream.StreamConfig{Duplicates: duplicates})
+}
+
+// streamWith creates the test's stream with cfg, its name and subjects
+// those of stream.
+func (e *env) streamWith(t *testing.T, cfg jetstream.StreamConfig) jetstream.Stream {
+	t.Helper()
 	name := strings.ToUpper(e.prefix)
-	s, err := e.js.CreateStream(t.Context(), jetstream.StreamConfig{
-		Name: name, Subjects: []string{e.prefix + ".>"}, Duplicates: duplicates, Storage: jetstream.FileStorage,
-	})
+	cfg.Name, cfg.Subjects, cfg.Storage = name, []string{e.prefix + ".>"}, jetstream.FileStorage
+	s, err := e.js.CreateStream(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
