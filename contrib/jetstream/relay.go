@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -57,10 +58,15 @@ type Config struct {
 
 	// Header maps a row to the headers of its message. It must be safe
 	// for concurrent use. Default: [DefaultHeader], the row's headers
+	// but those named Nats-*, which JetStream would obey as directives,
 	// plus Outbox-Queue and Outbox-Ordering-Key. The relay sets
 	// Nats-Msg-Id (and Nats-Expected-Stream when Stream is set) over
-	// what it returns. An error, or a header key NATS refuses, ends the
-	// row's delivery at once, as for Subject.
+	// what it returns, dropping these headers in any other case. Any
+	// other Nats-* header it returns reaches the stream as a directive:
+	// a mapping that copies the row's headers should drop them, as
+	// DefaultHeader does. An error, or a header key NATS refuses, ends
+	// the row's delivery at once, as for Subject; so does a message the
+	// stream refuses for good (see [Relay]).
 	Header func(m *outbox.Message[[]byte]) (nats.Header, error)
 
 	// Source names the outbox in message ids ([MsgID]). Default: the
@@ -287,6 +293,14 @@ func (r *Relay) handle(ctx context.Context, m *outbox.Message[[]byte]) error {
 	if h == nil {
 		h = nats.Header{} // the options set headers
 	}
+	// The options set the relay's own headers over the mapping's; one
+	// the mapping wrote in another case would travel beside them.
+	for k := range h {
+		if strings.EqualFold(k, jetstream.MsgIDHeader) ||
+			(r.stream != "" && strings.EqualFold(k, jetstream.ExpectedStreamHeader)) {
+			delete(h, k)
+		}
+	}
 	failed := func(err error) error {
 		err = fmt.Errorf("outboxjs: publish %s to %s: %w", id, subject, err)
 		if permanent(err) {
@@ -340,9 +354,21 @@ const (
 // under its own key, plus [HeaderQueue] and, for a keyed row,
 // [HeaderOrderingKey]. NATS trims white space around header values and
 // turns line breaks in them into spaces.
+//
+// It drops every header of the row whose name starts with "Nats-", in
+// any case (Nats-Msg-Id, Nats-Rollup, Nats-Expected-Last-Sequence,
+// Nats-TTL, ...): JetStream obeys such headers as directives, and a
+// row's headers are data, which must neither purge the stream's other
+// messages, nor expire the message, nor make it unpublishable. The only
+// JetStream headers a relayed message carries are those the relay sets:
+// its own Nats-Msg-Id, and Nats-Expected-Stream when Config.Stream is
+// set.
 func DefaultHeader(m *outbox.Message[[]byte]) (nats.Header, error) {
 	h := make(nats.Header, len(m.Headers)+3)
 	for k, v := range m.Headers {
+		if isDirective(k) {
+			continue
+		}
 		h[k] = []string{v}
 	}
 	h[HeaderQueue] = []string{m.Queue}
@@ -350,4 +376,14 @@ func DefaultHeader(m *outbox.Message[[]byte]) (nats.Header, error) {
 		h[HeaderOrderingKey] = []string{m.OrderingKey}
 	}
 	return h, nil
+}
+
+// directivePrefix starts the name of every header JetStream reads as a
+// directive.
+const directivePrefix = "Nats-"
+
+// isDirective reports whether JetStream may read header k as a
+// directive: its name starts with "Nats-", in any case.
+func isDirective(k string) bool {
+	return len(k) >= len(directivePrefix) && strings.EqualFold(k[:len(directivePrefix)], directivePrefix)
 }

@@ -377,6 +377,27 @@ func TestRepublishedRowIsStoredOnce(t *testing.T) {
 	}
 }
 
+// DefaultHeader copies the row's headers but those named Nats-*, in any
+// case, which JetStream would obey as directives.
+func TestDefaultHeaderDropsJetStreamDirectives(t *testing.T) {
+	t.Parallel()
+	got, err := outboxjs.DefaultHeader(&outbox.Message[[]byte]{Queue: "orders", OrderingKey: "k", Headers: map[string]string{
+		"Nats-Rollup": "all", "Nats-Expected-Last-Sequence": "999", "nats-msg-id": "forged", "NATS-TTL": "1s",
+		"Nats-": "x", "nAtS-Expected-Stream": "OTHER",
+		"Nats": "kept", "NatsX": "kept", "X-Nats-Rollup": "kept", "tenant": "acme",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := nats.Header{
+		"Nats": {"kept"}, "NatsX": {"kept"}, "X-Nats-Rollup": {"kept"}, "tenant": {"acme"},
+		"Outbox-Queue": {"orders"}, "Outbox-Ordering-Key": {"k"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("DefaultHeader (-want +got):\n%s", diff)
+	}
+}
+
 // A row the stream refuses for what it is (here: larger than the
 // stream's MaxMsgSize, though below the server's max_payload) is
 // dead-lettered at its first refusal, with the broker's reason, even
@@ -437,5 +458,75 @@ func TestRowTheStreamRefusesForGoodIsDeadLettered(t *testing.T) {
 		for _, d := range dead {
 			t.Logf("last error: %s", d.LastError)
 		}
+	}
+}
+
+// Headers named Nats-* on a row are data, never JetStream directives:
+// a row carrying Nats-Rollup: all does not purge the messages stored
+// before it, one carrying Nats-Expected-Last-Sequence: 999 is not
+// refused, and rows carrying the same forged nats-msg-id are each
+// stored, once, under the relay's own id.
+func TestOutboxHeadersNeverActAsJetStreamDirectives(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	s := e.streamWith(t, jetstream.StreamConfig{AllowRollup: true})
+	pub, err := outbox.NewPublisher[[]byte](e.f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := []struct {
+		data    string
+		headers map[string]string
+	}{
+		{"first", nil},
+		{"second", map[string]string{"nats-msg-id": "forged"}},
+		{"third", map[string]string{"nats-msg-id": "forged"}},
+		{"rollup", map[string]string{"Nats-Rollup": "all", "tenant": "acme"}},
+		{"expects", map[string]string{"Nats-Expected-Last-Sequence": "999", "NATS-EXPECTED-LAST-MSG-ID": "nope"}},
+	}
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		// One key: the rows are published in this order.
+		ids[i], err = pub.Publish(t.Context(), e.f.Pool, []byte(r.data), &outbox.PublishOpts{OrderingKey: "k", Headers: r.headers})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	created := e.createdAt(t)
+	run(t, e.relay(t))
+	waitFor(t, 10*time.Second, "the rows were not relayed", func() bool { return e.rows(t) == 0 })
+
+	type msg struct {
+		Data, MsgID string
+		Directives  []string // headers named Nats-* but the relay's id
+		Tenant      string
+	}
+	var want []msg
+	for i, r := range rows {
+		m := msg{Data: r.data, MsgID: outboxjs.MsgID(e.f.Schema+".outbox", &outbox.Message[[]byte]{ID: ids[i], CreatedAt: created[ids[i]]})}
+		if r.data == "rollup" {
+			m.Tenant = "acme"
+		}
+		want = append(want, m)
+	}
+	var got []msg
+	for _, m := range stored(t, s) {
+		g := msg{Data: string(m.Data), MsgID: m.Header.Get(jetstream.MsgIDHeader), Tenant: m.Header.Get("tenant")}
+		for k := range m.Header {
+			if k != jetstream.MsgIDHeader && len(k) >= 5 && strings.EqualFold(k[:5], "Nats-") {
+				g.Directives = append(g.Directives, k)
+			}
+		}
+		got = append(got, g)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("stream (-want +got):\n%s", diff)
+	}
+	dead, err := e.f.Outbox.DeadLetters(t.Context(), outbox.DeadLetterFilter{}, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 0 {
+		t.Errorf("dead-lettered: %+v", dead)
 	}
 }
