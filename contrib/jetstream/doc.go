@@ -17,6 +17,15 @@
 // message ids ([Relay.Redelivery] says how late). Set
 // [Config.WarnOnly] to run anyway with a logged warning.
 //
+// A failed publish is retried by the subscriber's retry strategy, with
+// no cap on attempts by default, unless the same message cannot be
+// published again: a message the stream refuses for what it is (larger
+// than its MaxMsgSize, say) ends in the outbox's dead-letter table at
+// once, and its key's later rows are relayed ([Relay] lists the cases).
+// [DefaultHeader] drops a row's headers named Nats-*, which JetStream
+// would obey as directives (Nats-Rollup, Nats-Expected-Last-Sequence,
+// ...): the only ones a message carries are the relay's own.
+//
 // Rows with the same ordering key are handed to the handler one at a
 // time, in commit order, and the handler holds a row until its publish is
 // acknowledged, so a key's messages enter the stream in the order their
