@@ -530,3 +530,63 @@ func TestOutboxHeadersNeverActAsJetStreamDirectives(t *testing.T) {
 		t.Errorf("dead-lettered: %+v", dead)
 	}
 }
+
+// A directive of a custom Config.Header that cannot hold (here an
+// expected last sequence the stream is not at) dead-letters its row at
+// the first refusal, and the key's later rows are relayed; a message id
+// the mapping returns in another case is replaced by the relay's own.
+func TestDirectiveTheStreamRefusesDeadLettersTheRow(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	s := e.stream(t, 0)
+	pub, err := outbox.NewPublisher[[]byte](e.f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for _, p := range []string{"expects", "after"} {
+		id, err := pub.Publish(t.Context(), e.f.Pool, []byte(p), &outbox.PublishOpts{OrderingKey: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	created := e.createdAt(t)
+	relay, err := outboxjs.NewRelay(e.f.Outbox, e.nc, []string{"orders"}, &outboxjs.Config{
+		Subject: e.subject, Subjects: []string{e.prefix + ".>"}, Subscriber: fastSubscriber(),
+		Header: func(m *outbox.Message[[]byte]) (nats.Header, error) {
+			h, err := outboxjs.DefaultHeader(m)
+			if string(m.Payload) == "expects" {
+				h.Set(jetstream.ExpectedLastSeqHeader, "999")
+			}
+			h.Set("nats-msg-id", "forged")
+			return h, err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, relay)
+	waitFor(t, 10*time.Second, "the rows were not relayed or dead-lettered", func() bool { return msgs(t, s) == 1 && e.rows(t) == 0 })
+
+	got := stored(t, s)
+	want := []*nats.Msg{{Subject: e.prefix + ".orders.k", Data: []byte("after"), Header: nats.Header{
+		"Outbox-Queue": {"orders"}, "Outbox-Ordering-Key": {"k"},
+		"Nats-Msg-Id": {outboxjs.MsgID(e.f.Schema+".outbox", &outbox.Message[[]byte]{ID: ids[1], CreatedAt: created[ids[1]]})},
+	}}}
+	for _, m := range got {
+		delete(m.Header, "correlation-id") // the publisher's own headers
+		delete(m.Header, "content-type")
+	}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(nats.Msg{}), cmpopts.IgnoreFields(nats.Msg{}, "Sub")); diff != "" {
+		t.Errorf("stream (-want +got):\n%s", diff)
+	}
+	dead, err := e.f.Outbox.DeadLetters(t.Context(), outbox.DeadLetterFilter{}, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].ID != ids[0] || dead[0].Reason != outbox.ReasonRejected || dead[0].Attempts != 1 ||
+		!strings.Contains(dead[0].LastError, "wrong last sequence") {
+		t.Errorf("dead letters: %+v; want row %d rejected at its first attempt for the wrong last sequence", dead, ids[0])
+	}
+}
