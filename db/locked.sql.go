@@ -155,19 +155,28 @@ func (q *Queries) EndLockRecord(ctx context.Context, arg EndLockRecordParams) er
 
 const forgetAborted = `-- name: ForgetAborted :exec
 WITH counted AS (
-    SELECT range_agg(int8range(c.id, c.id, '[]')) AS ids FROM unnest($1::bigint[]) AS c(id)
+    SELECT range_agg(CASE WHEN c.id = 9223372036854775807 THEN int8range(c.id, NULL)
+                          ELSE int8range(c.id, c.id + 1) END) AS ids
+    FROM unnest($2::bigint[]) AS c(id)
 )
 UPDATE /*outbox:table*/outbox_locks AS l
 SET ids = l.ids - counted.ids
 FROM counted
 WHERE l.ids && counted.ids
-  AND pg_xact_status(l.xid::text::xid8) = 'aborted'
+  AND l.xid <> $1::bigint
 `
 
-// Removes @ids from the records of aborted claims, in the claim that
-// counted those aborted deliveries, so they are counted once.
-func (q *Queries) ForgetAborted(ctx context.Context, ids []int64) error {
-	_, err := q.db.Exec(ctx, forgetAborted, ids)
+type ForgetAbortedParams struct {
+	Xid int64
+	Ids []int64
+}
+
+// Removes @ids from the records of ended claims, in the claim of
+// transaction @xid, which counted those aborted deliveries, so they are
+// counted once. The claim holds the rows' locks, so every other record
+// naming them is of a claim that ended.
+func (q *Queries) ForgetAborted(ctx context.Context, arg ForgetAbortedParams) error {
+	_, err := q.db.Exec(ctx, forgetAborted, arg.Xid, arg.Ids)
 	return err
 }
 
@@ -208,7 +217,11 @@ func (q *Queries) LeaseLocked(ctx context.Context, arg LeaseLockedParams) (int64
 }
 
 const lock = `-- name: Lock :many
-WITH candidates AS (
+WITH held AS MATERIALIZED (
+    SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
+    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+    WHERE l.until > now()
+), candidates AS (
     SELECT p.id, p.queue, p.next_attempt_at, p.payload, p.headers, p.ordering_key, p.timer_id, p.created_at, p.attempts_count, p.deliveries_count, p.first_attempt_at FROM (
         SELECT unnest($3::text[]) AS name, unnest($4::timestamptz[]) AS after_at,
                unnest($5::bigint[]) AS after_id
@@ -222,6 +235,7 @@ WITH candidates AS (
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
           AND (o.next_attempt_at, o.id) > (CASE WHEN q.after_id = -9223372036854775808 THEN '-infinity' ELSE q.after_at END, q.after_id)
+          AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
         LIMIT $6::integer
         FOR UPDATE OF o SKIP LOCKED
@@ -338,7 +352,10 @@ WHERE o.queue = $2::text
   AND o.acquired_token IS NULL
   AND NOT o.blocked
   AND o.next_attempt_at <= now()
-  AND (o.next_attempt_at, o.id) > (coalesce($3::timestamptz, '-infinity'), coalesce($4::bigint, 0))
+  AND (o.next_attempt_at, o.id) > (coalesce($3::timestamptz, '-infinity'), coalesce($4::bigint, -9223372036854775808))
+  AND NOT o.id <@ (SELECT coalesce(range_agg(r.ids), '{}')::int8multirange
+                   FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+                   WHERE l.until > now())
 ORDER BY o.next_attempt_at, o.id
 LIMIT $5::integer
 FOR UPDATE OF o SKIP LOCKED
@@ -384,6 +401,10 @@ type LockQueueRow struct {
 // the queue's order (next_attempt_at, id): a claim made while another
 // claim of the same subscriber holds the rows before it need not step
 // over their locks one by one. Rows before it wait for a claim without.
+//
+// Rows that the record of an ended claim still holds (RecordLock) are
+// passed by, as a claim by lease passes them: that claim's handlers may
+// still run.
 //
 // The transaction id and the timeout are set once, by an InitPlan run
 // when the first row comes, before its lock: a claim that finds nothing
@@ -432,20 +453,22 @@ const recordLock = `-- name: RecordLock :one
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit
 ), claimed AS MATERIALIZED (
-    SELECT range_agg(int8range(r.lower, r.upper, '[]')) AS ids
+    SELECT range_agg(CASE WHEN r.upper = 9223372036854775807 THEN int8range(r.lower, NULL)
+                          ELSE int8range(r.lower, r.upper + 1) END) AS ids
     FROM (SELECT unnest($1::bigint[]) AS lower, unnest($2::bigint[]) AS upper) AS r
 ), aborted AS (
     SELECT c.id, count(*)::integer AS aborted, bool_or(l.until > now()) AS held
     FROM claimed
     JOIN /*outbox:table*/outbox_locks AS l ON l.ids && claimed.ids
     CROSS JOIN LATERAL unnest(l.ids * claimed.ids) AS k(ids)
-    CROSS JOIN LATERAL generate_series(lower(k.ids), upper(k.ids) - 1) AS c(id)
-    WHERE pg_xact_status(l.xid::text::xid8) = 'aborted'
+    CROSS JOIN LATERAL generate_series(lower(k.ids), coalesce(upper(k.ids) - 1, 9223372036854775807)) AS c(id)
     GROUP BY c.id
 ), record AS (
     INSERT INTO /*outbox:table*/outbox_locks (xid, ids, until)
     SELECT $3::bigint,
-           claimed.ids - coalesce((SELECT range_agg(int8range(a.id, a.id, '[]')) FROM aborted AS a WHERE a.held), '{}'),
+           claimed.ids - coalesce((SELECT range_agg(CASE WHEN a.id = 9223372036854775807 THEN int8range(a.id, NULL)
+                                                         ELSE int8range(a.id, a.id + 1) END)
+                                   FROM aborted AS a WHERE a.held), '{}'),
            now() + make_interval(secs => $4::float8)
     FROM session, claimed
     WHERE pg_xact_status(($3::bigint)::text::xid8) = 'in progress'
@@ -477,15 +500,23 @@ type RecordLockRow struct {
 // @lease_ttl_seconds from now. It records nothing, and recorded is false,
 // when that transaction is no longer in progress (its connection died
 // after the claim): its locks are gone, so its rows must not be handed to
-// handlers. It returns, for each claimed row that earlier claims which
-// aborted held, how many those claims were (deliveries that ended without
-// an outcome: the subscriber crashed, its connection died) and whether one
+// handlers. It returns, for each claimed row that earlier claims' records
+// name, how many those claims were (deliveries that ended without an
+// outcome: the subscriber crashed, its connection died) and whether one
 // of them still holds it (held: its handler may still run, so the row must
 // not be handled yet). The record names the claimed rows but the held
-// ones: the claim gives those up. Only the records that aborted and share
-// rows with the claim are expanded into row ids. It needs no flush at
-// commit: it must outlive the subscriber, not the server, whose crash
-// aborts the claim too.
+// ones: the claim gives those up. It needs no flush at commit: it must
+// outlive the subscriber, not the server, whose crash aborts the claim
+// too.
+//
+// Every record that names a row the claim locked is of a claim that
+// ended: one in progress holds its rows' locks, and one that committed
+// deleted its record. So no record's transaction status is read: a record
+// restored from another cluster (pg_dump, a logical-replication cut-over)
+// names a transaction id this server may not know, and asking for its
+// status would fail. Only the records that share rows with the claim are
+// expanded into row ids. An id of 2^63-1 has no exclusive upper bound in
+// bigint, so its range is unbounded above.
 func (q *Queries) RecordLock(ctx context.Context, arg RecordLockParams) (RecordLockRow, error) {
 	row := q.db.QueryRow(ctx, recordLock,
 		arg.Lower,
@@ -526,15 +557,21 @@ func (q *Queries) SavepointLockEnd(ctx context.Context) error {
 
 const sweepLocks = `-- name: SweepLocks :execrows
 DELETE FROM /*outbox:table*/outbox_locks AS l
-WHERE pg_xact_status(l.xid::text::xid8) IS DISTINCT FROM 'in progress'
-  AND (pg_xact_status(l.xid::text::xid8) IS DISTINCT FROM 'aborted'
+USING (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next) AS horizon
+WHERE CASE WHEN l.xid >= horizon.next OR l.xid < 3 THEN 'aborted'
+           ELSE pg_xact_status(l.xid::text::xid8) END IS DISTINCT FROM 'in progress'
+  AND (CASE WHEN l.xid >= horizon.next OR l.xid < 3 THEN 'aborted'
+            ELSE pg_xact_status(l.xid::text::xid8) END IS DISTINCT FROM 'aborted'
        OR NOT EXISTS (SELECT FROM unnest(l.ids) AS r(ids)
-                      JOIN /*outbox:table*/outbox AS o ON o.id >= lower(r.ids) AND o.id < upper(r.ids)))
+                      JOIN /*outbox:table*/outbox AS o ON o.id BETWEEN lower(r.ids) AND coalesce(upper(r.ids) - 1, 9223372036854775807)))
 `
 
 // Deletes the records no claim needs: those of ended claims whose rows are
 // all gone (or were all counted), and any of a committed claim or one too
-// old for its status to be known.
+// old for its status to be known. A record whose transaction id this
+// server has not reached yet (restored from another cluster) names no
+// claim of this server's: it is treated as aborted, and its status is
+// never asked for, which would fail.
 func (q *Queries) SweepLocks(ctx context.Context) (int64, error) {
 	result, err := q.db.Exec(ctx, sweepLocks)
 	if err != nil {

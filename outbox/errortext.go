@@ -47,17 +47,6 @@ func storableText(s string) string {
 	return s
 }
 
-// isDataError reports whether err is the database refusing the values of
-// a statement (SQLSTATE classes 22, data exception, and 23, integrity
-// constraint violation): writing the same values again fails the same way.
-func isDataError(err error) bool {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || len(pe.Code) < 2 {
-		return false
-	}
-	return pe.Code[:2] == "22" || pe.Code[:2] == "23"
-}
-
 // sqlState returns err's SQLSTATE, or "" when it has none.
 func sqlState(err error) string {
 	var pe *pgconn.PgError

@@ -68,7 +68,15 @@ func (r *run[T]) fetch(ctx context.Context) {
 // claim leases up to n rows of the subscriber's queues into buf, which
 // has room for them, and returns how many it claimed. A subscriber of one
 // queue uses the claim without the ranking across queues.
+//
+// Its statements are not cancelled when ctx ends, only GracefulTimeout
+// later (r.writes), and each is bounded by QueryTimeout: a statement the
+// client gives up on may still take rows on the server after the client
+// went away, leaving them leased to nobody until their lease expires. The
+// stop waits for the claim instead, and releases the rows it took with
+// the other unstarted rows.
 func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (got int, err error) {
+	sctx := r.writes
 	if r.locks != nil {
 		// Claims by lock pay a transaction and a record per claim, which
 		// only claims of many rows amortise: after a claim that found few
@@ -76,7 +84,7 @@ func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (got int, er
 		// statement, until a claim finds many again.
 		defer func() { r.lastClaimed = got }()
 		if r.lastClaimed >= r.s.cfg.minLockedClaim {
-			return r.claimLockedOrExpired(ctx, q, n)
+			return r.claimLockedOrExpired(ctx, sctx, q, n)
 		}
 	}
 	ttl := r.s.cfg.LeaseTTL.Seconds()
@@ -86,14 +94,14 @@ func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (got int, er
 	}
 	sent := time.Now()
 	if len(r.s.queues) > 1 {
-		rows, err := q.Claim(ctx, db.ClaimParams{Token: token, Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
+		rows, err := q.Claim(sctx, db.ClaimParams{Token: token, Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
 		for _, d := range r.leases.add(r.handlerCtx, rows, token, sent) {
 			r.buf <- d
 		}
 		return len(rows), err
 	}
 	queue := r.s.queues[0]
-	rows, err := q.ClaimQueue(ctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
+	rows, err := q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
 	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
 	for _, d := range r.leases.addEach(r.handlerCtx, len(rows), fill, token, sent) {
 		r.buf <- d

@@ -165,13 +165,19 @@ func (c *lockedClaim) watch(b *claimBatch) {
 
 // claimLocked locks up to n rows of the subscriber's queues in a new
 // transaction, records the claim, and puts the rows in buf; it returns how
-// many it claimed. It waits while lockedClaimsInFlight claims are open.
-func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
+// many it claimed. It waits, until ctx ends, while lockedClaimsInFlight
+// claims are open; sctx bounds its statements (see claim). Its
+// transaction runs at READ COMMITTED whatever the pool's default
+// isolation: at REPEATABLE READ or SERIALIZABLE, locking or deleting a
+// row another transaction changed since the claim began fails with a
+// serialization failure, which no retry in the same transaction cures.
+func (r *run[T]) claimLocked(ctx, sctx context.Context, n int32) (int, error) {
 	select {
 	case r.locks <- struct{}{}:
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
+	ctx = sctx
 	started := false
 	defer func() {
 		if !started {
@@ -180,7 +186,7 @@ func (r *run[T]) claimLocked(ctx context.Context, n int32) (int, error) {
 	}()
 	timeout := r.s.cfg.QueryTimeout
 	bctx, cancel := context.WithTimeout(ctx, timeout)
-	tx, err := r.s.ob.pool.Begin(bctx)
+	tx, err := r.s.ob.pool.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	cancel()
 	if err != nil {
 		return 0, err
@@ -362,11 +368,13 @@ func (e *lockEnd) lease(d *delivery) {
 // commits it. A statement that fails is rolled back to a savepoint and
 // retried with backoff until r.ends is done, as the lease path retries
 // its writes, while the transaction keeps the rows. When the database
-// refuses the deletes' values (a data error: a trigger refusing one row,
-// say), the end leases the rows of done as well and deletes none, and
-// fellBack reports that every outcome is to be written the lease path's
-// way, which gives up only the outcomes the database refuses. On error
-// the transaction is rolled back: nothing was written.
+// refuses the deletes for their values, whatever the SQLSTATE (a trigger
+// refusing one row, say: errPermanent), the end leases the rows of done
+// as well and deletes none, and fellBack reports that every outcome is to
+// be written the lease path's way, which isolates and gives up only the
+// outcomes the database refuses. An error that dooms the transaction, or
+// a refused fallback, ends the claim without writing. On error the
+// transaction is rolled back: nothing was written.
 func (r *run[T]) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype.UUID) (fellBack bool, err error) {
 	ctx := r.ends
 	q := r.s.ob.queries(boundedDBTX{inner: c.tx, timeout: r.s.cfg.QueryTimeout})
@@ -389,10 +397,17 @@ func (r *run[T]) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgt
 		if ctx.Err() != nil || c.tx.Conn().IsClosed() {
 			return false, err
 		}
+		class := classifyDB(err)
+		if class == errDoomed || (class == errPermanent && fellBack) {
+			// Nothing more can be written in this transaction: roll it
+			// back. Its record holds the rows until LeaseTTL after the
+			// claim, and they are delivered again.
+			return false, err
+		}
 		if rerr := q.RollbackToLockEnd(ctx); rerr != nil {
 			return false, errors.Join(err, rerr)
 		}
-		if isDataError(err) && !fellBack {
+		if class == errPermanent {
 			fellBack = true
 			for _, o := range done {
 				e.lease(o.d)
@@ -433,7 +448,7 @@ func (r *run[T]) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim
 		}
 	}
 	if len(c.aborted) > 0 {
-		if err := q.ForgetAborted(ctx, c.aborted); err != nil {
+		if err := q.ForgetAborted(ctx, db.ForgetAbortedParams{Ids: c.aborted, Xid: c.xid}); err != nil {
 			return err
 		}
 	}
@@ -569,19 +584,21 @@ func deliveriesOf(os []outcome) []*delivery {
 // by lock: by lock, and by lease the rows whose lease expired (a holder
 // stopped extending it), which it takes over every MaxFetchInterval and
 // whenever a claim by lock finds nothing.
-func (r *run[T]) claimLockedOrExpired(ctx context.Context, q *db.Queries, n int32) (int, error) {
+// ctx ends the wait for a place among the claims in flight; sctx bounds
+// the claim's statements (see claim).
+func (r *run[T]) claimLockedOrExpired(ctx, sctx context.Context, q *db.Queries, n int32) (int, error) {
 	if time.Since(r.expiredTaken) >= r.s.cfg.MaxFetchInterval {
 		r.expiredTaken = time.Now()
-		if got, err := r.claimExpired(ctx, q, n); err != nil || got > 0 {
+		if got, err := r.claimExpired(sctx, q, n); err != nil || got > 0 {
 			return got, err
 		}
 	}
-	got, err := r.claimLocked(ctx, n)
+	got, err := r.claimLocked(ctx, sctx, n)
 	if got > 0 || err != nil {
 		return got, err
 	}
 	r.expiredTaken = time.Now()
-	return r.claimExpired(ctx, q, n)
+	return r.claimExpired(sctx, q, n)
 }
 
 // claimExpired leases up to n rows of the subscriber's queues whose lease

@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"context"
+	"math"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -59,6 +62,12 @@ func (e *env) explain(call func(*db.Queries)) string {
 	return strings.Join(lines, "\n")
 }
 
+// scansOutbox reports whether plan reads the outbox table (not its lock
+// records or dead letters) sequentially.
+func scansOutbox(plan string) bool {
+	return regexp.MustCompile(`Seq Scan on outbox( |$)`).MatchString(plan)
+}
+
 // The claim must stay cheap however deep the backlog: on 100k rows its plan
 // reads the outbox only through the partial indexes.
 func TestClaimPlanUsesPartialIndexes(t *testing.T) {
@@ -73,7 +82,7 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 	params := db.ClaimParams{Token: newToken(), Queues: []string{"q1", "q2"}, MaxRows: 100, LeaseTtlSeconds: 30}
 	plan := e.explain(func(q *db.Queries) { _, _ = q.Claim(e.ctx, params) })
 	t.Log(plan)
-	if strings.Contains(plan, "Seq Scan on outbox") {
+	if scansOutbox(plan) {
 		t.Errorf("claim plan scans the outbox table sequentially:\n%s", plan)
 	}
 	for _, idx := range []string{"outbox_pending_idx", "outbox_lease_expiry_idx"} {
@@ -86,13 +95,29 @@ func TestClaimPlanUsesPartialIndexes(t *testing.T) {
 		_, _ = q.ClaimQueue(e.ctx, db.ClaimQueueParams{Token: newToken(), Queue: "q1", MaxRows: 100, LeaseTtlSeconds: 30})
 	})
 	for _, idx := range []string{"outbox_pending_idx", "outbox_lease_expiry_idx"} {
-		if strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, idx) {
+		if scansOutbox(plan) || !strings.Contains(plan, idx) {
 			t.Errorf("one-queue claim plan does not use %s:\n%s", idx, plan)
 		}
 	}
 
+	// The claims by lock a default subscriber makes for any backlog of
+	// minLockedClaimDefault rows or more: one queue, and several.
+	plan = e.explain(func(q *db.Queries) {
+		_, _ = q.LockQueue(e.ctx, db.LockQueueParams{Queue: "q1", MaxRows: 100, IdleTimeoutMs: 30000})
+	})
+	if scansOutbox(plan) || !strings.Contains(plan, "outbox_pending_idx") {
+		t.Errorf("LockQueue plan does not use outbox_pending_idx:\n%s", plan)
+	}
+	plan = e.explain(func(q *db.Queries) {
+		_, _ = q.Lock(e.ctx, db.LockParams{Queues: params.Queues, PerQueue: 50, MaxRows: 100, IdleTimeoutMs: 30000,
+			AfterAt: make([]time.Time, 2), AfterID: []int64{math.MinInt64, math.MinInt64}})
+	})
+	if scansOutbox(plan) || !strings.Contains(plan, "outbox_pending_idx") {
+		t.Errorf("Lock plan does not use outbox_pending_idx:\n%s", plan)
+	}
+
 	plan = e.explain(func(q *db.Queries) { _, _ = q.NextDueIn(e.ctx, db.NextDueInParams{Queues: params.Queues}) })
-	if strings.Contains(plan, "Seq Scan on outbox") || !strings.Contains(plan, "outbox_pending_idx") {
+	if scansOutbox(plan) || !strings.Contains(plan, "outbox_pending_idx") {
 		t.Errorf("next-due plan does not use outbox_pending_idx:\n%s", plan)
 	}
 }

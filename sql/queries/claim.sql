@@ -10,6 +10,15 @@
 -- writes of an earlier delivery of the row match nothing. A key has one
 -- unblocked row at a time, so a batch never holds two rows of one key.
 --
+-- It keeps the promises of claims by lock (sql/queries/locked.sql) too.
+-- A row that the record of an ended claim by lock still holds (in
+-- <table>_locks, until its lease would have expired: that claim's
+-- handler may still run) is passed by. A row of such a record whose hold
+-- ended counts that claim's delivery, which ended without an outcome,
+-- and leaves the record, so it is counted once. Every record naming a row
+-- this statement locked has ended: a claim by lock in progress holds its
+-- rows' locks, and one that committed deleted its record.
+--
 -- Rows written by other clients may hold values this library never
 -- writes, and one row must not fail the claim of its batch: the delivery
 -- count saturates at the integer maximum (a negative one starts again
@@ -27,7 +36,11 @@
 -- concurrent claimers pass each other instead of queueing on row locks.
 -- Candidates that are locked but not picked are released when the
 -- statement's transaction ends, so run the claim in autocommit.
-WITH candidates AS (
+WITH held AS MATERIALIZED (
+    SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
+    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+    WHERE l.until > now()
+), candidates AS (
     SELECT p.id, p.queue, p.next_attempt_at
     FROM unnest(@queues::text[]) AS q(name)
     CROSS JOIN LATERAL (
@@ -37,6 +50,7 @@ WITH candidates AS (
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
+          AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
@@ -62,13 +76,27 @@ WITH candidates AS (
     SELECT r.id FROM ranked AS r
     ORDER BY r.rank, r.next_attempt_at, r.id
     LIMIT @max_rows::integer
+), ended AS MATERIALIZED (
+    SELECT l.ids FROM /*outbox:table*/outbox_locks AS l WHERE l.until <= now()
+), aborted AS (
+    SELECT p.id, count(*) AS deliveries
+    FROM picked AS p
+    JOIN ended AS e ON e.ids @> p.id
+    GROUP BY p.id
+), forgotten AS (
+    UPDATE /*outbox:table*/outbox_locks AS l
+    SET ids = l.ids - f.ids
+    FROM (SELECT range_agg(CASE WHEN a.id = 9223372036854775807 THEN int8range(a.id, NULL)
+                                ELSE int8range(a.id, a.id + 1) END) AS ids
+          FROM aborted AS a) AS f
+    WHERE l.ids && f.ids
 )
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = @token::uuid,
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
-    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
-FROM picked
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1 + coalesce(a.deliveries, 0), 2147483647)::integer
+FROM picked LEFT JOIN aborted AS a ON a.id = picked.id
 WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
@@ -79,7 +107,11 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
 -- Claim for a subscriber of one queue: the rows Claim would take, without
 -- the ranking that shares a batch across queues (one queue needs none),
 -- and with Claim's columns but the queue, which the caller named.
-WITH candidates AS (
+WITH held AS MATERIALIZED (
+    SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
+    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+    WHERE l.until > now()
+), candidates AS (
     SELECT p.id, p.next_attempt_at
     FROM (
         SELECT o.id, o.next_attempt_at
@@ -88,6 +120,7 @@ WITH candidates AS (
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
+          AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
@@ -108,13 +141,27 @@ WITH candidates AS (
     SELECT c.id FROM candidates AS c
     ORDER BY c.next_attempt_at, c.id
     LIMIT @max_rows::integer
+), ended AS MATERIALIZED (
+    SELECT l.ids FROM /*outbox:table*/outbox_locks AS l WHERE l.until <= now()
+), aborted AS (
+    SELECT p.id, count(*) AS deliveries
+    FROM picked AS p
+    JOIN ended AS e ON e.ids @> p.id
+    GROUP BY p.id
+), forgotten AS (
+    UPDATE /*outbox:table*/outbox_locks AS l
+    SET ids = l.ids - f.ids
+    FROM (SELECT range_agg(CASE WHEN a.id = 9223372036854775807 THEN int8range(a.id, NULL)
+                                ELSE int8range(a.id, a.id + 1) END) AS ids
+          FROM aborted AS a) AS f
+    WHERE l.ids && f.ids
 )
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = @token::uuid,
     acquired_at      = now(),
     lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8),
-    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1, 2147483647)::integer
-FROM picked
+    deliveries_count = least(greatest(o.deliveries_count, 0)::bigint + 1 + coalesce(a.deliveries, 0), 2147483647)::integer
+FROM picked LEFT JOIN aborted AS a ON a.id = picked.id
 WHERE o.id = picked.id
 RETURNING o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
