@@ -1,7 +1,8 @@
 // Package faultproxy is a TCP proxy that breaks connections on purpose, for
 // tests and the chaos harness: it can cut every connection (a reset),
 // stall them (accept every byte and deliver none, the way a blackholed
-// network path behaves) and restore traffic.
+// network path behaves), leave them half-open (the server's side ended,
+// the client's silent but open) and restore traffic.
 package faultproxy
 
 import (
@@ -27,6 +28,12 @@ type pair struct {
 	client, server net.Conn
 	// stalled stalls this connection only.
 	stalled atomic.Bool
+	// halfOpen: the server's side is closed and the client's is kept
+	// open, swallowing what the client sends and sending it nothing.
+	halfOpen atomic.Bool
+	// done is closed once both sides are closed.
+	done     chan struct{}
+	doneOnce sync.Once
 }
 
 // Listen starts a proxy on a free port of 127.0.0.1 that forwards to
@@ -55,7 +62,7 @@ func (p *Proxy) accept() {
 			_ = c.Close()
 			continue
 		}
-		pr := &pair{client: c, server: s}
+		pr := &pair{client: c, server: s, done: make(chan struct{})}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -64,31 +71,40 @@ func (p *Proxy) accept() {
 		}
 		p.pairs[pr] = struct{}{}
 		p.mu.Unlock()
-		go p.pipe(pr, s, c)
-		go p.pipe(pr, c, s)
+		go p.pipe(pr, c, s, true)
+		go p.pipe(pr, s, c, false)
 	}
 }
 
-// pipe copies from src to dst while the connection is not stalled, and
-// reads and drops everything while it is. When either side ends, both do.
-func (p *Proxy) pipe(pr *pair, dst, src net.Conn) {
-	defer p.forget(pr)
-	defer pr.close()
+// pipe copies from src to dst while the connection is not stalled or
+// half-open, and reads and drops everything while it is. When either side
+// ends, both do, except that a half-open connection's client side stays
+// open after its server side ended, until the client closes it.
+func (p *Proxy) pipe(pr *pair, dst, src net.Conn, toClient bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !p.stalled.Load() && !pr.stalled.Load() {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+		if n > 0 && !p.stalled.Load() && !pr.stalled.Load() && !pr.halfOpen.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil && !pr.halfOpen.Load() {
+				p.end(pr)
 				return
 			}
 		}
 		if err != nil {
+			if toClient && pr.halfOpen.Load() {
+				// The server's side was closed on purpose; the client
+				// must not learn it from this side.
+				return
+			}
+			p.end(pr)
 			return
 		}
 	}
 }
 
-func (p *Proxy) forget(pr *pair) {
+// end closes both sides of pr and forgets it.
+func (p *Proxy) end(pr *pair) {
+	pr.close()
 	p.mu.Lock()
 	delete(p.pairs, pr)
 	p.mu.Unlock()
@@ -97,6 +113,7 @@ func (p *Proxy) forget(pr *pair) {
 func (pr *pair) close() {
 	_ = pr.client.Close()
 	_ = pr.server.Close()
+	pr.doneOnce.Do(func() { close(pr.done) })
 }
 
 // Stall makes every connection, present and future, swallow its bytes
@@ -114,13 +131,42 @@ func (p *Proxy) StallExisting() int {
 	return len(p.pairs)
 }
 
+// HalfOpen leaves every open connection half-open: it closes the server's
+// side, so the server ends the session (its transaction aborts, its locks
+// go), and keeps the client's side open, reading and dropping whatever the
+// client sends and sending it nothing, not even a close: the client sees a
+// live socket that never answers, as behind a peer that vanished or a
+// middlebox that lost the flow. Connections made later pass. It returns how
+// many connections it left half-open and a channel closed once the client
+// has closed every one of them (or the proxy closed).
+func (p *Proxy) HalfOpen() (int, <-chan struct{}) {
+	p.mu.Lock()
+	var dones []chan struct{}
+	for pr := range p.pairs {
+		if pr.halfOpen.Swap(true) {
+			continue
+		}
+		_ = pr.server.Close()
+		dones = append(dones, pr.done)
+	}
+	p.mu.Unlock()
+	all := make(chan struct{})
+	go func() {
+		for _, d := range dones {
+			<-d
+		}
+		close(all)
+	}()
+	return len(dones), all
+}
+
 // Restore ends a Stall: bytes flow again on connections that are not
 // stalled for good. Bytes swallowed meanwhile are lost, so a connection
 // that carried traffic during the stall is usually broken for its peers.
 func (p *Proxy) Restore() { p.stalled.Store(false) }
 
-// Cut closes every open connection, as a reset would; new connections
-// pass (unless stalled).
+// Cut closes every open connection, half-open ones included, as a reset
+// would; new connections pass (unless stalled).
 func (p *Proxy) Cut() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
