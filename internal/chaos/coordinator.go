@@ -41,7 +41,14 @@ type coordinator struct {
 	procs []*workerProc
 
 	// counts of what was done to the system
-	kills, terminations, stalls, cuts, restarts atomic.Int64
+	kills, terminations, stalls, cuts, halfOpens, restarts atomic.Int64
+	// halfOpened counts the connections left half-open; halfOpenings
+	// tracks the half-open faults whose connections the worker has not
+	// all closed yet, and halfOpenLasted how long each took.
+	halfOpened     atomic.Int64
+	halfOpenings   sync.WaitGroup
+	halfOpenMu     sync.Mutex
+	halfOpenLasted []time.Duration
 }
 
 // workerProc is one running worker process.
@@ -71,9 +78,15 @@ CREATE TABLE deliveries (
     sub          text NOT NULL,
     lease_ttl_ms int NOT NULL,
     attempt      int NOT NULL,
-    started      timestamptz NOT NULL DEFAULT clock_timestamp(),
-    ended        timestamptz,
-    outcome      text);
+    deliveries   int NOT NULL,    -- Message.Deliveries
+    claim        text,            -- lock, lease or gone (the row was not there), as the handler began
+    lease_expires timestamptz,    -- the lease's expiry, as the handler began (claims by lease)
+    started      timestamptz NOT NULL, -- when the handler began, on the worker's clock
+    ended        timestamptz,     -- when the outcome was recorded, on the server's clock
+    outcome      text,
+    handler_end  timestamptz,     -- when the handler returned or its context ended, whichever came first, on the worker's clock
+    end_kind     text);           -- returned, lease_lost, stopped or cancelled
+CREATE INDEX ON deliveries (row_id, started);
 CREATE INDEX ON deliveries (msg_id, started);
 CREATE TABLE events (
     id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -129,6 +142,7 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 	stopPublishing()
 	pubs.Wait()
 	c.proxy.Restore()
+	c.halfOpenings.Wait()
 	fmt.Printf("chaos: published for %v; draining\n", time.Since(began).Round(time.Second))
 
 	drained := c.drain(ctx, 2*time.Minute)
@@ -138,6 +152,9 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	fmt.Println(a.line(c))
+	if c.halfOpens.Load() > 0 {
+		fmt.Println(c.halfOpenLine())
+	}
 	for _, r := range a.recoveries() {
 		fmt.Println("chaos: recovery", r)
 	}
@@ -266,7 +283,7 @@ func (c *coordinator) event(ctx context.Context, kind string, worker int, lasted
 func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
 	restartAt := began.Add(c.duration / 2)
 	restarted := !c.restartPG
-	faults := rand.IntN(4)
+	faults := rand.IntN(5)
 	for time.Since(began) < c.duration && ctx.Err() == nil {
 		sleep(ctx, time.Duration(2000+rand.IntN(3000))*time.Millisecond)
 		if !restarted && time.Now().After(restartAt) {
@@ -276,7 +293,7 @@ func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
 		}
 		// Every kind of fault in turn, each at a random target.
 		faults++
-		switch faults % 4 {
+		switch faults % 5 {
 		case 0:
 			c.kill(ctx, rand.IntN(c.workers))
 		case 1:
@@ -288,8 +305,46 @@ func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
 			c.cuts.Add(1)
 			c.event(ctx, "cut", 0, 0)
 			c.log.Info("chaos: cut", slog.Int("connections", n))
+		case 4:
+			c.halfOpen(ctx)
 		}
 	}
+}
+
+// halfOpenLimit bounds a half-open fault in the events table: twice the
+// longest lease, by when every claim the worker made before the fault has
+// lost its rows and had its handlers cancelled, so no later delivery
+// depends on it, though idle connections of the worker's pool may stay
+// half-open until it next uses them.
+const halfOpenLimit = 10 * time.Second
+
+// halfOpen leaves worker 0's connections half-open: the proxy closes
+// their server side, so PostgreSQL ends the sessions (their transactions
+// abort, their row locks go), and keeps their client side open and
+// silent, so the worker learns nothing until a statement times out or its
+// listener's probe does. The fault lasts, in the events table, until the
+// worker has closed every one of those connections, or halfOpenLimit.
+func (c *coordinator) halfOpen(ctx context.Context) {
+	began := time.Now()
+	n, closed := c.proxy.HalfOpen()
+	c.halfOpens.Add(1)
+	c.halfOpened.Add(int64(n))
+	c.log.Info("chaos: half-open", slog.Int("connections", n))
+	c.halfOpenings.Add(1)
+	go func() {
+		defer c.halfOpenings.Done()
+		t := time.NewTimer(halfOpenLimit)
+		defer t.Stop()
+		select {
+		case <-closed:
+			c.halfOpenMu.Lock()
+			c.halfOpenLasted = append(c.halfOpenLasted, time.Since(began))
+			c.halfOpenMu.Unlock()
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		c.event(context.WithoutCancel(ctx), "half_open", 0, time.Since(began))
+	}()
 }
 
 // kill SIGKILLs worker n mid-batch and starts it again.
