@@ -33,9 +33,11 @@ type coordinator struct {
 	log       *slog.Logger
 
 	schema string
-	pool   *pgxpool.Pool
-	ob     *outbox.Outbox
-	proxy  *faultproxy.Proxy
+	// ends is the directory where workers append their handlers' ends.
+	ends  string
+	pool  *pgxpool.Pool
+	ob    *outbox.Outbox
+	proxy *faultproxy.Proxy
 
 	mu    sync.Mutex
 	procs []*workerProc
@@ -115,6 +117,10 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 	if _, err := c.pool.Exec(ctx, "SET search_path TO "+pgx.Identifier{c.schema}.Sanitize()+";"+tables); err != nil {
 		return false, err
 	}
+	if c.ends, err = os.MkdirTemp("", c.schema+"-ends-"); err != nil {
+		return false, err
+	}
+	defer os.RemoveAll(c.ends)
 	u, err := url.Parse(c.dsn)
 	if err != nil {
 		return false, err
@@ -147,6 +153,9 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 
 	drained := c.drain(ctx, 2*time.Minute)
 	c.stopAll()
+	if err := c.loadEnds(context.WithoutCancel(ctx)); err != nil {
+		return false, err
+	}
 	a, err := c.account(context.WithoutCancel(ctx), pub)
 	if err != nil {
 		return false, err
@@ -185,7 +194,7 @@ func (c *coordinator) start(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(self, "-worker", fmt.Sprint(n), "-schema", c.schema, "-dsn", dsn)
+	cmd := exec.Command(self, "-worker", fmt.Sprint(n), "-schema", c.schema, "-ends", c.ends, "-dsn", dsn)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

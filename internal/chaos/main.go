@@ -36,6 +36,7 @@ func main() {
 		keep     = flag.Bool("keep", false, "keep the scratch schema afterwards")
 		worker   = flag.Int("worker", -1, "run as worker N (started by the coordinator)")
 		schema   = flag.String("schema", "", "the outbox's schema (worker mode)")
+		ends     = flag.String("ends", "", "the directory of the handlers' end records (worker mode)")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -48,7 +49,7 @@ func main() {
 		os.Exit(2)
 	}
 	if *worker >= 0 {
-		if err := runWorker(*dsn, *schema, *worker, log); err != nil {
+		if err := runWorker(*dsn, *schema, *ends, *worker, log); err != nil {
 			fmt.Fprintf(os.Stderr, "chaos worker %d: %v\n", *worker, err)
 			os.Exit(1)
 		}

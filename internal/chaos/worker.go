@@ -60,7 +60,7 @@ const poolConns = 16
 
 // runWorker runs the subscribers of worker n until its standard input
 // closes (the coordinator ended or stops it).
-func runWorker(dsn, schema string, n int, log *slog.Logger) error {
+func runWorker(dsn, schema, ends string, n int, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -82,7 +82,13 @@ func runWorker(dsn, schema string, n int, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	rec := &recorder{pool: pool, schema: schema, outbox: pgx.Identifier{schema, ob.Table()}.Sanitize(), worker: n, pid: os.Getpid()}
+	endLog, err := openEndLog(ends)
+	if err != nil {
+		return err
+	}
+	defer endLog.close()
+	rec := &recorder{pool: pool, schema: schema, outbox: pgx.Identifier{schema, ob.Table()}.Sanitize(), ends: endLog,
+		worker: n, pid: os.Getpid(), log: log}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(subscribers))
 	for _, sc := range subscribers {
@@ -127,6 +133,8 @@ type recorder struct {
 	pool   *pgxpool.Pool
 	schema string
 	outbox string // the outbox table, schema-qualified and quoted
+	ends   *endLog
+	log    *slog.Logger
 	worker int
 	pid    int
 	seq    atomic.Int64
@@ -143,8 +151,8 @@ const slowEvery = 20
 const recordTimeout = 2 * time.Second
 
 // handler returns the subscriber's handler: it records the delivery's
-// start, handles the message, and, once the handler is over, when it
-// ended (see delivery.end).
+// start, handles the message, and, once the handler is over, appends when
+// it ended to the worker's end file.
 func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 	return func(ctx context.Context, m *outbox.Message[msg]) error {
 		d := delivery{id: int64(r.pid)<<32 | r.seq.Add(1), began: time.Now(), sub: sub, ttl: ttl, m: m}
@@ -163,7 +171,9 @@ func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 		r.pending.Add(1)
 		go func() {
 			defer r.pending.Done()
-			r.recordEnd(d, end, how)
+			if err := r.ends.write(d.id, end, how); err != nil {
+				r.log.Error("chaos: record a handler's end", slog.Any("error", err))
+			}
 		}()
 		return err
 	}
@@ -272,16 +282,6 @@ func (r *recorder) recordFailure(d delivery, ended time.Time) {
 		VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11, $12, $13, 'fail')
 		ON CONFLICT (id) DO UPDATE SET ended = excluded.ended, outcome = 'fail' WHERE d.ended IS NULL`, r.schema),
 		append(r.args(d), d.began, ended)...)
-}
-
-// recordEnd records when delivery d's handler ended (see handler) and
-// how, whether or not its start was recorded yet.
-func (r *recorder) recordEnd(d delivery, end time.Time, how string) {
-	r.retry(fmt.Sprintf(`INSERT INTO %q.deliveries AS d
-		(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt, deliveries, started, handler_end, end_kind)
-		VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
-		ON CONFLICT (id) DO UPDATE SET handler_end = excluded.handler_end, end_kind = excluded.end_kind`, r.schema),
-		append(r.args(d), d.began, end, how)...)
 }
 
 // retry runs a record's statement until it succeeds, for up to a minute.
