@@ -61,7 +61,7 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 		// 3*burstMin messages: a backlog, which the claims after it take
 		// by row lock (a claim that found 32 rows or more is followed by
 		// one by lock), where a trickle is taken by lease.
-		burstEvery, burstMin = 100, 300
+		burstEvery, burstMin = 100, 400
 		average              = perTx + 2*burstMin/burstEvery
 	)
 	tick := time.NewTicker(time.Duration(float64(time.Second) * average * float64(p.n) / float64(c.rate)))
