@@ -178,10 +178,13 @@ func (c *coordinator) account(ctx context.Context, p *publishers) (*accounting, 
 	if err != nil {
 		return nil, err
 	}
+	// Recovery runs from a fault's end; from a half-open fault's start,
+	// since the worker's noticing it is the recovery.
 	rows, err := tx.Query(ctx, `
-		SELECT e.kind, extract(epoch FROM min(d.ended) - e.until)::float8
-		FROM events AS e
-		JOIN deliveries AS d ON (d.worker = e.worker OR e.worker IS NULL) AND d.ended > e.until
+		WITH e AS (SELECT id, kind, worker, CASE WHEN kind = 'half_open' THEN at ELSE until END AS over FROM events)
+		SELECT e.kind, extract(epoch FROM min(d.ended) - e.over)::float8
+		FROM e
+		JOIN deliveries AS d ON (d.worker = e.worker OR e.worker IS NULL) AND d.ended > e.over
 		GROUP BY e.id, e.kind`)
 	if err != nil {
 		return nil, err
