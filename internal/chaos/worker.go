@@ -159,10 +159,11 @@ func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 		var cancelled atomic.Int64
 		stop := context.AfterFunc(ctx, func() { cancelled.Store(time.Now().UnixNano()) })
 		err := r.handle(ctx, d)
-		// The delivery could write its outcome until the handler returned
-		// (the subscriber writes it afterwards) or its context ended (the
+		// The handler is live until it returned or its context ended (the
 		// claim was lost, or the subscriber stopped), whichever came
-		// first: after either, no outcome of it may land.
+		// first: the overlap check needs no second handler of the row to
+		// begin before then. The cancellation's time is when AfterFunc
+		// ran, never before it happened.
 		end, how := time.Now(), "returned"
 		stop()
 		if c := cancelled.Load(); c != 0 && c <= end.UnixNano() {
