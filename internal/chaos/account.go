@@ -185,7 +185,7 @@ func (c *coordinator) account(ctx context.Context, p *publishers) (*accounting, 
 		SELECT e.kind, extract(epoch FROM min(d.ended) - e.over)::float8
 		FROM e
 		JOIN deliveries AS d ON (d.worker = e.worker OR e.worker IS NULL) AND d.ended > e.over
-		GROUP BY e.id, e.kind`)
+		GROUP BY e.id, e.kind, e.over`)
 	if err != nil {
 		return nil, err
 	}
