@@ -33,15 +33,24 @@ type coordinator struct {
 	log       *slog.Logger
 
 	schema string
-	pool   *pgxpool.Pool
-	ob     *outbox.Outbox
-	proxy  *faultproxy.Proxy
+	// ends is the directory where workers append their handlers' ends.
+	ends  string
+	pool  *pgxpool.Pool
+	ob    *outbox.Outbox
+	proxy *faultproxy.Proxy
 
 	mu    sync.Mutex
 	procs []*workerProc
 
 	// counts of what was done to the system
-	kills, terminations, stalls, cuts, restarts atomic.Int64
+	kills, terminations, stalls, cuts, halfOpens, restarts atomic.Int64
+	// halfOpened counts the connections left half-open; halfOpenings
+	// tracks the half-open faults whose connections the worker has not
+	// all closed yet, and halfOpenLasted how long each took.
+	halfOpened     atomic.Int64
+	halfOpenings   sync.WaitGroup
+	halfOpenMu     sync.Mutex
+	halfOpenLasted []time.Duration
 }
 
 // workerProc is one running worker process.
@@ -71,9 +80,15 @@ CREATE TABLE deliveries (
     sub          text NOT NULL,
     lease_ttl_ms int NOT NULL,
     attempt      int NOT NULL,
-    started      timestamptz NOT NULL DEFAULT clock_timestamp(),
-    ended        timestamptz,
-    outcome      text);
+    deliveries   int NOT NULL,    -- Message.Deliveries
+    claim        text,            -- lock, lease or gone (the row was not there), as the handler began
+    lease_expires timestamptz,    -- the lease's expiry, as the handler began (claims by lease)
+    started      timestamptz NOT NULL, -- when the handler began, on the worker's clock
+    ended        timestamptz,     -- when the outcome was recorded, on the server's clock
+    outcome      text,
+    handler_end  timestamptz,     -- when the handler returned or its context ended, whichever came first, on the worker's clock
+    end_kind     text);           -- returned, lease_lost, stopped or cancelled
+CREATE INDEX ON deliveries (row_id, started);
 CREATE INDEX ON deliveries (msg_id, started);
 CREATE TABLE events (
     id     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -102,6 +117,10 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 	if _, err := c.pool.Exec(ctx, "SET search_path TO "+pgx.Identifier{c.schema}.Sanitize()+";"+tables); err != nil {
 		return false, err
 	}
+	if c.ends, err = os.MkdirTemp("", c.schema+"-ends-"); err != nil {
+		return false, err
+	}
+	defer os.RemoveAll(c.ends)
 	u, err := url.Parse(c.dsn)
 	if err != nil {
 		return false, err
@@ -129,15 +148,22 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 	stopPublishing()
 	pubs.Wait()
 	c.proxy.Restore()
+	c.halfOpenings.Wait()
 	fmt.Printf("chaos: published for %v; draining\n", time.Since(began).Round(time.Second))
 
 	drained := c.drain(ctx, 2*time.Minute)
 	c.stopAll()
+	if err := c.loadEnds(context.WithoutCancel(ctx)); err != nil {
+		return false, err
+	}
 	a, err := c.account(context.WithoutCancel(ctx), pub)
 	if err != nil {
 		return false, err
 	}
 	fmt.Println(a.line(c))
+	if c.halfOpens.Load() > 0 {
+		fmt.Println(c.halfOpenLine())
+	}
 	for _, r := range a.recoveries() {
 		fmt.Println("chaos: recovery", r)
 	}
@@ -168,7 +194,7 @@ func (c *coordinator) start(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(self, "-worker", fmt.Sprint(n), "-schema", c.schema, "-dsn", dsn)
+	cmd := exec.Command(self, "-worker", fmt.Sprint(n), "-schema", c.schema, "-ends", c.ends, "-dsn", dsn)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -266,7 +292,7 @@ func (c *coordinator) event(ctx context.Context, kind string, worker int, lasted
 func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
 	restartAt := began.Add(c.duration / 2)
 	restarted := !c.restartPG
-	faults := rand.IntN(4)
+	faults := rand.IntN(5)
 	for time.Since(began) < c.duration && ctx.Err() == nil {
 		sleep(ctx, time.Duration(2000+rand.IntN(3000))*time.Millisecond)
 		if !restarted && time.Now().After(restartAt) {
@@ -276,7 +302,7 @@ func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
 		}
 		// Every kind of fault in turn, each at a random target.
 		faults++
-		switch faults % 4 {
+		switch faults % 5 {
 		case 0:
 			c.kill(ctx, rand.IntN(c.workers))
 		case 1:
@@ -288,8 +314,46 @@ func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
 			c.cuts.Add(1)
 			c.event(ctx, "cut", 0, 0)
 			c.log.Info("chaos: cut", slog.Int("connections", n))
+		case 4:
+			c.halfOpen(ctx)
 		}
 	}
+}
+
+// halfOpenLimit bounds a half-open fault in the events table: twice the
+// longest lease, by when every claim the worker made before the fault has
+// lost its rows and had its handlers cancelled, so no later delivery
+// depends on it, though idle connections of the worker's pool may stay
+// half-open until it next uses them.
+const halfOpenLimit = 10 * time.Second
+
+// halfOpen leaves worker 0's connections half-open: the proxy closes
+// their server side, so PostgreSQL ends the sessions (their transactions
+// abort, their row locks go), and keeps their client side open and
+// silent, so the worker learns nothing until a statement times out or its
+// listener's probe does. The fault lasts, in the events table, until the
+// worker has closed every one of those connections, or halfOpenLimit.
+func (c *coordinator) halfOpen(ctx context.Context) {
+	began := time.Now()
+	n, closed := c.proxy.HalfOpen()
+	c.halfOpens.Add(1)
+	c.halfOpened.Add(int64(n))
+	c.log.Info("chaos: half-open", slog.Int("connections", n))
+	c.halfOpenings.Add(1)
+	go func() {
+		defer c.halfOpenings.Done()
+		t := time.NewTimer(halfOpenLimit)
+		defer t.Stop()
+		select {
+		case <-closed:
+			c.halfOpenMu.Lock()
+			c.halfOpenLasted = append(c.halfOpenLasted, time.Since(began))
+			c.halfOpenMu.Unlock()
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		c.event(context.WithoutCancel(ctx), "half_open", 0, time.Since(began))
+	}()
 }
 
 // kill SIGKILLs worker n mid-batch and starts it again.

@@ -6,11 +6,13 @@
 // lease TTLs), publishes messages with unique ids from transactions of its
 // own (some rolled back, keyed and unkeyed, some scheduled), and records
 // every handler call in the database. Meanwhile it kills workers with
-// SIGKILL and restarts them, terminates their backends, cuts and stalls
-// one worker's connections through a fault proxy, and, with
-// OUTBOX_CHAOS_RESTART_PG=1, restarts PostgreSQL once. Then it lets the
-// outbox drain and checks the accounting: nothing lost, nothing rolled back
-// delivered, per-key order kept, every duplicate explained by a fault.
+// SIGKILL and restarts them, terminates their backends, cuts, stalls and
+// leaves half-open one worker's connections through a fault proxy, and,
+// with OUTBOX_CHAOS_RESTART_PG=1, restarts PostgreSQL once. Then it lets
+// the outbox drain and checks the accounting: nothing lost, nothing rolled
+// back delivered, per-key order kept, every duplicate explained by a
+// fault, no two handlers of a row live at once, and every delivery's
+// Message.Deliveries consistent with the recorded deliveries.
 //
 //	go run -race ./internal/chaos -duration 2m
 package main
@@ -36,6 +38,7 @@ func main() {
 		keep     = flag.Bool("keep", false, "keep the scratch schema afterwards")
 		worker   = flag.Int("worker", -1, "run as worker N (started by the coordinator)")
 		schema   = flag.String("schema", "", "the outbox's schema (worker mode)")
+		ends     = flag.String("ends", "", "the directory of the handlers' end records (worker mode)")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -48,7 +51,7 @@ func main() {
 		os.Exit(2)
 	}
 	if *worker >= 0 {
-		if err := runWorker(*dsn, *schema, *worker, log); err != nil {
+		if err := runWorker(*dsn, *schema, *ends, *worker, log); err != nil {
 			fmt.Fprintf(os.Stderr, "chaos worker %d: %v\n", *worker, err)
 			os.Exit(1)
 		}

@@ -55,8 +55,16 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 		pubs[q] = pub
 	}
 	seq := map[string]int{}
-	const perTx = 3 // messages per transaction, on average
-	tick := time.NewTicker(time.Duration(float64(time.Second) * perTx * float64(p.n) / float64(c.rate)))
+	const (
+		perTx = 3 // messages per ordinary transaction, on average
+		// One transaction in burstEvery publishes a burst of burstMin to
+		// 3*burstMin messages: a backlog, which the claims after it take
+		// by row lock (a claim that found 32 rows or more is followed by
+		// one by lock), where a trickle is taken by lease.
+		burstEvery, burstMin = 100, 400
+		average              = perTx + 2*burstMin/burstEvery
+	)
+	tick := time.NewTicker(time.Duration(float64(time.Second) * average * float64(p.n) / float64(c.rate)))
 	defer tick.Stop()
 	for {
 		select {
@@ -67,8 +75,12 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 		p.attempted.Add(1)
 		rollback := rand.IntN(10) == 0
 		var ids []int64
+		n := 1 + rand.IntN(2*perTx-1)
+		if rand.IntN(burstEvery) == 0 {
+			n = burstMin + rand.IntN(2*burstMin+1)
+		}
 		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-			for range 1 + rand.IntN(2*perTx-1) {
+			for range n {
 				m := msg{ID: p.nextID.Add(1), Mode: mode()}
 				opts := &outbox.PublishOpts{}
 				q := queues[rand.IntN(len(queues))]

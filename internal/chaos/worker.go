@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/outbox"
@@ -37,20 +38,29 @@ const (
 var queues = []string{"chaos.a", "chaos.b"}
 
 // Subscribers each worker runs: different lease TTLs, as in a rolling
-// deploy, and different batch shapes.
+// deploy, and different batch shapes. Both claim the
+// way the public defaults do: by row lock after a claim that found 32
+// rows or more (a backlog, as every fault leaves behind), by lease
+// otherwise; so every batch here takes more than 32 rows.
 var subscribers = []struct {
 	name     string
 	leaseTTL time.Duration
 	workers  int
 	batch    int
 }{
-	{"short-lease", 2 * time.Second, 8, 16},
-	{"long-lease", 5 * time.Second, 16, 64},
+	{"short-lease", 2 * time.Second, 8, 48},
+	{"long-lease", 5 * time.Second, 16, 96},
 }
+
+// poolConns is each worker's pool size: room for the claims by lock in
+// flight (at most two per subscriber), the subscribers' other statements
+// and the records, whatever the machine's number of cores (pgxpool's
+// default) is.
+const poolConns = 16
 
 // runWorker runs the subscribers of worker n until its standard input
 // closes (the coordinator ended or stops it).
-func runWorker(dsn, schema string, n int, log *slog.Logger) error {
+func runWorker(dsn, schema, ends string, n int, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -62,6 +72,7 @@ func runWorker(dsn, schema string, n int, log *slog.Logger) error {
 		return err
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = workerApp(n)
+	cfg.MaxConns = poolConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -71,7 +82,13 @@ func runWorker(dsn, schema string, n int, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	rec := &recorder{pool: pool, schema: schema, worker: n, pid: os.Getpid()}
+	endLog, err := openEndLog(ends)
+	if err != nil {
+		return err
+	}
+	defer endLog.close()
+	rec := &recorder{pool: pool, schema: schema, outbox: pgx.Identifier{schema, ob.Table()}.Sanitize(), ends: endLog,
+		worker: n, pid: os.Getpid(), log: log}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(subscribers))
 	for _, sc := range subscribers {
@@ -102,6 +119,8 @@ func runWorker(dsn, schema string, n int, log *slog.Logger) error {
 	}
 	fmt.Println("ready")
 	wg.Wait()
+	// Handlers that returned after the stop still have records to write.
+	rec.pending.Wait()
 	close(errs)
 	return <-errs
 }
@@ -113,58 +132,123 @@ func workerApp(n int) string { return fmt.Sprintf("chaos-worker-%d", n) }
 type recorder struct {
 	pool   *pgxpool.Pool
 	schema string
+	outbox string // the outbox table, schema-qualified and quoted
+	ends   *endLog
+	log    *slog.Logger
 	worker int
 	pid    int
 	seq    atomic.Int64
+	// pending counts records still being written after their handler
+	// returned.
+	pending sync.WaitGroup
 }
+
+// slowEvery: one handler in slowEvery is slow.
+const slowEvery = 20
 
 // recordTimeout bounds each record: a stalled connection fails the handler
 // (and so retries its row) instead of hanging it.
 const recordTimeout = 2 * time.Second
 
+// handler returns the subscriber's handler: it records the delivery's
+// start, handles the message, and, once the handler is over, appends when
+// it ended to the worker's end file.
 func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 	return func(ctx context.Context, m *outbox.Message[msg]) error {
 		d := delivery{id: int64(r.pid)<<32 | r.seq.Add(1), began: time.Now(), sub: sub, ttl: ttl, m: m}
-		sctx, cancel := context.WithTimeout(ctx, recordTimeout)
-		// started is when the handler began, on this process's clock (every
-		// process of the harness runs on one host), as recordFailure
-		// records it: when the insert waits on a stalled connection, the
-		// server's clock would date the start after the stall, though the
-		// delivery, and the claim it belongs to, met the stall.
-		_, err := r.pool.Exec(sctx, fmt.Sprintf(`INSERT INTO %q.deliveries
-			(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt, started)
-			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11)`, r.schema), append(r.args(d), d.began)...)
-		cancel()
-		if err != nil {
-			// The insert may land after its answer was lost.
-			go r.recordFailure(d, time.Now())
-			return fmt.Errorf("record start: %w", err)
+		var cancelled atomic.Int64
+		stop := context.AfterFunc(ctx, func() { cancelled.Store(time.Now().UnixNano()) })
+		err := r.handle(ctx, d)
+		// The handler is live until it returned or its context ended (the
+		// claim was lost, or the subscriber stopped), whichever came
+		// first: the overlap check needs no second handler of the row to
+		// begin before then. The cancellation's time is when AfterFunc
+		// ran, never before it happened.
+		end, how := time.Now(), "returned"
+		stop()
+		if c := cancelled.Load(); c != 0 && c <= end.UnixNano() {
+			end, how = time.Unix(0, c), cancelKind(context.Cause(ctx))
 		}
-		select {
-		case <-time.After(time.Duration(rand.IntN(15)) * time.Millisecond):
-		case <-ctx.Done():
-			// The lease was lost: the handler gives up.
-			go r.recordFailure(d, time.Now())
-			return context.Cause(ctx)
-		}
-		outcome, herr := modeOK, error(nil)
-		switch {
-		case m.Payload.Mode == modeReject:
-			outcome, herr = modeReject, outbox.Reject(errors.New("rejected by design"))
-		case m.Payload.Mode == modeFail, m.Payload.Mode == modeRetry && m.Attempts == 0:
-			outcome, herr = "fail", errors.New("failed by design")
-		}
-		sctx, cancel = context.WithTimeout(ctx, recordTimeout)
-		_, err = r.pool.Exec(sctx, fmt.Sprintf(`UPDATE %q.deliveries SET ended = clock_timestamp(), outcome = $2 WHERE id = $1`, r.schema), d.id, outcome)
-		cancel()
-		if err != nil {
-			// The handler fails (its row is retried); record that, with
-			// the time it ended, once the database answers again.
-			go r.recordFailure(d, time.Now())
-			return fmt.Errorf("record end: %w", err)
-		}
-		return herr
+		r.pending.Add(1)
+		go func() {
+			defer r.pending.Done()
+			if err := r.ends.write(d.id, end, how); err != nil {
+				r.log.Error("chaos: record a handler's end", slog.Any("error", err))
+			}
+		}()
+		return err
 	}
+}
+
+// cancelKind names why a handler's context ended.
+func cancelKind(cause error) string {
+	switch {
+	case errors.Is(cause, outbox.ErrLeaseLost):
+		return "lease_lost"
+	case errors.Is(cause, outbox.ErrSubscriberStopped):
+		return "stopped"
+	default:
+		return "cancelled"
+	}
+}
+
+// handle is the handler proper: it records the delivery's start, with
+// which kind of claim holds the row, and its outcome, before it returns
+// it, so that every acknowledged message has a successful delivery on
+// record.
+func (r *recorder) handle(ctx context.Context, d delivery) error {
+	m := d.m
+	sctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	// started is when the handler began, on this process's clock (every
+	// process of the harness runs on one host), as recordFailure records
+	// it: when the insert waits on a stalled connection, the server's
+	// clock would date the start after the stall, though the delivery,
+	// and the claim it belongs to, met the stall. claim reads the row as
+	// committed: a claim by lock has written nothing to it (it holds it
+	// by a row lock, which a plain read passes), a claim by lease has
+	// written its token and the lease's expiry.
+	_, err := r.pool.Exec(sctx, fmt.Sprintf(`INSERT INTO %[1]q.deliveries
+		(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt, deliveries, started, claim, lease_expires)
+		VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11, $12,
+		        coalesce((SELECT CASE WHEN o.acquired_token IS NULL THEN 'lock' ELSE 'lease' END
+		                  FROM %[2]s AS o WHERE o.id = $3), 'gone'),
+		        (SELECT o.lease_expires_at FROM %[2]s AS o WHERE o.id = $3))`, r.schema, r.outbox), append(r.args(d), d.began)...)
+	cancel()
+	if err != nil {
+		// The insert may land after its answer was lost.
+		r.failed(d, time.Now())
+		return fmt.Errorf("record start: %w", err)
+	}
+	// Most handlers take a few milliseconds; one in slowEvery takes up to
+	// 1.5 s, so faults find handlers running, some past LockWindow.
+	pause := time.Duration(rand.IntN(15)) * time.Millisecond
+	if rand.IntN(slowEvery) == 0 {
+		pause = time.Duration(200+rand.IntN(1300)) * time.Millisecond
+	}
+	select {
+	case <-time.After(pause):
+	case <-ctx.Done():
+		// The lease was lost: the handler gives up.
+		r.failed(d, time.Now())
+		return context.Cause(ctx)
+	}
+	outcome, herr := modeOK, error(nil)
+	switch {
+	case m.Payload.Mode == modeReject:
+		outcome, herr = modeReject, outbox.Reject(errors.New("rejected by design"))
+	case m.Payload.Mode == modeFail, m.Payload.Mode == modeRetry && m.Attempts == 0:
+		outcome, herr = "fail", errors.New("failed by design")
+	}
+	sctx, cancel = context.WithTimeout(ctx, recordTimeout)
+	_, err = r.pool.Exec(sctx, fmt.Sprintf(`UPDATE %q.deliveries SET ended = clock_timestamp(), outcome = $2 WHERE id = $1`, r.schema), d.id, outcome)
+	cancel()
+	if err != nil {
+		// The handler fails (its row is retried); record that, with
+		// the time it ended, once the database answers again.
+		r.failed(d, time.Now())
+		return fmt.Errorf("record end: %w", err)
+	}
+	return herr
 }
 
 // delivery is one handler call being recorded.
@@ -177,20 +261,35 @@ type delivery struct {
 }
 
 func (r *recorder) args(d delivery) []any {
-	return []any{d.id, d.m.Payload.ID, d.m.ID, d.m.Payload.Key, d.m.Payload.Seq, r.worker, r.pid, d.sub, d.ttl.Milliseconds(), d.m.Attempts + 1}
+	return []any{d.id, d.m.Payload.ID, d.m.ID, d.m.Payload.Key, d.m.Payload.Seq, r.worker, r.pid, d.sub, d.ttl.Milliseconds(),
+		d.m.Attempts + 1, d.m.Deliveries}
+}
+
+// failed records, in the background, delivery d as failed at ended.
+func (r *recorder) failed(d delivery, ended time.Time) {
+	r.pending.Add(1)
+	go func() {
+		defer r.pending.Done()
+		r.recordFailure(d, ended)
+	}()
 }
 
 // recordFailure records delivery d as failed at ended, whether or not its
 // start was recorded (an insert whose answer was lost may even land
-// later, and then fails on the key), retrying for up to a minute.
+// later, and then fails on the key).
 func (r *recorder) recordFailure(d delivery, ended time.Time) {
+	r.retry(fmt.Sprintf(`INSERT INTO %q.deliveries AS d
+		(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt, deliveries, started, ended, outcome)
+		VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11, $12, $13, 'fail')
+		ON CONFLICT (id) DO UPDATE SET ended = excluded.ended, outcome = 'fail' WHERE d.ended IS NULL`, r.schema),
+		append(r.args(d), d.began, ended)...)
+}
+
+// retry runs a record's statement until it succeeds, for up to a minute.
+func (r *recorder) retry(sql string, args ...any) {
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), recordTimeout)
-		_, err := r.pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %q.deliveries AS d
-			(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt, started, ended, outcome)
-			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11, $12, 'fail')
-			ON CONFLICT (id) DO UPDATE SET ended = excluded.ended, outcome = 'fail' WHERE d.ended IS NULL`, r.schema),
-			append(r.args(d), d.began, ended)...)
+		_, err := r.pool.Exec(ctx, sql, args...)
 		cancel()
 		if err == nil {
 			return
