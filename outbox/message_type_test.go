@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/outboxgen/outboxgen/internal/msgtype"
 )
 
 type shipment struct {
@@ -42,18 +44,22 @@ func (n panickyName) OutboxMessageType() string { return string(rune(*n.p)) }
 
 func TestMessageTypeNames(t *testing.T) {
 	t.Parallel()
-	const pkg = "github.com/outboxgen/outboxgen/outbox."
 	tests := []struct {
 		name string
-		got  func() (string, error)
+		got  func() (msgtype.Type, error)
 		want string
 	}{
-		{"struct", messageTypeOf[order], pkg + "order"},
-		{"pointer to struct", messageTypeOf[*order], pkg + "order"},
-		{"generic", messageTypeOf[box[*order]], pkg + "box[*" + pkg + "order]"},
-		{"slice", messageTypeOf[[]*order], "[]" + pkg + "order"},
-		{"array", messageTypeOf[[2]order], "[2]" + pkg + "order"},
-		{"map", messageTypeOf[map[string]order], "map[string]" + pkg + "order"},
+		{"struct", messageTypeOf[order], "order"},
+		{"pointer to struct", messageTypeOf[*order], "order"},
+		{"generic", messageTypeOf[box[*order]], "box[order]"},
+		{"generic of generic", messageTypeOf[box[map[string][]*box[order]]], "box[map[string][]box[order]]"},
+		{"generic of a predeclared type", messageTypeOf[box[int]], "box[int]"},
+		{"generic of an anonymous struct", messageTypeOf[box[struct {
+			ID string `json:"id.x/y"`
+		}]], `box[struct { ID string "json:\"id.x/y\"" }]`},
+		{"slice", messageTypeOf[[]*order], "[]order"},
+		{"array", messageTypeOf[[2]order], "[2]order"},
+		{"map", messageTypeOf[map[string]order], "map[string]order"},
 		{"string", messageTypeOf[string], "string"},
 		{"int", messageTypeOf[int], "int"},
 		{"bytes", messageTypeOf[[]byte], ""},
@@ -69,15 +75,15 @@ func TestMessageTypeNames(t *testing.T) {
 	}
 	for _, tt := range tests {
 		got, err := tt.got()
-		if err != nil || got != tt.want {
-			t.Errorf("%s: %q, %v; want %q", tt.name, got, err, tt.want)
+		if err != nil || got.Name != tt.want {
+			t.Errorf("%s: %q, %v; want %q", tt.name, got.Name, err, tt.want)
 		}
 	}
-	for name, f := range map[string]func() (string, error){
+	for name, f := range map[string]func() (msgtype.Type, error){
 		"non-printable": messageTypeOf[badName], "panicking": messageTypeOf[panickyName],
 	} {
 		if got, err := f(); err == nil {
-			t.Errorf("%s name: %q, want an error", name, got)
+			t.Errorf("%s name: %q, want an error", name, got.Name)
 		}
 	}
 	ob, err := New(unreachablePool(t), nil)
@@ -96,7 +102,7 @@ func TestPublishRecordsTheMessageType(t *testing.T) {
 	if _, err := newPublisher[order](t, e, "orders", nil).PublishBatch(e.ctx, e.db.Pool, []order{{ID: "o-1"}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, h := e.claimOne("orders"); h[HeaderMessageType] != "github.com/outboxgen/outboxgen/outbox.order" {
+	if _, h := e.claimOne("orders"); h[HeaderMessageType] != "order" {
 		t.Errorf("headers %v", h)
 	}
 	if _, err := newPublisher[namedByPointer](t, e, "named", nil).Publish(e.ctx, e.db.Pool, namedByPointer{}, nil); err != nil {
@@ -144,7 +150,7 @@ func TestSubscriberOfAnotherTypeDeadLettersTheRow(t *testing.T) {
 	}, fastConfig[shipment](rec))
 	eventually(t, "the dead letter", func() bool { return len(rec.named(EventDeadLettered)) == 1 })
 	got, _ := e.dlqRow(id)
-	wantErr := `message type "github.com/outboxgen/outboxgen/outbox.order"; this subscriber reads "github.com/outboxgen/outboxgen/outbox.shipment"`
+	wantErr := `message type "order"; this subscriber reads "shipment"`
 	if got.FailureReason != ReasonDecodeError || !strings.Contains(deref(got.LastError), wantErr) {
 		t.Errorf("DLQ row %+v: %s; want reason %s and %s", got, deref(got.LastError), ReasonDecodeError, wantErr)
 	}
