@@ -57,7 +57,7 @@ func runBatch(ctx context.Context, env *benchEnv, o options) error {
 				if err != nil {
 					return err
 				}
-				headers := []byte(`{"content-type": "application/json", "correlation-id": "` + watermill.NewUUID() + `", "message-type": "main.order"}`)
+				headers := []byte(`{"content-type": "application/json", "correlation-id": "` + watermill.NewUUID() + `", "message-type": "order"}`)
 				rows[i] = []any{topic, payload, headers}
 			}
 			_, err := env.pool.CopyFrom(ctx, table, []string{"queue", "payload", "headers"}, pgx.CopyFromRows(rows))

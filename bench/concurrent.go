@@ -54,7 +54,7 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 	insert := func(table string) string {
 		return "INSERT INTO " + table + " (queue, payload, headers) VALUES ($1, $2, $3) RETURNING id"
 	}
-	headers := []byte(`{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c", "message-type": "main.order"}`)
+	headers := []byte(`{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c", "message-type": "order"}`)
 	sleepers := table("outbox_sleepers")
 	asleep := func(on bool) error {
 		_, err := pool.Exec(ctx, "DELETE FROM "+sleepers)

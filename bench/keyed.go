@@ -28,7 +28,7 @@ const rowsPerKey = 10
 
 // benchHeaders is the header document Publish writes for an order (its
 // correlation id aside), for rows written with plain SQL.
-const benchHeaders = `{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c", "message-type": "main.order"}`
+const benchHeaders = `{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c", "message-type": "order"}`
 
 // keyName names key i.
 func keyName(i int) string { return "key-" + strconv.Itoa(i) }

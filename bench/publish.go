@@ -21,7 +21,7 @@ func runPublish(ctx context.Context, env *benchEnv, o options) error {
 	}
 	insert := "INSERT INTO " + pgx.Identifier{schemaOurs, "outbox"}.Sanitize() +
 		" (queue, payload, headers) VALUES ($1, $2, $3) RETURNING id"
-	headers := []byte(`{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c", "message-type": "main.order"}`)
+	headers := []byte(`{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c", "message-type": "order"}`)
 
 	inTx := func(fn func(tx pgx.Tx, i int) error) func(int) (time.Duration, error) {
 		return func(n int) (time.Duration, error) {

@@ -57,10 +57,13 @@
 //
 // A row published as one type is never silently decoded as another: the
 // publisher records the message type in the row's message-type header
-// ([HeaderMessageType], from [MessageTyper] or the Go type's name), and a
-// subscriber of another type dead-letters the row with reason
-// decode_error. Subscribers of []byte, and rows written without the
-// header, accept any row.
+// ([HeaderMessageType]), and a subscriber of another type dead-letters the
+// row with reason decode_error. The message type is the Go type's name
+// without its package path ("OrderCreated"), so it survives moving the
+// type to another package, and a service that decodes the message into a
+// copy of the type with the same name reads the rows; [MessageTyper]
+// chooses another name. Subscribers of []byte, and rows written without
+// the header, accept any row.
 //
 // [NewTxSubscriber] runs a [TxHandler] in a transaction the subscriber
 // begins and acknowledges the message in that transaction: the handler's

@@ -148,7 +148,7 @@ var headerCases = []struct {
 	{foreign{"wrong content type", "payload, headers", `'{}', '{"content-type": "text/xml"}'`},
 		wantFate{ReasonDecodeError, `content type "text/xml"`}, wantFate{}},
 	{foreign{"wrong message type", "payload, headers", `'{}', '{"message-type": "acme.Invoice"}'`},
-		wantFate{ReasonDecodeError, `message type "acme.Invoice"; this subscriber reads "github.com/outboxgen/outboxgen/outbox.shipment"`}, wantFate{}},
+		wantFate{ReasonDecodeError, `message type "acme.Invoice"; this subscriber reads "shipment"`}, wantFate{}},
 }
 
 func TestHeadersThatAreNotStringsAreDeadLettered(t *testing.T) {

@@ -18,10 +18,11 @@ const (
 	HeaderContentType   = "content-type"
 	HeaderCorrelationID = "correlation-id"
 	HeaderTraceparent   = "traceparent"
-	// HeaderMessageType names the type a row was published as. A typed
-	// subscriber refuses a row of another type as a decode_error; rows
-	// without it (written by plain SQL, or by a Publisher[[]byte]) are
-	// accepted.
+	// HeaderMessageType names the type a row was published as: by
+	// default the Go type's name without its package path (see
+	// [MessageTyper] for the name and the rule). A typed subscriber
+	// refuses a row of another type as a decode_error; rows without it
+	// (written by plain SQL, or by a Publisher[[]byte]) are accepted.
 	HeaderMessageType = "message-type"
 )
 

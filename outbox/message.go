@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/msgtype"
 )
 
 // Message is one delivery of an outbox row to a handler.
@@ -70,7 +71,7 @@ type headerCache struct {
 	m   map[string]string
 
 	typeKnown bool
-	msgType   string
+	msgType   msgtype.Type
 	typeErr   error
 }
 
@@ -174,8 +175,8 @@ func decodeMessage[T any](c Codec[T], contentType string, row *db.ClaimRow, hc *
 		switch {
 		case hc.typeErr != nil:
 			return nil, fmt.Errorf("message type %q; the subscriber's own type has no valid name: %w", mt, hc.typeErr)
-		case hc.msgType != "" && mt != hc.msgType:
-			return nil, fmt.Errorf("message type %q; this subscriber reads %q", mt, hc.msgType)
+		case !hc.msgType.Reads(mt):
+			return nil, fmt.Errorf("message type %q; this subscriber reads %q", mt, hc.msgType.Name)
 		}
 	}
 	payload, err := decodePayload(c, row.Payload)

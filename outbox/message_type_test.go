@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/outboxgen/outboxgen/internal/msgtype"
+	"github.com/outboxgen/outboxgen/internal/msgtype/othertypes"
 )
 
 type shipment struct {
@@ -42,18 +45,22 @@ func (n panickyName) OutboxMessageType() string { return string(rune(*n.p)) }
 
 func TestMessageTypeNames(t *testing.T) {
 	t.Parallel()
-	const pkg = "github.com/outboxgen/outboxgen/outbox."
 	tests := []struct {
 		name string
-		got  func() (string, error)
+		got  func() (msgtype.Type, error)
 		want string
 	}{
-		{"struct", messageTypeOf[order], pkg + "order"},
-		{"pointer to struct", messageTypeOf[*order], pkg + "order"},
-		{"generic", messageTypeOf[box[*order]], pkg + "box[*" + pkg + "order]"},
-		{"slice", messageTypeOf[[]*order], "[]" + pkg + "order"},
-		{"array", messageTypeOf[[2]order], "[2]" + pkg + "order"},
-		{"map", messageTypeOf[map[string]order], "map[string]" + pkg + "order"},
+		{"struct", messageTypeOf[order], "order"},
+		{"pointer to struct", messageTypeOf[*order], "order"},
+		{"generic", messageTypeOf[box[*order]], "box[order]"},
+		{"generic of generic", messageTypeOf[box[map[string][]*box[order]]], "box[map[string][]box[order]]"},
+		{"generic of a predeclared type", messageTypeOf[box[int]], "box[int]"},
+		{"generic of an anonymous struct", messageTypeOf[box[struct {
+			ID string `json:"id.x/y"`
+		}]], `box[struct { ID string "json:\"id.x/y\"" }]`},
+		{"slice", messageTypeOf[[]*order], "[]order"},
+		{"array", messageTypeOf[[2]order], "[2]order"},
+		{"map", messageTypeOf[map[string]order], "map[string]order"},
 		{"string", messageTypeOf[string], "string"},
 		{"int", messageTypeOf[int], "int"},
 		{"bytes", messageTypeOf[[]byte], ""},
@@ -69,15 +76,15 @@ func TestMessageTypeNames(t *testing.T) {
 	}
 	for _, tt := range tests {
 		got, err := tt.got()
-		if err != nil || got != tt.want {
-			t.Errorf("%s: %q, %v; want %q", tt.name, got, err, tt.want)
+		if err != nil || got.Name != tt.want {
+			t.Errorf("%s: %q, %v; want %q", tt.name, got.Name, err, tt.want)
 		}
 	}
-	for name, f := range map[string]func() (string, error){
+	for name, f := range map[string]func() (msgtype.Type, error){
 		"non-printable": messageTypeOf[badName], "panicking": messageTypeOf[panickyName],
 	} {
 		if got, err := f(); err == nil {
-			t.Errorf("%s name: %q, want an error", name, got)
+			t.Errorf("%s name: %q, want an error", name, got.Name)
 		}
 	}
 	ob, err := New(unreachablePool(t), nil)
@@ -96,7 +103,7 @@ func TestPublishRecordsTheMessageType(t *testing.T) {
 	if _, err := newPublisher[order](t, e, "orders", nil).PublishBatch(e.ctx, e.db.Pool, []order{{ID: "o-1"}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, h := e.claimOne("orders"); h[HeaderMessageType] != "github.com/outboxgen/outboxgen/outbox.order" {
+	if _, h := e.claimOne("orders"); h[HeaderMessageType] != "order" {
 		t.Errorf("headers %v", h)
 	}
 	if _, err := newPublisher[namedByPointer](t, e, "named", nil).Publish(e.ctx, e.db.Pool, namedByPointer{}, nil); err != nil {
@@ -144,7 +151,7 @@ func TestSubscriberOfAnotherTypeDeadLettersTheRow(t *testing.T) {
 	}, fastConfig[shipment](rec))
 	eventually(t, "the dead letter", func() bool { return len(rec.named(EventDeadLettered)) == 1 })
 	got, _ := e.dlqRow(id)
-	wantErr := `message type "github.com/outboxgen/outboxgen/outbox.order"; this subscriber reads "github.com/outboxgen/outboxgen/outbox.shipment"`
+	wantErr := `message type "order"; this subscriber reads "shipment"`
 	if got.FailureReason != ReasonDecodeError || !strings.Contains(deref(got.LastError), wantErr) {
 		t.Errorf("DLQ row %+v: %s; want reason %s and %s", got, deref(got.LastError), ReasonDecodeError, wantErr)
 	}
@@ -195,4 +202,143 @@ func receive[T any](t *testing.T, ch <-chan T) T {
 		t.Fatal("timed out waiting for a delivery")
 		panic("unreachable")
 	}
+}
+
+// Order and Envelope have namesakes of the same JSON in othertypes.
+type Order struct {
+	ID    string `json:"id"`
+	Total int    `json:"total"`
+}
+
+type Envelope[T any] struct {
+	Body T `json:"body"`
+}
+
+// othertypesPath is the package path that publishers of earlier releases
+// recorded for the types of othertypes.
+const othertypesPath = "github.com/outboxgen/outboxgen/internal/msgtype/othertypes"
+
+// readQueue runs a subscriber of T over queue until it handled delivered
+// rows and dead-lettered deadLettered, stops it, and returns each handled
+// row as "id message-type", sorted.
+func readQueue[T any](t *testing.T, e *env, queue string, id func(T) string, delivered, deadLettered int) []string {
+	t.Helper()
+	rec := &events{}
+	got := make(chan string, delivered)
+	sub := startSub(t, e.ob, []string{queue}, func(_ context.Context, m *Message[T]) error {
+		got <- id(m.Payload) + " " + m.MessageType()
+		return nil
+	}, fastConfig[T](rec))
+	out := make([]string, 0, delivered)
+	for range delivered {
+		out = append(out, receive(t, got))
+	}
+	eventually(t, "the dead letters", func() bool { return len(rec.named(EventDeadLettered)) >= deadLettered })
+	if err := sub.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := len(rec.named(EventDeadLettered)); n != deadLettered {
+		t.Errorf("%d rows dead-lettered, want %d", n, deadLettered)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// insertTyped writes a row of queue with payload and the message-type
+// header messageType through plain SQL, as another publisher (an earlier
+// release, say) would, and returns its id.
+func (e *env) insertTyped(queue, payload, messageType string) int64 {
+	e.t.Helper()
+	var id int64
+	headers, _ := json.Marshal(map[string]string{HeaderContentType: ContentTypeJSON, HeaderMessageType: messageType})
+	if err := e.db.Pool.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, headers) VALUES ($1, $2, $3) RETURNING id`,
+		queue, payload, headers).Scan(&id); err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
+// wantDecodeError checks that the row id was dead-lettered as a
+// decode_error with an error containing want.
+func (e *env) wantDecodeError(id int64, want string) {
+	e.t.Helper()
+	got, ok := e.dlqRow(id)
+	if !ok || got.FailureReason != ReasonDecodeError || !strings.Contains(deref(got.LastError), want) {
+		e.t.Errorf("dead letter of row %d: %+v, %s; want reason %s and %s", id, got, deref(got.LastError), ReasonDecodeError, want)
+	}
+}
+
+func TestMessageTypeSurvivesAMoveBetweenPackages(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// Rows in flight when Order moved here from othertypes: published by
+	// this release, and by an earlier one that recorded the package path.
+	if _, err := newPublisher[othertypes.Order](t, e, "moved", nil).Publish(e.ctx, e.db.Pool, othertypes.Order{ID: "o-1", Total: 5}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.insertTyped("moved", `{"id": "o-2", "total": 7}`, othertypesPath+".Order")
+	// A message of another type, today's and an earlier release's, is
+	// still refused.
+	ship, err := newPublisher[*othertypes.Shipment](t, e, "moved", nil).Publish(e.ctx, e.db.Pool, &othertypes.Shipment{ID: "s-1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldShip := e.insertTyped("moved", `{"id": "s-2"}`, othertypesPath+".Shipment")
+
+	got := readQueue(t, e, "moved", func(o Order) string { return o.ID }, 2, 2)
+	want := []string{"o-1 Order", "o-2 " + othertypesPath + ".Order"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Subscriber[Order] after the move (-want +got):\n%s", diff)
+	}
+	e.wantDecodeError(ship, `message type "Shipment"; this subscriber reads "Order"`)
+	e.wantDecodeError(oldShip, `message type "`+othertypesPath+`.Shipment"; this subscriber reads "Order"`)
+
+	// And back: the type's old package reads what its new one published.
+	if _, err := newPublisher[Order](t, e, "moved.back", nil).Publish(e.ctx, e.db.Pool, Order{ID: "o-3"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.insertTyped("moved.back", `{"id": "o-4"}`, "github.com/outboxgen/outboxgen/outbox.Order")
+	got = readQueue(t, e, "moved.back", func(o *othertypes.Order) string { return o.ID }, 2, 0)
+	want = []string{"o-3 Order", "o-4 github.com/outboxgen/outboxgen/outbox.Order"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Subscriber[*othertypes.Order] (-want +got):\n%s", diff)
+	}
+}
+
+func TestGenericMessageTypesSurviveAMoveBetweenPackages(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pub := newPublisher[othertypes.Envelope[*othertypes.Order]](t, e, "envelopes", nil)
+	if _, err := pub.Publish(e.ctx, e.db.Pool, othertypes.Envelope[*othertypes.Order]{Body: &othertypes.Order{ID: "o-1"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	old := othertypesPath + ".Envelope[*" + othertypesPath + ".Order]"
+	e.insertTyped("envelopes", `{"body": {"id": "o-2"}}`, old)
+	ship, err := newPublisher[othertypes.Envelope[othertypes.Shipment]](t, e, "envelopes", nil).
+		Publish(e.ctx, e.db.Pool, othertypes.Envelope[othertypes.Shipment]{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := readQueue(t, e, "envelopes", func(m Envelope[Order]) string { return m.Body.ID }, 2, 1)
+	want := []string{"o-1 Envelope[Order]", "o-2 " + old}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Subscriber[Envelope[Order]] (-want +got):\n%s", diff)
+	}
+	e.wantDecodeError(ship, `message type "Envelope[Shipment]"; this subscriber reads "Envelope[Order]"`)
+}
+
+func TestChosenMessageTypesMatchExactly(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// A chosen name is a contract: the package-qualified spelling of the
+	// Go type's name, or its bare name, is another message type.
+	bare := e.insertTyped("named", `{"ID": "n-1"}`, "namedByValue")
+	qualified := e.insertTyped("named", `{"ID": "n-2"}`, "github.com/outboxgen/outboxgen/outbox.namedByValue")
+	e.insertTyped("named", `{"ID": "n-3"}`, "shop.order.v1")
+	got := readQueue(t, e, "named", func(n namedByValue) string { return n.ID }, 1, 2)
+	if diff := cmp.Diff([]string{"n-3 shop.order.v1"}, got); diff != "" {
+		t.Errorf("Subscriber[namedByValue] (-want +got):\n%s", diff)
+	}
+	e.wantDecodeError(bare, `message type "namedByValue"; this subscriber reads "shop.order.v1"`)
+	e.wantDecodeError(qualified, `this subscriber reads "shop.order.v1"`)
 }

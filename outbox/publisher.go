@@ -114,10 +114,10 @@ func checkQueueToRead(field, q string) error {
 // rule; it does not touch the database.
 //
 // Every row it writes carries T's name in the message-type header
-// ([HeaderMessageType]): T's package path and name, such as
-// "github.com/acme/shop.OrderPlaced", or the name T's [MessageTyper]
-// method returns. Subscribers of another type refuse the row.
-// Interfaces and byte slices record no type.
+// ([HeaderMessageType]): T's type name without its package path, such as
+// "OrderPlaced", or the name T's [MessageTyper] method returns.
+// Subscribers of another type refuse the row. Interfaces and byte slices
+// record no type.
 func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Publisher[T], error) {
 	if ob == nil {
 		return nil, &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
@@ -158,7 +158,7 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 		queue:       queue,
 		codec:       c.Codec,
 		contentType: contentType,
-		messageType: messageType,
+		messageType: messageType.Name,
 		maxPayload:  c.MaxPayloadBytes,
 		metrics:     c.Metrics,
 		headersFrom: c.HeadersFrom,

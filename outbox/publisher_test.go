@@ -205,7 +205,7 @@ func TestPublishHeadersAndCorrelationID(t *testing.T) {
 	}
 	_, h := e.claimOne("orders")
 	want := map[string]string{"tenant": "acme", HeaderTraceparent: tp, HeaderCorrelationID: "req-7", HeaderContentType: ContentTypeJSON,
-		HeaderMessageType: "github.com/outboxgen/outboxgen/outbox.order"}
+		HeaderMessageType: "order"}
 	if diff := cmp.Diff(want, h); diff != "" {
 		t.Errorf("headers (-want +got):\n%s", diff)
 	}

@@ -32,12 +32,14 @@ per type, and an AsyncAPI 3.0 document of the queues and their payloads'
 JSON Schemas (derived from the types as encoding/json sees them). Nothing
 is written unless every annotation is valid.
 
-type=TYPENAME (printable ASCII, no spaces) names the message type that
-publishers record in the message-type header, instead of the Go package
-path and type name: the file gets a method
+Publishers record the message type in the message-type header: by
+default the type's name, which the document states as the header's value.
+type=TYPENAME (printable ASCII, no spaces) names it instead: the file gets
+a method
   func (T) OutboxMessageType() string { return "TYPENAME" }
-and the document a message-type header schema. The type must not declare
-OutboxMessageType itself.
+and the document states TYPENAME. The type must not declare
+OutboxMessageType itself; a type without type= that does leaves the
+header out of the document.
 
 Example, in the package that declares the messages:
   //go:generate go run github.com/outboxgen/outboxgen/cmd/outboxgen bind
@@ -52,7 +54,11 @@ type binding struct {
 	Type, Queue, ChannelID string
 	// MessageType is the annotation's type=, "" when it has none.
 	MessageType string
-	pos         token.Position
+	// Recorded is the message type publishers record: type=, or the
+	// default, the type's name; "" when the type's own
+	// OutboxMessageType method decides.
+	Recorded string
+	pos      token.Position
 }
 
 func bindCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(string) string) error {
@@ -204,14 +210,17 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 					errs = append(errs, fmt.Errorf("%s: %s is generic; messages must be concrete types", where, ts.Name.Name))
 					continue
 				}
-				if ann.messageType != "" {
-					if err := noOwnTyper(pkg, obj, out); err != nil {
-						errs = append(errs, fmt.Errorf("%s: %s: %w", where, ts.Name.Name, err))
-						continue
-					}
+				recorded := ann.messageType
+				ownTyper := noOwnTyper(pkg, obj, out)
+				switch {
+				case ann.messageType != "" && ownTyper != nil:
+					errs = append(errs, fmt.Errorf("%s: %s: %w", where, ts.Name.Name, ownTyper))
+					continue
+				case ann.messageType == "" && ownTyper == nil:
+					recorded = ts.Name.Name // outbox's default for a non-generic type
 				}
 				queue := ann.queue
-				b := binding{Type: ts.Name.Name, Queue: queue, ChannelID: channelID(queue), MessageType: ann.messageType, pos: at}
+				b := binding{Type: ts.Name.Name, Queue: queue, ChannelID: channelID(queue), MessageType: ann.messageType, Recorded: recorded, pos: at}
 				if prev, dup := byQueue[queue]; dup {
 					errs = append(errs, fmt.Errorf("%s: %s and %s (%s) are both bound to queue %q", where, b.Type, prev.Type, relPos(prev.pos), queue))
 					continue
@@ -436,12 +445,12 @@ func asyncAPI(pkg *packages.Package, bs []binding, formatName string) ([]byte, e
 		msg := obj().
 			set("name", b.Type).
 			set("contentType", outbox.ContentTypeJSON)
-		if b.MessageType != "" {
+		if b.Recorded != "" {
 			msg.set("headers", obj().
 				set("type", "object").
 				set("properties", obj().set(outbox.HeaderMessageType, obj().
 					set("type", "string").
-					set("const", b.MessageType))).
+					set("const", b.Recorded))).
 				set("required", []string{outbox.HeaderMessageType}))
 		}
 		messages.set(b.Type, msg.set("payload", ref))

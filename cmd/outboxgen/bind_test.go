@@ -1,12 +1,15 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/outboxgen/outboxgen/outbox"
 )
 
 // scratchPackage copies files into a fresh package directory under
@@ -227,5 +230,55 @@ type A struct{
 		if r := runCLI(t, nil, args...); r.code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, r.code, r.stderr)
 		}
+	}
+}
+
+// The document states the message-type header publishers record: type=,
+// else the type's name, which outbox records by default; a type that
+// chooses its name in its own OutboxMessageType method leaves it out.
+func TestBindDocumentsTheRecordedMessageType(t *testing.T) {
+	t.Parallel()
+	dir := scratchPackage(t, map[string]string{"messages.go": `package p
+
+//outbox:message queue=a
+type ByDefault struct{ X int }
+
+//outbox:message queue=b type=shop.Named
+type Named struct{ X int }
+
+//outbox:message queue=c
+type OwnMethod struct{ X int }
+
+func (OwnMethod) OutboxMessageType() string { return "own" }
+`})
+	if r := runCLI(t, nil, "bind", "-dir", dir, "-format", "json"); r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "asyncapi.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Components struct {
+			Messages map[string]struct {
+				Headers *struct {
+					Properties map[string]struct{ Const string }
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for name, m := range doc.Components.Messages {
+		got[name] = "<none>"
+		if m.Headers != nil {
+			got[name] = m.Headers.Properties[outbox.HeaderMessageType].Const
+		}
+	}
+	want := map[string]string{"ByDefault": "ByDefault", "Named": "shop.Named", "OwnMethod": "<none>"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("message-type header in the document (-want +got):\n%s", diff)
 	}
 }

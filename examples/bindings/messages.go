@@ -25,7 +25,8 @@ type OrderPlaced struct {
 
 // OrderShipped is published when the parcel leaves the warehouse. Its
 // message type is named, so a shipping service may consume it with a Go
-// type of its own that names the same message type.
+// type of another name that names the same message type, and the type
+// may be renamed while rows are in flight.
 //
 //outbox:message queue=shop.order_shipped type=shop.OrderShipped
 type OrderShipped struct {

@@ -2,13 +2,16 @@ package outboxtest_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxgen/outboxgen/internal/msgtype/othertypes"
 	"github.com/outboxgen/outboxgen/outbox"
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
@@ -113,6 +116,40 @@ func TestRequirePublishedShowsTheDifference(t *testing.T) {
 		if !strings.Contains(msg, `queue "orders" (-want +got)`) {
 			t.Errorf("%s: failed with %q", name, msg)
 		}
+	}
+}
+
+// Published and RequirePublished read the rows a subscriber of their type
+// reads, and fail on another message type instead of decoding it.
+func TestPublishedChecksTheMessageType(t *testing.T) {
+	t.Parallel()
+	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	type Order struct {
+		ID string `json:"id"`
+	}
+	type Shipment struct {
+		ID string `json:"id"`
+	}
+	pub, err := outbox.NewPublisher[Order](f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(t.Context(), f.Pool, Order{"a"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A row an earlier release published, with the package path.
+	if _, err := f.Pool.Exec(t.Context(), `INSERT INTO `+pgx.Identifier{f.Schema, f.Outbox.Table()}.Sanitize()+
+		` (queue, payload, headers) VALUES ('orders', '{"id": "b"}', '{"message-type": "github.com/acme/shop.Order"}')`); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of Order elsewhere reads them, and so do raw bytes.
+	outboxtest.RequirePublished(t, f.Outbox, "orders", othertypes.Order{ID: "a"}, othertypes.Order{ID: "b"})
+	if got := outboxtest.Published[json.RawMessage](t, f.Outbox, "orders", nil); len(got) != 2 {
+		t.Errorf("Published[json.RawMessage]: %d rows, want 2", len(got))
+	}
+	msg := fails(t, func(tb testing.TB) { outboxtest.Published[Shipment](tb, f.Outbox, "orders", nil) })
+	if want := `is of message type "Order"; a subscriber of outboxtest_test.Shipment reads "Shipment"`; !strings.Contains(msg, want) {
+		t.Errorf("Published[Shipment] of orders failed with %q, want %q", msg, want)
 	}
 }
 

@@ -20,19 +20,26 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"reflect"
 	"testing"
 	"time"
 
+	"github.com/outboxgen/outboxgen/internal/msgtype"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
 // Published returns the messages of queue still in the outbox, oldest
 // first, decoded with codec (nil for outbox.DefaultCodec). It claims
-// nothing. A row that does not decode fails tb.
+// nothing. A row that does not decode fails tb, and so does a row whose
+// message type a subscriber of T would refuse (see outbox.MessageTyper).
 func Published[T any](tb testing.TB, ob *outbox.Outbox, queue string, codec outbox.Codec[T]) []T {
 	tb.Helper()
 	if codec == nil {
 		codec = outbox.DefaultCodec[T]()
+	}
+	typ, err := msgtype.Of(reflect.TypeFor[T]())
+	if err != nil {
+		tb.Fatalf("outboxtest: Published(%q): %v", queue, err)
 	}
 	rows, err := ob.Unprocessed(context.Background(), queue, 100000)
 	if err != nil {
@@ -40,6 +47,10 @@ func Published[T any](tb testing.TB, ob *outbox.Outbox, queue string, codec outb
 	}
 	out := make([]T, 0, len(rows))
 	for _, r := range rows {
+		if mt := r.Headers[outbox.HeaderMessageType]; !typ.Reads(mt) {
+			tb.Fatalf("outboxtest: Published(%q): row %d is of message type %q; a subscriber of %v reads %q",
+				queue, r.ID, mt, reflect.TypeFor[T](), typ.Name)
+		}
 		v, err := codec.Decode(r.Payload)
 		if err != nil {
 			tb.Fatalf("outboxtest: Published(%q): row %d: %v", queue, r.ID, err)

@@ -1,0 +1,198 @@
+// Package msgtype names the message types recorded in the message-type
+// header and decides which recorded names a Go type reads. The outbox
+// package (publishers and subscribers) and outboxtest share it, so the
+// rule lives in one place; its public description is the doc of
+// outbox.MessageTyper.
+package msgtype
+
+import (
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxBytes caps a message type name.
+const MaxBytes = 1024
+
+// typer has the method set of outbox.MessageTyper.
+type typer interface {
+	OutboxMessageType() string
+}
+
+// Type is the message type of a Go type.
+type Type struct {
+	// Name is what a publisher records; "" records nothing, and reads
+	// every row.
+	Name string
+	// Chosen says Name was returned by the type's OutboxMessageType
+	// method: an explicit contract, matched exactly.
+	Chosen bool
+}
+
+// Of returns the message type of t. A type that implements
+// OutboxMessageType (through a pointer too) has the name it returns.
+// Other types are named by their type name without package paths
+// (Unqualified), pointers spelled as what they point to, since JSON
+// encodes *T as T: "OrderPlaced", "[]OrderPlaced",
+// "map[string]OrderPlaced", "Envelope[OrderPlaced]", "string". Interfaces
+// (a value of any type fits) and byte slices (raw bytes are anything)
+// have no name, nor have anonymous structs, functions and channels, or
+// composites of them. Of uses reflection: call it once per publisher or
+// worker, never per message.
+func Of(t reflect.Type) (Type, error) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() == reflect.Interface {
+		return Type{}, nil
+	}
+	var v reflect.Value
+	switch typerType := reflect.TypeFor[typer](); {
+	case t.Implements(typerType):
+		v = reflect.Zero(t)
+	case reflect.PointerTo(t).Implements(typerType):
+		v = reflect.New(t)
+	default:
+		name, _ := typeName(t)
+		if len(name) > MaxBytes {
+			return Type{}, fmt.Errorf("the name of %v is %d bytes; at most %d: implement MessageTyper to choose a shorter one", t, len(name), MaxBytes)
+		}
+		return Type{Name: name}, nil
+	}
+	name, err := call(v.Interface().(typer))
+	if err != nil {
+		return Type{}, fmt.Errorf("%v.OutboxMessageType: %w", t, err)
+	}
+	if len(name) > MaxBytes || !printable(name) {
+		return Type{}, fmt.Errorf("%v.OutboxMessageType returned %q; want printable UTF-8 of at most %d bytes", t, name, MaxBytes)
+	}
+	return Type{Name: name, Chosen: name != ""}, nil
+}
+
+// Reads reports whether a row whose message-type header is header may be
+// decoded as t. Rows without the header, and types without a name, match
+// anything; a chosen name matches only itself; a default name also
+// matches the header with its package paths removed (Unqualified), which
+// is how publishers before the bare names spelled it
+// ("github.com/acme/shop.OrderPlaced" for "OrderPlaced").
+func (t Type) Reads(header string) bool {
+	switch {
+	case header == "" || t.Name == "" || header == t.Name:
+		return true
+	case t.Chosen:
+		return false
+	}
+	return Unqualified(header) == t.Name
+}
+
+// Unqualified removes the package paths from a Go type's spelling, and
+// its pointer stars: "github.com/acme/shop.Envelope[*github.com/acme/shop.Order]"
+// becomes "Envelope[Order]". In every run of characters an import path or
+// identifier can hold, only what follows the last dot is kept; quoted
+// struct tags of anonymous struct type arguments are copied as they are.
+func Unqualified(name string) string {
+	if !strings.ContainsAny(name, "./*") {
+		return name
+	}
+	var b strings.Builder
+	b.Grow(len(name))
+	for i := 0; i < len(name); {
+		switch c := name[i]; {
+		case c == '"':
+			j := i + 1
+			for j < len(name) && name[j] != '"' {
+				if name[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			j = min(j+1, len(name))
+			b.WriteString(name[i:j])
+			i = j
+		case c == '*':
+			i++
+		case pathByte(c):
+			j := i + 1
+			for j < len(name) && pathByte(name[j]) {
+				j++
+			}
+			run := name[i:j]
+			b.WriteString(run[strings.LastIndexByte(run, '.')+1:])
+			i = j
+		default:
+			b.WriteByte(c)
+			i++
+		}
+	}
+	return b.String()
+}
+
+// pathByte reports whether c can be part of an import path or an
+// identifier: ASCII letters and digits, "_./-~+", and the bytes of
+// non-ASCII letters (and of the middle dot the compiler gives local types).
+func pathByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		strings.IndexByte("_./-~+", c) >= 0 || c >= utf8.RuneSelf
+}
+
+// typeName spells t as Of describes; ok is false when t, or a type it is
+// made of, has no stable name or is raw bytes.
+func typeName(t reflect.Type) (name string, ok bool) {
+	switch {
+	case t.Kind() == reflect.Interface,
+		t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Uint8:
+		return "", false
+	case t.Name() != "":
+		// Name spells the type arguments of a generic type with their
+		// package paths.
+		return Unqualified(t.Name()), true
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return typeName(t.Elem())
+	case reflect.Slice, reflect.Array:
+		elem, ok := typeName(t.Elem())
+		if !ok {
+			return "", false
+		}
+		if t.Kind() == reflect.Array {
+			return "[" + strconv.Itoa(t.Len()) + "]" + elem, true
+		}
+		return "[]" + elem, true
+	case reflect.Map:
+		key, ok := typeName(t.Key())
+		elem, ok2 := typeName(t.Elem())
+		if !ok || !ok2 {
+			return "", false
+		}
+		return "map[" + key + "]" + elem, true
+	default: // anonymous structs, functions, channels
+		return "", false
+	}
+}
+
+func call(m typer) (name string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panicked: %v", r)
+		}
+	}()
+	return m.OutboxMessageType(), nil
+}
+
+// printable reports whether s is valid UTF-8 of printable characters
+// (spaces included).
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
