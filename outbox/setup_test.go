@@ -27,6 +27,15 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	if os.Getenv(crashChildDSN) != "" {
+		// A subscriber process of TestClaimPromiseMaxDeliveriesCountsCrashes:
+		// its handler kills it.
+		if err := runCrashChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "crashing subscriber child:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	pgtest.Main(m)
 }
 

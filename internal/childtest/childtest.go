@@ -50,6 +50,10 @@ func (c *Child) Kill(tb testing.TB) {
 	}
 }
 
+// Wait waits for the child to exit on its own (a crash it caused, say) and
+// returns how it ended, as exec.Cmd.Wait does.
+func (c *Child) Wait() error { return c.cmd.Wait() }
+
 // Stderr returns what the child wrote to its standard error so far.
 func (c *Child) Stderr() string { return c.stderr.String() }
 
