@@ -46,6 +46,14 @@ func (r *run[T]) fetch(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
+			if classifyDB(err) == errDoomed {
+				// A claim in autocommit is a transaction of its own: at
+				// REPEATABLE READ or SERIALIZABLE (the pool's default), a
+				// row another claim changed since its snapshot fails it.
+				// The next claim takes a new snapshot; no backoff for it.
+				sleep(ctx, time.Duration(float64(cfg.MinFetchInterval)*(0.5+rand.Float64())))
+				continue
+			}
 			wait := errs.next()
 			r.s.log.ErrorContext(ctx, "outbox: claim failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
 			sleep(ctx, wait)

@@ -622,9 +622,11 @@ func (r *run[T]) claimExpired(ctx context.Context, q *db.Queries, n int32) (int,
 }
 
 // sweepLocks deletes, every MaxFetchInterval, the records of locked
-// claims no claim needs any more.
+// claims no claim needs any more. Subscribers that claim by lease sweep
+// too: their claims read the records, which other subscribers (or a
+// restored dump) may have left.
 func (r *run[T]) sweepLocks(ctx context.Context, q *db.Queries) {
-	if r.locks == nil || time.Since(r.locksSwept) < r.s.cfg.MaxFetchInterval {
+	if time.Since(r.locksSwept) < r.s.cfg.MaxFetchInterval {
 		return
 	}
 	r.locksSwept = time.Now()
