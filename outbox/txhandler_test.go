@@ -217,7 +217,8 @@ func TestTxHandlerLeaseExpiryCancelsTheTransaction(t *testing.T) {
 	e.publishWith(rawRow("orders", "o-1"))
 	var calls atomic.Int32
 	cause := make(chan error, 1)
-	cfg := fastConfig[string](nil)
+	rec := &events{}
+	cfg := fastConfig[string](rec)
 	cfg.LeaseTTL, cfg.HeartbeatInterval = 300*time.Millisecond, -1
 	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
 		if calls.Add(1) > 1 {
@@ -233,9 +234,18 @@ func TestTxHandlerLeaseExpiryCancelsTheTransaction(t *testing.T) {
 	if err := waitFor(t, cause, "the first delivery's cancellation"); !errors.Is(err, ErrLeaseLost) {
 		t.Errorf("the first delivery's context ended with %v, want ErrLeaseLost", err)
 	}
-	eventually(t, "the second delivery's commit", func() bool { return len(e.queued("orders")) == 0 })
-	if diff := cmp.Diff(map[string]int{"o-1": 2}, e.invoices()); diff != "" {
+	eventually(t, "a later delivery's commit", func() bool { return len(rec.named(EventAcked)) == 1 })
+	// A later delivery's lease can run out too on a loaded machine, so
+	// which one commits is timing's; that only it committed is the promise.
+	acked := rec.named(EventAcked)[0].Deliveries
+	if acked < 2 {
+		t.Errorf("delivery %d committed, want a later one than the first", acked)
+	}
+	if diff := cmp.Diff(map[string]int{"o-1": acked}, e.invoices()); diff != "" {
 		t.Errorf("invoices (-want +got):\n%s", diff)
+	}
+	if got := e.queued("orders"); len(got) != 0 {
+		t.Errorf("orders left: %q", got)
 	}
 	if diff := cmp.Diff([]string{"invoiced o-1"}, e.queued("invoiced")); diff != "" {
 		t.Errorf("follow-ups (-want +got):\n%s", diff)
