@@ -21,13 +21,12 @@ type started struct {
 	t       *testing.T
 	cancel  context.CancelFunc
 	done    chan error
-	stopped bool             // stop was called: its caller checks Run's error
-	accept  func(error) bool // a non-nil error Run may return at the test's end
+	stopped bool // stop was called: its caller checks Run's error
 }
 
 // start runs sub until the test ends or stop is called. A subscriber the
 // test did not stop is stopped when the test ends, and its Run must
-// return nil then, or an error accept (see expect) takes.
+// return nil then; a test that expects an error stops it and checks.
 func start[T any](t *testing.T, sub *Subscriber[T]) *started {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -39,7 +38,7 @@ func start[T any](t *testing.T, sub *Subscriber[T]) *started {
 		}
 		err := s.stop()
 		switch {
-		case err == nil || s.accept != nil && s.accept(err):
+		case err == nil:
 		case t.Failed():
 			// Most likely the failure's consequence (a handler it left
 			// blocked), not news.
@@ -48,12 +47,6 @@ func start[T any](t *testing.T, sub *Subscriber[T]) *started {
 			t.Errorf("Run at the test's end: %v, want nil", err)
 		}
 	})
-	return s
-}
-
-// expect lets Run return an error accept takes when the test ends.
-func (s *started) expect(accept func(error) bool) *started {
-	s.accept = accept
 	return s
 }
 
