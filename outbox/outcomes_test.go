@@ -209,12 +209,9 @@ func TestBurstOfDeadLettersIsSummarised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), traceKey{}, "trace-1"))
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
+	s := startIn(t, context.WithValue(context.Background(), traceKey{}, "trace-1"), sub)
 	eventually(t, "30 dead letters", func() bool { return e.count("outbox_dlq") == 30 })
-	cancel()
-	if err := <-done; err != nil {
+	if err := s.stop(); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()

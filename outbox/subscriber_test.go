@@ -29,7 +29,13 @@ type started struct {
 // return nil then; a test that expects an error stops it and checks.
 func start[T any](t *testing.T, sub *Subscriber[T]) *started {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	return startIn(t, context.Background(), sub)
+}
+
+// startIn is start with Run's context derived from parent.
+func startIn[T any](t *testing.T, parent context.Context, sub *Subscriber[T]) *started {
+	t.Helper()
+	ctx, cancel := context.WithCancel(parent)
 	s := &started{t: t, cancel: cancel, done: make(chan error, 1)}
 	go func() { s.done <- sub.Run(ctx) }()
 	t.Cleanup(func() {
