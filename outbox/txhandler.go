@@ -24,8 +24,8 @@ import (
 // The handler must not commit or roll back tx, by its methods or with SQL:
 // its Commit and Rollback return [ErrTxOwned], and a handler that ends
 // the transaction itself (tx.Exec(ctx, "ROLLBACK") or "COMMIT", directly
-// or in code it calls) fails its delivery with [ErrTxEnded], whatever it
-// returns. Nested transactions (tx.Begin, savepoints) are fine, and are
+// or in code it calls) is never acknowledged: its delivery fails, with
+// [ErrTxEnded] when it returned nil, else with its own error. Nested transactions (tx.Begin, savepoints) are fine, and are
 // how a handler carries on after a statement that failed: returning nil
 // from a transaction left failed fails the delivery with [ErrTxAborted].
 // ctx is cancelled as a Handler's is, with cause ErrLeaseLost when the
@@ -82,15 +82,15 @@ var errTxLeaseLost = errors.New("outbox: lease lost before the acknowledgement; 
 // retry finds the lease gone and writes nothing.
 //
 // The handler must not end the transaction. One that does it with SQL
-// (tx.Exec(ctx, "ROLLBACK") or "COMMIT", itself or in code it calls)
-// fails its delivery with [ErrTxEnded] and is logged as an error: the
-// subscriber checks that the transaction is still open before it
-// acknowledges, and writes nothing more on its connection, so the row
-// stays and is retried per cfg.Retry. After a ROLLBACK the handler's
-// earlier writes never happened; after a COMMIT they are durable but the
-// acknowledgement is not, so the next delivery applies them again.
-// The check sees only the transaction's state when the handler returns:
-// a handler that ends it and begins another defeats it.
+// (tx.Exec(ctx, "ROLLBACK") or "COMMIT", itself or in code it calls) is
+// logged as an error and its delivery fails, with [ErrTxEnded] when it
+// returned nil: the subscriber checks that the transaction is still open
+// before it acknowledges, and writes nothing more on its connection, so
+// the row stays and is retried per cfg.Retry. After a ROLLBACK the
+// handler's earlier writes never happened; after a COMMIT they are
+// durable but the acknowledgement is not, so the next delivery applies
+// them again. The check sees only the transaction's state when the
+// handler returns: a handler that ends it and begins another defeats it.
 func NewTxSubscriber[T any](ob *Outbox, queues []string, handler TxHandler[T], cfg *SubscriberConfig[T]) (*Subscriber[T], error) {
 	if cfg != nil && cfg.LockWindow > 0 {
 		return nil, &ConfigError{Field: "LockWindow", Value: cfg.LockWindow.String(),
