@@ -31,7 +31,7 @@ func TestLeaseExpiryIsJudgedByTheHoldersTTL(t *testing.T) {
 	if got, err := e.q.Claim(e.ctx, db.ClaimParams{Token: newToken(), Queues: []string{"short"}, MaxRows: 1, LeaseTtlSeconds: 0.2}); err != nil || len(got) != 1 {
 		t.Fatalf("claim short: %v, %v", got, err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	eventually(t, "the 200ms lease expired", func() bool { r, _ := e.row(short); return !r.LeaseExpiresAt.After(e.serverNow()) })
 
 	got, err := e.q.Claim(e.ctx, db.ClaimParams{Token: newToken(), Queues: []string{"long"}, MaxRows: 10, LeaseTtlSeconds: 0.1})
 	if err != nil || len(got) != 0 {

@@ -63,7 +63,7 @@ func TestNotifyWakesAnIdleSubscriber(t *testing.T) {
 	e := setup(t)
 	handled := idleSubscriber(t, e, nil)
 	eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
-	time.Sleep(100 * time.Millisecond) // let the fetcher settle into its idle wait
+	e.waitAsleep()
 	pub := newPublisher[string](t, e, "q", nil)
 	sent := time.Now()
 	if _, err := pub.Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
@@ -102,7 +102,7 @@ func TestKilledListenerIsReplaced(t *testing.T) {
 		now := e.listeners(e.ob.Channel())
 		return len(now) == 1 && now[0] != first[0]
 	})
-	time.Sleep(100 * time.Millisecond)
+	e.waitAsleep()
 	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestScheduledRowIsDeliveredOnTime(t *testing.T) {
 	e := setup(t)
 	handled := idleSubscriber(t, e, nil)
 	eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
-	time.Sleep(100 * time.Millisecond)
+	e.waitAsleep()
 	id, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Delay: 700 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -254,7 +254,9 @@ func TestStalledLockedClaimFreesItsRowsAfterTheLease(t *testing.T) {
 	if c, o := stalledCancelled.Load(), otherStarted.Load(); o < c {
 		t.Errorf("the other subscriber started %v before the stalled handler was cancelled", time.Duration(c-o))
 	}
-	_ = stalled.stop()
+	if err := stalled.stop(); !errors.Is(err, ErrGracefulTimeout) { // its outcome write stalls
+		t.Errorf("stalled Run: %v, want ErrGracefulTimeout", err)
+	}
 }
 
 // A pool of fewer than minLockingPoolConns connections, or a negative

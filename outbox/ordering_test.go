@@ -449,8 +449,7 @@ func TestSubscriberCompletesRecordedHandOvers(t *testing.T) {
 		handled <- m.Payload
 		return nil
 	}, cfg)
-	// Let the subscriber find the key held and back off.
-	time.Sleep(300 * time.Millisecond)
+	e.waitAsleep() // it found the key held, and backs off
 	if n := e.handOffs(); n != 1 {
 		t.Fatalf("%d hand-overs recorded while the publisher holds the key, want 1", n)
 	}
@@ -482,7 +481,7 @@ func TestUnannouncedHandOverIsCompletedBySweep(t *testing.T) {
 		handled <- m.Payload
 		return nil
 	}, cfg)
-	eventually(t, "the subscriber asleep", func() bool { h, _ := e.sleeping(); return h == 1 })
+	e.waitAsleep()
 
 	e.exec("CREATE OR REPLACE FUNCTION outbox_notify_queue_usage() RETURNS float8 LANGUAGE sql AS 'SELECT 0.9::float8'")
 	e.ack(head)

@@ -127,8 +127,11 @@ func TestHandlerErrorWhoseErrorMethodPanics(t *testing.T) {
 func TestRunReturnsWithinGracefulTimeoutWhileWritesFail(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
+	// The sequence counts the deletes tried: nextval survives the
+	// rollback.
+	e.exec(`CREATE SEQUENCE deletes_tried`)
 	e.exec(`CREATE FUNCTION broken() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'database trouble'; END $$`)
+		BEGIN PERFORM nextval('deletes_tried'); RAISE EXCEPTION 'database trouble'; END $$`)
 	e.exec(`CREATE TRIGGER broken BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION broken()`)
 	for range 3 {
 		e.publish("q")
@@ -143,7 +146,13 @@ func TestRunReturnsWithinGracefulTimeoutWhileWritesFail(t *testing.T) {
 	for range 3 {
 		<-handled
 	}
-	time.Sleep(100 * time.Millisecond) // the acknowledger is retrying
+	eventually(t, "the acknowledger retrying", func() bool {
+		var tried int
+		if err := e.db.Pool.QueryRow(e.ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM deletes_tried`).Scan(&tried); err != nil {
+			t.Fatal(err)
+		}
+		return tried >= 2
+	})
 	e.stopIsBounded(s, cfg.GracefulTimeout, 3)
 }
 
@@ -200,12 +209,9 @@ func TestBurstOfDeadLettersIsSummarised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), traceKey{}, "trace-1"))
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
+	s := startIn(t, context.WithValue(context.Background(), traceKey{}, "trace-1"), sub)
 	eventually(t, "30 dead letters", func() bool { return e.count("outbox_dlq") == 30 })
-	cancel()
-	if err := <-done; err != nil {
+	if err := s.stop(); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()

@@ -24,6 +24,13 @@ func (e *env) sleeping() (holding, records int) {
 	return holding, records
 }
 
+// waitAsleep waits until a subscriber's sleep record holds: a claim of it
+// found nothing, and writers of its queues now notify it.
+func (e *env) waitAsleep() {
+	e.t.Helper()
+	eventually(e.t, "the subscriber asleep", func() bool { h, _ := e.sleeping(); return h == 1 })
+}
+
 // write is a write to the outbox, after an optional preparation.
 type write struct{ prepare, write func() }
 
@@ -354,7 +361,7 @@ func TestRowOfAWriterInFlightAsTheSubscriberFallsAsleepIsNotLeftToPolling(t *tes
 	}
 	handled := idleSubscriber(t, e, nil) // polls every 30 s
 	eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
-	eventually(t, "the subscriber asleep", func() bool { h, _ := e.sleeping(); return h == 1 })
+	e.waitAsleep()
 	time.Sleep(200 * time.Millisecond) // past the claim the listener's start triggers
 	committed := time.Now()
 	if err := tx.Commit(e.ctx); err != nil {

@@ -18,24 +18,49 @@ import (
 
 // started is a running subscriber and the way to stop it.
 type started struct {
-	t      *testing.T
-	cancel context.CancelFunc
-	done   chan error
+	t       *testing.T
+	cancel  context.CancelFunc
+	done    chan error
+	stopped bool // stop was called: its caller checks Run's error
 }
 
-// start runs sub until the test ends or stop is called.
+// start runs sub until the test ends or stop is called. A subscriber the
+// test did not stop is stopped when the test ends, and its Run must
+// return nil then; a test that expects an error stops it and checks.
 func start[T any](t *testing.T, sub *Subscriber[T]) *started {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	return startIn(t, context.Background(), sub)
+}
+
+// startIn is start with Run's context derived from parent.
+func startIn[T any](t *testing.T, parent context.Context, sub *Subscriber[T]) *started {
+	t.Helper()
+	ctx, cancel := context.WithCancel(parent)
 	s := &started{t: t, cancel: cancel, done: make(chan error, 1)}
 	go func() { s.done <- sub.Run(ctx) }()
-	t.Cleanup(func() { s.stop() })
+	t.Cleanup(func() {
+		if s.stopped {
+			return
+		}
+		err := s.stop()
+		switch {
+		case err == nil:
+		case t.Failed():
+			// Most likely the failure's consequence (a handler it left
+			// blocked), not news.
+			t.Logf("Run at the test's end: %v", err)
+		default:
+			t.Errorf("Run at the test's end: %v, want nil", err)
+		}
+	})
 	return s
 }
 
-// stop cancels Run and waits for it to return.
+// stop cancels Run, waits for it to return and returns its error, which
+// the caller checks; a second stop returns nil.
 func (s *started) stop() error {
 	s.t.Helper()
+	s.stopped = true
 	s.cancel()
 	select {
 	case err, ok := <-s.done:
@@ -322,7 +347,9 @@ func TestRunTwiceAtOnceFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Once stopped it can run again.
-	start(t, sub).stop()
+	if err := start(t, sub).stop(); err != nil {
+		t.Errorf("Run again: %v", err)
+	}
 }
 
 type slowRecorder struct{ calls atomic.Int32 }

@@ -21,15 +21,37 @@ import (
 // back, and the retry or dead letter is recorded afterwards as for a
 // [Handler].
 //
-// The handler must not commit or roll back tx: its Commit and Rollback
-// return [ErrTxOwned]. Nested transactions (tx.Begin, savepoints) are
-// fine. ctx is cancelled as a Handler's is, with cause ErrLeaseLost when
-// the lease is lost; tx's statements then fail and nothing commits.
+// The handler must not commit or roll back tx, by its methods or with SQL:
+// its Commit and Rollback return [ErrTxOwned], and a handler that ends
+// the transaction itself (tx.Exec(ctx, "ROLLBACK") or "COMMIT", directly
+// or in code it calls) is never acknowledged: its delivery fails, with
+// [ErrTxEnded] when it returned nil, else with its own error. Nested transactions (tx.Begin, savepoints) are fine, and are
+// how a handler carries on after a statement that failed: returning nil
+// from a transaction left failed fails the delivery with [ErrTxAborted].
+// ctx is cancelled as a Handler's is, with cause ErrLeaseLost when the
+// lease is lost; tx's statements then fail and nothing commits.
 type TxHandler[T any] func(ctx context.Context, tx pgx.Tx, m *Message[T]) error
 
 // ErrTxOwned is returned by Commit and Rollback of the transaction a
 // [TxHandler] is given: the subscriber ends it.
 var ErrTxOwned = errors.New("outbox: the subscriber commits or rolls back a TxHandler's transaction")
+
+// ErrTxEnded fails a transactional delivery whose [TxHandler] ended the
+// subscriber's transaction with SQL (ROLLBACK, COMMIT, END, ABORT): the
+// message is not acknowledged, since the acknowledgement could no longer
+// commit with the handler's writes, and the delivery is retried as a
+// handler's error is. A ROLLBACK undid the handler's earlier writes; a
+// COMMIT made them durable without the acknowledgement, so the retry
+// applies them again. Either is a bug in the handler, which the
+// subscriber logs as an error.
+var ErrTxEnded = errors.New("outbox: the TxHandler ended its transaction with SQL; the message was not acknowledged")
+
+// ErrTxAborted fails a transactional delivery whose [TxHandler] returned
+// nil from a transaction a failed statement had aborted: nothing of it can
+// commit, so the message is not acknowledged and the delivery is retried
+// as a handler's error is. A handler that means to carry on after a
+// statement that may fail runs it in a nested transaction (tx.Begin).
+var ErrTxAborted = errors.New("outbox: the TxHandler returned nil from a transaction aborted by a failed statement; the message was not acknowledged")
 
 // errTxLeaseLost ends a transactional delivery whose acknowledgement
 // found the lease taken: the transaction rolled back.
@@ -58,6 +80,17 @@ var errTxLeaseLost = errors.New("outbox: lease lost before the acknowledgement; 
 // lost connection) is retried like a handler's error; one whose answer
 // was lost after the server committed left the row deleted, so that
 // retry finds the lease gone and writes nothing.
+//
+// The handler must not end the transaction. One that does it with SQL
+// (tx.Exec(ctx, "ROLLBACK") or "COMMIT", itself or in code it calls) is
+// logged as an error and its delivery fails, with [ErrTxEnded] when it
+// returned nil: the subscriber checks that the transaction is still open
+// before it acknowledges, and writes nothing more on its connection, so
+// the row stays and is retried per cfg.Retry. After a ROLLBACK the
+// handler's earlier writes never happened; after a COMMIT they are
+// durable but the acknowledgement is not, so the next delivery applies
+// them again. The check sees only the transaction's state when the
+// handler returns: a handler that ends it and begins another defeats it.
 func NewTxSubscriber[T any](ob *Outbox, queues []string, handler TxHandler[T], cfg *SubscriberConfig[T]) (*Subscriber[T], error) {
 	if cfg != nil && cfg.LockWindow > 0 {
 		return nil, &ConfigError{Field: "LockWindow", Value: cfg.LockWindow.String(),
@@ -118,7 +151,22 @@ func (r *run[T]) handleInTx(ctx context.Context, d *delivery, msg *Message[T]) (
 		}
 	}()
 	inTx := func(ctx context.Context, m *Message[T]) error { return r.s.txHandler(ctx, ownedTx{tx}, m) }
-	if herr = safeHandle(ctx, inTx, msg); herr != nil {
+	herr = safeHandle(ctx, inTx, msg)
+	if misuse := txMisuse(tx, herr); misuse != nil {
+		// Nothing more may run on this connection but the deferred
+		// rollback: after a handler's COMMIT or ROLLBACK, a statement
+		// would commit on its own. The handler's own error, if any,
+		// still decides the outcome.
+		attrs := append(rowAttrs(d), slog.Any("error", misuse))
+		if herr != nil {
+			attrs = append(attrs, slog.Any("handler_error", herr))
+		} else {
+			herr = misuse
+		}
+		r.s.log.ErrorContext(d.context(), "outbox: a transactional handler misused its transaction; the message was not acknowledged", attrs...)
+		return txRolledBack, herr
+	}
+	if herr != nil {
 		return txRolledBack, herr
 	}
 	// From here the row is ours to delete: the heartbeat lets it be, so
@@ -138,6 +186,26 @@ func (r *run[T]) handleInTx(ctx context.Context, d *delivery, msg *Message[T]) (
 		return txRolledBack, fmt.Errorf("outbox: committing the handler's transaction: %w", err)
 	}
 	return txCommitted, nil
+}
+
+// txMisuse reports, from the transaction status of tx's connection at its
+// last ready-for-query, a handler that ended tx (ErrTxEnded), or that
+// returned nil although tx was aborted (ErrTxAborted): a handler that
+// returns the error of its failed statement leaves tx aborted rightly.
+// A connection that broke keeps its last status, and its failure is
+// found by the statements that follow.
+func txMisuse(tx pgx.Tx, herr error) error {
+	switch tx.Conn().PgConn().TxStatus() {
+	case 'T':
+		return nil
+	case 'E':
+		if herr != nil {
+			return nil
+		}
+		return ErrTxAborted
+	default: // 'I': idle, the handler's COMMIT or ROLLBACK ended tx
+		return ErrTxEnded
+	}
 }
 
 // txEnded reports what became of a transactional delivery that committed
