@@ -58,6 +58,10 @@ type OutboxLock struct {
 	Until     time.Time
 }
 
+type OutboxLockSeed struct {
+	Seed int64
+}
+
 type OutboxSleeper struct {
 	ID     pgtype.UUID
 	Queues []string
