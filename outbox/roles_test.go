@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -265,4 +266,62 @@ func lastWord(s string) string {
 		}
 	}
 	return s
+}
+
+// A role with no grants on the outbox cannot hold what publishers or
+// subscribers wait for: the advisory locks that schema 8 derived from
+// public names (a key's, and the sleep horizon's) are no longer the ones
+// the outbox takes, and the functions that compute or take the outbox's
+// locks refuse it.
+func TestARoleWithoutGrantsCannotStallPublishersOrSleepingSubscribers(t *testing.T) {
+	t.Parallel()
+	e := setupRoles(t)
+	ctx := e.ctx
+	outsider := e.db.Schema + "_outsider"
+	ident := pgx.Identifier{outsider}.Sanitize()
+	e.exec("CREATE ROLE " + ident + " LOGIN")
+	t.Cleanup(func() {
+		if _, err := e.db.Pool.Exec(context.Background(), "DROP OWNED BY "+ident+"; DROP ROLE "+ident); err != nil {
+			t.Errorf("drop role %s: %v", outsider, err)
+		}
+	})
+	u, err := url.Parse(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(outsider)
+	c, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close(context.Background()) }()
+	table := pgx.Identifier{e.db.Schema, "outbox"}.Sanitize()
+	// Schema 8's key of ('q', 'k') and its horizon's key, computed from
+	// names every role can read, held for the session.
+	if _, err := c.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended(q || E'\x1f' || k, hashtext($1)))
+		FROM (VALUES ('q', 'k'), ('', '')) AS v(q, k)`, table); err != nil {
+		t.Fatal(err)
+	}
+	for _, fn := range []string{
+		"SELECT " + pgx.Identifier{e.db.Schema, "outbox_key_lock"}.Sanitize() + "('q', 'k')",
+		"SELECT " + pgx.Identifier{e.db.Schema, "outbox_hand_off"}.Sanitize() + "('{q}', 1)",
+		"SELECT seed FROM " + pgx.Identifier{e.db.Schema, "outbox_lock_seed"}.Sanitize(),
+	} {
+		if _, err := c.Exec(ctx, fn); sqlState(err) != "42501" {
+			t.Errorf("%s as a role without grants: %v, want permission denied", fn, err)
+		}
+	}
+
+	pub, err := NewPublisher[string](e.pub, "q", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bounded, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := pub.Publish(bounded, e.pub.pool, "keyed", &PublishOpts{OrderingKey: "k"}); err != nil {
+		t.Errorf("a keyed publish while a role without grants holds schema 8's lock of the key: %v", err)
+	}
+	if err := e.sub.queries(e.sub.pool).Sleep(bounded, db.SleepParams{ID: newSleeper().id, Queues: []string{"q"}, ForSeconds: 60}); err != nil {
+		t.Errorf("a sleep record while a role without grants holds schema 8's lock of the horizon: %v", err)
+	}
 }
