@@ -58,12 +58,12 @@ type OutboxLock struct {
 	Until     time.Time
 }
 
-type OutboxLockSeed struct {
-	Seed int64
-}
-
 type OutboxSleeper struct {
 	ID     pgtype.UUID
 	Queues []string
 	Until  time.Time
+}
+
+type OutboxSleepersTurn struct {
+	Turn bool
 }
