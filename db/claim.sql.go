@@ -295,14 +295,27 @@ func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]Claim
 }
 
 const handOff = `-- name: HandOff :one
-SELECT /*outbox:table*/outbox_hand_off($1::text[])::integer AS waiting
+SELECT (h.r[1])::integer AS waiting, (h.r[2] > 0)::boolean AS more
+FROM (SELECT /*outbox:table*/outbox_hand_off($1::text[], $2::integer) AS r) AS h
 `
 
+type HandOffParams struct {
+	Queues  []string
+	MaxKeys int32
+}
+
+type HandOffRow struct {
+	Waiting int32
+	More    bool
+}
+
 // Completes the key hand-overs recorded for the given queues that no other
-// transaction holds (see migration 5) and returns how many still wait.
-func (q *Queries) HandOff(ctx context.Context, queues []string) (int32, error) {
-	row := q.db.QueryRow(ctx, handOff, queues)
-	var waiting int32
-	err := row.Scan(&waiting)
-	return waiting, err
+// transaction holds (see migration 5), locking at most @max_keys keys
+// (migration 9), and returns how many it found still held, and whether
+// keys remain that it left for another call.
+func (q *Queries) HandOff(ctx context.Context, arg HandOffParams) (HandOffRow, error) {
+	row := q.db.QueryRow(ctx, handOff, arg.Queues, arg.MaxKeys)
+	var i HandOffRow
+	err := row.Scan(&i.Waiting, &i.More)
+	return i, err
 }

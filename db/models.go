@@ -63,3 +63,7 @@ type OutboxSleeper struct {
 	Queues []string
 	Until  time.Time
 }
+
+type OutboxSleepersTurn struct {
+	Turn bool
+}

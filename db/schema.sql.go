@@ -20,6 +20,20 @@ func (q *Queries) CreateSchema(ctx context.Context) error {
 	return err
 }
 
+const schemaExists = `-- name: SchemaExists :one
+SELECT (to_regnamespace($1::text) IS NOT NULL)::boolean AS exists
+`
+
+// Whether the outbox's schema exists (@name: quoted), so that Migrate
+// creates it only when it is missing: CREATE SCHEMA IF NOT EXISTS needs
+// the CREATE privilege on the database even when the schema exists.
+func (q *Queries) SchemaExists(ctx context.Context, name string) (bool, error) {
+	row := q.db.QueryRow(ctx, schemaExists, name)
+	var exists bool
+	err := row.Scan(&exists)
+	return exists, err
+}
+
 const schemaObjects = `-- name: SchemaObjects :one
 SELECT to_regclass($1::text) IS NOT NULL AS has_table,
        to_regclass($2::text) IS NOT NULL AS has_dlq,

@@ -31,6 +31,17 @@ type handoffs struct {
 // publisher whose commit (or rollback) frees the key.
 const handoffRetryMin = 5 * time.Millisecond
 
+// Each call of <table>_hand_off locks at most handoffMaxKeys keys, in a
+// transaction of its own: each lock holds a slot of PostgreSQL's shared
+// lock table (about max_locks_per_transaction × max_connections slots for
+// the whole server) until the call ends. A run of the hand-overs makes at
+// most handoffCalls calls, so a backlog of recorded keys delays the next
+// claim by little; the rest is taken up again before the claim after.
+const (
+	handoffMaxKeys = 128
+	handoffCalls   = 8
+)
+
 // handOff completes the recorded hand-overs of the subscriber's queues
 // when one was announced, a retry is due, or MaxFetchInterval has passed
 // since the last run: an announcement can be missed (the LISTEN
@@ -44,13 +55,33 @@ func (r *run[T]) handOff(ctx context.Context, q *db.Queries) {
 		return
 	}
 	h.retryAt, h.swept = time.Time{}, now
-	waiting, err := q.HandOff(ctx, r.s.queues)
+	var (
+		waiting int32
+		more    bool
+		err     error
+	)
+	for range handoffCalls {
+		var res db.HandOffRow
+		res, err = q.HandOff(ctx, db.HandOffParams{Queues: r.s.queues, MaxKeys: handoffMaxKeys})
+		if err != nil {
+			break
+		}
+		waiting += res.Waiting
+		if more = res.More; !more {
+			break
+		}
+	}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		h.pending.Store(true)
 		return
 	case err != nil:
 		r.s.log.WarnContext(ctx, "outbox: completing ordering-key hand-overs failed; retrying", slog.Any("error", err))
+	case more:
+		// Keys are left that no call has tried yet: go on after the
+		// next claim.
+		h.retryAt = time.Now()
+		return
 	case waiting == 0:
 		h.delay = 0
 		return

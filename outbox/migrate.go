@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxgen/outboxgen/db"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -68,11 +69,19 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 	})
 }
 
-// createSchema creates the outbox's schema unless it exists. Concurrent
-// callers race in the catalog even with IF NOT EXISTS; the loser's
-// duplicate error means the schema is there.
+// createSchema creates the outbox's schema unless it exists. A schema
+// that exists is left alone, so a migrator that owns it needs no CREATE
+// privilege on the database. Concurrent callers race in the catalog even
+// with IF NOT EXISTS; the loser's duplicate error means the schema is
+// there.
 func (o *Outbox) createSchema(ctx context.Context) error {
-	err := o.queries(o.pool).CreateSchema(ctx)
+	exists, err := o.queries(o.pool).SchemaExists(ctx, pgx.Identifier{o.naming.schema}.Sanitize())
+	if err == nil && exists {
+		return nil
+	}
+	if err == nil {
+		err = o.queries(o.pool).CreateSchema(ctx)
+	}
 	if st := sqlState(err); st == "23505" || st == "42P06" {
 		err = nil
 	}

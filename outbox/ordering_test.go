@@ -359,7 +359,7 @@ func TestHandOverWaitsForAnUncommittedPublisher(t *testing.T) {
 	if n := e.handOffs(); n != 1 {
 		t.Fatalf("%d hand-overs recorded, want 1", n)
 	}
-	if waiting, err := e.q.HandOff(e.ctx, []string{"q"}); err != nil || waiting != 1 {
+	if waiting, err := e.handOff("q"); err != nil || waiting != 1 {
 		t.Fatalf("HandOff while the publisher holds the key = %d, %v; want 1 waiting", waiting, err)
 	}
 	if err := publisher.Commit(e.ctx); err != nil {
@@ -368,7 +368,7 @@ func TestHandOverWaitsForAnUncommittedPublisher(t *testing.T) {
 	if got := e.claim(10, "q"); len(got) != 0 {
 		t.Fatalf("claimed %v before the hand-over completed", ids(got))
 	}
-	if waiting, err := e.q.HandOff(e.ctx, []string{"q"}); err != nil || waiting != 0 {
+	if waiting, err := e.handOff("q"); err != nil || waiting != 0 {
 		t.Fatalf("HandOff after the commit = %d, %v; want 0 waiting", waiting, err)
 	}
 	if got := ids(e.claim(10, "q")); !cmp.Equal(got, []int64{next}) {
@@ -399,7 +399,7 @@ func TestSnapshotIsolationPublishersKeepKeyOrder(t *testing.T) {
 	}
 	var got []string
 	for range 2 {
-		if waiting, err := e.q.HandOff(e.ctx, []string{"q"}); err != nil || waiting != 0 {
+		if waiting, err := e.handOff("q"); err != nil || waiting != 0 {
 			t.Fatalf("HandOff = %d, %v", waiting, err)
 		}
 		rows := e.claim(10, "q")

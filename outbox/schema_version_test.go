@@ -671,3 +671,58 @@ func upAndBack(t *testing.T, ob *Outbox, from int64, atFrom func(), upgraded fun
 		upgraded(step)
 	}
 }
+
+// Upgrading from schema 8 keeps rows in every state, a record of an
+// aborted locked claim, sleep records and the horizon; so does going down
+// to 8 and up again. At 9 the keys' locks are seeded with the outbox's
+// secret, and at 8 again they are schema 8's.
+func TestUpgradeFromSchema8KeepsRowsAndSleepRecords(t *testing.T) {
+	t.Parallel()
+	e := atVersion(t, 8)
+	rows := e.seedEveryState()
+	e.exec(`INSERT INTO outbox_locks (xid, ids, until) SELECT $1, int8multirange(int8range(min(id), max(id), '[]')), now() - interval '1 minute' FROM outbox`,
+		e.abortedXid())
+	e.exec(`INSERT INTO outbox_sleepers (id, queues, until) VALUES
+		(gen_random_uuid(), '{q,n}', now() + interval '1 hour'),
+		(gen_random_uuid(), '{q}', '-infinity'),
+		(gen_random_uuid(), '{q}', now() - interval '1 minute')`)
+	state := func() []string {
+		t.Helper()
+		var sleepers string
+		if err := e.db.Pool.QueryRow(e.ctx, `SELECT string_agg(format('%s %s', queues,
+				CASE WHEN until = '-infinity' THEN 'woken' WHEN until > now() THEN 'holds' ELSE 'lapsed' END), ', ' ORDER BY until)
+			FROM outbox_sleepers`).Scan(&sleepers); err != nil {
+			t.Fatal(err)
+		}
+		return append(rows(), fmt.Sprintf("claim records=%d", e.count("outbox_locks")), "sleepers: "+sleepers)
+	}
+	keyLock := func() (lock int64, seeded bool) {
+		t.Helper()
+		if err := e.db.Pool.QueryRow(e.ctx, `SELECT outbox_key_lock('q', 'k'),
+				to_regclass('outbox_lock_seed') IS NOT NULL`).Scan(&lock, &seeded); err != nil {
+			t.Fatal(err)
+		}
+		return lock, seeded
+	}
+	at8, _ := keyLock()
+	before := state()
+	upAndBack(t, e.ob, 8, func() {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("at 8 again (-want +got):\n%s", diff)
+		}
+		if lock, seeded := keyLock(); lock != at8 || seeded {
+			t.Errorf("at 8 again: key lock %d (seed table %v), want schema 8's %d", lock, seeded, at8)
+		}
+	}, func(step string) {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", step, diff)
+		}
+		if got, want := e.horizon(); got != want || want == 0 {
+			t.Errorf("%s: horizon %d, want %d", step, got, want)
+		}
+		if lock, seeded := keyLock(); lock == at8 || !seeded {
+			t.Errorf("%s: key lock %d (seed table %v), schema 8's was %d", step, lock, seeded, at8)
+		}
+	})
+	e.handlesEveryDueRow()
+}

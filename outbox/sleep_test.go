@@ -378,3 +378,45 @@ func TestRowOfAWriterInFlightAsTheSubscriberFallsAsleepIsNotLeftToPolling(t *tes
 		t.Errorf("the in-flight publisher notified %v", got)
 	}
 }
+
+// A change to the sleep records in a transaction whose snapshot predates
+// a record committed since (REPEATABLE READ, SERIALIZABLE) never sets the
+// horizon below that record's end, so writers of its queues still notify.
+func TestAChangeToTheSleepersAtRepeatableReadKeepsTheHorizonAtACommittedRecord(t *testing.T) {
+	t.Parallel()
+	for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+		t.Run(string(iso), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			l := listen(t, e.db.URL, e.ob.Channel())
+			own := newSleeper().id
+			e.sleepFor(e.q, own, 60)
+
+			tx, err := e.db.Pool.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: iso})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(e.ctx) }()
+			if _, err := tx.Exec(e.ctx, "SELECT 1"); err != nil {
+				t.Fatal(err)
+			}
+			// Committed after tx's snapshot was taken.
+			e.sleepOn("q", "sentinel")
+			// tx ends its own record, as a subscriber's Wake does.
+			if err := e.ob.queries(tx).Wake(e.ctx, own); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := e.horizon(); got < want {
+				t.Errorf("horizon %d, below the committed record's end %d", got, want)
+			}
+			e.publish("q")
+			e.publish("sentinel")
+			if diff := cmp.Diff([]string{e.ob.Channel() + ":q"}, l.until("sentinel")); diff != "" {
+				t.Errorf("a row of the sleeping subscriber's queue (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

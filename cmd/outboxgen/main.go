@@ -9,6 +9,7 @@
 //	outboxgen health [-listen-dsn DSN] [-notify-timeout D] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D] [-limit N] [-after ID]
 //	    [-drop-timer-ids] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen grants [-publisher ROLE] [-subscriber ROLE] [-apply] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
 //
 // Flags may come before, between or after a command's arguments:
@@ -18,7 +19,9 @@
 // against DATABASE_URL (or -dsn). migrations writes them, rendered for the
 // schema and table, into a repository's goose migrations directory.
 // inspect shows each queue's state; health checks the conditions that
-// break PostgreSQL queues and exits with status 1 when it finds one. bind
+// break PostgreSQL queues and exits with status 1 when it finds one.
+// grants prints, or runs, what a publishing and a subscribing role must
+// be granted. bind
 // writes typed constructors and an AsyncAPI document for the types
 // annotated //outbox:message queue=NAME [type=TYPENAME]; type= also
 // generates the type's OutboxMessageType method. Exit status is 2 for a
@@ -26,7 +29,7 @@
 //
 // Environment (a flag wins over its variable):
 //
-//	DATABASE_URL   database of migrate, inspect, health and dlq (-dsn)
+//	DATABASE_URL   database of migrate, inspect, health, dlq and grants -apply (-dsn)
 //	OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
 //	OUTBOX_TABLE   name of the outbox table, default outbox (-table)
 package main
@@ -124,13 +127,14 @@ Commands:
   inspect      show each queue's depth, leases, age, dead letters and held ordering keys
   health       check NOTIFY, the notification queue, what holds back vacuum, dead rows and the schema version
   dlq          list, show, replay or purge dead-lettered rows
+  grants       print (or -apply) the GRANT statements of a publishing and a subscribing role
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
 
 Flags may come before or after a command's arguments. Run
 "outboxgen COMMAND -h" for a command's flags and an example.
 
 Environment (a flag wins over its variable):
-  DATABASE_URL   database of migrate, inspect and dlq (-dsn)
+  DATABASE_URL   database of migrate, inspect, health, dlq and grants -apply (-dsn)
   OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
   OUTBOX_TABLE   name of the outbox table, default outbox (-table)
 `
@@ -151,6 +155,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return healthCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "dlq":
 		return dlqCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "grants":
+		return grantsCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "bind":
 		return bindCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "-h", "-help", "--help", "help":

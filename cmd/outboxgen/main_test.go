@@ -65,7 +65,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 		return out
 	}
 
-	all := []string{"events", "events_dlq", "events_goose_version", "events_handoff", "events_locks", "events_sleepers"}
+	all := []string{"events", "events_dlq", "events_goose_version", "events_handoff", "events_locks", "events_sleepers", "events_sleepers_turn"}
 	for _, step := range []struct {
 		action string
 		want   []string
@@ -205,7 +205,7 @@ func TestEnvironmentNamesTheOutbox(t *testing.T) {
 	if err == nil {
 		tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	if diff := cmp.Diff([]string{"jobs", "jobs_dlq", "jobs_goose_version", "jobs_handoff", "jobs_locks", "jobs_sleepers"}, tables); err != nil || diff != "" {
+	if diff := cmp.Diff([]string{"jobs", "jobs_dlq", "jobs_goose_version", "jobs_handoff", "jobs_locks", "jobs_sleepers", "jobs_sleepers_turn"}, tables); err != nil || diff != "" {
 		t.Errorf("tables after migrate up (-want +got): %v\n%s", err, diff)
 	}
 	if r := runCLI(t, env, "inspect", "-json"); r.code != 0 || r.stdout != "[]\n" {

@@ -154,14 +154,26 @@ func lookBin(name string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%s is not on PATH nor in /usr/lib/postgresql/*/bin (install PostgreSQL's server package)", name)
+	return "", fmt.Errorf("%w: %s is not on PATH nor in /usr/lib/postgresql/*/bin (install PostgreSQL's server package)", ErrNoServerBinaries, name)
+}
+
+// ErrNoServerBinaries is what StartCluster's error wraps when the
+// machine has no PostgreSQL server binaries to start a cluster with.
+var ErrNoServerBinaries = errors.New("no PostgreSQL server binaries")
+
+// StartCluster starts a throwaway cluster, as Find does when nothing else
+// answers, with the server settings given as name=value (such as
+// "max_prepared_transactions=4") on top of its own. Stop removes it. Its
+// error wraps ErrNoServerBinaries when there is nothing to start it with.
+func StartCluster(ctx context.Context, settings ...string) (*Server, error) {
+	return startCluster(ctx, settings...)
 }
 
 // startCluster makes a cluster in a temporary directory, on a free port of
 // 127.0.0.1, with trust authentication and autovacuum on, and starts it.
 // initdb refuses to run as root, so as root the cluster belongs to the
-// postgres user (or nobody).
-func startCluster(ctx context.Context) (*Server, error) {
+// postgres user (or nobody). settings (name=value) are set on top.
+func startCluster(ctx context.Context, settings ...string) (*Server, error) {
 	initdb, err := lookBin("initdb")
 	if err != nil {
 		return nil, err
@@ -202,6 +214,9 @@ func startCluster(ctx context.Context) (*Server, error) {
 	}
 	opts := fmt.Sprintf("-c port=%d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s -c autovacuum=on -c fsync=off -c max_connections=200",
 		port, dir)
+	for _, kv := range settings {
+		opts += " -c " + kv
+	}
 	if err := run(pgCtl, "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start"); err != nil {
 		cleanup()
 		return nil, err

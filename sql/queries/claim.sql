@@ -170,5 +170,8 @@ RETURNING o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
 
 -- name: HandOff :one
 -- Completes the key hand-overs recorded for the given queues that no other
--- transaction holds (see migration 5) and returns how many still wait.
-SELECT /*outbox:table*/outbox_hand_off(@queues::text[])::integer AS waiting;
+-- transaction holds (see migration 5), locking at most @max_keys keys
+-- (migration 9), and returns how many it found still held, and whether
+-- keys remain that it left for another call.
+SELECT (h.r[1])::integer AS waiting, (h.r[2] > 0)::boolean AS more
+FROM (SELECT /*outbox:table*/outbox_hand_off(@queues::text[], @max_keys::integer) AS r) AS h;

@@ -17,3 +17,9 @@ SELECT to_regclass(@table_name::text) IS NOT NULL AS has_table,
 -- name: SchemaVersion :one
 -- The version the schema's own function reports (migration 4 on).
 SELECT /*outbox:table*/outbox_schema_version()::integer AS version;
+
+-- name: SchemaExists :one
+-- Whether the outbox's schema exists (@name: quoted), so that Migrate
+-- creates it only when it is missing: CREATE SCHEMA IF NOT EXISTS needs
+-- the CREATE privilege on the database even when the schema exists.
+SELECT (to_regnamespace(@name::text) IS NOT NULL)::boolean AS exists;
