@@ -51,7 +51,7 @@ test: ## Run every test with the race detector against PostgreSQL (the contrib m
 CHAOS_DURATION ?= 60s
 
 .PHONY: chaos
-chaos: ## Break an outbox on purpose (kills, backend terminations, stalls, cuts) on $DATABASE_URL and check the accounting
+chaos: ## Break an outbox on purpose (kills, backend terminations, stalls, cuts, half-open connections) on $DATABASE_URL and check the accounting
 	$(GO) run -race ./internal/chaos -duration $(CHAOS_DURATION)
 
 # FUZZTIME is how long each fuzz target runs; FUZZPARALLEL is its number

@@ -99,20 +99,7 @@ func TestClaimsDrainWhenThePoolDefaultsToSerializable(t *testing.T) {
 			t.Parallel()
 			forEachClaimPath(t, func(t *testing.T, p claimPath) {
 				e := setup(t)
-				cfg, err := pgxpool.ParseConfig(e.db.URL)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso
-				pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(pool.Close)
-				ob, err := New(pool, &Config{Schema: e.db.Schema})
-				if err != nil {
-					t.Fatal(err)
-				}
+				ob := e.outboxOn(func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["default_transaction_isolation"] = iso })
 				e.publishMany("q", 2000)
 				drainAll(t, e, ob, p, "q", 2000)
 				if n := e.count("outbox_locks"); n != 0 {

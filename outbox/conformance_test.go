@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"strconv"
 	"sync"
@@ -383,23 +382,8 @@ func TestClaimPromiseStopLeavesNoRowLeasedByNobody(t *testing.T) {
 	t.Parallel()
 	forEachClaimPath(t, func(t *testing.T, p claimPath) {
 		e := setup(t)
-		u, err := url.Parse(e.db.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
 		app := "stop-" + string(p) + "-" + e.db.Schema
-		q := u.Query()
-		q.Set("application_name", app)
-		u.RawQuery = q.Encode()
-		pool, err := pgxpool.New(e.ctx, u.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		ob, err := New(pool, &Config{Schema: e.db.Schema})
-		if err != nil {
-			t.Fatal(err)
-		}
+		ob := e.outboxOn(func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
 		cfg := onPath(p, fastConfig[string](nil))
 		cfg.MinFetchInterval, cfg.MaxFetchInterval = time.Millisecond, 5*time.Millisecond
 		handled := make(chan int64, 1)

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
@@ -70,6 +71,29 @@ func setupTable(t *testing.T, table string) *env {
 // newEnv wraps a test database and an outbox in it.
 func newEnv(t *testing.T, d *pgtest.DB, ob *Outbox) *env {
 	return &env{t: t, ctx: t.Context(), db: d, ob: ob, q: ob.queries(d.Pool)}
+}
+
+// outboxOn returns an outbox of e's schema on a pool of its own, whose
+// configuration set adjusts (nil: as e's), closed when the test ends.
+func (e *env) outboxOn(set func(*pgxpool.Config)) *Outbox {
+	e.t.Helper()
+	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if set != nil {
+		set(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(pool.Close)
+	ob, err := New(pool, &Config{Schema: e.db.Schema})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ob
 }
 
 // publish inserts a due row and returns its id.
