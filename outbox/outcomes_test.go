@@ -128,10 +128,11 @@ func TestRunReturnsWithinGracefulTimeoutWhileWritesFail(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	// The sequence counts the deletes tried: nextval survives the
-	// rollback.
+	// rollback. The error is one a retry may cure (insufficient
+	// resources), so the acknowledger retries it.
 	e.exec(`CREATE SEQUENCE deletes_tried`)
 	e.exec(`CREATE FUNCTION broken() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM nextval('deletes_tried'); RAISE EXCEPTION 'database trouble'; END $$`)
+		BEGIN PERFORM nextval('deletes_tried'); RAISE EXCEPTION 'database trouble' USING ERRCODE = 'insufficient_resources'; END $$`)
 	e.exec(`CREATE TRIGGER broken BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION broken()`)
 	for range 3 {
 		e.publish("q")
