@@ -224,9 +224,23 @@ func (l *leases) snapshot() ([]*delivery, []int64, []pgtype.UUID) {
 	return ds, ids, tokens
 }
 
+// leaseMarginMax caps leaseMargin.
+const leaseMarginMax = 250 * time.Millisecond
+
+// leaseMargin is how long before a lease ends (counted from the sending
+// of the statement that stamped it) its handlers' contexts are cancelled:
+// a tenth of the lease, at most leaseMarginMax. Cancelling a context only
+// asks; the handler's goroutine learns of it when the scheduler runs it,
+// which on a loaded machine can be milliseconds later. The margin makes
+// the cancellation reach the handler before another claim can take the
+// row, not merely be issued before.
+func leaseMargin(ttl time.Duration) time.Duration { return min(ttl/10, leaseMarginMax) }
+
 // left is how much of a lease stamped by a statement sent at sent is
-// left.
-func (l *leases) left(sent time.Time) time.Duration { return max(l.ttl-time.Since(sent), 0) }
+// left, less the margin.
+func (l *leases) left(sent time.Time) time.Duration {
+	return max(l.ttl-leaseMargin(l.ttl)-time.Since(sent), 0)
+}
 
 // extended restarts the expiry of the batches whose deliveries a
 // heartbeat sent at sent extended, counting from sent like add, and

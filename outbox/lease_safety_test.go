@@ -135,6 +135,24 @@ func TestLocalLeaseCountsFromTheStatementsSending(t *testing.T) {
 	l.remove(held)
 }
 
+// A handler's context is cancelled a margin before its lease ends, so the
+// cancellation reaches it before another claim can take the row: never
+// before LeaseTTL less the margin from the claim's sending, and before
+// LeaseTTL itself.
+func TestHandlerIsCancelledAMarginBeforeItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second
+	l := newLeases(ttl)
+	sent := time.Now()
+	d := l.add(context.Background(), []db.ClaimRow{{ID: 1}}, testToken(1), sent)[0]
+	defer l.remove(d)
+	<-d.batch.ctx.Done()
+	took := time.Since(sent)
+	if margin := leaseMargin(ttl); took < ttl-margin || took >= ttl {
+		t.Errorf("cancelled %v after the claim was sent; want from %v and before %v", took, ttl-margin, ttl)
+	}
+}
+
 // The rows of one claim share its token and lease deadline, but a
 // heartbeat that finds one of them taken cancels only that row's
 // handler; the others run on, extended.

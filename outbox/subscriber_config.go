@@ -60,8 +60,11 @@ type SubscriberConfig[T any] struct {
 	// heartbeat after it, stamps the row with an expiry LeaseTTL ahead (on
 	// the server's clock). Once that expiry passes, any subscriber claims
 	// the row again, whatever its own LeaseTTL, and a handler still running
-	// here has its context cancelled with cause ErrLeaseLost. Subscribers
-	// with different LeaseTTLs can share queues. Default: 30 s.
+	// here has its context cancelled with cause ErrLeaseLost: a tenth of
+	// LeaseTTL (at most 250 ms) before that expiry, counted from the
+	// sending of the statement that stamped it, so the handler learns of
+	// it before another claim can take the row. Subscribers with different
+	// LeaseTTLs can share queues. Default: 30 s.
 	LeaseTTL time.Duration
 
 	// HeartbeatInterval is how often the leases of rows whose handlers
