@@ -29,16 +29,7 @@ type Roles struct {
 // again changes nothing. docs/operations.md explains each. Invalid names
 // give a *[ConfigError].
 func Grants(cfg *Config, roles Roles) ([]string, error) {
-	var c Config
-	if cfg != nil {
-		c = *cfg
-	}
-	if c.Schema == "" {
-		c.Schema = SchemaDefault
-	}
-	if c.Table == "" {
-		c.Table = TableDefault
-	}
+	c := cfg.withDefaults()
 	n, err := newNaming(c.Schema, c.Table)
 	if err != nil {
 		return nil, err
@@ -47,9 +38,8 @@ func Grants(cfg *Config, roles Roles) ([]string, error) {
 		return nil, &ConfigError{Field: "Roles", Value: "", Rule: "must name a publisher or a subscriber role"}
 	}
 	for _, r := range []struct{ field, name string }{{"Roles.Publisher", roles.Publisher}, {"Roles.Subscriber", roles.Subscriber}} {
-		if len(r.name) > maxIdentifierBytes {
-			return nil, &ConfigError{Field: r.field, Value: r.name,
-				Rule: fmt.Sprintf("is %d bytes; PostgreSQL identifiers are at most %d", len(r.name), maxIdentifierBytes)}
+		if err := checkIdentifierBytes(r.field, r.name); err != nil {
+			return nil, err
 		}
 	}
 	schema := pgx.Identifier{n.schema}.Sanitize()

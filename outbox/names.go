@@ -33,9 +33,8 @@ func checkIdentifier(field, v string) error {
 	if v == "" {
 		return &ConfigError{Field: field, Value: v, Rule: "must not be empty"}
 	}
-	if len(v) > maxIdentifierBytes {
-		return &ConfigError{Field: field, Value: v,
-			Rule: fmt.Sprintf("is %d bytes; PostgreSQL identifiers are at most %d", len(v), maxIdentifierBytes)}
+	if err := checkIdentifierBytes(field, v); err != nil {
+		return err
 	}
 	for i, r := range v {
 		ok := r == '_' || (r >= 'a' && r <= 'z') || (i > 0 && r >= '0' && r <= '9')
@@ -46,6 +45,16 @@ func checkIdentifier(field, v string) error {
 	}
 	if strings.HasPrefix(v, "pg_") {
 		return &ConfigError{Field: field, Value: v, Rule: `must not start with "pg_" (reserved by PostgreSQL)`}
+	}
+	return nil
+}
+
+// checkIdentifierBytes refuses v, a name that is quoted wherever it is
+// used, when PostgreSQL would truncate it.
+func checkIdentifierBytes(field, v string) error {
+	if len(v) > maxIdentifierBytes {
+		return &ConfigError{Field: field, Value: v,
+			Rule: fmt.Sprintf("is %d bytes; PostgreSQL identifiers are at most %d", len(v), maxIdentifierBytes)}
 	}
 	return nil
 }
