@@ -151,8 +151,8 @@ const slowEvery = 20
 const recordTimeout = 2 * time.Second
 
 // handler returns the subscriber's handler: it records the delivery's
-// start, handles the message, and, once the handler is over, appends when
-// it ended to the worker's end file.
+// start, handles the message, and, before returning, appends when it
+// ended to the worker's end file.
 func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 	return func(ctx context.Context, m *outbox.Message[msg]) error {
 		d := delivery{id: int64(r.pid)<<32 | r.seq.Add(1), began: time.Now(), sub: sub, ttl: ttl, m: m}
@@ -169,13 +169,13 @@ func (r *recorder) handler(sub string, ttl time.Duration) outbox.Handler[msg] {
 		if c := cancelled.Load(); c != 0 && c <= end.UnixNano() {
 			end, how = time.Unix(0, c), cancelKind(context.Cause(ctx))
 		}
-		r.pending.Add(1)
-		go func() {
-			defer r.pending.Done()
-			if err := r.ends.write(d.id, end, how); err != nil {
-				r.log.Error("chaos: record a handler's end", slog.Any("error", err))
-			}
-		}()
+		// Written before the handler returns, so an acknowledged
+		// delivery (and any delivery its acknowledgement unblocks) always
+		// has its end on file, whenever the worker is killed: one
+		// append to the page cache, which a SIGKILL does not undo.
+		if err := r.ends.write(d.id, end, how); err != nil {
+			r.log.Error("chaos: record a handler's end", slog.Any("error", err))
+		}
 		return err
 	}
 }
