@@ -13,10 +13,12 @@ import (
 )
 
 const claim = `-- name: Claim :many
-WITH held AS MATERIALIZED (
+WITH records AS MATERIALIZED (
+    SELECT l.ids, l.until > now() AS holds FROM /*outbox:table*/outbox_locks AS l
+), held AS MATERIALIZED (
     SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
-    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
-    WHERE l.until > now()
+    FROM records AS rec CROSS JOIN LATERAL unnest(rec.ids) AS r(ids)
+    WHERE rec.holds
 ), candidates AS (
     SELECT p.id, p.queue, p.next_attempt_at
     FROM unnest($3::text[]) AS q(name)
@@ -53,19 +55,17 @@ WITH held AS MATERIALIZED (
     SELECT r.id FROM ranked AS r
     ORDER BY r.rank, r.next_attempt_at, r.id
     LIMIT $4::integer
-), ended AS MATERIALIZED (
-    SELECT l.ids FROM /*outbox:table*/outbox_locks AS l WHERE l.until <= now()
 ), aborted AS (
     SELECT p.id, count(*) AS deliveries
     FROM picked AS p
-    JOIN ended AS e ON e.ids @> p.id
+    JOIN records AS e ON NOT e.holds AND e.ids @> p.id
     GROUP BY p.id
 ), forgotten AS (
     UPDATE /*outbox:table*/outbox_locks AS l
     SET ids = l.ids - f.ids
     FROM (SELECT range_agg(CASE WHEN a.id = 9223372036854775807 THEN int8range(a.id, NULL)
                                 ELSE int8range(a.id, a.id + 1) END) AS ids
-          FROM aborted AS a) AS f
+          FROM aborted AS a HAVING count(*) > 0) AS f
     WHERE l.ids && f.ids
 )
 UPDATE /*outbox:table*/outbox AS o
@@ -175,10 +175,12 @@ func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]ClaimRow, error
 }
 
 const claimQueue = `-- name: ClaimQueue :many
-WITH held AS MATERIALIZED (
+WITH records AS MATERIALIZED (
+    SELECT l.ids, l.until > now() AS holds FROM /*outbox:table*/outbox_locks AS l
+), held AS MATERIALIZED (
     SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
-    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
-    WHERE l.until > now()
+    FROM records AS rec CROSS JOIN LATERAL unnest(rec.ids) AS r(ids)
+    WHERE rec.holds
 ), candidates AS (
     SELECT p.id, p.next_attempt_at
     FROM (
@@ -209,19 +211,17 @@ WITH held AS MATERIALIZED (
     SELECT c.id FROM candidates AS c
     ORDER BY c.next_attempt_at, c.id
     LIMIT $4::integer
-), ended AS MATERIALIZED (
-    SELECT l.ids FROM /*outbox:table*/outbox_locks AS l WHERE l.until <= now()
 ), aborted AS (
     SELECT p.id, count(*) AS deliveries
     FROM picked AS p
-    JOIN ended AS e ON e.ids @> p.id
+    JOIN records AS e ON NOT e.holds AND e.ids @> p.id
     GROUP BY p.id
 ), forgotten AS (
     UPDATE /*outbox:table*/outbox_locks AS l
     SET ids = l.ids - f.ids
     FROM (SELECT range_agg(CASE WHEN a.id = 9223372036854775807 THEN int8range(a.id, NULL)
                                 ELSE int8range(a.id, a.id + 1) END) AS ids
-          FROM aborted AS a) AS f
+          FROM aborted AS a HAVING count(*) > 0) AS f
     WHERE l.ids && f.ids
 )
 UPDATE /*outbox:table*/outbox AS o

@@ -36,10 +36,12 @@
 -- concurrent claimers pass each other instead of queueing on row locks.
 -- Candidates that are locked but not picked are released when the
 -- statement's transaction ends, so run the claim in autocommit.
-WITH held AS MATERIALIZED (
+WITH records AS MATERIALIZED (
+    SELECT l.ids, l.until > now() AS holds FROM /*outbox:table*/outbox_locks AS l
+), held AS MATERIALIZED (
     SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
-    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
-    WHERE l.until > now()
+    FROM records AS rec CROSS JOIN LATERAL unnest(rec.ids) AS r(ids)
+    WHERE rec.holds
 ), candidates AS (
     SELECT p.id, p.queue, p.next_attempt_at
     FROM unnest(@queues::text[]) AS q(name)
@@ -76,19 +78,17 @@ WITH held AS MATERIALIZED (
     SELECT r.id FROM ranked AS r
     ORDER BY r.rank, r.next_attempt_at, r.id
     LIMIT @max_rows::integer
-), ended AS MATERIALIZED (
-    SELECT l.ids FROM /*outbox:table*/outbox_locks AS l WHERE l.until <= now()
 ), aborted AS (
     SELECT p.id, count(*) AS deliveries
     FROM picked AS p
-    JOIN ended AS e ON e.ids @> p.id
+    JOIN records AS e ON NOT e.holds AND e.ids @> p.id
     GROUP BY p.id
 ), forgotten AS (
     UPDATE /*outbox:table*/outbox_locks AS l
     SET ids = l.ids - f.ids
     FROM (SELECT range_agg(CASE WHEN a.id = 9223372036854775807 THEN int8range(a.id, NULL)
                                 ELSE int8range(a.id, a.id + 1) END) AS ids
-          FROM aborted AS a) AS f
+          FROM aborted AS a HAVING count(*) > 0) AS f
     WHERE l.ids && f.ids
 )
 UPDATE /*outbox:table*/outbox AS o
@@ -107,10 +107,12 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
 -- Claim for a subscriber of one queue: the rows Claim would take, without
 -- the ranking that shares a batch across queues (one queue needs none),
 -- and with Claim's columns but the queue, which the caller named.
-WITH held AS MATERIALIZED (
+WITH records AS MATERIALIZED (
+    SELECT l.ids, l.until > now() AS holds FROM /*outbox:table*/outbox_locks AS l
+), held AS MATERIALIZED (
     SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
-    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
-    WHERE l.until > now()
+    FROM records AS rec CROSS JOIN LATERAL unnest(rec.ids) AS r(ids)
+    WHERE rec.holds
 ), candidates AS (
     SELECT p.id, p.next_attempt_at
     FROM (
@@ -141,19 +143,17 @@ WITH held AS MATERIALIZED (
     SELECT c.id FROM candidates AS c
     ORDER BY c.next_attempt_at, c.id
     LIMIT @max_rows::integer
-), ended AS MATERIALIZED (
-    SELECT l.ids FROM /*outbox:table*/outbox_locks AS l WHERE l.until <= now()
 ), aborted AS (
     SELECT p.id, count(*) AS deliveries
     FROM picked AS p
-    JOIN ended AS e ON e.ids @> p.id
+    JOIN records AS e ON NOT e.holds AND e.ids @> p.id
     GROUP BY p.id
 ), forgotten AS (
     UPDATE /*outbox:table*/outbox_locks AS l
     SET ids = l.ids - f.ids
     FROM (SELECT range_agg(CASE WHEN a.id = 9223372036854775807 THEN int8range(a.id, NULL)
                                 ELSE int8range(a.id, a.id + 1) END) AS ids
-          FROM aborted AS a) AS f
+          FROM aborted AS a HAVING count(*) > 0) AS f
     WHERE l.ids && f.ids
 )
 UPDATE /*outbox:table*/outbox AS o
