@@ -187,8 +187,8 @@ func keyed(os []outcome) bool {
 // matched.
 type writeFunc func(ctx context.Context, os []outcome) ([]lease, error)
 
-// write writes os with w. When the database refuses the statement's values
-// (a data error: writing them again fails the same way) it writes the
+// write writes os with w. When the database refuses the statement for its
+// values (isPermanent: writing them again fails the same way) it writes the
 // outcomes one by one and gives up only those it refuses, so one bad
 // outcome never holds back the others. Any other error returns os
 // unwritten.
@@ -201,7 +201,7 @@ func (r *run[T]) write(ctx context.Context, os []outcome, w writeFunc) ([]outcom
 	case err == nil:
 		r.landed(os, done)
 		return nil, nil
-	case !isDataError(err):
+	case !isPermanent(err):
 		return os, err
 	case len(os) == 1:
 		r.refused(ctx, os[0], err)
@@ -240,7 +240,7 @@ func (r *run[T]) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, er
 	q := r.queries()
 	p := db.DeadLetterWithLeaseParams{ID: o.d.row.ID, Token: o.d.token, Attempted: o.attempted, Reason: o.reason, LastError: &o.text}
 	n, err := q.DeadLetterWithLease(ctx, p)
-	if isDataError(err) {
+	if isPermanent(err) {
 		placeholder := fmt.Sprintf("(the error text could not be stored: SQLSTATE %s)", sqlState(err))
 		p.LastError = &placeholder
 		n, err = q.DeadLetterWithLease(ctx, p)

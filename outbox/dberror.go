@@ -61,6 +61,6 @@ func classifyDB(err error) errClass {
 	return errPermanent
 }
 
-// isDataError reports whether err is the database refusing the values of
-// a statement: see errPermanent.
-func isDataError(err error) bool { return classifyDB(err) == errPermanent }
+// isPermanent reports whether err fails its statement for the
+// statement's values (errPermanent), whatever its SQLSTATE.
+func isPermanent(err error) bool { return classifyDB(err) == errPermanent }
