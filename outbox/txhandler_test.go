@@ -329,46 +329,9 @@ func (e *txEnv) seenByRetry(id int64) seenByRetry {
 // happened; the retry's commit.
 func TestTxHandlerThatRollsBackWithSQLIsNotAcknowledged(t *testing.T) {
 	t.Parallel()
-	e := setupTx(t)
-	rec := &events{}
-	id := e.publishWith(rawRow("orders", "o-1"))
-	cfg := fastConfig[string](rec)
-	cfg.Retry = ConstantRetry{Delay: 10 * time.Millisecond}
-	misuses := misuseLogs(cfg)
-	seen := make(chan seenByRetry, 1)
-	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
-		if m.Deliveries > 1 {
-			seen <- e.seenByRetry(id)
-			return e.invoice(ctx, tx, m)
-		}
-		if err := e.invoice(ctx, tx, m); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, "ROLLBACK")
-		return err
-	}, cfg)
-	eventually(t, "the first delivery's outcome", func() bool { return len(rec.named(EventRetried))+len(rec.named(EventAcked)) > 0 })
-	if acked := rec.named(EventAcked); len(acked) > 0 && acked[0].Deliveries == 1 {
-		t.Fatal("the delivery whose handler rolled back with SQL was acknowledged")
-	}
-	got := waitFor(t, seen, "the second delivery")
-	want := seenByRetry{present: true, lastError: ErrTxEnded.Error(), invoices: map[string]int{}}
-	if diff := cmp.Diff(want, got, cmp.AllowUnexported(seenByRetry{}), cmpopts.EquateEmpty()); diff != "" {
-		t.Errorf("what the second delivery found (-want +got):\n%s", diff)
-	}
-	eventually(t, "the acknowledgement", func() bool { return len(rec.named(EventAcked)) == 1 })
-	if diff := cmp.Diff(map[string]int{"o-1": 2}, e.invoices()); diff != "" {
-		t.Errorf("invoices (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff([]string{"invoiced o-1"}, e.queued("invoiced")); diff != "" {
-		t.Errorf("follow-ups (-want +got):\n%s", diff)
-	}
-	if n := len(rec.named(EventRetried)); n != 1 {
-		t.Errorf("%d retries recorded, want 1", n)
-	}
-	if n := len(misuses()); n != 1 {
-		t.Errorf("%d errors logged about the handler's misuse, want 1", n)
-	}
+	txEndedWithSQL(t, "ROLLBACK",
+		seenByRetry{present: true, lastError: ErrTxEnded.Error(), invoices: map[string]int{}},
+		[]string{"invoiced o-1"})
 }
 
 // A handler that commits its transaction with SQL and returns nil is not
@@ -377,16 +340,30 @@ func TestTxHandlerThatRollsBackWithSQLIsNotAcknowledged(t *testing.T) {
 // again. This is why a handler must not end its transaction.
 func TestTxHandlerThatCommitsWithSQLIsNotAcknowledged(t *testing.T) {
 	t.Parallel()
+	txEndedWithSQL(t, "COMMIT",
+		seenByRetry{present: true, lastError: ErrTxEnded.Error(), invoices: map[string]int{"o-1": 1}, follows: []string{"invoiced o-1"}},
+		[]string{"invoiced o-1", "invoiced o-1"})
+}
+
+// txEndedWithSQL runs a transactional subscriber whose handler's first
+// delivery invoices its order, ends the transaction with end (ROLLBACK or
+// COMMIT) and returns nil; the next delivery invoices the order (again,
+// after a COMMIT) and is acknowledged. It checks that the first delivery
+// was retried, not acknowledged, that the second found seen, that the
+// invoice ends as the second delivery's and the follow-ups as follows,
+// and that the misuse was logged once.
+func txEndedWithSQL(t *testing.T, end string, seen seenByRetry, follows []string) {
+	t.Helper()
 	e := setupTx(t)
 	rec := &events{}
 	id := e.publishWith(rawRow("orders", "o-1"))
 	cfg := fastConfig[string](rec)
 	cfg.Retry = ConstantRetry{Delay: 10 * time.Millisecond}
 	misuses := misuseLogs(cfg)
-	seen := make(chan seenByRetry, 1)
+	found := make(chan seenByRetry, 1)
 	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
 		if m.Deliveries > 1 {
-			seen <- e.seenByRetry(id)
+			found <- e.seenByRetry(id)
 			if _, err := tx.Exec(ctx, `INSERT INTO invoices VALUES ($1, $2)
 				ON CONFLICT (order_id) DO UPDATE SET delivery = excluded.delivery`, m.Payload, m.Deliveries); err != nil {
 				return err
@@ -397,24 +374,26 @@ func TestTxHandlerThatCommitsWithSQLIsNotAcknowledged(t *testing.T) {
 		if err := e.invoice(ctx, tx, m); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, "COMMIT")
+		_, err := tx.Exec(ctx, end)
 		return err
 	}, cfg)
 	eventually(t, "the first delivery's outcome", func() bool { return len(rec.named(EventRetried))+len(rec.named(EventAcked)) > 0 })
 	if acked := rec.named(EventAcked); len(acked) > 0 && acked[0].Deliveries == 1 {
-		t.Fatal("the delivery whose handler committed with SQL was acknowledged")
+		t.Fatalf("the delivery whose handler ran %s was acknowledged", end)
 	}
-	got := waitFor(t, seen, "the second delivery")
-	want := seenByRetry{present: true, lastError: ErrTxEnded.Error(), invoices: map[string]int{"o-1": 1}, follows: []string{"invoiced o-1"}}
-	if diff := cmp.Diff(want, got, cmp.AllowUnexported(seenByRetry{}), cmpopts.EquateEmpty()); diff != "" {
+	got := waitFor(t, found, "the second delivery")
+	if diff := cmp.Diff(seen, got, cmp.AllowUnexported(seenByRetry{}), cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("what the second delivery found (-want +got):\n%s", diff)
 	}
 	eventually(t, "the acknowledgement", func() bool { return len(rec.named(EventAcked)) == 1 })
 	if diff := cmp.Diff(map[string]int{"o-1": 2}, e.invoices()); diff != "" {
 		t.Errorf("invoices (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]string{"invoiced o-1", "invoiced o-1"}, e.queued("invoiced")); diff != "" {
-		t.Errorf("follow-ups: the committed effect applied twice (-want +got):\n%s", diff)
+	if diff := cmp.Diff(follows, e.queued("invoiced")); diff != "" {
+		t.Errorf("follow-ups (-want +got):\n%s", diff)
+	}
+	if n := len(rec.named(EventRetried)); n != 1 {
+		t.Errorf("%d retries recorded, want 1", n)
 	}
 	if n := len(misuses()); n != 1 {
 		t.Errorf("%d errors logged about the handler's misuse, want 1", n)
