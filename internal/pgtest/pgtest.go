@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -104,6 +105,13 @@ func New(tb testing.TB) *DB {
 		tb.Fatalf("pgtest: connect: %v", err)
 	}
 	defer admin.Close(ctx)
+	// The URL names the database it reached, so that a test connecting
+	// as another role (whose default database is its own name) reaches it
+	// too, when the base URL leaves it to the client's defaults.
+	var database string
+	if err := admin.QueryRow(ctx, "SELECT current_database()").Scan(&database); err != nil {
+		tb.Fatalf("pgtest: current database: %v", err)
+	}
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
@@ -119,7 +127,7 @@ func New(tb testing.TB) *DB {
 		}
 	})
 
-	u := WithSearchPath(tb, base, schema)
+	u := withDatabase(tb, WithSearchPath(tb, base, schema), database)
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
 		tb.Fatalf("pgtest: pool: %v", err)
@@ -141,6 +149,19 @@ func WithSearchPath(tb testing.TB, dsn, schema string) string {
 	q.Set("search_path", schema)
 	q.Set("application_name", schema)
 	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// withDatabase returns dsn naming database, unless it names one already.
+func withDatabase(tb testing.TB, dsn, database string) string {
+	tb.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
+	}
+	if strings.Trim(u.Path, "/") == "" {
+		u.Path = "/" + database
+	}
 	return u.String()
 }
 
