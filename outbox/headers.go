@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
-	"unicode"
 	"unicode/utf8"
+
+	"github.com/outboxgen/outboxgen/internal/msgtype"
 )
 
 // Reserved header keys. The publisher sets HeaderContentType from its codec,
@@ -42,7 +43,7 @@ func checkHeaders(field string, h map[string]string, reserved int) error {
 		switch {
 		case k == "":
 			return &InputError{Field: field, Rule: "header keys must not be empty"}
-		case !printable(k, false):
+		case !msgtype.Printable(k, false):
 			return &InputError{Field: kf, Rule: "header keys must be printable UTF-8 without spaces"}
 		case k == HeaderContentType:
 			return &InputError{Field: kf, Rule: "is reserved: the publisher's codec sets it"}
@@ -64,20 +65,6 @@ func checkHeaders(field string, h map[string]string, reserved int) error {
 			Rule: fmt.Sprintf("headers are %d bytes; at most %d (HeadersMaxBytes)", size, HeadersMaxBytes)}
 	}
 	return nil
-}
-
-// printable reports whether s is valid UTF-8 of printable characters;
-// spaces (U+0020 only) are allowed when spaces is true.
-func printable(s string, spaces bool) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if !unicode.IsPrint(r) || (r == ' ' && !spaces) {
-			return false
-		}
-	}
-	return true
 }
 
 // encodeHeaders adds the reserved headers to the caller's and encodes them

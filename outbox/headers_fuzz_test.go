@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/outboxgen/outboxgen/internal/msgtype"
 )
 
 // FuzzHeadersRoundTrip checks that headers a publisher accepts are stored
@@ -43,7 +45,7 @@ func FuzzHeadersRoundTrip(f *testing.F) {
 		if checkKey("PublishOpts.CorrelationID", correlationID) != nil || correlationID == "" {
 			return
 		}
-		if len(messageType) > messageTypeMaxBytes || !printable(messageType, true) {
+		if len(messageType) > messageTypeMaxBytes || !msgtype.Printable(messageType, true) {
 			return
 		}
 		reserved := len(HeaderContentType) + len(ContentTypeJSON) + len(HeaderCorrelationID) + len(correlationID)

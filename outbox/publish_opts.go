@@ -3,6 +3,8 @@ package outbox
 import (
 	"fmt"
 	"time"
+
+	"github.com/outboxgen/outboxgen/internal/msgtype"
 )
 
 // PublishOpts are per-message options of [Publisher.Publish] and
@@ -102,7 +104,7 @@ func checkKey(field, v string) error {
 	if len(v) > maxKeyBytes {
 		return &InputError{Field: field, Rule: fmt.Sprintf("is %d bytes; at most %d", len(v), maxKeyBytes)}
 	}
-	if !printable(v, true) {
+	if !msgtype.Printable(v, true) {
 		return &InputError{Field: field, Rule: "must be printable UTF-8"}
 	}
 	return nil

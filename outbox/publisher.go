@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/msgtype"
 )
 
 // DBTX is what a [Publisher] writes through: the caller's pgx.Tx, or a
@@ -91,7 +92,7 @@ func checkQueue(field, q string) error {
 	if q == "" || len(q) > QueueMaxBytes {
 		return &ConfigError{Field: field, Value: q, Rule: fmt.Sprintf("must be 1 to %d bytes; is %d", QueueMaxBytes, len(q))}
 	}
-	if !printable(q, true) {
+	if !msgtype.Printable(q, true) {
 		return &ConfigError{Field: field, Value: q, Rule: "must be printable UTF-8"}
 	}
 	return nil
@@ -145,7 +146,7 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 		c.Logger = slog.Default()
 	}
 	contentType := c.Codec.ContentType()
-	if contentType == "" || !printable(contentType, true) {
+	if contentType == "" || !msgtype.Printable(contentType, true) {
 		return nil, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T", c.Codec),
 			Rule: "ContentType() must return a non-empty printable string"}
 	}

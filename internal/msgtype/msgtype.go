@@ -66,7 +66,7 @@ func Of(t reflect.Type) (Type, error) {
 	if err != nil {
 		return Type{}, fmt.Errorf("%v.OutboxMessageType: %w", t, err)
 	}
-	if len(name) > MaxBytes || !printable(name) {
+	if len(name) > MaxBytes || !Printable(name, true) {
 		return Type{}, fmt.Errorf("%v.OutboxMessageType returned %q; want printable UTF-8 of at most %d bytes", t, name, MaxBytes)
 	}
 	return Type{Name: name, Chosen: name != ""}, nil
@@ -183,14 +183,16 @@ func call(m typer) (name string, err error) {
 	return m.OutboxMessageType(), nil
 }
 
-// printable reports whether s is valid UTF-8 of printable characters
-// (spaces included).
-func printable(s string) bool {
+// Printable reports whether s is valid UTF-8 of printable characters;
+// spaces (U+0020 only) are allowed when spaces is true. It is the rule of
+// every header the outbox writes (names without spaces, values with), a
+// message type name included.
+func Printable(s string, spaces bool) bool {
 	if !utf8.ValidString(s) {
 		return false
 	}
 	for _, r := range s {
-		if !unicode.IsPrint(r) {
+		if !unicode.IsPrint(r) || (r == ' ' && !spaces) {
 			return false
 		}
 	}
