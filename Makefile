@@ -9,6 +9,10 @@ GOFILES      = $(shell git ls-files --cached --others --exclude-standard '*.go')
 
 .DEFAULT_GOAL := help
 
+# The CI legs: one environment each (PostgreSQL versions, roles, poolers,
+# server settings, a held vacuum horizon, failover); see .ci/legs/README.md.
+include $(sort $(wildcard .ci/legs/*.mk))
+
 .PHONY: help
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
