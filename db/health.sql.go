@@ -32,23 +32,24 @@ func (q *Queries) NotifyProbe(ctx context.Context, payload string) error {
 
 const oldestXmin = `-- name: OldestXmin :many
 SELECT h.kind::text AS kind, h.name::text AS name, h.xmin_age::bigint AS xmin_age,
-       h.xact_seconds::float8 AS xact_seconds, h.state::text AS state
+       h.xact_seconds::float8 AS xact_seconds, h.state::text AS state, h.hidden::boolean AS hidden
 FROM (
     SELECT 'session' AS kind,
            format('pid %s (%s%s)', a.pid, a.usename,
                   CASE WHEN a.application_name <> '' THEN ', ' || a.application_name ELSE '' END) AS name,
            age(a.backend_xmin) AS xmin_age,
            coalesce(date_part('epoch', now() - a.xact_start), 0) AS xact_seconds,
-           coalesce(a.state, '') AS state
+           coalesce(a.state, '') AS state,
+           coalesce(NOT (pg_has_role(a.usesysid, 'USAGE') OR pg_has_role('pg_read_all_stats', 'USAGE')), false) AS hidden
     FROM pg_catalog.pg_stat_activity AS a
     WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
     UNION ALL
     SELECT 'replication slot', r.slot_name::text, greatest(age(r.xmin), age(r.catalog_xmin)), 0,
-           CASE WHEN r.active THEN 'active' ELSE 'inactive' END
+           CASE WHEN r.active THEN 'active' ELSE 'inactive' END, false
     FROM pg_catalog.pg_replication_slots AS r
     WHERE r.xmin IS NOT NULL OR r.catalog_xmin IS NOT NULL
     UNION ALL
-    SELECT 'prepared transaction', p.gid, age(p.transaction), date_part('epoch', now() - p.prepared), 'prepared'
+    SELECT 'prepared transaction', p.gid, age(p.transaction), date_part('epoch', now() - p.prepared), 'prepared', false
     FROM pg_catalog.pg_prepared_xacts AS p
 ) AS h
 ORDER BY h.xmin_age DESC
@@ -61,15 +62,17 @@ type OldestXminRow struct {
 	XminAge     int64
 	XactSeconds float64
 	State       string
+	Hidden      bool
 }
 
 // What holds back vacuum in the whole cluster, oldest first: the session,
 // replication slot or prepared transaction whose snapshot horizon (xmin)
 // is oldest, its age in transactions, and for a session how long its
 // transaction has been open. Rows deleted after that horizon stay in
-// every table, the outbox's included, until it moves. Sessions of other
-// roles show only to roles with pg_read_all_stats. The caller's own
-// session is left out.
+// every table, the outbox's included, until it moves. The state and the
+// open time of another role's session show only to roles with its
+// privileges or pg_read_all_stats: hidden says they could not be read.
+// The caller's own session is left out.
 func (q *Queries) OldestXmin(ctx context.Context) ([]OldestXminRow, error) {
 	rows, err := q.db.Query(ctx, oldestXmin)
 	if err != nil {
@@ -85,6 +88,7 @@ func (q *Queries) OldestXmin(ctx context.Context) ([]OldestXminRow, error) {
 			&i.XminAge,
 			&i.XactSeconds,
 			&i.State,
+			&i.Hidden,
 		); err != nil {
 			return nil, err
 		}

@@ -22,7 +22,7 @@ import (
 func TestSlowHandlerWithoutHeartbeatLosesItsLease(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	id, err := newPublisher[string](t, e, "slow", nil).Publish(e.ctx, e.db.Pool, "x", nil)
+	id, err := newPublisher[string](t, e, "slow", nil).Publish(e.ctx, e.pubPool, "x", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestSlowHandlerWithoutHeartbeatLosesItsLease(t *testing.T) {
 func TestHeartbeatKeepsASlowHandlersLease(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	if _, err := newPublisher[string](t, e, "slow", nil).Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
+	if _, err := newPublisher[string](t, e, "slow", nil).Publish(e.ctx, e.pubPool, "x", nil); err != nil {
 		t.Fatal(err)
 	}
 	rec := &events{}
@@ -112,7 +112,7 @@ func TestHeartbeatKeepsASlowHandlersLease(t *testing.T) {
 func TestBatchedFlushReportsTheRowWhoseLeaseWasTaken(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	ids, err := newPublisher[int](t, e, "batch", nil).PublishBatch(e.ctx, e.db.Pool, []int{0, 1, 2}, nil)
+	ids, err := newPublisher[int](t, e, "batch", nil).PublishBatch(e.ctx, e.pubPool, []int{0, 1, 2}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -120,6 +120,13 @@ type XminHolder struct {
 	// State is a session's state (e.g. "idle in transaction"), a slot's
 	// "active" or "inactive", or "prepared".
 	State string
+	// Hidden is true for a session of another role whose activity the
+	// role Health connects as may not read (it has neither that role's
+	// privileges nor pg_read_all_stats): its Open and State are unknown
+	// and read as zero, and Health judges it on its Age alone. Grant
+	// pg_read_all_stats to the role Health connects as to judge it on
+	// how long it has been open too.
+	Hidden bool
 }
 
 // Health reads the outbox's health: its schema version, whether NOTIFY
@@ -160,7 +167,7 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 	}
 	if len(holders) > 0 {
 		x := holders[0]
-		h.OldestXmin = &XminHolder{Kind: x.Kind, Name: x.Name, Age: x.XminAge, Open: seconds(x.XactSeconds), State: x.State}
+		h.OldestXmin = &XminHolder{Kind: x.Kind, Name: x.Name, Age: x.XminAge, Open: seconds(x.XactSeconds), State: x.State, Hidden: x.Hidden}
 	}
 	h.NotifyTook, err = o.probeNotify(ctx, &opt)
 	h.NotifyHeard = err == nil
@@ -239,6 +246,7 @@ func (h *Health) problems(o *Outbox, opt *HealthOptions) []string {
 		out = append(out, fmt.Sprintf("the server's notification queue is %.0f%% full (a session LISTENs and does not read): "+
 			"writers stop notifying at 50%%, and a full queue fails every notifying transaction at commit", 100*h.NotificationQueueUsage))
 	}
+	// A hidden holder's open time is unknown: it is judged on its age.
 	if x := h.OldestXmin; x != nil && (x.Age >= opt.XminAge || x.Open >= opt.XminDuration) {
 		out = append(out, fmt.Sprintf("%s %s (%s) holds back vacuum: its horizon is %d transactions old, open for %v; "+
 			"rows deleted since stay in the outbox's table and indexes until it ends", x.Kind, x.Name, x.State, x.Age, x.Open.Round(time.Second)))

@@ -113,6 +113,11 @@ func TestHealthReportsANotificationThatNeverArrives(t *testing.T) {
 func TestHealthNamesATransactionHoldingBackVacuum(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
+	if pgtest.RolesMode() {
+		// The holder is another role's session, which Health reads with
+		// pg_read_all_stats (the next test shows what it says without).
+		e.exec("GRANT pg_read_all_stats TO " + pgx.Identifier{e.obRole()}.Sanitize())
+	}
 	app := "health-" + e.db.Schema
 	cfg, err := pgx.ParseConfig(e.db.URL)
 	if err != nil {
@@ -148,6 +153,66 @@ func TestHealthNamesATransactionHoldingBackVacuum(t *testing.T) {
 	}
 	if err := tx.Rollback(e.ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A role that may not read how long another role's session has held back
+// vacuum marks that holder hidden and judges it on its age alone, and
+// judges it on how long it has been open once it has pg_read_all_stats.
+func TestHealthSaysWhenItMayNotReadAHoldersActivity(t *testing.T) {
+	t.Parallel()
+	e := setupRoles(t)
+	app := "hidden-" + e.db.Schema
+	cfg, err := pgx.ParseConfig(e.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	conn, err := pgx.ConnectConfig(e.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	tx, err := conn.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(e.ctx, "SELECT 1"); err != nil { // takes the snapshot
+		t.Fatal(err)
+	}
+	opts := &HealthOptions{XminDuration: time.Millisecond}
+	var h Health
+	eventually(t, "the open transaction is the oldest", func() bool {
+		h, err = e.sub.Health(e.ctx, opts)
+		if err != nil {
+			t.Fatalf("Health: %v", err)
+		}
+		return h.OldestXmin != nil && strings.Contains(h.OldestXmin.Name, app)
+	})
+	if x := h.OldestXmin; !x.Hidden || x.State != "" || x.Open != 0 {
+		t.Errorf("a holder the subscriber may not read: %+v", *x)
+	}
+	if h.problem("holds back vacuum", app) != "" {
+		t.Errorf("a hidden holder young in transactions is a problem: %q", h.Problems)
+	}
+	h, err = e.sub.Health(e.ctx, &HealthOptions{XminAge: 1})
+	if err != nil {
+		t.Fatalf("Health: %v", err)
+	}
+	if h.problem("holds back vacuum") == "" {
+		t.Errorf("a hidden holder past the age threshold: problems %q", h.Problems)
+	}
+	e.exec("GRANT pg_read_all_stats TO " + pgx.Identifier{e.roles[2]}.Sanitize())
+	h, err = e.sub.Health(e.ctx, opts)
+	if err != nil {
+		t.Fatalf("Health: %v", err)
+	}
+	if x := h.OldestXmin; x == nil || x.Hidden || x.State != "idle in transaction" || x.Open <= 0 {
+		t.Errorf("with pg_read_all_stats: %+v", x)
+	}
+	if h.problem("holds back vacuum", app, "open for") == "" {
+		t.Errorf("with pg_read_all_stats: problems %q", h.Problems)
 	}
 }
 

@@ -66,7 +66,7 @@ func TestNotifyWakesAnIdleSubscriber(t *testing.T) {
 	e.waitAsleep()
 	pub := newPublisher[string](t, e, "q", nil)
 	sent := time.Now()
-	if _, err := pub.Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, "x", nil); err != nil {
 		t.Fatal(err)
 	}
 	if lat := within(t, handled, 5*time.Second, "after NOTIFY").Sub(sent); lat > time.Second {
@@ -85,7 +85,7 @@ func TestPollingDeliversWhenListenIsImpossible(t *testing.T) {
 		handled <- time.Now()
 		return nil
 	}, cfg)
-	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
+	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.pubPool, "x", nil); err != nil {
 		t.Fatal(err)
 	}
 	within(t, handled, 10*time.Second, "by polling")
@@ -103,7 +103,7 @@ func TestKilledListenerIsReplaced(t *testing.T) {
 		return len(now) == 1 && now[0] != first[0]
 	})
 	e.waitAsleep()
-	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
+	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.pubPool, "x", nil); err != nil {
 		t.Fatal(err)
 	}
 	within(t, handled, 5*time.Second, "after the listener was replaced")
@@ -115,7 +115,7 @@ func TestScheduledRowIsDeliveredOnTime(t *testing.T) {
 	handled := idleSubscriber(t, e, nil)
 	eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
 	e.waitAsleep()
-	id, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Delay: 700 * time.Millisecond})
+	id, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.pubPool, "x", &PublishOpts{Delay: 700 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestSubscriberSurvivesKilledBackends(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = i
 	}
-	if _, err := newPublisher[int](t, e, "q", nil).PublishBatch(e.ctx, e.db.Pool, msgs, nil); err != nil {
+	if _, err := newPublisher[int](t, e, "q", nil).PublishBatch(e.ctx, e.pubPool, msgs, nil); err != nil {
 		t.Fatal(err)
 	}
 	// The subscriber gets a pool of its own, so its backends (pool and

@@ -100,19 +100,19 @@ func TestMessageTypeNames(t *testing.T) {
 func TestPublishRecordsTheMessageType(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	if _, err := newPublisher[order](t, e, "orders", nil).PublishBatch(e.ctx, e.db.Pool, []order{{ID: "o-1"}}, nil); err != nil {
+	if _, err := newPublisher[order](t, e, "orders", nil).PublishBatch(e.ctx, e.pubPool, []order{{ID: "o-1"}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, h := e.claimOne("orders"); h[HeaderMessageType] != "order" {
 		t.Errorf("headers %v", h)
 	}
-	if _, err := newPublisher[namedByPointer](t, e, "named", nil).Publish(e.ctx, e.db.Pool, namedByPointer{}, nil); err != nil {
+	if _, err := newPublisher[namedByPointer](t, e, "named", nil).Publish(e.ctx, e.pubPool, namedByPointer{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, h := e.claimOne("named"); h[HeaderMessageType] != "shop.order.v1" {
 		t.Errorf("headers %v", h)
 	}
-	if _, err := newPublisher[[]byte](t, e, "raw", nil).Publish(e.ctx, e.db.Pool, []byte("x"), nil); err != nil {
+	if _, err := newPublisher[[]byte](t, e, "raw", nil).Publish(e.ctx, e.pubPool, []byte("x"), nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, h := e.claimOne("raw"); len(h) != 2 || h[HeaderMessageType] != "" {
@@ -122,17 +122,17 @@ func TestPublishRecordsTheMessageType(t *testing.T) {
 	// The header is reserved, and counts toward HeadersMaxBytes.
 	pub := newPublisher[order](t, e, "orders", nil)
 	var in *InputError
-	if _, err := pub.Publish(e.ctx, e.db.Pool, order{}, &PublishOpts{Headers: map[string]string{HeaderMessageType: "x"}}); !errors.As(err, &in) || in.Field != `PublishOpts.Headers["message-type"]` {
+	if _, err := pub.Publish(e.ctx, e.pubPool, order{}, &PublishOpts{Headers: map[string]string{HeaderMessageType: "x"}}); !errors.As(err, &in) || in.Field != `PublishOpts.Headers["message-type"]` {
 		t.Errorf("caller-set message-type: %v, want an *InputError", err)
 	}
 	const corr = "c"
 	reserved := len(HeaderContentType+ContentTypeJSON+HeaderCorrelationID) + 36 + len(HeaderMessageType+pub.messageType)
 	fits := &PublishOpts{CorrelationID: corr, Headers: map[string]string{"k": strings.Repeat("v", HeadersMaxBytes-reserved-1)}}
-	if _, err := pub.Publish(e.ctx, e.db.Pool, order{}, fits); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, order{}, fits); err != nil {
 		t.Errorf("headers of exactly HeadersMaxBytes: %v", err)
 	}
 	fits.Headers["k"] += "v"
-	if _, err := pub.Publish(e.ctx, e.db.Pool, order{}, fits); !errors.As(err, &in) || in.Field != "PublishOpts.Headers" {
+	if _, err := pub.Publish(e.ctx, e.pubPool, order{}, fits); !errors.As(err, &in) || in.Field != "PublishOpts.Headers" {
 		t.Errorf("headers one byte over HeadersMaxBytes: %v, want an *InputError", err)
 	}
 }
@@ -140,7 +140,7 @@ func TestPublishRecordsTheMessageType(t *testing.T) {
 func TestSubscriberOfAnotherTypeDeadLettersTheRow(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	id, err := newPublisher[order](t, e, "mixed", nil).Publish(e.ctx, e.db.Pool, order{ID: "o-1", Total: 5}, nil)
+	id, err := newPublisher[order](t, e, "mixed", nil).Publish(e.ctx, e.pubPool, order{ID: "o-1", Total: 5}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestSubscriberOfAnotherTypeDeadLettersTheRow(t *testing.T) {
 	// Rows without the header (plain SQL) and rows of a type with the
 	// same chosen name reach a typed subscriber; raw bytes take anything.
 	e.exec(`INSERT INTO outbox (queue, payload, headers) VALUES ('mixed', '{"id": "sql"}', '{"content-type": "application/json"}')`)
-	if _, err := newPublisher[namedByValue](t, e, "mixed", nil).Publish(e.ctx, e.db.Pool, namedByValue{ID: "named"}, nil); err != nil {
+	if _, err := newPublisher[namedByValue](t, e, "mixed", nil).Publish(e.ctx, e.pubPool, namedByValue{ID: "named"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	typed := make(chan string, 2)
@@ -179,7 +179,7 @@ func TestSubscriberOfAnotherTypeDeadLettersTheRow(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := newPublisher[order](t, e, "mixed", nil).Publish(e.ctx, e.db.Pool, order{ID: "o-2"}, nil); err != nil {
+	if _, err := newPublisher[order](t, e, "mixed", nil).Publish(e.ctx, e.pubPool, order{ID: "o-2"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	raw := make(chan string, 1)
@@ -273,13 +273,13 @@ func TestMessageTypeSurvivesAMoveBetweenPackages(t *testing.T) {
 	e := setup(t)
 	// Rows in flight when Order moved here from othertypes: published by
 	// this release, and by an earlier one that recorded the package path.
-	if _, err := newPublisher[othertypes.Order](t, e, "moved", nil).Publish(e.ctx, e.db.Pool, othertypes.Order{ID: "o-1", Total: 5}, nil); err != nil {
+	if _, err := newPublisher[othertypes.Order](t, e, "moved", nil).Publish(e.ctx, e.pubPool, othertypes.Order{ID: "o-1", Total: 5}, nil); err != nil {
 		t.Fatal(err)
 	}
 	e.insertTyped("moved", `{"id": "o-2", "total": 7}`, othertypesPath+".Order")
 	// A message of another type, today's and an earlier release's, is
 	// still refused.
-	ship, err := newPublisher[*othertypes.Shipment](t, e, "moved", nil).Publish(e.ctx, e.db.Pool, &othertypes.Shipment{ID: "s-1"}, nil)
+	ship, err := newPublisher[*othertypes.Shipment](t, e, "moved", nil).Publish(e.ctx, e.pubPool, &othertypes.Shipment{ID: "s-1"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +294,7 @@ func TestMessageTypeSurvivesAMoveBetweenPackages(t *testing.T) {
 	e.wantDecodeError(oldShip, `message type "`+othertypesPath+`.Shipment"; this subscriber reads "Order"`)
 
 	// And back: the type's old package reads what its new one published.
-	if _, err := newPublisher[Order](t, e, "moved.back", nil).Publish(e.ctx, e.db.Pool, Order{ID: "o-3"}, nil); err != nil {
+	if _, err := newPublisher[Order](t, e, "moved.back", nil).Publish(e.ctx, e.pubPool, Order{ID: "o-3"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	e.insertTyped("moved.back", `{"id": "o-4"}`, "github.com/outboxgen/outboxgen/outbox.Order")
@@ -309,13 +309,13 @@ func TestGenericMessageTypesSurviveAMoveBetweenPackages(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	pub := newPublisher[othertypes.Envelope[*othertypes.Order]](t, e, "envelopes", nil)
-	if _, err := pub.Publish(e.ctx, e.db.Pool, othertypes.Envelope[*othertypes.Order]{Body: &othertypes.Order{ID: "o-1"}}, nil); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, othertypes.Envelope[*othertypes.Order]{Body: &othertypes.Order{ID: "o-1"}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	old := othertypesPath + ".Envelope[*" + othertypesPath + ".Order]"
 	e.insertTyped("envelopes", `{"body": {"id": "o-2"}}`, old)
 	ship, err := newPublisher[othertypes.Envelope[othertypes.Shipment]](t, e, "envelopes", nil).
-		Publish(e.ctx, e.db.Pool, othertypes.Envelope[othertypes.Shipment]{}, nil)
+		Publish(e.ctx, e.pubPool, othertypes.Envelope[othertypes.Shipment]{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

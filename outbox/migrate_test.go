@@ -19,10 +19,10 @@ func TestMigrateUpDownUpRebuildsIdentically(t *testing.T) {
 		t.Fatalf("catalog after Migrate has %d entries:\n%v", len(first), first)
 	}
 
-	if err := e.ob.Migrate(e.ctx); err != nil {
+	if err := e.owner.Migrate(e.ctx); err != nil {
 		t.Fatalf("second Migrate: %v", err)
 	}
-	if err := e.ob.MigrateDown(e.ctx); err != nil {
+	if err := e.owner.MigrateDown(e.ctx); err != nil {
 		t.Fatalf("MigrateDown: %v", err)
 	}
 	// Only goose's own version table (and its sequence and key) is left.
@@ -31,7 +31,7 @@ func TestMigrateUpDownUpRebuildsIdentically(t *testing.T) {
 			t.Errorf("left after MigrateDown: %s", obj)
 		}
 	}
-	st, err := e.ob.MigrationStatus(e.ctx)
+	st, err := e.owner.MigrationStatus(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestMigrateUpDownUpRebuildsIdentically(t *testing.T) {
 		}
 	}
 
-	if err := e.ob.Migrate(e.ctx); err != nil {
+	if err := e.owner.Migrate(e.ctx); err != nil {
 		t.Fatalf("Migrate after down: %v", err)
 	}
 	if diff := cmp.Diff(first, pgtest.Catalog(t, e.db.Pool, e.db.Schema)); diff != "" {
@@ -52,7 +52,7 @@ func TestMigrateUpDownUpRebuildsIdentically(t *testing.T) {
 func TestMigrationStatus(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	st, err := e.ob.MigrationStatus(e.ctx)
+	st, err := e.owner.MigrationStatus(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestOutboxesSideBySide(t *testing.T) {
 	a := setup(t)
 	bdb := pgtest.New(t)
 	var obs []*Outbox
-	obs = append(obs, a.ob)
+	obs = append(obs, a.owner)
 	for _, cfg := range []Config{{Schema: bdb.Schema, Table: "events"}, {Schema: a.db.Schema, Table: "events"}} {
 		ob, err := New(a.db.Pool, &cfg)
 		if err != nil {

@@ -65,7 +65,7 @@ func TestObserverSeesEachDeliveryAndItsOutcome(t *testing.T) {
 	cfg := fastConfig[string](nil)
 	cfg.Observer = obs
 	pub := newPublisher[string](t, e, "q", nil)
-	if _, err := pub.Publish(e.ctx, e.db.Pool, "retry once", nil); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, "retry once", nil); err != nil {
 		t.Fatal(err)
 	}
 	var seen sync.Map
@@ -82,7 +82,7 @@ func TestObserverSeesEachDeliveryAndItsOutcome(t *testing.T) {
 		return nil
 	}, cfg)
 	eventually(t, "the retry and the ack", func() bool { _, ends := obs.got(); return len(ends) == 2 })
-	if _, err := pub.Publish(e.ctx, e.db.Pool, "reject", nil); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, "reject", nil); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the dead letter", func() bool { _, ends := obs.got(); return len(ends) == 3 })
@@ -101,7 +101,7 @@ func TestPanickingObserverLosesNoDelivery(t *testing.T) {
 	obs := &observer{panic: true}
 	cfg := fastConfig[string](nil)
 	cfg.Observer = obs
-	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
+	if _, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.pubPool, "x", nil); err != nil {
 		t.Fatal(err)
 	}
 	handled := make(chan time.Time, 1)

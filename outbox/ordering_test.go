@@ -504,7 +504,7 @@ func TestSubscriberHandlesAKeyOneAtATimeInOrder(t *testing.T) {
 	pub := newPublisher[int](t, e, "q", nil)
 	const keys, per = 8, 25
 	for i := range keys * per {
-		if _, err := pub.Publish(e.ctx, e.db.Pool, i, &PublishOpts{OrderingKey: fmt.Sprint("k", i%keys)}); err != nil {
+		if _, err := pub.Publish(e.ctx, e.pubPool, i, &PublishOpts{OrderingKey: fmt.Sprint("k", i%keys)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -623,7 +623,7 @@ func TestFailingHeadHoldsBackOnlyItsKey(t *testing.T) {
 	e := setup(t)
 	pub := newPublisher[int](t, e, "q", nil)
 	for i := range 20 {
-		if _, err := pub.Publish(e.ctx, e.db.Pool, -1-i, &PublishOpts{OrderingKey: "stuck"}); err != nil {
+		if _, err := pub.Publish(e.ctx, e.pubPool, -1-i, &PublishOpts{OrderingKey: "stuck"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -632,7 +632,7 @@ func TestFailingHeadHoldsBackOnlyItsKey(t *testing.T) {
 		if i%5 == 0 {
 			opts.OrderingKey = fmt.Sprint("k", i%50)
 		}
-		if _, err := pub.Publish(e.ctx, e.db.Pool, i, opts); err != nil {
+		if _, err := pub.Publish(e.ctx, e.pubPool, i, opts); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -677,7 +677,7 @@ func TestKeyedOutcomesDoNotLinger(t *testing.T) {
 	e := setup(t)
 	pub := newPublisher[int](t, e, "q", nil)
 	for i := range 5 {
-		if _, err := pub.Publish(e.ctx, e.db.Pool, i, &PublishOpts{OrderingKey: "k"}); err != nil {
+		if _, err := pub.Publish(e.ctx, e.pubPool, i, &PublishOpts{OrderingKey: "k"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -68,67 +68,67 @@ func TestPublishRejectsBadInputAndWritesNothing(t *testing.T) {
 		field string
 	}{
 		{"negative delay", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Delay: -time.Second})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Delay: -time.Second})
 			return err
 		}, "PublishOpts.Delay"},
 		{"delay and at", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Delay: time.Second, At: time.Now()})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Delay: time.Second, At: time.Now()})
 			return err
 		}, "PublishOpts.At"},
 		{"timer id in a batch", func() error {
-			_, err := pub.PublishBatch(e.ctx, e.db.Pool, []string{"x"}, &PublishOpts{TimerID: "t"})
+			_, err := pub.PublishBatch(e.ctx, e.pubPool, []string{"x"}, &PublishOpts{TimerID: "t"})
 			return err
 		}, "PublishOpts.TimerID"},
 		{"empty header key", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{"": "v"}})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Headers: map[string]string{"": "v"}})
 			return err
 		}, "PublishOpts.Headers"},
 		{"non-printable header key", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{"a\x01": "v"}})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Headers: map[string]string{"a\x01": "v"}})
 			return err
 		}, `PublishOpts.Headers["a\x01"]`},
 		{"header key with a space", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{"a b": "v"}})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Headers: map[string]string{"a b": "v"}})
 			return err
 		}, `PublishOpts.Headers["a b"]`},
 		{"reserved content-type", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{HeaderContentType: "x"}})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Headers: map[string]string{HeaderContentType: "x"}})
 			return err
 		}, `PublishOpts.Headers["content-type"]`},
 		{"reserved correlation-id", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{HeaderCorrelationID: "x"}})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Headers: map[string]string{HeaderCorrelationID: "x"}})
 			return err
 		}, `PublishOpts.Headers["correlation-id"]`},
 		{"reserved message-type", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{HeaderMessageType: "x"}})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Headers: map[string]string{HeaderMessageType: "x"}})
 			return err
 		}, `PublishOpts.Headers["message-type"]`},
 		{"malformed traceparent", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{HeaderTraceparent: "nope"}})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Headers: map[string]string{HeaderTraceparent: "nope"}})
 			return err
 		}, `PublishOpts.Headers["traceparent"]`},
 		{"oversized headers", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Headers: map[string]string{"big": strings.Repeat("v", HeadersMaxBytes)}})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Headers: map[string]string{"big": strings.Repeat("v", HeadersMaxBytes)}})
 			return err
 		}, "PublishOpts.Headers"},
 		{"oversized correlation id", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{CorrelationID: strings.Repeat("c", 256)})
+			_, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{CorrelationID: strings.Repeat("c", 256)})
 			return err
 		}, "PublishOpts.CorrelationID"},
 		{"oversized payload", func() error {
-			_, err := pub.Publish(e.ctx, e.db.Pool, strings.Repeat("p", 17), nil)
+			_, err := pub.Publish(e.ctx, e.pubPool, strings.Repeat("p", 17), nil)
 			return err
 		}, "msg"},
 		{"oversized payload in a batch", func() error {
-			_, err := pub.PublishBatch(e.ctx, e.db.Pool, []string{"ok", strings.Repeat("p", 17)}, nil)
+			_, err := pub.PublishBatch(e.ctx, e.pubPool, []string{"ok", strings.Repeat("p", 17)}, nil)
 			return err
 		}, "msgs[1]"},
 		{"unencodable message", func() error {
-			_, err := chanPub.Publish(e.ctx, e.db.Pool, make(chan int), nil)
+			_, err := chanPub.Publish(e.ctx, e.pubPool, make(chan int), nil)
 			return err
 		}, "msg"},
 		{"panicking codec", func() error {
-			_, err := panicPub.Publish(e.ctx, e.db.Pool, "x", nil)
+			_, err := panicPub.Publish(e.ctx, e.pubPool, "x", nil)
 			return err
 		}, "msg"},
 		{"nil tx", func() error {
@@ -232,7 +232,7 @@ func TestPublishAtTheEdgesOfTheServersRange(t *testing.T) {
 	pgMin := time.Date(-4713, time.November, 24, 0, 0, 0, 0, time.UTC)
 	pgMax := time.Date(294276, time.December, 31, 23, 59, 59, 999999000, time.UTC)
 	before := e.serverNow()
-	tx := e.begin()
+	tx := e.fixtureTx()
 	var got []time.Time
 	for _, o := range []PublishOpts{
 		{At: pgMin},

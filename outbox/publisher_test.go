@@ -48,9 +48,10 @@ func newPublisher[T any](t *testing.T, e *env, queue string, cfg *PublisherConfi
 	return p
 }
 
+// begin begins a transaction to publish in, as the publishing role.
 func (e *env) begin() pgx.Tx {
 	e.t.Helper()
-	tx, err := e.db.Pool.Begin(e.ctx)
+	tx, err := e.pubPool.Begin(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -130,7 +131,7 @@ func TestPublishNotifiesOnCommitOncePerBatch(t *testing.T) {
 	if err := tx.Commit(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pub.Publish(e.ctx, e.db.Pool, "d", nil); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, "d", nil); err != nil {
 		t.Fatal(err)
 	}
 	e.publish("sentinel-2")
@@ -158,7 +159,7 @@ func TestCodecsRoundTrip(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	in := order{ID: "o-1", Total: 42, Items: []string{"tea", "cake"}}
-	if _, err := newPublisher[order](t, e, "json", nil).Publish(e.ctx, e.db.Pool, in, nil); err != nil {
+	if _, err := newPublisher[order](t, e, "json", nil).Publish(e.ctx, e.pubPool, in, nil); err != nil {
 		t.Fatal(err)
 	}
 	payload, h := e.claimOne("json")
@@ -176,7 +177,7 @@ func TestCodecsRoundTrip(t *testing.T) {
 	}
 
 	bin := []byte{0, 1, 2, 0xff, '{'}
-	if _, err := newPublisher[[]byte](t, e, "bytes", nil).Publish(e.ctx, e.db.Pool, bin, nil); err != nil {
+	if _, err := newPublisher[[]byte](t, e, "bytes", nil).Publish(e.ctx, e.pubPool, bin, nil); err != nil {
 		t.Fatal(err)
 	}
 	payload, h = e.claimOne("bytes")
@@ -185,7 +186,7 @@ func TestCodecsRoundTrip(t *testing.T) {
 	}
 
 	text := "héllo, \"world\"\n"
-	if _, err := newPublisher[string](t, e, "text", nil).Publish(e.ctx, e.db.Pool, text, nil); err != nil {
+	if _, err := newPublisher[string](t, e, "text", nil).Publish(e.ctx, e.pubPool, text, nil); err != nil {
 		t.Fatal(err)
 	}
 	payload, h = e.claimOne("text")
@@ -199,7 +200,7 @@ func TestPublishHeadersAndCorrelationID(t *testing.T) {
 	e := setup(t)
 	pub := newPublisher[order](t, e, "orders", nil)
 	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	if _, err := pub.Publish(e.ctx, e.db.Pool, order{}, &PublishOpts{
+	if _, err := pub.Publish(e.ctx, e.pubPool, order{}, &PublishOpts{
 		Headers: map[string]string{"tenant": "acme", HeaderTraceparent: tp}, CorrelationID: "req-7"}); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +211,7 @@ func TestPublishHeadersAndCorrelationID(t *testing.T) {
 		t.Errorf("headers (-want +got):\n%s", diff)
 	}
 
-	if _, err := pub.PublishBatch(e.ctx, e.db.Pool, []order{{}, {}}, nil); err != nil {
+	if _, err := pub.PublishBatch(e.ctx, e.pubPool, []order{{}, {}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	rows := e.claim(10, "orders")
@@ -235,7 +236,7 @@ func TestPublishScheduling(t *testing.T) {
 	e := setup(t)
 	pub := newPublisher[string](t, e, "later", nil)
 	const delay = 300 * time.Millisecond
-	id, err := pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Delay: delay})
+	id, err := pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Delay: delay})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,14 +260,14 @@ func TestPublishScheduling(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	if _, err := pub.Publish(e.ctx, e.db.Pool, "past", &PublishOpts{At: time.Now().Add(-time.Hour)}); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, "past", &PublishOpts{At: time.Now().Add(-time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
 	if got := e.claim(1, "later"); len(got) != 1 {
 		t.Errorf("row scheduled in the past not due now")
 	}
 	at := e.serverNow().Add(time.Hour)
-	id, err = pub.Publish(e.ctx, e.db.Pool, "future", &PublishOpts{At: at})
+	id, err = pub.Publish(e.ctx, e.pubPool, "future", &PublishOpts{At: at})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +360,7 @@ func TestPublishBatchOf10000(t *testing.T) {
 	if diff := cmp.Diff([]string{e.ob.Channel() + ":bulk"}, l.until("sentinel")); diff != "" {
 		t.Errorf("notifications (-want +got):\n%s", diff)
 	}
-	if ids, err := pub.PublishBatch(e.ctx, e.db.Pool, nil, nil); err != nil || ids != nil {
+	if ids, err := pub.PublishBatch(e.ctx, e.pubPool, nil, nil); err != nil || ids != nil {
 		t.Errorf("empty batch: %v, %v", ids, err)
 	}
 }
@@ -369,15 +370,15 @@ func TestPublishMetrics(t *testing.T) {
 	e := setup(t)
 	rec := &events{}
 	pub := newPublisher(t, e, "m", &PublisherConfig[string]{Metrics: rec})
-	if _, err := pub.Publish(e.ctx, e.db.Pool, "four", nil); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, "four", nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pub.PublishBatch(e.ctx, e.db.Pool, []string{"a", "bb"}, nil); err != nil {
+	if _, err := pub.PublishBatch(e.ctx, e.pubPool, []string{"a", "bb"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, _ = pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{Delay: -time.Second})
-	_, _ = pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{TimerID: "t"})
-	_, _ = pub.Publish(e.ctx, e.db.Pool, "x", &PublishOpts{TimerID: "t"})
+	_, _ = pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{Delay: -time.Second})
+	_, _ = pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{TimerID: "t"})
+	_, _ = pub.Publish(e.ctx, e.pubPool, "x", &PublishOpts{TimerID: "t"})
 	want := []MetricEvent{
 		{Name: EventPublished, Queue: "m", Count: 1, Bytes: 4},
 		{Name: EventPublished, Queue: "m", Count: 2, Bytes: 3},
@@ -404,7 +405,7 @@ func TestPanickingRecorderDoesNotFailPublish(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	pub := newPublisher(t, e, "m", &PublisherConfig[string]{Metrics: panickyRecorder{}})
-	if _, err := pub.Publish(e.ctx, e.db.Pool, "x", nil); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, "x", nil); err != nil {
 		t.Fatalf("Publish with a panicking recorder: %v", err)
 	}
 	if n := e.count("outbox"); n != 1 {
@@ -434,15 +435,15 @@ func TestPublisherTakesHeadersFromTheContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.WithValue(e.ctx, key{}, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-	one, err := pub.Publish(ctx, e.db.Pool, "one", &PublishOpts{Headers: map[string]string{"tenant": "explicit"}})
+	one, err := pub.Publish(ctx, e.pubPool, "one", &PublishOpts{Headers: map[string]string{"tenant": "explicit"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := pub.PublishBatch(ctx, e.db.Pool, []string{"two"}, nil)
+	batch, err := pub.PublishBatch(ctx, e.pubPool, []string{"two"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, err := pub.Publish(e.ctx, e.db.Pool, "three", nil)
+	plain, err := pub.Publish(e.ctx, e.pubPool, "three", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

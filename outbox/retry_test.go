@@ -82,7 +82,7 @@ func failing(t *testing.T, e *env, queue string, cfg *SubscriberConfig[string], 
 func TestRetryDelayFollowsTheStrategy(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	id, err := newPublisher[string](t, e, "r", nil).Publish(e.ctx, e.db.Pool, "x", nil)
+	id, err := newPublisher[string](t, e, "r", nil).Publish(e.ctx, e.pubPool, "x", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestRetryAfterRejectAndPanics(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	pub := newPublisher[string](t, e, "mixed", nil)
-	ids, err := pub.PublishBatch(e.ctx, e.db.Pool, []string{"later", "reject", "panic"}, nil)
+	ids, err := pub.PublishBatch(e.ctx, e.pubPool, []string{"later", "reject", "panic"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func deref(s *string) string {
 func TestMaxDeliveriesEndsTheRowBeforeItsHandler(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	id, err := newPublisher[string](t, e, "crashy", nil).Publish(e.ctx, e.db.Pool, "x", nil)
+	id, err := newPublisher[string](t, e, "crashy", nil).Publish(e.ctx, e.pubPool, "x", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ type order2 struct {
 func TestUndecodableRowsAreDeadLetteredNotRetried(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	bytesID, err := newPublisher[[]byte](t, e, "orders", nil).Publish(e.ctx, e.db.Pool, []byte("not json"), nil)
+	bytesID, err := newPublisher[[]byte](t, e, "orders", nil).Publish(e.ctx, e.pubPool, []byte("not json"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func TestUndecodableRowsAreDeadLetteredNotRetried(t *testing.T) {
 func TestTerminalRowsAreDeletedWhenDeadLetteringIsOff(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	id, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.db.Pool, "x", nil)
+	id, err := newPublisher[string](t, e, "q", nil).Publish(e.ctx, e.pubPool, "x", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

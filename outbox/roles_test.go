@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
@@ -36,63 +35,28 @@ func setupRoles(t *testing.T) *roleEnv {
 	t.Helper()
 	d := pgtest.New(t)
 	ctx := t.Context()
-	var roles [3]string
-	for i, what := range []string{"migrator", "publisher", "subscriber"} {
-		roles[i] = d.Schema + "_" + what
-	}
-	ident := func(s string) string { return pgx.Identifier{s}.Sanitize() }
-	for _, r := range roles {
-		if _, err := d.Pool.Exec(ctx, "CREATE ROLE "+ident(r)+" LOGIN"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		ctx := context.Background()
-		c, err := pgx.Connect(ctx, d.URL)
-		if err != nil {
-			t.Errorf("connect to drop the roles: %v", err)
-			return
-		}
-		defer func() { _ = c.Close(ctx) }()
-		for _, r := range roles {
-			if _, err := c.Exec(ctx, "REASSIGN OWNED BY "+ident(r)+" TO CURRENT_USER; DROP OWNED BY "+ident(r)+"; DROP ROLE "+ident(r)); err != nil {
-				t.Errorf("drop role %s: %v", r, err)
-			}
-		}
-	})
-	if _, err := d.Pool.Exec(ctx, "ALTER SCHEMA "+ident(d.Schema)+" OWNER TO "+ident(roles[0])); err != nil {
-		t.Fatal(err)
-	}
+	r := d.NewRoles(t)
 	connect := func(role string) *Outbox {
 		t.Helper()
-		u, err := url.Parse(d.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		u.User = url.User(role)
-		pool, err := pgxpool.New(ctx, u.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		ob, err := New(pool, &Config{Schema: d.Schema})
+		ob, err := New(d.PoolAs(t, role), &Config{Schema: d.Schema})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return ob
 	}
-	owner := connect(roles[0])
+	owner := connect(r.Migrator)
 	if err := owner.Migrate(ctx); err != nil {
 		t.Fatalf("Migrate as the migrator: %v", err)
 	}
-	if err := owner.Grant(ctx, Roles{Publisher: roles[1], Subscriber: roles[2]}); err != nil {
+	if err := owner.Grant(ctx, Roles{Publisher: r.Publisher, Subscriber: r.Subscriber}); err != nil {
 		t.Fatalf("Grant as the migrator: %v", err)
 	}
 	ob, err := New(d.Pool, &Config{Schema: d.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &roleEnv{env: newEnv(t, d, ob), pub: connect(roles[1]), sub: connect(roles[2]), roles: roles}
+	return &roleEnv{env: newEnv(t, d, ob), pub: connect(r.Publisher), sub: connect(r.Subscriber),
+		roles: [3]string{r.Migrator, r.Publisher, r.Subscriber}}
 }
 
 // A publishing role with only the grants Grants gives publishes keyed,

@@ -45,8 +45,19 @@ type env struct {
 	t   *testing.T
 	ctx context.Context
 	db  *pgtest.DB
-	ob  *Outbox
-	q   *db.Queries
+	// ob is the outbox as subscribers and operators see it: on db.Pool,
+	// or in the roles mode (pgtest.RolesMode) on a pool of the subscriber
+	// role, whose URL obURL is.
+	ob    *Outbox
+	obURL string
+	// owner is the outbox as its migrator sees it: ob, or in the roles
+	// mode the migrator role's.
+	owner *Outbox
+	// pubPool is what tests publish through the public API on: db.Pool,
+	// or in the roles mode a pool of the publisher role.
+	pubPool *pgxpool.Pool
+	// q runs the generated queries as db.Pool's role, for fixtures.
+	q *db.Queries
 }
 
 // setup migrates an outbox with the default table name into a fresh schema.
@@ -55,29 +66,62 @@ func setup(t *testing.T) *env {
 	return setupTable(t, TableDefault)
 }
 
+// In the roles mode (pgtest.RolesMode), a migrator role owns the outbox,
+// and the env's outbox and publishing pool connect as roles with only
+// what Grants gives them.
 func setupTable(t *testing.T, table string) *env {
 	t.Helper()
 	d := pgtest.New(t)
-	ob, err := New(d.Pool, &Config{Schema: d.Schema, Table: table})
+	cfg := &Config{Schema: d.Schema, Table: table}
+	if !pgtest.RolesMode() {
+		ob, err := New(d.Pool, cfg)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		if err := ob.Migrate(t.Context()); err != nil {
+			t.Fatalf("Migrate: %v", err)
+		}
+		return newEnv(t, d, ob)
+	}
+	r := d.NewRoles(t)
+	owner, err := New(d.PoolAs(t, r.Migrator), cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	if err := ob.Migrate(t.Context()); err != nil {
-		t.Fatalf("Migrate: %v", err)
+	if err := owner.Migrate(t.Context()); err != nil {
+		t.Fatalf("Migrate as the migrator: %v", err)
 	}
-	return newEnv(t, d, ob)
+	if err := owner.Grant(t.Context(), Roles{Publisher: r.Publisher, Subscriber: r.Subscriber}); err != nil {
+		t.Fatalf("Grant as the migrator: %v", err)
+	}
+	// The tables a test makes for its handlers' and publishers' own rows
+	// are the application's, which its roles are given.
+	if _, err := d.Pool.Exec(t.Context(), "ALTER DEFAULT PRIVILEGES IN SCHEMA "+pgx.Identifier{d.Schema}.Sanitize()+
+		" GRANT ALL ON TABLES TO "+pgx.Identifier{r.Publisher}.Sanitize()+", "+pgx.Identifier{r.Subscriber}.Sanitize()+
+		"; ALTER DEFAULT PRIVILEGES IN SCHEMA "+pgx.Identifier{d.Schema}.Sanitize()+
+		" GRANT ALL ON SEQUENCES TO "+pgx.Identifier{r.Publisher}.Sanitize()+", "+pgx.Identifier{r.Subscriber}.Sanitize()); err != nil {
+		t.Fatalf("grant the application's tables: %v", err)
+	}
+	ob, err := New(d.PoolAs(t, r.Subscriber), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	e := newEnv(t, d, ob)
+	e.obURL, e.pubPool, e.owner = d.URLAs(t, r.Subscriber), d.PoolAs(t, r.Publisher), owner
+	return e
 }
 
 // newEnv wraps a test database and an outbox in it.
 func newEnv(t *testing.T, d *pgtest.DB, ob *Outbox) *env {
-	return &env{t: t, ctx: t.Context(), db: d, ob: ob, q: ob.queries(d.Pool)}
+	return &env{t: t, ctx: t.Context(), db: d, ob: ob, obURL: d.URL, owner: ob, pubPool: d.Pool, q: ob.queries(d.Pool)}
 }
 
-// outboxOn returns an outbox of e's schema on a pool of its own, whose
-// configuration set adjusts (nil: as e's), closed when the test ends.
+// outboxOn returns an outbox of e's schema on a pool of its own (as the
+// role of e.ob), whose configuration set adjusts (nil: as e's), closed
+// when the test ends.
 func (e *env) outboxOn(set func(*pgxpool.Config)) *Outbox {
 	e.t.Helper()
-	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	cfg, err := pgxpool.ParseConfig(e.obURL)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -89,11 +133,33 @@ func (e *env) outboxOn(set func(*pgxpool.Config)) *Outbox {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(pool.Close)
-	ob, err := New(pool, &Config{Schema: e.db.Schema})
+	ob, err := New(pool, &Config{Schema: e.db.Schema, Table: e.ob.Table()})
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return ob
+}
+
+// obRole is the role e.ob connects as.
+func (e *env) obRole() string {
+	e.t.Helper()
+	var role string
+	if err := e.ob.pool.QueryRow(e.ctx, "SELECT current_user").Scan(&role); err != nil {
+		e.t.Fatal(err)
+	}
+	return role
+}
+
+// fixtureTx begins a transaction as the test's own role, for fixtures and
+// checks, rolled back when the test ends unless committed.
+func (e *env) fixtureTx() pgx.Tx {
+	e.t.Helper()
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
 }
 
 // publish inserts a due row and returns its id.

@@ -193,7 +193,7 @@ func TestSleepHorizonFollowsTheRecords(t *testing.T) {
 
 	e.sleepFor(e.q, a, 60)
 	aOnly, _ := e.horizon()
-	tx := e.begin()
+	tx := e.fixtureTx()
 	e.sleepFor(e.ob.queries(tx), c, 600)
 	if err := tx.Rollback(e.ctx); err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func TestSleepHorizonNeedsNoNewPrivilege(t *testing.T) {
 	e.exec("GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_sleepers TO " + ident)
 	asRole := func(what string, fn func(q *db.Queries) error) {
 		t.Helper()
-		tx := e.begin()
+		tx := e.fixtureTx()
 		defer func() { _ = tx.Rollback(e.ctx) }()
 		if _, err := tx.Exec(e.ctx, "SET LOCAL ROLE "+ident); err != nil {
 			t.Fatal(err)

@@ -94,7 +94,7 @@ func TestStalledConnectionsCostAtMostTheQueryTimeout(t *testing.T) {
 		return nil
 	}, cfg)
 	pub := newPublisher[string](t, e, "q", nil)
-	if _, err := pub.Publish(e.ctx, e.db.Pool, "before", nil); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, "before", nil); err != nil {
 		t.Fatal(err)
 	}
 	if p := waitFor(t, handled, "before the stall"); p != "before" {
@@ -103,7 +103,7 @@ func TestStalledConnectionsCostAtMostTheQueryTimeout(t *testing.T) {
 	if n := proxy.StallExisting(); n == 0 {
 		t.Fatal("no connection to stall")
 	}
-	if _, err := pub.Publish(e.ctx, e.db.Pool, "after", nil); err != nil {
+	if _, err := pub.Publish(e.ctx, e.pubPool, "after", nil); err != nil {
 		t.Fatal(err)
 	}
 	if p := waitFor(t, handled, "after the stall (a subscriber stuck on its stalled connections delivers nothing)"); p != "after" {

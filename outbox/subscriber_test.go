@@ -135,7 +135,7 @@ func TestSubscribersDeliverEveryRowExactlyOnce(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = i
 	}
-	if _, err := pub.PublishBatch(e.ctx, e.db.Pool, msgs, nil); err != nil {
+	if _, err := pub.PublishBatch(e.ctx, e.pubPool, msgs, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -198,7 +198,7 @@ func TestGracefulStopDrainsInFlight(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	pub := newPublisher[string](t, e, "slow", nil)
-	if _, err := pub.PublishBatch(e.ctx, e.db.Pool, []string{"a", "b"}, nil); err != nil {
+	if _, err := pub.PublishBatch(e.ctx, e.pubPool, []string{"a", "b"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var inFlight, finished atomic.Int32
@@ -228,7 +228,7 @@ func TestWedgedHandlerDoesNotHoldRunAndItsRowSurvives(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	pub := newPublisher[string](t, e, "wedged", nil)
-	id, err := pub.Publish(e.ctx, e.db.Pool, "x", nil)
+	id, err := pub.Publish(e.ctx, e.pubPool, "x", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +365,7 @@ func TestSlowOrPanickingRecorderDoesNotStallDelivery(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	msgs := make([]int, 300)
-	if _, err := newPublisher[int](t, e, "q", nil).PublishBatch(e.ctx, e.db.Pool, msgs, nil); err != nil {
+	if _, err := newPublisher[int](t, e, "q", nil).PublishBatch(e.ctx, e.pubPool, msgs, nil); err != nil {
 		t.Fatal(err)
 	}
 	rec := &slowRecorder{}
@@ -388,7 +388,7 @@ func TestStopReleasesClaimedButUnstartedRows(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	msgs := make([]int, 50)
-	if _, err := newPublisher[int](t, e, "q", nil).PublishBatch(e.ctx, e.db.Pool, msgs, nil); err != nil {
+	if _, err := newPublisher[int](t, e, "q", nil).PublishBatch(e.ctx, e.pubPool, msgs, nil); err != nil {
 		t.Fatal(err)
 	}
 	cfg := fastConfig[int](nil)

@@ -457,7 +457,7 @@ func TestTxHandlerKeepsPerKeyOrder(t *testing.T) {
 	pub := newPublisher[string](t, e.env, "orders", nil)
 	want := []string{"a1", "a2", "a3", "a4", "a5"}
 	for _, p := range want {
-		if _, err := pub.Publish(e.ctx, e.db.Pool, p, &PublishOpts{OrderingKey: "a"}); err != nil {
+		if _, err := pub.Publish(e.ctx, e.pubPool, p, &PublishOpts{OrderingKey: "a"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -70,7 +70,7 @@ func TestTxEffectsHappenOnceThroughKills(t *testing.T) {
 		if i%4 == 0 {
 			opts = &PublishOpts{OrderingKey: fmt.Sprintf("k%d", i%40)}
 		}
-		if _, err := pub.Publish(e.ctx, e.db.Pool, fmt.Sprintf("m-%d", i), opts); err != nil {
+		if _, err := pub.Publish(e.ctx, e.pubPool, fmt.Sprintf("m-%d", i), opts); err != nil {
 			t.Fatal(err)
 		}
 	}

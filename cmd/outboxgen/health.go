@@ -75,7 +75,11 @@ func printHealth(w io.Writer, h *outbox.Health) {
 	}
 	fmt.Fprintf(w, "notification queue    %.4f%% used\n", 100*h.NotificationQueueUsage)
 	if x := h.OldestXmin; x != nil {
-		fmt.Fprintf(w, "oldest xmin           %s %s (%s): %d transactions, open %v\n", x.Kind, cell(x.Name), x.State, x.Age, x.Open.Round(time.Second))
+		if x.Hidden {
+			fmt.Fprintf(w, "oldest xmin           %s %s: %d transactions, open for how long this role may not read (grant it pg_read_all_stats)\n", x.Kind, cell(x.Name), x.Age)
+		} else {
+			fmt.Fprintf(w, "oldest xmin           %s %s (%s): %d transactions, open %v\n", x.Kind, cell(x.Name), x.State, x.Age, x.Open.Round(time.Second))
+		}
 	} else {
 		fmt.Fprintln(w, "oldest xmin           none")
 	}

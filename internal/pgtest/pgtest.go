@@ -31,6 +31,17 @@ import (
 // EnvURL is the variable that points tests at a database.
 const EnvURL = "TEST_DATABASE_URL"
 
+// EnvRoles is the variable that, set to 1, makes the tests that honour
+// [RolesMode] run the code under test as least-privileged roles: the
+// outbox owned by a migrator role, publishing as a publisher role and
+// subscribing and operating as a subscriber role, each with only the
+// privileges outboxgen grants gives it. Fixtures and checks still run as
+// the role of EnvURL, which must be able to create roles.
+const EnvRoles = "TEST_ROLES"
+
+// RolesMode reports whether EnvRoles asks for least-privileged roles.
+func RolesMode() bool { return os.Getenv(EnvRoles) == "1" }
+
 var (
 	baseURL  string
 	startErr error
@@ -163,6 +174,74 @@ func withDatabase(tb testing.TB, dsn, database string) string {
 		u.Path = "/" + database
 	}
 	return u.String()
+}
+
+// Roles are three login roles of one test, named after its schema and
+// dropped (with what they own) when it ends.
+type Roles struct {
+	Migrator, Publisher, Subscriber string
+}
+
+// NewRoles creates the test's migrator, publisher and subscriber roles,
+// with no privilege but LOGIN, and gives the test's schema to the
+// migrator. The role of EnvURL must be able to create roles.
+func (d *DB) NewRoles(tb testing.TB) Roles {
+	tb.Helper()
+	ctx := context.Background()
+	r := Roles{Migrator: d.Schema + "_migrator", Publisher: d.Schema + "_publisher", Subscriber: d.Schema + "_subscriber"}
+	all := []string{r.Migrator, r.Publisher, r.Subscriber}
+	ident := func(s string) string { return pgx.Identifier{s}.Sanitize() }
+	for _, name := range all {
+		if _, err := d.Pool.Exec(ctx, "CREATE ROLE "+ident(name)+" LOGIN"); err != nil {
+			tb.Fatalf("pgtest: create role %s: %v", name, err)
+		}
+	}
+	// Registered after the schema's own cleanup, so it runs first: the
+	// roles' objects go back to the test's role and the schema is dropped
+	// with them.
+	tb.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), d.URL)
+		if err != nil {
+			tb.Errorf("pgtest: connect to drop the roles: %v", err)
+			return
+		}
+		defer func() { _ = c.Close(context.Background()) }()
+		for _, name := range all {
+			// A role's sessions may outlive its test's pools by a moment.
+			_, _ = c.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name)
+			if _, err := c.Exec(context.Background(), "REASSIGN OWNED BY "+ident(name)+" TO CURRENT_USER; DROP OWNED BY "+ident(name)+"; DROP ROLE "+ident(name)); err != nil {
+				tb.Errorf("pgtest: drop role %s: %v", name, err)
+			}
+		}
+	})
+	if _, err := d.Pool.Exec(ctx, "ALTER SCHEMA "+ident(d.Schema)+" OWNER TO "+ident(r.Migrator)); err != nil {
+		tb.Fatalf("pgtest: give the schema to %s: %v", r.Migrator, err)
+	}
+	return r
+}
+
+// URLAs returns d.URL connecting as role instead (trust or a password
+// the environment gives, as for EnvURL).
+func (d *DB) URLAs(tb testing.TB, role string) string {
+	tb.Helper()
+	u, err := url.Parse(d.URL)
+	if err != nil {
+		tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
+	}
+	u.User = url.User(role)
+	return u.String()
+}
+
+// PoolAs returns a pool of d's database and schema connecting as role,
+// closed when the test ends.
+func (d *DB) PoolAs(tb testing.TB, role string) *pgxpool.Pool {
+	tb.Helper()
+	pool, err := pgxpool.New(context.Background(), d.URLAs(tb, role))
+	if err != nil {
+		tb.Fatalf("pgtest: pool as %s: %v", role, err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
 }
 
 func randomHex(tb testing.TB, n int) string {
