@@ -117,6 +117,33 @@ func (q *Queries) ExtendLeases(ctx context.Context, arg ExtendLeasesParams) ([]E
 	return items, nil
 }
 
+const idleInTransactionTimeout = `-- name: IdleInTransactionTimeout :one
+SELECT setting::bigint AS timeout_ms
+FROM pg_catalog.pg_settings
+WHERE name = 'idle_in_transaction_session_timeout'
+`
+
+// The session's idle_in_transaction_session_timeout in milliseconds (0:
+// none), as its role's and database's settings give it.
+func (q *Queries) IdleInTransactionTimeout(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, idleInTransactionTimeout)
+	var timeout_ms int64
+	err := row.Scan(&timeout_ms)
+	return timeout_ms, err
+}
+
+const liftIdleInTransactionTimeout = `-- name: LiftIdleInTransactionTimeout :exec
+SELECT set_config('idle_in_transaction_session_timeout', ($1::bigint)::text, true)
+`
+
+// Sets this transaction's idle_in_transaction_session_timeout to
+// @timeout_ms: a transactional handler's transaction, which the
+// subscriber ends within its lease, may idle while its handler works.
+func (q *Queries) LiftIdleInTransactionTimeout(ctx context.Context, timeoutMs int64) error {
+	_, err := q.db.Exec(ctx, liftIdleInTransactionTimeout, timeoutMs)
+	return err
+}
+
 const markPendingBatchWithLease = `-- name: MarkPendingBatchWithLease :many
 WITH l AS (
     SELECT unnest($1::bigint[]) AS id, unnest($2::uuid[]) AS token,

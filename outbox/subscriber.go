@@ -122,6 +122,9 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 		return err
 	}
 	r := newRun(ctx, s)
+	if s.txHandler != nil {
+		r.liftIdle = s.idleLift(ctx)
+	}
 	// Hand-overs recorded while no subscriber listened are completed
 	// before the first claim.
 	r.handoffs.pending.Store(true)
@@ -151,6 +154,23 @@ func (s *Subscriber[T]) checkSchema(ctx context.Context) error {
 	}
 }
 
+// idleLift returns the idle_in_transaction_session_timeout, in
+// milliseconds, that a transactional handler's transaction sets for
+// itself: the lease's length when the session's own is shorter (a DBA's
+// role or database setting would end the transaction while its handler
+// works, though the subscriber ends it within the lease anyway), else 0
+// (nothing to set). When the setting cannot be read, it is set.
+func (s *Subscriber[T]) idleLift(ctx context.Context) int64 {
+	lease := s.cfg.LeaseTTL.Milliseconds()
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	have, err := s.ob.queries(s.ob.pool).IdleInTransactionTimeout(cctx)
+	if err == nil && (have == 0 || have >= lease) {
+		return 0
+	}
+	return lease
+}
+
 // StopSlack is how much longer than its GracefulTimeout [Subscriber.Run]
 // may take to return after its context ends: the time to close its
 // connections and hand the last metric events to the recorder.
@@ -167,6 +187,9 @@ var ErrGracefulTimeout = errors.New("outbox: graceful timeout passed")
 // runs until the outcomes channel closes after the workers exit.
 type run[T any] struct {
 	s *Subscriber[T]
+	// liftIdle, when above 0, is the idle_in_transaction_session_timeout
+	// (ms) each transactional handler's transaction sets (idleLift).
+	liftIdle int64
 
 	// buf holds claimed rows not yet handed to a worker.
 	buf chan *delivery

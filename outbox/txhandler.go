@@ -150,6 +150,12 @@ func (r *run[T]) handleInTx(ctx context.Context, d *delivery, msg *Message[T]) (
 			cancel()
 		}
 	}()
+	if r.liftIdle > 0 {
+		err := r.s.ob.queries(boundedDBTX{inner: tx, timeout: r.s.cfg.QueryTimeout}).LiftIdleInTransactionTimeout(ctx, r.liftIdle)
+		if err != nil {
+			return txRolledBack, fmt.Errorf("outbox: setting the handler's transaction's idle timeout: %w", err)
+		}
+	}
 	inTx := func(ctx context.Context, m *Message[T]) error { return r.s.txHandler(ctx, ownedTx{tx}, m) }
 	herr = safeHandle(ctx, inTx, msg)
 	if misuse := txMisuse(tx, herr); misuse != nil {

@@ -30,6 +30,8 @@ type coordinator struct {
 	rate      int
 	keep      bool
 	restartPG bool
+	// roles runs publishers and workers as least-privileged roles.
+	roles bool
 	log       *slog.Logger
 
 	schema string
@@ -37,6 +39,11 @@ type coordinator struct {
 	ends  string
 	pool  *pgxpool.Pool
 	ob    *outbox.Outbox
+	// pubPool is what publishers publish on, and workerDSN what workers
+	// connect with: the coordinator's, or the publisher's and the
+	// subscriber's roles'.
+	pubPool   *pgxpool.Pool
+	workerDSN string
 	proxy *faultproxy.Proxy
 
 	mu    sync.Mutex
@@ -111,11 +118,28 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 	if c.ob, err = outbox.New(c.pool, &outbox.Config{Schema: c.schema}); err != nil {
 		return false, err
 	}
-	if err := c.ob.Migrate(ctx); err != nil {
+	c.pubPool, c.workerDSN = c.pool, c.dsn
+	if c.roles {
+		dropRoles, err := c.asRoles(ctx)
+		if err != nil {
+			return false, err
+		}
+		defer dropRoles()
+		defer c.pubPool.Close()
+	} else if err := c.ob.Migrate(ctx); err != nil {
 		return false, err
 	}
 	if _, err := c.pool.Exec(ctx, "SET search_path TO "+pgx.Identifier{c.schema}.Sanitize()+";"+tables); err != nil {
 		return false, err
+	}
+	if c.roles {
+		// The harness's own tables are the application's.
+		pub, sub := pgx.Identifier{c.schema + "_publisher"}.Sanitize(), pgx.Identifier{c.schema + "_subscriber"}.Sanitize()
+		if _, err := c.pool.Exec(ctx, "SET search_path TO "+pgx.Identifier{c.schema}.Sanitize()+
+			"; GRANT SELECT, INSERT ON published, rolled_back TO "+pub+
+			"; GRANT SELECT, INSERT, UPDATE ON deliveries, events TO "+sub); err != nil {
+			return false, err
+		}
 	}
 	if c.ends, err = os.MkdirTemp("", c.schema+"-ends-"); err != nil {
 		return false, err
@@ -129,8 +153,12 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	defer c.proxy.Close()
-	fmt.Printf("chaos: schema %s, %d workers (worker 0 through a fault proxy), %v of faults at %d msgs/s\n",
-		c.schema, c.workers, c.duration, c.rate)
+	as := "as " + c.pool.Config().ConnConfig.User
+	if c.roles {
+		as = "as the roles " + c.schema + "_{migrator,publisher,subscriber}"
+	}
+	fmt.Printf("chaos: schema %s, %d workers (worker 0 through a fault proxy), %v of faults at %d msgs/s, %s\n",
+		c.schema, c.workers, c.duration, c.rate, as)
 
 	for n := range c.workers {
 		if err := c.start(ctx, n); err != nil {
@@ -184,9 +212,9 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 
 // start runs worker n; worker 0 connects through the fault proxy.
 func (c *coordinator) start(ctx context.Context, n int) error {
-	dsn := c.dsn
+	dsn := c.workerDSN
 	if n == 0 {
-		u, _ := url.Parse(c.dsn)
+		u, _ := url.Parse(c.workerDSN)
 		u.Host = c.proxy.Addr()
 		dsn = u.String()
 	}
@@ -450,3 +478,80 @@ func sleep(ctx context.Context, d time.Duration) {
 
 // errRolledBack marks a transaction the publisher rolled back on purpose.
 var errRolledBack = errors.New("rolled back on purpose")
+
+// asRoles makes the migrator, publisher and subscriber roles of the
+// schema, gives the schema to the migrator, migrates the outbox as the
+// migrator and runs, as the migrator, the statements outboxgen grants
+// prints for the other two; publishers then publish as the publisher and
+// workers connect as the subscriber. drop removes the roles and what
+// they own, unless the schema is kept for inspection.
+func (c *coordinator) asRoles(ctx context.Context) (drop func(), err error) {
+	migrator, publisher, subscriber := c.schema+"_migrator", c.schema+"_publisher", c.schema+"_subscriber"
+	ident := func(s string) string { return pgx.Identifier{s}.Sanitize() }
+	for _, r := range []string{migrator, publisher, subscriber} {
+		if _, err := c.pool.Exec(ctx, "CREATE ROLE "+ident(r)+" LOGIN"); err != nil {
+			return nil, fmt.Errorf("create role %s (the -roles mode needs a role that may create roles): %w", r, err)
+		}
+	}
+	drop = func() {
+		if c.keep {
+			return
+		}
+		ctx := context.WithoutCancel(ctx)
+		for _, r := range []string{migrator, publisher, subscriber} {
+			_, _ = c.pool.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", r)
+			if _, err := c.pool.Exec(ctx, "REASSIGN OWNED BY "+ident(r)+" TO CURRENT_USER; DROP OWNED BY "+ident(r)+"; DROP ROLE "+ident(r)); err != nil {
+				c.log.Warn("chaos: drop role", "role", r, "error", err)
+			}
+		}
+	}
+	fail := func(err error) (func(), error) { drop(); return nil, err }
+	if _, err := c.pool.Exec(ctx, "ALTER SCHEMA "+ident(c.schema)+" OWNER TO "+ident(migrator)); err != nil {
+		return fail(err)
+	}
+	as := func(role string) (string, error) {
+		u, err := url.Parse(c.dsn)
+		if err != nil {
+			return "", err
+		}
+		u.User = url.User(role)
+		return u.String(), nil
+	}
+	mdsn, err := as(migrator)
+	if err != nil {
+		return fail(err)
+	}
+	mpool, err := pgxpool.New(ctx, mdsn)
+	if err != nil {
+		return fail(err)
+	}
+	defer mpool.Close()
+	owner, err := outbox.New(mpool, &outbox.Config{Schema: c.schema})
+	if err != nil {
+		return fail(err)
+	}
+	if err := owner.Migrate(ctx); err != nil {
+		return fail(fmt.Errorf("migrate as %s: %w", migrator, err))
+	}
+	grants, err := outbox.Grants(&outbox.Config{Schema: c.schema}, outbox.Roles{Publisher: publisher, Subscriber: subscriber})
+	if err != nil {
+		return fail(err)
+	}
+	for _, g := range grants {
+		if _, err := mpool.Exec(ctx, g); err != nil {
+			return fail(fmt.Errorf("as %s: %s: %w", migrator, g, err))
+		}
+	}
+	pdsn, err := as(publisher)
+	if err != nil {
+		return fail(err)
+	}
+	if c.pubPool, err = pgxpool.New(ctx, pdsn); err != nil {
+		return fail(err)
+	}
+	if c.workerDSN, err = as(subscriber); err != nil {
+		c.pubPool.Close()
+		return fail(err)
+	}
+	return drop, nil
+}

@@ -39,6 +39,7 @@ func main() {
 		worker   = flag.Int("worker", -1, "run as worker N (started by the coordinator)")
 		schema   = flag.String("schema", "", "the outbox's schema (worker mode)")
 		ends     = flag.String("ends", "", "the directory of the handlers' end records (worker mode)")
+		roles    = flag.Bool("roles", false, "run as least-privileged roles: a migrator owns the outbox, publishers and workers connect as roles with only what outboxgen grants gives them")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -59,7 +60,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	c := &coordinator{dsn: *dsn, duration: *duration, workers: *workers, rate: *rate, keep: *keep, log: log,
+	c := &coordinator{dsn: *dsn, duration: *duration, workers: *workers, rate: *rate, keep: *keep, roles: *roles, log: log,
 		restartPG: os.Getenv("OUTBOX_CHAOS_RESTART_PG") == "1"}
 	ok, err := c.run(ctx)
 	if err != nil {

@@ -79,7 +79,7 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 		if rand.IntN(burstEvery) == 0 {
 			n = burstMin + rand.IntN(2*burstMin+1)
 		}
-		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, c.pubPool, func(tx pgx.Tx) error {
 			for range n {
 				m := msg{ID: p.nextID.Add(1), Mode: mode()}
 				opts := &outbox.PublishOpts{}

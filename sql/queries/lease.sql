@@ -78,3 +78,16 @@ SET acquired_token   = NULL,
 FROM l
 WHERE o.id = l.id AND o.acquired_token = l.token
 RETURNING l.id::bigint AS id, l.token::uuid AS token;
+
+-- name: IdleInTransactionTimeout :one
+-- The session's idle_in_transaction_session_timeout in milliseconds (0:
+-- none), as its role's and database's settings give it.
+SELECT setting::bigint AS timeout_ms
+FROM pg_catalog.pg_settings
+WHERE name = 'idle_in_transaction_session_timeout';
+
+-- name: LiftIdleInTransactionTimeout :exec
+-- Sets this transaction's idle_in_transaction_session_timeout to
+-- @timeout_ms: a transactional handler's transaction, which the
+-- subscriber ends within its lease, may idle while its handler works.
+SELECT set_config('idle_in_transaction_session_timeout', (@timeout_ms::bigint)::text, true);
