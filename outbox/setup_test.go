@@ -241,13 +241,20 @@ func (e *env) row(id int64) (db.Outbox, bool) {
 	return r, true
 }
 
+// count counts table's rows; a count that fails to serialize (the
+// database's default isolation may be SERIALIZABLE) is tried again.
 func (e *env) count(table string) int {
 	e.t.Helper()
 	var n int
-	if err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()).Scan(&n); err != nil {
-		e.t.Fatalf("count %s: %v", table, err)
+	for {
+		err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()).Scan(&n)
+		if err == nil {
+			return n
+		}
+		if classifyDB(err) != errDoomed || e.ctx.Err() != nil {
+			e.t.Fatalf("count %s: %v", table, err)
+		}
 	}
-	return n
 }
 
 func (e *env) serverNow() time.Time {
