@@ -29,7 +29,10 @@ import (
 // rows, leases the others (rows whose handlers still run, and failed rows,
 // whose retry or dead letter the lease path writes next) and deletes the
 // record; then the transaction commits. From then on its leased rows are
-// ordinary leased deliveries: heartbeats, lease-filtered writes.
+// ordinary leased deliveries: heartbeats, lease-filtered writes. The
+// outcomes of rows whose handlers finish while the end is being written
+// wait for its commit: a lease-filtered write that ran before it would
+// not see the lease, and would take the row for lost.
 
 // lockedClaimsInFlight caps the locked claims of one subscriber open at
 // once: each holds a pool connection while its handlers run.
@@ -65,18 +68,28 @@ type lockedClaim struct {
 	open bool      // outcomes are kept here, to be written at the end
 	left int       // rows not settled
 	kept []outcome // outcomes of settled rows
+	// late are the outcomes of rows settled while the end was written:
+	// they go the lease path's way once its transaction has ended, as a
+	// write that ran before the commit would not see the end's lease.
+	late  []outcome
+	ended bool // the end's transaction has ended: outcomes go at once
 	// settled is closed when every row has an outcome or was given up.
 	settled chan struct{}
 }
 
-// keep keeps o, the outcome of a row of the claim, for the claim's end;
-// false means the claim has ended and o goes the lease path's way (its
-// row was leased by then: o.d.token is the lease's).
+// keep keeps o, the outcome of a row of the claim, for the claim's end,
+// or, while the end is being written, for after it (see ended); false
+// means the claim has ended and o goes the lease path's way (its row was
+// leased by then: o.d.token is the lease's).
 func (c *lockedClaim) keep(o outcome) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.open {
+	if c.ended {
 		return false
+	}
+	if !c.open {
+		c.late = append(c.late, o)
+		return true
 	}
 	c.kept = append(c.kept, o)
 	o.d.settled = true
@@ -96,6 +109,17 @@ func (c *lockedClaim) giveUp(d *delivery) bool {
 	d.settled = true
 	c.settle()
 	return true
+}
+
+// endWritten marks the end's transaction ended (committed or rolled
+// back) and returns the outcomes kept meanwhile, for the lease path.
+func (c *lockedClaim) endWritten() []outcome {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ended = true
+	late := c.late
+	c.late = nil
+	return late
 }
 
 // settle counts one more settled row. Call with mu held.
@@ -336,6 +360,9 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 		// Nothing was written: the rows are free again, and the handlers
 		// still running hold no lease.
 		b.cancel(ErrLeaseLost)
+		for _, o := range c.endWritten() {
+			r.outcomes <- o
+		}
 		return
 	}
 	r.leases.renew(b, sent)
@@ -344,6 +371,7 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	} else {
 		r.report(done, nil)
 	}
+	later = append(later, c.endWritten()...)
 	for _, o := range later {
 		r.outcomes <- o
 	}

@@ -176,6 +176,62 @@ func TestHandlerOutlivingTheLockWindowFinishesUnderALease(t *testing.T) {
 	}
 }
 
+// A handler that finishes while its claim's end is being written (the
+// lock window has passed, and the end's transaction, which leased the
+// row, has not committed yet) has its outcome written once that
+// transaction committed, under the lease it wrote: the row is
+// acknowledged, not taken for lost and left to its lease's expiry. The
+// end's commit is held by a deferred trigger that sleeps, and the handler
+// returns while it sleeps.
+func TestHandlerFinishingWhileItsClaimEndsIsAcknowledged(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.exec(`CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$`)
+	e.exec(`CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON outbox
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+		WHEN (NEW.acquired_token IS NOT NULL) EXECUTE FUNCTION slow_commit()`)
+	id := e.publish("q")
+	var calls atomic.Int32
+	rec := &events{}
+	cfg := lockingConfig(rec)
+	cfg.LockWindow = 200 * time.Millisecond
+	committing := func() bool {
+		var sleeping bool
+		if err := e.db.Pool.QueryRow(e.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event = 'PgSleep')`, e.db.Schema).Scan(&sleeping); err != nil {
+			t.Error(err)
+			return true
+		}
+		return sleeping
+	}
+	s := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, _ *Message[string]) error {
+		calls.Add(1)
+		for !committing() {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return nil
+	}, cfg)
+	eventually(t, "the outcome written", func() bool {
+		return len(rec.named(EventAcked))+len(rec.named(EventLeaseLost)) > 0
+	})
+	if lost := rec.named(EventLeaseLost); len(lost) != 0 {
+		t.Errorf("lease lost: %+v", lost)
+	}
+	if _, ok := e.row(id); ok {
+		t.Errorf("row %d left after its outcome was written", id)
+	}
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("handler called %d times, want 1", n)
+	}
+}
+
 // A locked claim that aborts (its backend ends, as when the subscriber's
 // process dies) writes nothing, yet counts as a delivery of its rows: a
 // row whose every delivery ends that way reaches MaxDeliveries and is

@@ -136,9 +136,8 @@ func (e *env) claimBuffers(n int32) (rows, buffers int) {
 	defer tx.Rollback(e.ctx)
 	var plan []struct {
 		Plan struct {
-			ActualRows int `json:"Actual Rows"`
-			Hit        int `json:"Shared Hit Blocks"`
-			Read       int `json:"Shared Read Blocks"`
+			Hit  int `json:"Shared Hit Blocks"`
+			Read int `json:"Shared Read Blocks"`
 		} `json:"Plan"`
 	}
 	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&plan); err != nil {

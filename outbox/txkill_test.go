@@ -88,12 +88,24 @@ func TestTxEffectsHappenOnceThroughKills(t *testing.T) {
 	startChild := func() *childtest.Child {
 		return childtest.Start(t, txChildDSN+"="+u.String(), txChildSchema+"="+e.db.Schema)
 	}
+	var child *childtest.Child
+	// waitEffects waits for n effects as long as they keep coming: on a
+	// loaded machine the children are slow, but never stuck for 20 s.
 	waitEffects := func(n int) {
 		t.Helper()
-		eventually(t, fmt.Sprintf("%d effects", n), func() bool { return e.count("effects") >= n })
+		got, progressed := e.count("effects"), time.Now()
+		for got < n {
+			if time.Since(progressed) > 20*time.Second {
+				t.Fatalf("%d effects, no new one in 20 s, waiting for %d; the child's log:\n%s", got, n, child.Stderr())
+			}
+			time.Sleep(10 * time.Millisecond)
+			if now := e.count("effects"); now > got {
+				got, progressed = now, time.Now()
+			}
+		}
 	}
 
-	child := startChild()
+	child = startChild()
 	waitEffects(500)
 	child.Kill(t)
 	child = startChild()
@@ -104,6 +116,7 @@ func TestTxEffectsHappenOnceThroughKills(t *testing.T) {
 	child = startChild()
 	waitEffects(2400)
 	e.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app)
+	waitEffects(total)
 	eventually(t, "an empty outbox", func() bool { return e.count("outbox") == 0 })
 	child.Kill(t)
 

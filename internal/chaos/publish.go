@@ -60,12 +60,17 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 		// One transaction in burstEvery publishes a burst of burstMin to
 		// 3*burstMin messages: a backlog, which the claims after it take
 		// by row lock (a claim that found 32 rows or more is followed by
-		// one by lock), where a trickle is taken by lease.
+		// one by lock), where a trickle is taken by lease. A publisher
+		// whose last burstEvery transactions committed no burst (the
+		// dice, a fault) publishes one, and its first comes within its
+		// first burstEvery/2+1 transactions, so a short run has bursts.
+		// Bursts are never rolled back on purpose.
 		burstEvery, burstMin = 100, 400
 		average              = perTx + 2*burstMin/burstEvery
 	)
 	tick := time.NewTicker(time.Duration(float64(time.Second) * average * float64(p.n) / float64(c.rate)))
 	defer tick.Stop()
+	sinceBurst := burstEvery / 2 // transactions since the last committed burst
 	for {
 		select {
 		case <-ctx.Done():
@@ -73,10 +78,11 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 		case <-tick.C:
 		}
 		p.attempted.Add(1)
-		rollback := rand.IntN(10) == 0
+		burst := rand.IntN(burstEvery) == 0 || sinceBurst >= burstEvery
+		rollback := !burst && rand.IntN(10) == 0
 		var ids []int64
 		n := 1 + rand.IntN(2*perTx-1)
-		if rand.IntN(burstEvery) == 0 {
+		if burst {
 			n = burstMin + rand.IntN(2*burstMin+1)
 		}
 		err := pgx.BeginFunc(ctx, c.pubPool, func(tx pgx.Tx) error {
@@ -109,6 +115,11 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 			}
 			return nil
 		})
+		if burst && err == nil {
+			sinceBurst = 0
+		} else {
+			sinceBurst++
+		}
 		switch {
 		case err == errRolledBack:
 			p.rolledBack.Add(1)

@@ -3,17 +3,31 @@ package localpg
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // A throwaway cluster starts with the machine's server binaries (as root
-// too), answers, has autovacuum on, and is gone after Stop.
+// too), runs the version of the initdb it found (the first on PATH, when
+// there is one), answers, has autovacuum on, and is gone after Stop.
 func TestThrowawayCluster(t *testing.T) {
-	if _, err := lookBin("initdb"); err != nil {
+	initdb, err := lookBin("initdb")
+	if err != nil {
 		t.Skipf("no PostgreSQL server binaries here: %v", err)
+	}
+	out, err := exec.Command(initdb, "--version").Output()
+	if err != nil {
+		t.Fatalf("%s --version: %v", initdb, err)
+	}
+	m := regexp.MustCompile(`\(PostgreSQL\) (\S+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("%s --version says %q", initdb, out)
 	}
 	s, err := startCluster(t.Context())
 	if err != nil {
@@ -24,12 +38,16 @@ func TestThrowawayCluster(t *testing.T) {
 		s.Stop()
 		t.Fatal(err)
 	}
-	var autovacuum string
-	err = conn.QueryRow(t.Context(), "SHOW autovacuum").Scan(&autovacuum)
+	var autovacuum, version string
+	err = conn.QueryRow(t.Context(), "SELECT current_setting('autovacuum'), current_setting('server_version')").Scan(&autovacuum, &version)
 	_ = conn.Close(context.Background())
 	if err != nil || autovacuum != "on" {
 		t.Errorf("autovacuum %q (%v)", autovacuum, err)
 	}
+	if got := strings.Fields(version + " ?")[0]; got != string(m[1]) {
+		t.Errorf("the cluster runs PostgreSQL %q; %s is of %s", version, initdb, m[1])
+	}
+	t.Logf("the cluster runs PostgreSQL %s from %s", version, filepath.Dir(initdb))
 	s.Stop()
 	if _, err := pgx.Connect(t.Context(), s.URL); err == nil {
 		t.Errorf("%s still answers after Stop", s.URL)
