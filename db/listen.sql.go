@@ -28,6 +28,19 @@ func (q *Queries) InFlight(ctx context.Context) ([]int64, error) {
 	return xids, err
 }
 
+const keepListening = `-- name: KeepListening :exec
+SELECT set_config('idle_session_timeout', '0', false)
+WHERE current_setting('idle_session_timeout', true) <> '0'
+`
+
+// Lifts a role's or database's idle_session_timeout for the LISTEN
+// connection, a session of its own that idles by design between
+// notifications (and probes); every other session keeps it.
+func (q *Queries) KeepListening(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, keepListening)
+	return err
+}
+
 const leave = `-- name: Leave :exec
 DELETE FROM /*outbox:table*/outbox_sleepers AS s
 WHERE s.id = $1::uuid OR s.until < now() - interval '1 hour'

@@ -176,3 +176,38 @@ func TestSubscribersKeepTheirPromisesUnderTheSettingsDBAsSet(t *testing.T) {
 		})
 	}
 }
+
+// A role's idle_session_timeout does not end the LISTEN connection, which
+// idles between notifications: it stays, and a row published after it
+// idled past the timeout wakes the subscriber at once.
+func TestListenConnectionOutlivesAnIdleSessionTimeout(t *testing.T) {
+	t.Parallel()
+	e := setupRoles(t)
+	e.exec(fmt.Sprintf("ALTER ROLE %s SET idle_session_timeout = '300ms'", pgx.Identifier{e.roles[2]}.Sanitize()))
+	e.sub.pool.Reset()
+	cfg := fastConfig[string](nil)
+	cfg.MinFetchInterval, cfg.MaxFetchInterval = 30*time.Second, 30*time.Second
+	handled := make(chan time.Time, 1)
+	startSub(t, e.sub, []string{"q"}, func(context.Context, *Message[string]) error {
+		handled <- time.Now()
+		return nil
+	}, cfg)
+	var first []int32
+	eventually(t, "the LISTEN connection", func() bool { first = e.listeners(e.sub.Channel()); return len(first) == 1 })
+	time.Sleep(1500 * time.Millisecond)
+	if now := e.listeners(e.sub.Channel()); !cmp.Equal(first, now) {
+		t.Errorf("LISTEN connections %v, then %v after idling past the timeout", first, now)
+	}
+	pub, err := NewPublisher[string](e.pub, "q", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(e.ctx, e.pub.pool, "x", nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-handled:
+	case <-time.After(3 * time.Second):
+		t.Fatal("not handled within 3 s of its commit (polls are 30 s apart): the notification was not heard")
+	}
+}

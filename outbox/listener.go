@@ -50,6 +50,9 @@ func (r *run[T]) listenOnce(ctx context.Context) error {
 	// Every statement on it is bounded like the probe, so a stalled
 	// socket during LISTEN is noticed too.
 	q := r.s.ob.queries(boundedDBTX{inner: conn, timeout: r.s.cfg.ListenProbeTimeout})
+	if err := q.KeepListening(ctx); err != nil {
+		return err
+	}
 	if err := q.Listen(ctx); err != nil {
 		return err
 	}

@@ -3,6 +3,13 @@
 -- announces due and scheduled rows.
 LISTEN /*outbox:listen*/outbox_outbox;
 
+-- name: KeepListening :exec
+-- Lifts a role's or database's idle_session_timeout for the LISTEN
+-- connection, a session of its own that idles by design between
+-- notifications (and probes); every other session keeps it.
+SELECT set_config('idle_session_timeout', '0', false)
+WHERE current_setting('idle_session_timeout', true) <> '0';
+
 -- name: ListenScheduled :exec
 LISTEN /*outbox:listen*/"outbox_outbox:scheduled";
 
