@@ -65,23 +65,46 @@ type lockedClaim struct {
 	open bool      // outcomes are kept here, to be written at the end
 	left int       // rows not settled
 	kept []outcome // outcomes of settled rows
+	// late are the outcomes of rows whose handlers returned while the end
+	// was being written; ended is set once it committed or failed. Their
+	// rows are leased by the end, in its transaction: an outcome written
+	// before that commits reads the row without its lease and matches
+	// nothing.
+	late  []outcome
+	ended bool
 	// settled is closed when every row has an outcome or was given up.
 	settled chan struct{}
 }
 
-// keep keeps o, the outcome of a row of the claim, for the claim's end;
-// false means the claim has ended and o goes the lease path's way (its
-// row was leased by then: o.d.token is the lease's).
+// keep keeps o, the outcome of a row of the claim, for the claim's end,
+// or, while the end is being written, until it is; false means the claim
+// has ended and o goes the lease path's way (its row was leased by then:
+// o.d.token is the lease's).
 func (c *lockedClaim) keep(o outcome) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.open {
-		return false
+		if c.ended {
+			return false
+		}
+		c.late = append(c.late, o)
+		return true
 	}
 	c.kept = append(c.kept, o)
 	o.d.settled = true
 	c.settle()
 	return true
+}
+
+// endWritten records that the claim's end committed or failed, and
+// returns the outcomes that waited for it.
+func (c *lockedClaim) endWritten() []outcome {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ended = true
+	late := c.late
+	c.late = nil
+	return late
 }
 
 // giveUp gives up d, a row no handler started (the subscriber is
@@ -325,13 +348,14 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	if err == nil {
 		fellBack, err = r.endLockTx(c, &e, done, token)
 	}
+	late := c.endWritten()
 	if err != nil {
 		if r.ends.Err() != nil {
-			r.lockUnwritten.Add(int64(len(kept)))
+			r.lockUnwritten.Add(int64(len(kept) + len(late)))
 		} else {
 			r.s.log.Warn("outbox: ending a locked claim failed; its rows are delivered again",
 				slog.Int("rows", len(b.rows)), slog.Any("error", err))
-			r.report(kept, map[lease]bool{})
+			r.report(append(kept, late...), map[lease]bool{})
 		}
 		// Nothing was written: the rows are free again, and the handlers
 		// still running hold no lease.
@@ -344,6 +368,9 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	} else {
 		r.report(done, nil)
 	}
+	// The rows of late outcomes were leased by the end that just
+	// committed: their outcomes go the lease path's way.
+	later = append(later, late...)
 	for _, o := range later {
 		r.outcomes <- o
 	}
