@@ -8,7 +8,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -196,4 +198,57 @@ func TestRowIDAtTheTopOfBigintIsDelivered(t *testing.T) {
 			t.Errorf("%d lock records left", n)
 		}
 	})
+}
+
+// A claim by lock that takes rows an ended claim's record names, and
+// gives some of them back unstarted when its LockWindow ends, leaves their
+// count in that record: the claim that next takes them counts the ended
+// delivery still, and MaxDeliveries with it.
+func TestRowsGivenBackKeepTheDeliveryOfAnEndedClaim(t *testing.T) {
+	t.Parallel()
+	const rows = 60
+	e := setup(t)
+	e.exec(`INSERT INTO outbox (queue, payload) SELECT 'q', '{}' FROM generate_series(1, $1::integer)`, rows)
+	var xid int64
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(e.ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`INSERT INTO outbox_locks (xid, ids, claimed_at, until)
+		SELECT $1, range_agg(int8range(id, id + 1)), now() - interval '1 minute', now() - interval '30 seconds'
+		FROM outbox`, xid)
+	var (
+		mu         sync.Mutex
+		deliveries = map[int64]int{}
+	)
+	// One worker, 50 ms a row: a LockWindow of 500 ms starts about ten
+	// rows of each claim and gives the rest back.
+	cfg := onPath(pathLock, fastConfig[string](nil))
+	cfg.Workers, cfg.LockWindow = 1, 500*time.Millisecond
+	s := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+		mu.Lock()
+		deliveries[m.ID] = m.Deliveries
+		mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+		return nil
+	}, cfg)
+	eventually(t, "an empty outbox", func() bool { return e.count("outbox") == 0 })
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	got := map[int]int{} // deliveries: rows
+	for _, n := range deliveries {
+		got[n]++
+	}
+	if diff := cmp.Diff(map[int]int{2: rows}, got); diff != "" {
+		t.Errorf("rows by Message.Deliveries (-want +got):\n%s", diff)
+	}
 }
