@@ -8,7 +8,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -196,4 +198,127 @@ func TestRowIDAtTheTopOfBigintIsDelivered(t *testing.T) {
 			t.Errorf("%d lock records left", n)
 		}
 	})
+}
+
+// A backlog that the record of an ended claim by lock still names (its
+// process crashed, or its server failed over, mid-drain: thousands of
+// rows) is taken in claims as large as any other, on every claim path and
+// by subscribers of one queue and of two: counting that claim's delivery
+// on each row costs a claim time linear in its rows. Every row's
+// Message.Deliveries counts the ended claim's delivery.
+func TestBacklogNamedByAnEndedClaimDrainsAtFullSpeed(t *testing.T) {
+	t.Parallel()
+	const rows = 6000
+	for _, queues := range [][]string{{"q"}, {"q", "r"}} {
+		t.Run(fmt.Sprintf("queues=%d", len(queues)), func(t *testing.T) {
+			t.Parallel()
+			forEachClaimPath(t, func(t *testing.T, p claimPath) {
+				e := setup(t)
+				e.exec(`INSERT INTO outbox (queue, payload) SELECT ($1::text[])[1 + i % cardinality($1::text[])], '{}'
+					FROM generate_series(1, $2::integer) AS i`, queues, rows)
+				// The ended claim: a transaction that rolled back, whose
+				// record names every row and whose hold has ended.
+				var xid int64
+				tx, err := e.db.Pool.Begin(e.ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.QueryRow(e.ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx.Rollback(e.ctx); err != nil {
+					t.Fatal(err)
+				}
+				e.exec(`INSERT INTO outbox_locks (xid, ids, claimed_at, until)
+					SELECT $1, range_agg(int8range(id, id + 1)), now() - interval '1 minute', now() - interval '30 seconds'
+					FROM outbox`, xid)
+				var (
+					mu         sync.Mutex
+					deliveries = map[int64]int{}
+				)
+				cfg := onPath(p, fastConfig[string](nil))
+				cfg.Workers, cfg.FetchBatchSize = 16, rows
+				began := time.Now()
+				s := startSub(t, e.ob, queues, func(_ context.Context, m *Message[string]) error {
+					mu.Lock()
+					deliveries[m.ID] = m.Deliveries
+					mu.Unlock()
+					return nil
+				}, cfg)
+				eventually(t, "an empty outbox", func() bool { return e.count("outbox") == 0 })
+				took := time.Since(began)
+				if err := s.stop(); err != nil {
+					t.Errorf("Run: %v", err)
+				}
+				// A claim quadratic in its rows took 20 s and more here.
+				if bound := 10 * time.Second; took > bound {
+					t.Errorf("%d rows drained in %v, want within %v", rows, took, bound)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				wrong := 0
+				for _, n := range deliveries {
+					if n != 2 {
+						wrong++
+					}
+				}
+				if len(deliveries) != rows || wrong > 0 {
+					t.Errorf("%d rows handled, %d of them not on their second delivery; want %d, all on their second", len(deliveries), wrong, rows)
+				}
+			})
+		})
+	}
+}
+
+// A claim by lock that takes rows an ended claim's record names, and
+// gives some of them back unstarted when its LockWindow ends, leaves their
+// count in that record: the claim that next takes them counts the ended
+// delivery still, and MaxDeliveries with it.
+func TestRowsGivenBackKeepTheDeliveryOfAnEndedClaim(t *testing.T) {
+	t.Parallel()
+	const rows = 60
+	e := setup(t)
+	e.exec(`INSERT INTO outbox (queue, payload) SELECT 'q', '{}' FROM generate_series(1, $1::integer)`, rows)
+	var xid int64
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.QueryRow(e.ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`INSERT INTO outbox_locks (xid, ids, claimed_at, until)
+		SELECT $1, range_agg(int8range(id, id + 1)), now() - interval '1 minute', now() - interval '30 seconds'
+		FROM outbox`, xid)
+	var (
+		mu         sync.Mutex
+		deliveries = map[int64]int{}
+	)
+	// One worker, 50 ms a row: a LockWindow of 500 ms starts about ten
+	// rows of each claim and gives the rest back.
+	cfg := onPath(pathLock, fastConfig[string](nil))
+	cfg.Workers, cfg.LockWindow = 1, 500*time.Millisecond
+	s := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+		mu.Lock()
+		deliveries[m.ID] = m.Deliveries
+		mu.Unlock()
+		time.Sleep(50 * time.Millisecond)
+		return nil
+	}, cfg)
+	eventually(t, "an empty outbox", func() bool { return e.count("outbox") == 0 })
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	got := map[int]int{} // deliveries: rows
+	for _, n := range deliveries {
+		got[n]++
+	}
+	if diff := cmp.Diff(map[int]int{2: rows}, got); diff != "" {
+		t.Errorf("rows by Message.Deliveries (-want +got):\n%s", diff)
+	}
 }

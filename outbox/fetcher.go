@@ -26,7 +26,10 @@ import (
 func (r *run[T]) fetch(ctx context.Context) {
 	cfg := &r.s.cfg
 	q := r.queries()
-	errs := backoff{base: 100 * time.Millisecond, max: 30 * time.Second}
+	// A failed claim is retried at least every MaxFetchInterval, as an
+	// idle subscriber polls: after an outage or a failover the subscriber
+	// claims again within that long of the database's return.
+	errs := backoff{base: 100 * time.Millisecond, max: min(30*time.Second, cfg.MaxFetchInterval)}
 	idle := 0
 	for ctx.Err() == nil {
 		free := cap(r.buf) - len(r.buf)

@@ -17,7 +17,9 @@ import (
 // was down are lost (so it also has the fetcher complete any recorded
 // hand-overs of ordering keys).
 func (r *run[T]) listen(ctx context.Context) {
-	errs := backoff{base: 100 * time.Millisecond, max: 30 * time.Second}
+	// Reconnected at least every MaxFetchInterval, as the fetcher
+	// retries its claims.
+	errs := backoff{base: 100 * time.Millisecond, max: min(30*time.Second, r.s.cfg.MaxFetchInterval)}
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx)
 		if ctx.Err() != nil {

@@ -56,7 +56,8 @@ var errLocksLost = errors.New("outbox: a locked claim's rows were not all held a
 type lockedClaim struct {
 	tx  pgx.Tx
 	xid int64
-	// aborted are the rows whose aborted deliveries this claim counted.
+	// aborted are the rows whose aborted deliveries this claim counted;
+	// at its end, those of them it handed to a handler.
 	aborted []int64
 
 	// dead is closed when the claim's connection failed while its
@@ -342,6 +343,17 @@ func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
 	for _, d := range running {
 		e.lease(d)
 	}
+	// The deliveries of ended claims that this claim counted leave their
+	// records only for the rows it handed to a handler: a row given back
+	// keeps its count there, for the claim that takes it next.
+	handed := make(map[int64]bool, len(kept)+len(running))
+	for _, o := range kept {
+		handed[o.d.row.ID] = true
+	}
+	for _, d := range running {
+		handed[d.row.ID] = true
+	}
+	c.aborted = slices.DeleteFunc(c.aborted, func(id int64) bool { return !handed[id] })
 	c.mu.Unlock()
 
 	sent := time.Now()

@@ -310,8 +310,12 @@ func TestStalledLockedClaimFreesItsRowsAfterTheLease(t *testing.T) {
 	if c, o := stalledCancelled.Load(), otherStarted.Load(); o < c {
 		t.Errorf("the other subscriber started %v before the stalled handler was cancelled", time.Duration(c-o))
 	}
-	if err := stalled.stop(); !errors.Is(err, ErrGracefulTimeout) { // its outcome write stalls
-		t.Errorf("stalled Run: %v, want ErrGracefulTimeout", err)
+	// The handler's outcome waits for the claim's end, which stalls: it
+	// is still waiting when the graceful timeout passes (unwritten), or the
+	// end failed on its QueryTimeout first and gave it up (the row is
+	// delivered again, as it was).
+	if err := stalled.stop(); err != nil && !errors.Is(err, ErrGracefulTimeout) {
+		t.Errorf("stalled Run: %v, want nil or ErrGracefulTimeout", err)
 	}
 }
 

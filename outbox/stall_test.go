@@ -2,7 +2,10 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
 	"net/url"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,8 +27,8 @@ func newProxy(t *testing.T, target string) *faultproxy.Proxy {
 }
 
 // proxiedOutbox returns an outbox like e's whose pool connects through a
-// fault proxy.
-func proxiedOutbox(t *testing.T, e *env) (*Outbox, *faultproxy.Proxy) {
+// fault proxy; params are added to the pool's URL.
+func proxiedOutbox(t *testing.T, e *env, params ...string) (*Outbox, *faultproxy.Proxy) {
 	t.Helper()
 	u, err := url.Parse(e.db.URL)
 	if err != nil {
@@ -33,6 +36,11 @@ func proxiedOutbox(t *testing.T, e *env) (*Outbox, *faultproxy.Proxy) {
 	}
 	proxy := newProxy(t, u.Host)
 	u.Host = proxy.Addr()
+	q := u.Query()
+	for i := 0; i+1 < len(params); i += 2 {
+		q.Set(params[i], params[i+1])
+	}
+	u.RawQuery = q.Encode()
 	pool, err := pgxpool.New(e.ctx, u.String())
 	if err != nil {
 		t.Fatal(err)
@@ -123,4 +131,103 @@ func waitFor[V any](t *testing.T, ch chan V, what string) V {
 		var zero V
 		return zero
 	}
+}
+
+// A database that is out of reach for a while (a failover's outage: the
+// old primary gone, the new one not yet promoted): the subscriber tries
+// its claims and its LISTEN connection again at least every
+// MaxFetchInterval, however long the outage, so it delivers again within
+// about that long of the database's return, not after a backoff grown
+// through the outage.
+func TestUnreachableDatabaseIsRetriedAtLeastEveryMaxFetchInterval(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// A connection attempt into the outage must end: without a connect
+	// timeout, pgxpool waits on it for good, holding a place in the pool.
+	ob, proxy := proxiedOutbox(t, e, "connect_timeout", "1")
+	handled := make(chan string, 10)
+	logs := &backoffLog{}
+	cfg := fastConfig[string](nil)
+	cfg.QueryTimeout = 200 * time.Millisecond
+	cfg.ListenProbeInterval, cfg.ListenProbeTimeout = 300*time.Millisecond, 200*time.Millisecond
+	cfg.Logger = slog.New(logs)
+	startSub(t, ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+		handled <- m.Payload
+		return nil
+	}, cfg)
+	pub := newPublisher[string](t, e, "q", nil)
+	if _, err := pub.Publish(e.ctx, e.db.Pool, "before", nil); err != nil {
+		t.Fatal(err)
+	}
+	if p := waitFor(t, handled, "before the outage"); p != "before" {
+		t.Errorf("handled %q, want before", p)
+	}
+	proxy.Stall()
+	proxy.StallExisting()
+	// Five failed claims in a row: a backoff doubling from 100 ms
+	// without the cap waits 0.8 s or more after the fifth.
+	eventually(t, "five failed claims", func() bool { return logs.count("outbox: claim failed; retrying") >= 5 })
+	if _, err := pub.Publish(e.ctx, e.db.Pool, "after", nil); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Restore()
+	back := time.Now()
+	if p := waitFor(t, handled, "after the outage"); p != "after" {
+		t.Errorf("handled %q, want after", p)
+	}
+	// A claim in flight when the database returns, then one more wait
+	// at most, with room for a loaded machine.
+	if took, bound := time.Since(back), cfg.QueryTimeout+cfg.MaxFetchInterval+2*time.Second; took > bound {
+		t.Errorf("delivered %v after the database returned, want within %v", took, bound)
+	}
+	for _, b := range logs.backoffs() {
+		if b.wait > cfg.MaxFetchInterval {
+			t.Errorf("%q waited %v, more than MaxFetchInterval (%v)", b.msg, b.wait, cfg.MaxFetchInterval)
+		}
+	}
+}
+
+// backoffLog records the backoff of every log record that has one.
+type backoffLog struct {
+	mu   sync.Mutex
+	recs []loggedBackoff
+}
+
+type loggedBackoff struct {
+	msg  string
+	wait time.Duration
+}
+
+func (l *backoffLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *backoffLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *backoffLog) WithGroup(string) slog.Handler            { return l }
+
+func (l *backoffLog) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "backoff" {
+			l.mu.Lock()
+			l.recs = append(l.recs, loggedBackoff{msg: r.Message, wait: a.Value.Duration()})
+			l.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (l *backoffLog) count(msg string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.recs {
+		if r.msg == msg {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *backoffLog) backoffs() []loggedBackoff {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.recs)
 }

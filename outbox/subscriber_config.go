@@ -53,7 +53,11 @@ type SubscriberConfig[T any] struct {
 	// A NOTIFY cuts the wait short, and it never runs past the earliest
 	// scheduled row's due time. Defaults: 50 ms and 5 s.
 	MinFetchInterval time.Duration
-	// MaxFetchInterval caps the idle wait. Default: MaxFetchIntervalDefault (5 s).
+	// MaxFetchInterval caps the idle wait, and the wait before a failed
+	// claim or a lost LISTEN connection is tried again (at most 30 s), so
+	// a subscriber claims again within about MaxFetchInterval of its
+	// database's return after an outage or a failover. Default:
+	// MaxFetchIntervalDefault (5 s).
 	MaxFetchInterval time.Duration
 
 	// LeaseTTL is how long a claim owns a row: the claim, and every
