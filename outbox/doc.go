@@ -5,6 +5,11 @@
 // package holds the runtime: [Outbox] is one outbox table (and its
 // dead-letter table) in one database.
 //
+// It runs on PostgreSQL 14 or later (CI tests 14 to 18), as roles with
+// only the privileges [Grants] lists, through PgBouncer in session or
+// transaction mode, and under the server settings DBAs set; the README's
+// "Where it runs" names the test that proves each.
+//
 // # Tables and names
 //
 // [New] takes a [Config] naming the schema and table (default public.outbox)
