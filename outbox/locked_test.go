@@ -141,7 +141,10 @@ func TestHandlerOutlivingTheLockWindowFinishesUnderALease(t *testing.T) {
 	rec := &events{}
 	cfg := lockingConfig(rec)
 	cfg.LeaseTTL = 4 * time.Second
-	cfg.LockWindow = 200 * time.Millisecond
+	// A window long enough that a lease counted from the claim's start
+	// (LockWindow shorter) is told from one counted from its end however
+	// late the check reads it.
+	cfg.LockWindow = time.Second
 	s := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, _ *Message[string]) error {
 		calls.Add(1)
 		select {

@@ -134,7 +134,7 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 // checkSchema waits until the schema can be checked, and returns a
 // *SchemaError when it is not usable. A stop while waiting returns nil.
 func (s *Subscriber[T]) checkSchema(ctx context.Context) error {
-	errs := backoff{base: 100 * time.Millisecond, max: 30 * time.Second}
+	errs := backoff{base: 100 * time.Millisecond, max: min(30*time.Second, s.cfg.MaxFetchInterval)}
 	for {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 		err := s.ob.Check(cctx)
