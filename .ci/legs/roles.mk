@@ -1,7 +1,7 @@
 # The roles leg: the outbox package's publisher, subscriber, transactional
 # handler, inspection, health and dead-letter tests, then the chaos
-# harness, with
-# the code under test connected as least-privileged roles (TEST_ROLES=1:
+# harness, with the code under test connected as least-privileged roles
+# (TEST_ROLES=1:
 # a migrator owns the outbox; publishers and subscribers have only what
 # `outboxgen grants` gives them). Fixtures and checks run as the role of
 # TEST_DATABASE_URL, which must be able to create roles.
