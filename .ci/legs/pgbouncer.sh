@@ -17,7 +17,8 @@
 #     connections go to the server directly.
 #
 # PgBouncer and its files are removed at the end. A failure prints the
-# environment on the last line.
+# environment on the last line. PGBOUNCER_TESTS=regex runs only those
+# tests of the outbox package through it, -count=PGBOUNCER_COUNT (1) times.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -43,6 +44,12 @@ duration=${CHAOS_DURATION:-20s}
 # start clusters of their own, that measure costs or read query plans,
 # and the examples (their pools set search_path).
 tests='^Test(Publish([^e]|erTakes)|NewPublisher|NilPayload|BadInput|Codecs|Timer|CancelTimer|Subscriber(Whose|sWith|sDeliver|Completes|Handles|OfAnother|SleepRecord)|NewSubscriber|RunTwice|RunReturns|GracefulStop|WedgedHandler|SlowOrPanicking|StopReleases|Claim(Takes|Skips|Reclaims|Limit|Respects|Promise|Shares|OfARow|sWrite|Whose|After)|ConcurrentClaims|Lease|Heartbeat|SlowHandler|BatchedFlush|Redelivery|Outcomes|Delete|MarkPending|ExtendLeases|DeadLetter|Retry|MaxDeliveries|Undecodable|TerminalRows|Locked|HandlerOutliving|AbortedLocked|StalledLocked|RowOfAClaim|LockQueue|OnlyTheHead|BatchedClaim|DeadLetteredHead|RetryingHead|ScheduledHead|AnyDelete|ConcurrentPublishers|IDsOfAKey|PlainSQL|HandOver|SnapshotIsolation|OrderingKeyAndQueue|FailingHead|KeyedOutcomes|TxHandler|NewTxSubscriber|TxSubscriber|PerKeyOrder|NotifyOnCommit|NotifyOncePer|NotifySkips|NotifyForRows|Writers|MigrateUpDownUp|MigrationStatus|ConcurrentMigrate|MigrateAfterAnotherTool|MigrateUpgradesWhatAnotherTool|PgBouncer)'
+# In session mode each client keeps its server connection, as on a direct
+# one: the publisher's, the subscribers' (with their LISTEN through the
+# pooler), the transactional subscriber's, the migrations' and the pooler
+# tests are enough there.
+session_tests='^Test(Publish([^e]|erTakes)|NewPublisher|Subscriber(Whose|sWith|sDeliver|Completes|Handles|OfAnother|SleepRecord)|NewSubscriber|RunReturns|GracefulStop|TxHandler|NewTxSubscriber|TxSubscriber|NotifyOnCommit|NotifyOncePer|NotifySkips|NotifyForRows|MigrateUpDownUp|ConcurrentMigrate|PgBouncer)'
+if [ "$mode" = session ]; then tests=$session_tests; fi
 # The CLI's: health names the pooler and the fix.
 clitests='^TestHealthThroughPgBouncer$'
 
@@ -165,6 +172,11 @@ export TEST_PGBOUNCER_URL=$pooler TEST_PGBOUNCER_MODE=$mode TEST_PGBOUNCER_SERVE
 export TEST_DATABASE_URL=$url
 
 began=$(date +%s)
+if [ -n "${PGBOUNCER_TESTS:-}" ]; then
+    log "go test ./outbox -run '$PGBOUNCER_TESTS'"
+    go test -race -count="${PGBOUNCER_COUNT:-1}" -timeout 10m ./outbox -run "$PGBOUNCER_TESTS"
+    exit
+fi
 log "go test ./outbox -run (publisher, subscriber and pooler tests)"
 go test -race -count=1 -timeout 10m ./outbox -run "$tests"
 log "go test ./cmd/outboxgen -run '$clitests'"
