@@ -34,7 +34,7 @@ esac
 server=${PGBOUNCER_SERVER_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}
 duration=${CHAOS_DURATION:-20s}
 
-# What the leg proves through the pooler (docs/poolers.md says why each):
+# What the leg proves through the pooler (docs/poolers.md, "The leg"):
 # publishing and its errors, subscribers (claims by lease and by lock,
 # outcomes, heartbeats, retries, dead letters, stops, crashes), per-key
 # order, transactional handlers, the NOTIFY triggers and the pooler's own
@@ -64,9 +64,7 @@ if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
     # The package's own service listens on 6432 when its init system
     # starts it: this leg runs instances of its own.
-    if [ -f /var/run/postgresql/pgbouncer.pid ]; then
-        service pgbouncer stop >/dev/null 2>&1 || systemctl stop pgbouncer >/dev/null 2>&1 || true
-    fi
+    service pgbouncer stop >/dev/null 2>&1 || true
 fi
 PATH=$PATH:/usr/sbin
 version=$(pgbouncer --version | sed -n 's/^PgBouncer //p')
