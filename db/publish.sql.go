@@ -32,7 +32,7 @@ func (q *Queries) CancelTimer(ctx context.Context, arg CancelTimerParams) (int64
 const publish = `-- name: Publish :one
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id, next_attempt_at)
 VALUES (
-    $1::text, $2::bytea, $3::jsonb, $4::text, $5::text,
+    $1::text, $2::bytea, convert_from($3::bytea, 'UTF8')::jsonb, $4::text, $5::text,
     greatest(now() + make_interval(secs => $6::float8), coalesce($7::timestamptz, now()))
 )
 RETURNING o.id
@@ -68,7 +68,7 @@ func (q *Queries) Publish(ctx context.Context, arg PublishParams) (int64, error)
 
 const publishBatch = `-- name: PublishBatch :many
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, next_attempt_at)
-SELECT $1::text, p.payload, $2::jsonb, $3::text,
+SELECT $1::text, p.payload, convert_from($2::bytea, 'UTF8')::jsonb, $3::text,
        greatest(now() + make_interval(secs => $4::float8), coalesce($5::timestamptz, now()))
 FROM unnest($6::bytea[]) AS p(payload)
 RETURNING o.id
@@ -126,7 +126,7 @@ type PublishCopyParams struct {
 const publishTimer = `-- name: PublishTimer :one
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id, next_attempt_at)
 VALUES (
-    $1::text, $2::bytea, $3::jsonb, $4::text, $5::text,
+    $1::text, $2::bytea, convert_from($3::bytea, 'UTF8')::jsonb, $4::text, $5::text,
     greatest(now() + make_interval(secs => $6::float8), coalesce($7::timestamptz, now()))
 )
 ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING

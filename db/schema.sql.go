@@ -20,6 +20,27 @@ func (q *Queries) CreateSchema(ctx context.Context) error {
 	return err
 }
 
+const migrationLock = `-- name: MigrationLock :one
+SELECT pg_try_advisory_xact_lock($1::bigint) AS locked,
+       set_config('idle_in_transaction_session_timeout', '0', true) AS idle_timeout
+`
+
+type MigrationLockRow struct {
+	Locked      bool
+	IdleTimeout string
+}
+
+// Tries, for the calling transaction, the advisory lock that serialises
+// the migrations of this outbox (@id: its lock id). Migrate holds it in a
+// transaction of its own, idle while goose migrates on other connections,
+// so the transaction exempts itself from idle_in_transaction_session_timeout.
+func (q *Queries) MigrationLock(ctx context.Context, id int64) (MigrationLockRow, error) {
+	row := q.db.QueryRow(ctx, migrationLock, id)
+	var i MigrationLockRow
+	err := row.Scan(&i.Locked, &i.IdleTimeout)
+	return i, err
+}
+
 const schemaExists = `-- name: SchemaExists :one
 SELECT (to_regnamespace($1::text) IS NOT NULL)::boolean AS exists
 `

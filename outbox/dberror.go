@@ -47,7 +47,13 @@ func classifyDB(err error) errClass {
 		"55P03", // lock_not_available (lock_timeout)
 		"55006", // object_in_use
 		"25006", // read_only_sql_transaction: a standby, until a failover ends
-		"42P01": // undefined_table: an outbox migrating under a live service
+		"42P01", // undefined_table: an outbox migrating under a live service
+		// The connection's named prepared statements (pgx's statement
+		// cache) are not the server connection's: a pooler in transaction
+		// mode (PgBouncer before 1.21) switched them. pgx prepares again
+		// on the next try; the values are not at fault.
+		"26000", // invalid_sql_statement_name: prepared statement does not exist
+		"42P05": // duplicate_prepared_statement
 		return errTransient
 	}
 	switch pe.Code[:2] {

@@ -54,6 +54,11 @@ type claimBatch struct {
 	// locked is the claim's transaction when the claim holds its rows by
 	// row lock, until it ends (see lockedClaim); nil for a leased claim.
 	locked *lockedClaim
+	// ending is set while a locked claim's end writes the leases its rows
+	// take, until it commits: a heartbeat on another connection would not
+	// find them yet, and take the rows' leases for lost. Guarded by
+	// leases.mu.
+	ending bool
 }
 
 // context is the context of logs about d: its handler's once it started,
@@ -180,6 +185,9 @@ func (l *leases) remove(d *delivery) {
 func (l *leases) leaseStarted(unsettled, settled []*delivery, token pgtype.UUID) (started []*delivery) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	for _, d := range append(unsettled, settled...) {
+		d.batch.ending = true
+	}
 	for _, d := range unsettled {
 		if d.ctx == nil {
 			d.lost = true
@@ -195,10 +203,11 @@ func (l *leases) leaseStarted(unsettled, settled []*delivery, token pgtype.UUID)
 }
 
 // renew restarts b's expiry from sent, when a statement sent then leased
-// its rows.
+// its rows and committed: heartbeats extend them from now on.
 func (l *leases) renew(b *claimBatch, sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	b.ending = false
 	if b.held > 0 {
 		b.expiry.Reset(l.left(sent))
 	}
@@ -214,7 +223,7 @@ func (l *leases) snapshot() ([]*delivery, []int64, []pgtype.UUID) {
 	tokens := make([]pgtype.UUID, 0, l.n)
 	for b := range l.batches {
 		for _, d := range b.rows {
-			if !d.done && !d.acking && d.token.Valid {
+			if !d.done && !d.acking && d.token.Valid && !b.ending {
 				ds = append(ds, d)
 				ids = append(ids, d.row.ID)
 				tokens = append(tokens, d.token)

@@ -37,7 +37,9 @@ type MigrationState struct {
 // Migrate creates the outbox's schema if needed and applies every pending
 // migration: the outbox table with its indexes, the dead-letter table and
 // the NOTIFY trigger. It is idempotent and safe to call from many processes
-// at once: a session advisory lock per outbox serialises them, and goose
+// at once: an advisory lock per outbox serialises them (held by a
+// transaction of its own, so it holds through a pooler in transaction
+// mode; a pool of one connection holds it by session), and goose
 // records what it applies in a version table of the outbox's own
 // (<Table>_goose_version), so several outboxes in one database migrate
 // independently.
@@ -265,22 +267,37 @@ func (o *Outbox) MigrationStatus(ctx context.Context) ([]MigrationState, error) 
 }
 
 // withProvider runs fn with a goose provider over migrations (this
-// outbox's rendered migrations, or some of them) and closes what it opened.
+// outbox's rendered migrations, or some of them), holding the outbox's
+// migration lock, and closes what it opened.
 func (o *Outbox) withProvider(ctx context.Context, migrations fs.FS, fn func(*goose.Provider) error) (err error) {
-	locker, err := lock.NewPostgresSessionLocker(
-		lock.WithLockID(o.naming.lockID()),
-		lock.WithLockTimeout(1, 300),
-	)
-	if err != nil {
-		return fmt.Errorf("outbox: migrate: %w", err)
+	opts := []goose.ProviderOption{
+		goose.WithTableName(o.naming.schema + "." + o.naming.versionTable()),
+		goose.WithDisableGlobalRegistry(true),
+	}
+	if o.pool.Config().MaxConns < 2 {
+		// No room for the lock's own connection beside goose's: the
+		// session lock of earlier releases, on goose's connection.
+		locker, err := lock.NewPostgresSessionLocker(
+			lock.WithLockID(o.naming.lockID()),
+			lock.WithLockTimeout(migrationLockPeriod, migrationLockTries),
+		)
+		if err != nil {
+			return fmt.Errorf("outbox: migrate: %w", err)
+		}
+		opts = append(opts, goose.WithSessionLocker(locker))
+	} else {
+		// Taken before goose takes its connection, so that migrations
+		// waiting for the lock never hold the connections its holder
+		// needs.
+		unlock, err := o.lockMigrations(ctx)
+		if err != nil {
+			return fmt.Errorf("outbox: migrate %s.%s: %w", o.naming.schema, o.naming.table, err)
+		}
+		defer func() { err = errors.Join(err, unlock(context.WithoutCancel(ctx))) }()
 	}
 	sqlDB := stdlib.OpenDBFromPool(o.pool)
 	defer func() { err = errors.Join(err, closeDB(sqlDB)) }()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations,
-		goose.WithTableName(o.naming.schema+"."+o.naming.versionTable()),
-		goose.WithSessionLocker(locker),
-		goose.WithDisableGlobalRegistry(true),
-	)
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations, opts...)
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
@@ -288,6 +305,53 @@ func (o *Outbox) withProvider(ctx context.Context, migrations fs.FS, fn func(*go
 		return fmt.Errorf("outbox: migrate %s.%s: %w", o.naming.schema, o.naming.table, err)
 	}
 	return nil
+}
+
+// A migration waits for another migrator of the outbox for up to
+// migrationLockTries tries, migrationLockPeriod seconds apart.
+const (
+	migrationLockPeriod = 1
+	migrationLockTries  = 300
+)
+
+// lockMigrations takes the outbox's migration lock and returns the
+// function that releases it. The lock is the outbox's advisory lock, held
+// by a transaction of its own, open on a pool connection of its own until
+// the release. A lock held by the session, as goose's session locker
+// holds it, is lost through a pooler in transaction mode (PgBouncer),
+// which runs each transaction on any server connection: the unlock
+// reaches another one and fails, and the lock stays behind on the first,
+// held by no migration, until that server connection closes. An open
+// transaction keeps its server connection. Session and transaction
+// advisory locks of one id exclude each other, so releases that lock by
+// session wait for this one, and it for them. A try that fails gives its
+// connection back to the pool until the next.
+func (o *Outbox) lockMigrations(ctx context.Context) (func(context.Context) error, error) {
+	for try := 1; ; try++ {
+		tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
+			return nil, fmt.Errorf("migration lock: %w", err)
+		}
+		r, err := o.queries(tx).MigrationLock(ctx, o.naming.lockID())
+		if err == nil && r.Locked {
+			return func(ctx context.Context) error {
+				if err := tx.Rollback(ctx); err != nil {
+					return fmt.Errorf("migration unlock: %w", err)
+				}
+				return nil
+			}, nil
+		}
+		rerr := tx.Rollback(context.WithoutCancel(ctx))
+		switch {
+		case err != nil:
+			return nil, errors.Join(fmt.Errorf("migration lock: %w", err), rerr)
+		case try == migrationLockTries:
+			return nil, fmt.Errorf("migration lock: another migration held it for %d s", migrationLockPeriod*migrationLockTries)
+		}
+		if !sleep(ctx, migrationLockPeriod*time.Second) {
+			return nil, fmt.Errorf("migration lock: %w", context.Cause(ctx))
+		}
+	}
 }
 
 // closeDB closes the database/sql handle that wraps the pool; closing it

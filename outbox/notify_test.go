@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
 // listener is a connection listening on one or more outbox channels.
@@ -19,8 +20,14 @@ type listener struct {
 	conn *pgx.Conn
 }
 
+// listen LISTENs on channels through a connection to url, or straight to
+// the server when the test database is behind a pooler that cannot
+// LISTEN (pgtest.ListenURL).
 func listen(t *testing.T, url string, channels ...string) *listener {
 	t.Helper()
+	if direct := pgtest.ListenURL(); direct != "" {
+		url = direct
+	}
 	conn, err := pgx.Connect(t.Context(), url)
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 type order struct {
@@ -474,5 +475,55 @@ func TestPublisherTakesHeadersFromTheContext(t *testing.T) {
 	}
 	if n := e.count("outbox"); n != 3 {
 		t.Errorf("%d rows, want 3", n)
+	}
+}
+
+// Publishing works in every query exec mode of pgx, so through a pooler
+// that needs one other than the default (docs/poolers.md): headers, a
+// JSON document, travel as bytes, which pgx's exec and simple protocol
+// modes send as bytea whatever the column.
+func TestPublishInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		ob := e.outboxOn(func(c *pgxpool.Config) { c.ConnConfig.DefaultQueryExecMode = mode })
+		pub, err := NewPublisher[string](ob, "q", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts := &PublishOpts{Headers: map[string]string{"mode": mode.String(), "quote": `"'\`}, CorrelationID: "c"}
+		var ids []int64
+		id, err := pub.Publish(e.ctx, ob.pool, "one", opts)
+		ids = append(ids, id)
+		if err == nil {
+			var batch []int64
+			batch, err = pub.PublishBatch(e.ctx, ob.pool, []string{"two", "three"}, opts)
+			ids = append(ids, batch...)
+		}
+		if err == nil {
+			timed := *opts
+			timed.TimerID = "timer-" + mode.String()
+			id, err = pub.Publish(e.ctx, ob.pool, "four", &timed)
+			ids = append(ids, id)
+		}
+		if err != nil {
+			t.Errorf("publishing in query exec mode %q: %v", mode, err)
+			continue
+		}
+		want := map[string]string{"mode": mode.String(), "quote": `"'\`, HeaderCorrelationID: "c",
+			HeaderContentType: ContentTypeText, HeaderMessageType: "string"}
+		for _, id := range ids {
+			r, ok := e.row(id)
+			var h map[string]string
+			if ok {
+				if err := json.Unmarshal(r.Headers, &h); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if diff := cmp.Diff(want, h); diff != "" {
+				t.Errorf("row %d's headers in query exec mode %q (-want +got):\n%s", id, mode, diff)
+			}
+		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
 // started is a running subscriber and the way to stop it.
@@ -94,12 +96,14 @@ func (e *env) stopIsBounded(s *started, graceful time.Duration, unwritten int) {
 	}
 }
 
-// fastConfig polls often so tests do not wait on intervals.
+// fastConfig polls often so tests do not wait on intervals. Behind a
+// pooler that cannot LISTEN, it LISTENs on the server directly.
 func fastConfig[T any](rec MetricsRecorder) *SubscriberConfig[T] {
 	return &SubscriberConfig[T]{
 		Workers: 4, MinFetchInterval: 10 * time.Millisecond, MaxFetchInterval: 100 * time.Millisecond,
 		LeaseTTL: 5 * time.Second, GracefulTimeout: 5 * time.Second, Metrics: rec,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ListenDSN: pgtest.ListenURL(),
 	}
 }
 

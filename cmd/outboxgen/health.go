@@ -58,7 +58,7 @@ func healthCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 			return err
 		}
 	} else {
-		printHealth(stdout, &h)
+		printHealth(stdout, &h, *listenDSN != "")
 	}
 	if n := len(h.Problems); n > 0 {
 		return fmt.Errorf("health: %d problem(s) found", n)
@@ -66,12 +66,19 @@ func healthCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	return nil
 }
 
-func printHealth(w io.Writer, h *outbox.Health) {
+// printHealth prints h as text; listenDSN says whether -listen-dsn gave
+// the LISTEN connection.
+func printHealth(w io.Writer, h *outbox.Health, listenDSN bool) {
 	fmt.Fprintf(w, "schema version        %d (this release: %d)\n", h.SchemaVersion, h.LibraryVersion)
-	if h.NotifyHeard {
+	switch {
+	case h.NotifyHeard:
 		fmt.Fprintf(w, "NOTIFY                heard in %v\n", h.NotifyTook.Round(time.Microsecond*10))
-	} else {
+	case !listenDSN:
 		fmt.Fprintf(w, "NOTIFY                not heard: %s\n", cell(h.NotifyError))
+		fmt.Fprintln(w, "                      LISTEN through PgBouncer in transaction mode never hears: give the subscribers a direct")
+		fmt.Fprintln(w, "                      connection to the server in SubscriberConfig.ListenDSN, and check it with -listen-dsn")
+	default:
+		fmt.Fprintf(w, "NOTIFY                not heard on -listen-dsn: %s\n", cell(h.NotifyError))
 	}
 	fmt.Fprintf(w, "notification queue    %.4f%% used\n", 100*h.NotificationQueueUsage)
 	if x := h.OldestXmin; x != nil {

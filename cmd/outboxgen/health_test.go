@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 
@@ -39,5 +40,42 @@ func TestHealthOfAMissingOutbox(t *testing.T) {
 	r = runCLI(t, nil, "health")
 	if r.code != 2 || !strings.Contains(r.stderr, "set DATABASE_URL or pass -dsn") {
 		t.Errorf("no database: exit %d: %s", r.code, r.stderr)
+	}
+}
+
+// Through PgBouncer (make leg-pgbouncer sets TEST_PGBOUNCER_URL and
+// points DATABASE_URL's tests at it): in transaction mode health says
+// that LISTEN through the pooler never hears, names the fix, and exits
+// 1; with the direct connection as -listen-dsn it hears. In session mode
+// it hears through the pooler.
+func TestHealthThroughPgBouncer(t *testing.T) {
+	if os.Getenv("TEST_PGBOUNCER_URL") == "" {
+		t.Skip("TEST_PGBOUNCER_URL names no PgBouncer (make leg-pgbouncer sets it)")
+	}
+	mode, server := os.Getenv("TEST_PGBOUNCER_MODE"), os.Getenv("TEST_PGBOUNCER_SERVER_URL")
+	_, _, env, flags := migrated(t)
+	r := runCLI(t, env, append([]string{"health"}, flags...)...)
+	if mode == "session" {
+		if !strings.Contains(r.stdout, "NOTIFY                heard in") || strings.Contains(r.stdout, "NOTIFY did not reach") {
+			t.Errorf("through PgBouncer in session mode: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		return
+	}
+	for _, want := range []string{
+		"NOTIFY                not heard: the LISTEN connection heard nothing",
+		"LISTEN through PgBouncer in transaction mode never hears",
+		"SubscriberConfig.ListenDSN, and check it with -listen-dsn",
+		"- NOTIFY did not reach a LISTEN connection",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("through PgBouncer in transaction mode, the report lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if r.code != 1 || !strings.Contains(r.stderr, "problem(s) found") {
+		t.Errorf("exit %d: %s", r.code, r.stderr)
+	}
+	r = runCLI(t, env, append([]string{"health", "-listen-dsn", server}, flags...)...)
+	if !strings.Contains(r.stdout, "NOTIFY                heard in") || strings.Contains(r.stdout, "NOTIFY did not reach") {
+		t.Errorf("with a direct -listen-dsn: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

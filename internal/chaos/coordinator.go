@@ -24,27 +24,33 @@ import (
 )
 
 type coordinator struct {
-	dsn       string
-	duration  time.Duration
-	workers   int
-	rate      int
-	keep      bool
-	restartPG bool
+	dsn string
+	// serverDSN, when set, is the PostgreSQL behind a pooler at dsn, and
+	// listenDSN the workers' LISTEN connection.
+	serverDSN, listenDSN string
+	duration             time.Duration
+	workers              int
+	rate                 int
+	keep                 bool
+	restartPG            bool
 	// roles runs publishers and workers as least-privileged roles.
 	roles bool
-	log       *slog.Logger
+	log   *slog.Logger
 
 	schema string
 	// ends is the directory where workers append their handlers' ends.
-	ends  string
-	pool  *pgxpool.Pool
-	ob    *outbox.Outbox
+	ends string
+	pool *pgxpool.Pool
+	// server reaches the server's own backends: pool, or a pool of
+	// serverDSN when dsn is a pooler.
+	server *pgxpool.Pool
+	ob     *outbox.Outbox
 	// pubPool is what publishers publish on, and workerDSN what workers
 	// connect with: the coordinator's, or the publisher's and the
 	// subscriber's roles'.
 	pubPool   *pgxpool.Pool
 	workerDSN string
-	proxy *faultproxy.Proxy
+	proxy     *faultproxy.Proxy
 
 	mu    sync.Mutex
 	procs []*workerProc
@@ -111,6 +117,13 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	defer c.pool.Close()
+	c.server = c.pool
+	if c.serverDSN != "" {
+		if c.server, err = pgxpool.New(ctx, c.serverDSN); err != nil {
+			return false, err
+		}
+		defer c.server.Close()
+	}
 	c.schema = fmt.Sprintf("chaos_%d", os.Getpid())
 	if _, err := c.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{c.schema}.Sanitize()); err != nil {
 		return false, err
@@ -129,15 +142,23 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 	} else if err := c.ob.Migrate(ctx); err != nil {
 		return false, err
 	}
-	if _, err := c.pool.Exec(ctx, "SET search_path TO "+pgx.Identifier{c.schema}.Sanitize()+";"+tables); err != nil {
+	// SET LOCAL: through a pooler in transaction mode, a session's
+	// settings would stay with the server connection for other clients.
+	if err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{c.schema}.Sanitize()); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, tables)
+		return err
+	}); err != nil {
 		return false, err
 	}
 	if c.roles {
 		// The harness's own tables are the application's.
 		pub, sub := pgx.Identifier{c.schema + "_publisher"}.Sanitize(), pgx.Identifier{c.schema + "_subscriber"}.Sanitize()
-		if _, err := c.pool.Exec(ctx, "SET search_path TO "+pgx.Identifier{c.schema}.Sanitize()+
-			"; GRANT SELECT, INSERT ON published, rolled_back TO "+pub+
-			"; GRANT SELECT, INSERT, UPDATE ON deliveries, events TO "+sub); err != nil {
+		table := func(name string) string { return pgx.Identifier{c.schema, name}.Sanitize() }
+		if _, err := c.pool.Exec(ctx, "GRANT SELECT, INSERT ON "+table("published")+", "+table("rolled_back")+" TO "+pub+
+			"; GRANT SELECT, INSERT, UPDATE ON "+table("deliveries")+", "+table("events")+" TO "+sub); err != nil {
 			return false, err
 		}
 	}
@@ -222,7 +243,7 @@ func (c *coordinator) start(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(self, "-worker", fmt.Sprint(n), "-schema", c.schema, "-ends", c.ends, "-dsn", dsn)
+	cmd := exec.Command(self, "-worker", fmt.Sprint(n), "-schema", c.schema, "-ends", c.ends, "-dsn", dsn, "-listen-dsn", c.listenDSN)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -400,10 +421,13 @@ func (c *coordinator) kill(ctx context.Context, n int) {
 	}
 }
 
-// terminate ends every backend of worker n (its pool, its listener).
+// terminate ends every backend of worker n (its pool, its listener): on
+// the server, through a connection of its own when the workers go through
+// a pooler, where the backends carry the application_name of the worker
+// whose transaction they run.
 func (c *coordinator) terminate(ctx context.Context, n int) {
 	var k int
-	err := c.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+	err := c.server.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE application_name = $1 AND pid <> pg_backend_pid()`, workerApp(n)).Scan(&k)
 	if err != nil {
 		c.log.Warn("chaos: terminate", slog.Any("error", err))

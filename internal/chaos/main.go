@@ -8,13 +8,18 @@
 // every handler call in the database. Meanwhile it kills workers with
 // SIGKILL and restarts them, terminates their backends, cuts, stalls and
 // leaves half-open one worker's connections through a fault proxy, and,
-// with OUTBOX_CHAOS_RESTART_PG=1, restarts PostgreSQL once. Then it lets
+// with OUTBOX_CHAOS_RESTART_PG=1, restarts PostgreSQL once. Through a
+// pooler, -server-dsn names the PostgreSQL behind it, so that backends
+// are terminated on the server, and -listen-dsn gives the workers a
+// direct LISTEN connection (SubscriberConfig.ListenDSN). Then it lets
 // the outbox drain and checks the accounting: nothing lost, nothing rolled
 // back delivered, per-key order kept, every duplicate explained by a
 // fault, no two handlers of a row live at once, and every delivery's
 // Message.Deliveries consistent with the recorded deliveries.
 //
 //	go run -race ./internal/chaos -duration 2m
+//	DATABASE_URL=postgres://127.0.0.1:6432/app?default_query_exec_mode=exec \
+//	  go run -race ./internal/chaos -server-dsn postgres://127.0.0.1:5432/app -listen-dsn postgres://127.0.0.1:5432/app
 package main
 
 import (
@@ -40,6 +45,10 @@ func main() {
 		schema   = flag.String("schema", "", "the outbox's schema (worker mode)")
 		ends     = flag.String("ends", "", "the directory of the handlers' end records (worker mode)")
 		roles    = flag.Bool("roles", false, "run as least-privileged roles: a migrator owns the outbox, publishers and workers connect as roles with only what outboxgen grants gives them")
+		server   = flag.String("server-dsn", os.Getenv("OUTBOX_CHAOS_SERVER_URL"),
+			"the PostgreSQL behind -dsn when that is a pooler; backends are terminated through it (default $OUTBOX_CHAOS_SERVER_URL, else -dsn)")
+		listen = flag.String("listen-dsn", os.Getenv("OUTBOX_CHAOS_LISTEN_URL"),
+			"the workers' LISTEN connection (SubscriberConfig.ListenDSN; default $OUTBOX_CHAOS_LISTEN_URL, else the pool's)")
 	)
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -47,12 +56,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "chaos: set DATABASE_URL or -dsn")
 		os.Exit(2)
 	}
-	if _, err := url.Parse(*dsn); err != nil {
-		fmt.Fprintln(os.Stderr, "chaos: -dsn:", err)
-		os.Exit(2)
+	for name, v := range map[string]string{"-dsn": *dsn, "-server-dsn": *server, "-listen-dsn": *listen} {
+		if _, err := url.Parse(v); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos: "+name+":", err)
+			os.Exit(2)
+		}
 	}
 	if *worker >= 0 {
-		if err := runWorker(*dsn, *schema, *ends, *worker, log); err != nil {
+		if err := runWorker(*dsn, *listen, *schema, *ends, *worker, log); err != nil {
 			fmt.Fprintf(os.Stderr, "chaos worker %d: %v\n", *worker, err)
 			os.Exit(1)
 		}
@@ -60,7 +71,8 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	c := &coordinator{dsn: *dsn, duration: *duration, workers: *workers, rate: *rate, keep: *keep, roles: *roles, log: log,
+	c := &coordinator{dsn: *dsn, serverDSN: *server, listenDSN: *listen, duration: *duration, workers: *workers, rate: *rate, keep: *keep,
+		roles: *roles, log: log,
 		restartPG: os.Getenv("OUTBOX_CHAOS_RESTART_PG") == "1"}
 	ok, err := c.run(ctx)
 	if err != nil {

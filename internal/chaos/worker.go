@@ -59,8 +59,9 @@ var subscribers = []struct {
 const poolConns = 16
 
 // runWorker runs the subscribers of worker n until its standard input
-// closes (the coordinator ended or stops it).
-func runWorker(dsn, schema, ends string, n int, log *slog.Logger) error {
+// closes (the coordinator ended or stops it). listenDSN, when set, is
+// their LISTEN connection's.
+func runWorker(dsn, listenDSN, schema, ends string, n int, log *slog.Logger) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -81,6 +82,16 @@ func runWorker(dsn, schema, ends string, n int, log *slog.Logger) error {
 	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
 	if err != nil {
 		return err
+	}
+	var listen func(ctx context.Context) (*pgx.Conn, error)
+	if listenDSN != "" {
+		lc, err := pgx.ParseConfig(listenDSN)
+		if err != nil {
+			return err
+		}
+		// Named as the worker, so its terminations end its listener too.
+		lc.RuntimeParams["application_name"] = workerApp(n)
+		listen = func(ctx context.Context) (*pgx.Conn, error) { return pgx.ConnectConfig(ctx, lc.Copy()) }
 	}
 	endLog, err := openEndLog(ends)
 	if err != nil {
@@ -103,6 +114,7 @@ func runWorker(dsn, schema, ends string, n int, log *slog.Logger) error {
 			ListenProbeInterval: time.Second,
 			ListenProbeTimeout:  500 * time.Millisecond,
 			GracefulTimeout:     3 * time.Second,
+			ListenConnect:       listen,
 			Retry:               outbox.ConstantRetry{Delay: 50 * time.Millisecond, MaxAttempts: 3},
 			Logger:              log,
 		})

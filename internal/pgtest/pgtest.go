@@ -1,5 +1,12 @@
 // Package pgtest gives each test its own schema in a real PostgreSQL.
 //
+// A test's connections reach its schema through search_path, sent as a
+// startup parameter. A pooler such as PgBouncer passes only a few startup
+// parameters on to the server, so when search_path does not arrive, each
+// test connects as a login role of its own (a superuser, as the tests'
+// base user is) whose default search_path is its schema, which the server
+// applies to every connection the pooler opens for it.
+//
 // The database is TEST_DATABASE_URL when it is set; otherwise [Main] takes,
 // in order, what PostgreSQL's client defaults reach (as psql with no
 // arguments), a throwaway cluster made with the machine's server binaries,
@@ -19,6 +26,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -42,9 +50,26 @@ const EnvRoles = "TEST_ROLES"
 // RolesMode reports whether EnvRoles asks for least-privileged roles.
 func RolesMode() bool { return os.Getenv(EnvRoles) == "1" }
 
+// EnvListenURL, when set, connects straight to the server behind a
+// pooler at EnvURL that cannot LISTEN (PgBouncer in transaction mode):
+// the tests' subscribers and listeners LISTEN through it, as
+// SubscriberConfig.ListenDSN has a service do.
+const EnvListenURL = "TEST_LISTEN_DATABASE_URL"
+
+// ListenURL returns EnvListenURL's value: where tests LISTEN when their
+// database is behind a pooler that cannot, or "" to LISTEN on the test
+// database itself.
+func ListenURL() string { return os.Getenv(EnvListenURL) }
+
 var (
 	baseURL  string
 	startErr error
+
+	// pooled reports that search_path sent as a startup parameter does
+	// not reach the server; poolCheck decides it once.
+	pooled    bool
+	poolCheck sync.Once
+	poolErr   error
 )
 
 // Main runs the package's tests: it resolves the database (finding or
@@ -99,8 +124,52 @@ type DB struct {
 	// Schema is the test's own, initially empty schema.
 	Schema string
 	// URL connects to the same database with search_path and
-	// application_name set to Schema.
+	// application_name set to Schema: as a startup parameter, or, behind
+	// a pooler that drops it, as the default of the role URL names.
 	URL string
+}
+
+// Pooled reports whether the test database drops search_path given as a
+// startup parameter (a pooler such as PgBouncer), so that each test
+// connects as a role of its own, named as its schema. It fails tb when
+// the database cannot be reached.
+func Pooled(tb testing.TB) bool {
+	tb.Helper()
+	base := URL(tb)
+	poolCheck.Do(func() { pooled, poolErr = dropsSearchPath(base) })
+	if poolErr != nil {
+		tb.Fatalf("pgtest: %v", poolErr)
+	}
+	return pooled
+}
+
+// dropsSearchPath connects to base with search_path set as a startup
+// parameter and reports whether the server's session did not get it: the
+// pooler ignored it (PgBouncer's ignore_startup_parameters) or refused
+// the connection for it while one without it succeeds.
+func dropsSearchPath(base string) (bool, error) {
+	ctx := context.Background()
+	const probe = "pg_catalog"
+	cfg, err := pgx.ParseConfig(base)
+	if err != nil {
+		return false, fmt.Errorf("parse %s: %w", EnvURL, err)
+	}
+	cfg.RuntimeParams["search_path"] = probe
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		plain, perr := pgx.Connect(ctx, base)
+		if perr != nil {
+			return false, fmt.Errorf("connect: %w", perr)
+		}
+		_ = plain.Close(ctx)
+		return true, nil
+	}
+	defer conn.Close(ctx)
+	var got string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('search_path')").Scan(&got); err != nil {
+		return false, fmt.Errorf("read search_path: %w", err)
+	}
+	return got != probe, nil
 }
 
 // New creates a fresh schema for tb and a pool whose connections use it.
@@ -126,6 +195,7 @@ func New(tb testing.TB) *DB {
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
+	pooled := Pooled(tb)
 	tb.Cleanup(func() {
 		c, err := pgx.Connect(context.Background(), base)
 		if err != nil {
@@ -136,9 +206,21 @@ func New(tb testing.TB) *DB {
 		if _, err := c.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			tb.Errorf("pgtest: drop schema %s: %v", schema, err)
 		}
+		if pooled {
+			// What the role still owns or was granted, then the role; the
+			// pooler closes its idle server connections in time.
+			role := pgx.Identifier{schema}.Sanitize()
+			if _, err := c.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE "+role); err != nil {
+				tb.Errorf("pgtest: drop role %s: %v", schema, err)
+			}
+		}
 	})
 
-	u := withDatabase(tb, WithSearchPath(tb, base, schema), database)
+	u := WithSearchPath(tb, base, schema)
+	if pooled {
+		u = asRole(tb, admin, base, schema)
+	}
+	u = withDatabase(tb, u, database)
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
 		tb.Fatalf("pgtest: pool: %v", err)
@@ -158,6 +240,26 @@ func WithSearchPath(tb testing.TB, dsn, schema string) string {
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
+	q.Set("application_name", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// asRole creates a superuser login role named schema whose default
+// search_path is schema, and returns base connecting as it, with
+// application_name set to schema.
+func asRole(tb testing.TB, admin *pgx.Conn, base, schema string) string {
+	tb.Helper()
+	role := pgx.Identifier{schema}.Sanitize()
+	if _, err := admin.Exec(context.Background(), "CREATE ROLE "+role+" LOGIN SUPERUSER; ALTER ROLE "+role+" SET search_path TO "+role); err != nil {
+		tb.Fatalf("pgtest: a role for a pooled test database: %v", err)
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
+	}
+	u.User = url.User(schema)
+	q := u.Query()
 	q.Set("application_name", schema)
 	u.RawQuery = q.Encode()
 	return u.String()

@@ -4,7 +4,7 @@
 -- clock; a past or null @not_before means now).
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id, next_attempt_at)
 VALUES (
-    @queue::text, @payload::bytea, sqlc.narg(headers)::jsonb, sqlc.narg(ordering_key)::text, sqlc.narg(timer_id)::text,
+    @queue::text, @payload::bytea, convert_from(sqlc.narg(headers)::bytea, 'UTF8')::jsonb, sqlc.narg(ordering_key)::text, sqlc.narg(timer_id)::text,
     greatest(now() + make_interval(secs => @delay_seconds::float8), coalesce(sqlc.narg(not_before)::timestamptz, now()))
 )
 RETURNING o.id;
@@ -17,7 +17,7 @@ RETURNING o.id;
 -- sort in between, rows are inserted (and draw identity values) in that
 -- order; the publisher's tests check it on 10,000 rows.
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, next_attempt_at)
-SELECT @queue::text, p.payload, sqlc.narg(headers)::jsonb, sqlc.narg(ordering_key)::text,
+SELECT @queue::text, p.payload, convert_from(sqlc.narg(headers)::bytea, 'UTF8')::jsonb, sqlc.narg(ordering_key)::text,
        greatest(now() + make_interval(secs => @delay_seconds::float8), coalesce(sqlc.narg(not_before)::timestamptz, now()))
 FROM unnest(@payloads::bytea[]) AS p(payload)
 RETURNING o.id;
@@ -38,7 +38,7 @@ WHERE o.queue = @queue::text AND o.timer_id = @timer_id::text AND o.acquired_tok
 -- transaction usable (a unique violation would abort it).
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id, next_attempt_at)
 VALUES (
-    @queue::text, @payload::bytea, sqlc.narg(headers)::jsonb, sqlc.narg(ordering_key)::text, @timer_id::text,
+    @queue::text, @payload::bytea, convert_from(sqlc.narg(headers)::bytea, 'UTF8')::jsonb, sqlc.narg(ordering_key)::text, @timer_id::text,
     greatest(now() + make_interval(secs => @delay_seconds::float8), coalesce(sqlc.narg(not_before)::timestamptz, now()))
 )
 ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING

@@ -23,3 +23,11 @@ SELECT /*outbox:table*/outbox_schema_version()::integer AS version;
 -- creates it only when it is missing: CREATE SCHEMA IF NOT EXISTS needs
 -- the CREATE privilege on the database even when the schema exists.
 SELECT (to_regnamespace(@name::text) IS NOT NULL)::boolean AS exists;
+
+-- name: MigrationLock :one
+-- Tries, for the calling transaction, the advisory lock that serialises
+-- the migrations of this outbox (@id: its lock id). Migrate holds it in a
+-- transaction of its own, idle while goose migrates on other connections,
+-- so the transaction exempts itself from idle_in_transaction_session_timeout.
+SELECT pg_try_advisory_xact_lock(@id::bigint) AS locked,
+       set_config('idle_in_transaction_session_timeout', '0', true) AS idle_timeout;
