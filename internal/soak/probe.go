@@ -17,6 +17,7 @@ import (
 type dbProbe struct {
 	pool       *pgxpool.Pool
 	table, dlq string // quoted, schema-qualified
+	pending    string // the pending index, quoted, schema-qualified
 	claimLike  string // LIKE pattern of the claims' text in pg_stat_statements
 	server     string
 	autovacuum string
@@ -25,9 +26,10 @@ type dbProbe struct {
 
 func newDBProbe(ctx context.Context, pool *pgxpool.Pool, schema string) (*dbProbe, error) {
 	p := &dbProbe{
-		pool:  pool,
-		table: pgx.Identifier{schema, table}.Sanitize(),
-		dlq:   pgx.Identifier{schema, table + "_dlq"}.Sanitize(),
+		pool:    pool,
+		table:   pgx.Identifier{schema, table}.Sanitize(),
+		dlq:     pgx.Identifier{schema, table + "_dlq"}.Sanitize(),
+		pending: pgx.Identifier{schema, table + "_pending_idx"}.Sanitize(),
 		// The rendered claims name the table schema-qualified and quoted.
 		claimLike: "-- name: Claim%" + pgx.Identifier{schema}.Sanitize() + ".%",
 	}
@@ -51,6 +53,7 @@ func (p *dbProbe) statementsNote() string {
 // tableStats is one reading of the outbox table and the database.
 type tableStats struct {
 	deadTuples, tableBytes, indexBytes int64
+	pendingBytes                       int64 // the pending index, which claims scan
 	vacuums                            int64 // autovacuum runs on the table so far
 	xminAge                            int64 // oldest snapshot or transaction id of the database's backends, in transactions
 	queued                             int64 // rows in the table
@@ -62,13 +65,14 @@ func (p *dbProbe) read(ctx context.Context) (tableStats, error) {
 	var s tableStats
 	err := p.pool.QueryRow(ctx, `
 		SELECT coalesce(st.n_dead_tup, 0), pg_relation_size(c.oid), pg_indexes_size(c.oid),
+		       coalesce(pg_relation_size(to_regclass($2)), 0),
 		       coalesce(st.autovacuum_count, 0),
 		       (SELECT coalesce(max(greatest(age(a.backend_xmin), age(a.backend_xid))), 0)
 		        FROM pg_stat_activity AS a WHERE a.datname = current_database()),
 		       (SELECT count(*) FROM `+p.table+`)
 		FROM pg_class AS c LEFT JOIN pg_stat_user_tables AS st ON st.relid = c.oid
-		WHERE c.oid = $1::regclass`, p.table).
-		Scan(&s.deadTuples, &s.tableBytes, &s.indexBytes, &s.vacuums, &s.xminAge, &s.queued)
+		WHERE c.oid = $1::regclass`, p.table, p.pending).
+		Scan(&s.deadTuples, &s.tableBytes, &s.indexBytes, &s.pendingBytes, &s.vacuums, &s.xminAge, &s.queued)
 	if err != nil || !p.statements {
 		return s, err
 	}
@@ -82,18 +86,17 @@ func (p *dbProbe) read(ctx context.Context) (tableStats, error) {
 
 // waitDue waits, up to limit, until no row is due or leased: what is left
 // is scheduled for later (reminders, retries). It returns how many rows
-// are left.
-func (p *dbProbe) waitDue(ctx context.Context, limit time.Duration) (int64, error) {
+// are left, and how many of them are still due or leased.
+func (p *dbProbe) waitDue(ctx context.Context, limit time.Duration) (all, due int64, err error) {
 	deadline := time.Now().Add(limit)
 	for {
-		var due, all int64
 		err := p.pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE next_attempt_at <= now() OR acquired_token IS NOT NULL), count(*) FROM "+p.table).
 			Scan(&due, &all)
 		if err != nil || due == 0 || time.Now().After(deadline) {
-			return all, err
+			return all, due, err
 		}
 		if !sleepUntil(ctx, time.Now().Add(200*time.Millisecond)) {
-			return all, ctx.Err()
+			return all, due, ctx.Err()
 		}
 	}
 }

@@ -45,6 +45,7 @@ var columns = []column{
 	{"autovac", func(r *row) string { return strconv.FormatInt(r.vacuumRuns, 10) }},
 	{"table MiB", func(r *row) string { return mib(r.tableBytes) }},
 	{"index MiB", func(r *row) string { return mib(r.indexBytes) }},
+	{"pending idx MiB", func(r *row) string { return mib(r.pendingBytes) }},
 	{"xmin age", func(r *row) string { return strconv.FormatInt(r.xminAge, 10) }},
 	{"RSS MiB", func(r *row) string { return mib(r.rss) }},
 	{"heap MiB", func(r *row) string { return mib(r.heap) }},
@@ -62,7 +63,7 @@ const legend = `pub/s, ack/s, retry/s: messages published (committed), acknowled
 lat: commit (Commit returned to the publisher) to the first call of the handler, for messages due at once; sched late: a reminder's due time to its first handler call.
 claims/s, claim p50/p99: the subscribers' claim statements, every one (empty ones included), timed on the client from send to the last row read; claim srv: their mean execution time in pg_stat_statements.
 queued: rows in the outbox table; dead tup: n_dead_tup of the table (pg_stat_user_tables), the largest reading of the interval; autovac: autovacuum runs on it in the interval.
-table, index: pg_relation_size and pg_indexes_size of the outbox table; xmin age: the oldest backend_xmin or backend_xid of the database's sessions, in transactions, the largest reading of the interval.
+table, index: pg_relation_size and pg_indexes_size of the outbox table; pending idx: pg_relation_size of its pending index, the one claims scan; xmin age: the oldest backend_xmin or backend_xid of the database's sessions, in transactions, the largest reading of the interval.
 RSS: VmRSS of the soak process (/proc/self/status), which runs publishers and subscribers; heap: Go's HeapInuse; goroutines: runtime.NumGoroutine.
 load: the machine's one-minute load average (/proc/loadavg) at the interval's end: what else ran beside the soak and its database.`
 
@@ -185,7 +186,7 @@ func holdReport(w io.Writer, fine []row, h holdResult, sample time.Duration) {
 			after = append(after, r)
 		}
 	}
-	fmt.Fprintf(w, "\n### idle transaction %d open from %s to %s (%v)\n\n", h.xid, elapsed(h.opened), elapsed(h.closed),
+	fmt.Fprintf(w, "\n### idle %s open from %s to %s (%v)\n\n", h.name(), elapsed(h.opened), elapsed(h.closed),
 		(h.closed - h.opened).Round(time.Second))
 	if len(before) == 0 || len(during) == 0 {
 		fmt.Fprintln(w, "not enough samples around the hold to compare")
@@ -216,6 +217,7 @@ func holdReport(w io.Writer, fine []row, h holdResult, sample time.Duration) {
 		{"xmin age", func(r *row) float64 { return float64(r.xminAge) }, asInt, next},
 		{"table MiB", func(r *row) float64 { return float64(r.tableBytes) }, asMiB, size},
 		{"index MiB", func(r *row) float64 { return float64(r.indexBytes) }, asMiB, size},
+		{"pending idx MiB", func(r *row) float64 { return float64(r.pendingBytes) }, asMiB, size},
 	}
 	worst := func(rs []row, v func(*row) float64) float64 {
 		m := 0.0
