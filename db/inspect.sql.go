@@ -75,7 +75,7 @@ CROSS JOIN LATERAL (
     SELECT o.next_attempt_at
     FROM /*outbox:table*/outbox AS o
     WHERE o.queue = q.name AND o.acquired_token IS NULL AND NOT o.blocked
-      AND o.next_attempt_at > clock_timestamp() - make_interval(secs => $2::float8)
+      AND o.next_attempt_at > now() - make_interval(secs => $2::float8)
       AND o.next_attempt_at < 'infinity'
     ORDER BY o.next_attempt_at
     LIMIT 1
@@ -97,7 +97,11 @@ type NextDueInParams struct {
 // taken by it are left out, since another transaction holds their locks
 // and waking for them would only spin, while a row that came due after it
 // (a retry landing as the caller falls asleep) is claimed at once. Rows
-// due at infinity are never due. One index probe per queue.
+// due at infinity are never due. One index probe per queue: the bound is
+// on now(), the statement's start, since a volatile clock_timestamp()
+// there would make it a filter, and the probe would read every entry
+// from the queue's start (under a snapshot held open anywhere in the
+// cluster, every row deleted since it was taken).
 func (q *Queries) NextDueIn(ctx context.Context, arg NextDueInParams) (float64, error) {
 	row := q.db.QueryRow(ctx, nextDueIn, arg.Queues, arg.SinceClaimSeconds)
 	var due_in_seconds float64

@@ -87,14 +87,18 @@ ORDER BY 1;
 -- taken by it are left out, since another transaction holds their locks
 -- and waking for them would only spin, while a row that came due after it
 -- (a retry landing as the caller falls asleep) is claimed at once. Rows
--- due at infinity are never due. One index probe per queue.
+-- due at infinity are never due. One index probe per queue: the bound is
+-- on now(), the statement's start, since a volatile clock_timestamp()
+-- there would make it a filter, and the probe would read every entry
+-- from the queue's start (under a snapshot held open anywhere in the
+-- cluster, every row deleted since it was taken).
 SELECT extract(epoch FROM n.next_attempt_at - clock_timestamp())::float8 AS due_in_seconds
 FROM unnest(@queues::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT o.next_attempt_at
     FROM /*outbox:table*/outbox AS o
     WHERE o.queue = q.name AND o.acquired_token IS NULL AND NOT o.blocked
-      AND o.next_attempt_at > clock_timestamp() - make_interval(secs => @since_claim_seconds::float8)
+      AND o.next_attempt_at > now() - make_interval(secs => @since_claim_seconds::float8)
       AND o.next_attempt_at < 'infinity'
     ORDER BY o.next_attempt_at
     LIMIT 1

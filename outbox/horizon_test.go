@@ -1,0 +1,108 @@
+package outbox
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// holdSnapshot opens a REPEATABLE READ transaction with its snapshot
+// taken, on a connection of its own, and keeps it open until the test
+// ends: vacuum keeps every row version deleted after it, and their index
+// entries cannot be marked dead.
+func (e *env) holdSnapshot() {
+	e.t.Helper()
+	conn, err := pgx.Connect(e.ctx, e.db.URL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(e.ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := conn.Exec(e.ctx, "SELECT 1"); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// pendingScanBuffers runs the statement that call makes under EXPLAIN
+// (ANALYZE, BUFFERS) in a transaction it rolls back, and returns the
+// rows it left leased and the shared buffers its scans of the pending
+// index touched (the index's pages and the row versions its entries
+// point to).
+func (e *env) pendingScanBuffers(call func(q *db.Queries)) (leased, buffers int) {
+	e.t.Helper()
+	rec := &recorder{}
+	call(e.ob.queries(rec))
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	var plan []struct{ Plan pendingPlanNode }
+	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&plan); err != nil {
+		e.t.Fatalf("EXPLAIN: %v", err)
+	}
+	if err := tx.QueryRow(e.ctx, "SELECT count(*) FROM outbox WHERE acquired_token IS NOT NULL").Scan(&leased); err != nil {
+		e.t.Fatal(err)
+	}
+	return leased, plan[0].Plan.buffersOf("outbox_pending_idx")
+}
+
+// heldBacklog fills e's queue q with 20,000 rows, due an hour ago, and
+// deletes them while a snapshot is held: their entries stay in the
+// pending index, and no scan can mark them dead.
+func (e *env) heldBacklog() {
+	e.t.Helper()
+	e.holdSnapshot()
+	e.exec(`INSERT INTO outbox (queue, payload, next_attempt_at)
+		SELECT 'q', '\x00', now() - interval '1 hour' + i * interval '1 ms' FROM generate_series(1, 20000) AS i`)
+	e.exec(`DELETE FROM outbox`)
+	e.exec(`VACUUM outbox`)
+}
+
+// pendingPlanNode is a node of EXPLAIN's JSON plan, as far as the tests read it.
+type pendingPlanNode struct {
+	Index string            `json:"Index Name"`
+	Hit   int               `json:"Shared Hit Blocks"`
+	Read  int               `json:"Shared Read Blocks"`
+	Plans []pendingPlanNode `json:"Plans"`
+}
+
+// buffersOf sums the buffers of the scans of index under n.
+func (n *pendingPlanNode) buffersOf(index string) int {
+	sum := 0
+	if n.Index == index {
+		sum += n.Hit + n.Read
+	}
+	for i := range n.Plans {
+		sum += n.Plans[i].buffersOf(index)
+	}
+	return sum
+}
+
+// The idle fetcher's probe for the next due time reads only the entries
+// since its last claim, however many a held snapshot keeps before them.
+func TestNextDueInStepsOverNoEntryAHeldSnapshotKeeps(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.heldBacklog()
+	e.exec(`INSERT INTO outbox (queue, payload, next_attempt_at) VALUES ('q', '\x00', now() + interval '1 minute')`)
+	_, buffers := e.pendingScanBuffers(func(q *db.Queries) {
+		_, _ = q.NextDueIn(e.ctx, db.NextDueInParams{Queues: []string{"q"}, SinceClaimSeconds: 1})
+	})
+	t.Logf("next due time behind 20,000 deleted rows: its scan of the pending index touched %d buffers", buffers)
+	if buffers > 20 {
+		t.Errorf("the probe for the next due time touched %d buffers of the pending index, want at most 20", buffers)
+	}
+	got, err := e.q.NextDueIn(e.ctx, db.NextDueInParams{Queues: []string{"q"}, SinceClaimSeconds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got < 50 || got > 61 {
+		t.Errorf("next row due in %.1f s, want about 60", got)
+	}
+}
