@@ -218,20 +218,7 @@ func TestBacklogNamedByAnEndedClaimDrainsAtFullSpeed(t *testing.T) {
 					FROM generate_series(1, $2::integer) AS i`, queues, rows)
 				// The ended claim: a transaction that rolled back, whose
 				// record names every row and whose hold has ended.
-				var xid int64
-				tx, err := e.db.Pool.Begin(e.ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := tx.QueryRow(e.ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
-					t.Fatal(err)
-				}
-				if err := tx.Rollback(e.ctx); err != nil {
-					t.Fatal(err)
-				}
-				e.exec(`INSERT INTO outbox_locks (xid, ids, claimed_at, until)
-					SELECT $1, range_agg(int8range(id, id + 1)), now() - interval '1 minute', now() - interval '30 seconds'
-					FROM outbox`, xid)
+				e.endedClaimOfEveryRow()
 				var (
 					mu         sync.Mutex
 					deliveries = map[int64]int{}
@@ -279,20 +266,7 @@ func TestRowsGivenBackKeepTheDeliveryOfAnEndedClaim(t *testing.T) {
 	const rows = 60
 	e := setup(t)
 	e.exec(`INSERT INTO outbox (queue, payload) SELECT 'q', '{}' FROM generate_series(1, $1::integer)`, rows)
-	var xid int64
-	tx, err := e.db.Pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.QueryRow(e.ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Rollback(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	e.exec(`INSERT INTO outbox_locks (xid, ids, claimed_at, until)
-		SELECT $1, range_agg(int8range(id, id + 1)), now() - interval '1 minute', now() - interval '30 seconds'
-		FROM outbox`, xid)
+	e.endedClaimOfEveryRow()
 	var (
 		mu         sync.Mutex
 		deliveries = map[int64]int{}
@@ -321,4 +295,25 @@ func TestRowsGivenBackKeepTheDeliveryOfAnEndedClaim(t *testing.T) {
 	if diff := cmp.Diff(map[int]int{2: rows}, got); diff != "" {
 		t.Errorf("rows by Message.Deliveries (-want +got):\n%s", diff)
 	}
+}
+
+// endedClaimOfEveryRow records a claim by lock of every row of the outbox
+// whose transaction rolled back and whose hold has ended, as a claim's
+// record is left by a crash or a failover.
+func (e *env) endedClaimOfEveryRow() {
+	e.t.Helper()
+	var xid int64
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := tx.QueryRow(e.ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	e.exec(`INSERT INTO outbox_locks (xid, ids, claimed_at, until)
+		SELECT $1, range_agg(int8range(id, id + 1)), now() - interval '1 minute', now() - interval '30 seconds'
+		FROM outbox`, xid)
 }

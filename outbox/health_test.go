@@ -119,23 +119,7 @@ func TestHealthNamesATransactionHoldingBackVacuum(t *testing.T) {
 		e.exec("GRANT pg_read_all_stats TO " + pgx.Identifier{e.obRole()}.Sanitize())
 	}
 	app := "health-" + e.db.Schema
-	cfg, err := pgx.ParseConfig(e.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = app
-	conn, err := pgx.ConnectConfig(e.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	tx, err := conn.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(e.ctx, "SELECT 1"); err != nil { // takes the snapshot
-		t.Fatal(err)
-	}
+	tx := e.holdSnapshot(app)
 	opts := &HealthOptions{XminDuration: time.Millisecond}
 	var h Health
 	eventually(t, "the open transaction is the oldest", func() bool {
@@ -163,26 +147,12 @@ func TestHealthSaysWhenItMayNotReadAHoldersActivity(t *testing.T) {
 	t.Parallel()
 	e := setupRoles(t)
 	app := "hidden-" + e.db.Schema
-	cfg, err := pgx.ParseConfig(e.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = app
-	conn, err := pgx.ConnectConfig(e.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	tx, err := conn.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(context.Background()) }()
-	if _, err := tx.Exec(e.ctx, "SELECT 1"); err != nil { // takes the snapshot
-		t.Fatal(err)
-	}
+	e.holdSnapshot(app)
 	opts := &HealthOptions{XminDuration: time.Millisecond}
-	var h Health
+	var (
+		h   Health
+		err error
+	)
 	eventually(t, "the open transaction is the oldest", func() bool {
 		h, err = e.sub.Health(e.ctx, opts)
 		if err != nil {

@@ -10,22 +10,32 @@ import (
 )
 
 // holdSnapshot opens a REPEATABLE READ transaction with its snapshot
-// taken, on a connection of its own, and keeps it open until the test
-// ends: vacuum keeps every row version deleted after it, and their index
-// entries cannot be marked dead.
-func (e *env) holdSnapshot() {
+// taken, on a connection of its own named app (application_name), and
+// keeps it open until the test ends or the caller rolls it back: vacuum
+// keeps every row version deleted after it, and their index entries
+// cannot be marked dead.
+func (e *env) holdSnapshot(app string) pgx.Tx {
 	e.t.Helper()
-	conn, err := pgx.Connect(e.ctx, e.db.URL)
+	cfg, err := pgx.ParseConfig(e.db.URL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if app != "" {
+		cfg.RuntimeParams["application_name"] = app
+	}
+	conn, err := pgx.ConnectConfig(e.ctx, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	e.t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	if _, err := conn.Exec(e.ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ"); err != nil {
+	tx, err := conn.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
 		e.t.Fatal(err)
 	}
-	if _, err := conn.Exec(e.ctx, "SELECT 1"); err != nil {
+	if _, err := tx.Exec(e.ctx, "SELECT 1"); err != nil { // takes the snapshot
 		e.t.Fatal(err)
 	}
+	return tx
 }
 
 // pendingScanBuffers runs the statement that call makes under EXPLAIN
@@ -57,7 +67,7 @@ func (e *env) pendingScanBuffers(call func(q *db.Queries)) (leased, buffers int)
 // pending index, and no scan can mark them dead.
 func (e *env) heldBacklog() {
 	e.t.Helper()
-	e.holdSnapshot()
+	e.holdSnapshot("")
 	e.exec(`INSERT INTO outbox (queue, payload, next_attempt_at)
 		SELECT 'q', '\x00', now() - interval '1 hour' + i * interval '1 ms' FROM generate_series(1, 20000) AS i`)
 	e.exec(`DELETE FROM outbox`)
