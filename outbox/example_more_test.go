@@ -275,3 +275,23 @@ func ExampleNewTxSubscriber() {
 	// Run: <nil>
 	// invoice o-1: 1999 cents; follow-ups: 1
 }
+
+// A subscriber whose pool goes through PgBouncer in transaction mode,
+// where LISTEN never hears, listens on a direct connection to the server
+// (docs/poolers.md).
+func ExampleSubscriberConfig_listenDSN() {
+	type Order struct{ ID string }
+	var ob *outbox.Outbox // on a pool through PgBouncer
+	queues := []string{"orders"}
+	handle := func(ctx context.Context, m *outbox.Message[Order]) error { return nil }
+	// readme:begin listen-dsn
+	sub, err := outbox.NewSubscriber(ob, queues, handle, &outbox.SubscriberConfig[Order]{
+		ListenDSN: "postgres://app@db:5432/app", // the server itself, not PgBouncer
+	})
+	// readme:end
+	if err != nil {
+		log.Print(err)
+		return
+	}
+	_ = sub
+}
