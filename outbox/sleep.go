@@ -80,6 +80,16 @@ func (r *run[T]) found(ctx context.Context, q *db.Queries) {
 func (r *run[T]) asleep(ctx context.Context, q *db.Queries) bool {
 	s := &r.sleeper
 	s.found = 0
+	if r.deaf.Load() {
+		// Writers' notifications would not arrive: poll, spare publishers
+		// the NOTIFY a record would ask of them, and watch no writer that
+		// may have missed the record.
+		s.xids = nil
+		if !s.until.IsZero() && q.Wake(ctx, s.id) == nil {
+			s.until = time.Time{}
+		}
+		return false
+	}
 	if len(s.xids) > 0 {
 		still, err := q.StillInFlight(ctx, s.xids)
 		if err != nil {
@@ -90,14 +100,6 @@ func (r *run[T]) asleep(ctx context.Context, q *db.Queries) bool {
 		ended := len(still) < len(s.xids)
 		s.xids = still
 		return ended
-	}
-	if r.deaf.Load() {
-		// Writers' notifications would not arrive: poll, and spare
-		// publishers the NOTIFY a record would ask of them.
-		if !s.until.IsZero() && q.Wake(ctx, s.id) == nil {
-			s.until = time.Time{}
-		}
-		return false
 	}
 	cfg := &r.s.cfg
 	now := time.Now()
