@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -86,24 +85,6 @@ func poolOn(t *testing.T, d *pgtest.DB, dsn string) (*pgxpool.Pool, *Outbox) {
 	return pool, ob
 }
 
-// logBuffer is a slog handler's output that tests read.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // The settings docs/poolers.md gives work: through PgBouncer in
 // transaction mode, pgx's exec and describe-cache modes with the LISTEN
 // connection on the server (ListenDSN); in session mode, pgx's defaults
@@ -127,7 +108,7 @@ func TestPgBouncerDeliversWithTheDocumentedSettings(t *testing.T) {
 			if listenDSN != "" {
 				listen = as(t, listenDSN, d)
 			}
-			var logs logBuffer
+			var logs logLines
 			cfg := fastConfig[string](nil)
 			cfg.ListenDSN, cfg.Logger = listen, slog.New(slog.NewTextHandler(&logs, nil))
 			// Only a NOTIFY delivers quickly: the subscriber polls every 30 s.
@@ -316,7 +297,7 @@ func TestPgBouncerListenThroughThePooler(t *testing.T) {
 	d := pgtest.New(t)
 	pool, ob := poolOn(t, d, as(t, b.url, d, "default_query_exec_mode", "exec"))
 	ctx := t.Context()
-	var logs logBuffer
+	var logs logLines
 	cfg := fastConfig[string](nil)
 	cfg.ListenDSN, cfg.Logger = "", slog.New(slog.NewTextHandler(&logs, nil))
 	cfg.MinFetchInterval, cfg.MaxFetchInterval = 200*time.Millisecond, 200*time.Millisecond
