@@ -8,12 +8,12 @@ import (
 	"io/fs"
 	"log"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -21,7 +21,7 @@ import (
 // returns it with a pool whose search_path is schema, and a function that
 // drops the schema.
 func exampleOutbox(ctx context.Context, schema string) (*outbox.Outbox, *pgxpool.Pool, func(), error) {
-	cfg, err := pgxpool.ParseConfig(pgtest.BaseURL())
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -122,7 +122,7 @@ func ExampleRetryAfter() {
 // start, and fails with the fix when it is missing or behind.
 func ExampleOutbox_Check() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.BaseURL())
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		fmt.Println(err)
 		return

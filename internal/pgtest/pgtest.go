@@ -86,6 +86,9 @@ func run(m *testing.M) int {
 			startErr = err
 		} else {
 			baseURL, fromContainer = srv.URL, srv.Source == localpg.Container
+			// Package examples connect as a service does, to
+			// $DATABASE_URL: in a test binary, that is the test database.
+			_ = os.Setenv("DATABASE_URL", srv.URL)
 		}
 		return m.Run()
 	})
