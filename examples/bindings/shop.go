@@ -9,10 +9,15 @@ import (
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
-// Migrations are the shop's own goose migrations, in migrations/.
+// readme:begin migrations
+
+// Migrations are the shop's own goose migrations, in migrations/, which
+// the service applies at start and its tests to each test's schema.
 //
 //go:embed migrations/*.sql
 var Migrations embed.FS
+
+// readme:end
 
 // PlaceOrder stores an order's message in the caller's transaction with the
 // generated, typed publisher.

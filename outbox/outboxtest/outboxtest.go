@@ -1,12 +1,15 @@
 // Package outboxtest helps the tests of services that use an outbox: a
 // test database found or started for the package's tests ([Main]), a
 // fresh, migrated outbox per test ([New], on the database [Connect]
-// reaches), assertions on what a test published ([RequirePublished],
-// [Published]), and a run of the subscriber until the queues are empty,
-// retries included ([Drain]).
+// reaches), with a copy of the service's own tables if asked
+// ([WithMigrations]), assertions on what a test published, after the
+// transaction commits ([RequirePublished], [Published]) or inside it
+// ([RequirePublishedTx], [PublishedTx]), and a run of the subscriber until
+// the queues are empty, retries included, with a handler ([Drain]) or a
+// transactional handler ([DrainTx]).
 //
-// It uses only the outbox package's public API against a real database;
-// there is no fake outbox. A package's tests start with
+// It drives the outbox through its public API only, against a real
+// database; there is no fake outbox. A package's tests start with
 //
 //	func TestMain(m *testing.M) { outboxtest.Main(m) }
 //
