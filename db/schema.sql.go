@@ -20,6 +20,20 @@ func (q *Queries) CreateSchema(ctx context.Context) error {
 	return err
 }
 
+const currentSchema = `-- name: CurrentSchema :one
+SELECT coalesce(current_schema()::text, '')::text AS schema
+`
+
+// The schema unqualified names are created in: the first of the session's
+// search_path that exists, "" when none does. outboxtest checks with it
+// that a search_path given at connect took effect (a pooler may drop it).
+func (q *Queries) CurrentSchema(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, currentSchema)
+	var schema string
+	err := row.Scan(&schema)
+	return schema, err
+}
+
 const migrationLock = `-- name: MigrationLock :one
 SELECT pg_try_advisory_xact_lock($1::bigint) AS locked,
        set_config('idle_in_transaction_session_timeout', '0', true) AS idle_timeout

@@ -165,17 +165,36 @@ type PendingMessage struct {
 // oldest first, without claiming them: it takes no lease and changes
 // nothing, so it is safe beside running subscribers (tests, debugging).
 // Any queue name the table can hold may be given, also one that
-// [ValidateQueue] refuses (rows other clients wrote).
+// [ValidateQueue] refuses (rows other clients wrote). It reads through the
+// outbox's pool, so it sees committed rows only; [Outbox.UnprocessedTx]
+// reads within a transaction.
 func (o *Outbox) Unprocessed(ctx context.Context, queue string, limit int) ([]PendingMessage, error) {
+	return o.unprocessed(ctx, "Unprocessed", o.pool, queue, limit)
+}
+
+// UnprocessedTx is [Outbox.Unprocessed] read through tx: the caller's
+// transaction, whose own uncommitted rows it sees beside the committed
+// ones, as a test asserting on what the code under test published before
+// it commits does. It takes no lock and writes nothing, so it leaves tx
+// as it found it.
+func (o *Outbox) UnprocessedTx(ctx context.Context, tx DBTX, queue string, limit int) ([]PendingMessage, error) {
+	if tx == nil {
+		return nil, &InputError{Field: "tx", Rule: "must not be nil"}
+	}
+	return o.unprocessed(ctx, "UnprocessedTx", tx, queue, limit)
+}
+
+// unprocessed is Unprocessed and UnprocessedTx, reading through conn.
+func (o *Outbox) unprocessed(ctx context.Context, method string, conn DBTX, queue string, limit int) ([]PendingMessage, error) {
 	if err := checkQueueToRead("queue", queue); err != nil {
 		return nil, err
 	}
 	if limit <= 0 {
 		return nil, &InputError{Field: "limit", Rule: "must be positive"}
 	}
-	rows, err := o.queries(o.pool).FetchUnprocessed(ctx, db.FetchUnprocessedParams{Queue: queue, MaxRows: int32(min(limit, 1<<30))})
+	rows, err := o.queries(conn).FetchUnprocessed(ctx, db.FetchUnprocessedParams{Queue: queue, MaxRows: int32(min(limit, 1<<30))})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: Unprocessed: %w", err)
+		return nil, fmt.Errorf("outbox: %s: %w", method, err)
 	}
 	var hc headerCache
 	out := make([]PendingMessage, len(rows))

@@ -54,3 +54,48 @@ func TestRetryBacklog(t *testing.T) {
 		t.Errorf("an empty queue: %v, want a *ConfigError for queues[1]", err)
 	}
 }
+
+// UnprocessedTx sees the rows its transaction published and has not
+// committed, which Unprocessed, on the pool, does not.
+func TestUnprocessedTxReadsWithinTheTransaction(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pub, err := NewPublisher[string](e.ob, "q", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed := e.publish("q")
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	uncommitted, err := pub.Publish(e.ctx, tx, "in tx", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := func(rows []PendingMessage, err error) []int64 {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := []int64{}
+		for _, r := range rows {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+	if diff := cmp.Diff([]int64{committed, uncommitted}, ids(e.ob.UnprocessedTx(e.ctx, tx, "q", 10))); diff != "" {
+		t.Errorf("UnprocessedTx (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int64{committed}, ids(e.ob.Unprocessed(e.ctx, "q", 10))); diff != "" {
+		t.Errorf("Unprocessed (-want +got):\n%s", diff)
+	}
+	var in *InputError
+	if _, err := e.ob.UnprocessedTx(e.ctx, nil, "q", 10); !errors.As(err, &in) || in.Field != "tx" {
+		t.Errorf("nil tx: %v, want an *InputError for tx", err)
+	}
+	if _, err := e.ob.UnprocessedTx(e.ctx, tx, "q", 0); !errors.As(err, &in) || in.Field != "limit" {
+		t.Errorf("limit 0: %v, want an *InputError for limit", err)
+	}
+}

@@ -27,10 +27,13 @@ const bindUsage = `Usage: outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE]
 Reads the Go package in DIR and, for every type whose doc comment has a line
   //outbox:message queue=NAME [type=TYPENAME]
 (its only line starting //outbox:) writes, next to it, one gofmt-clean file
-with the queue's constant and a typed publisher and subscriber constructor
-per type, and an AsyncAPI 3.0 document of the queues and their payloads'
-JSON Schemas (derived from the types as encoding/json sees them). Nothing
-is written unless every annotation is valid.
+with, per type, the queue's constant, a typed publisher constructor and two
+subscriber constructors: New<T>Subscriber for an outbox.Handler, and
+New<T>TxSubscriber for an outbox.TxHandler, which acknowledges each message
+in the transaction it hands the handler. It writes too an AsyncAPI 3.0
+document of the queues and their payloads' JSON Schemas (derived from the
+types as encoding/json sees them). Nothing is written unless every
+annotation is valid.
 
 Publishers record the message type in the message-type header: by
 default the type's name, which the document states as the header's value.
@@ -399,6 +402,11 @@ func New{{.Type}}Publisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[{{.Typ
 // New{{.Type}}Subscriber returns a subscriber that hands the {{.Type}} messages of Queue{{.Type}} to h.
 func New{{.Type}}Subscriber(ob *outbox.Outbox, h outbox.Handler[{{.Type}}], cfg *outbox.SubscriberConfig[{{.Type}}]) (*outbox.Subscriber[{{.Type}}], error) {
 	return outbox.NewSubscriber(ob, []string{Queue{{.Type}}}, h, cfg)
+}
+
+// New{{.Type}}TxSubscriber returns a subscriber that hands the {{.Type}} messages of Queue{{.Type}} to h, each in a transaction that acknowledges it (see outbox.NewTxSubscriber).
+func New{{.Type}}TxSubscriber(ob *outbox.Outbox, h outbox.TxHandler[{{.Type}}], cfg *outbox.SubscriberConfig[{{.Type}}]) (*outbox.Subscriber[{{.Type}}], error) {
+	return outbox.NewTxSubscriber(ob, []string{Queue{{.Type}}}, h, cfg)
 }
 {{- if .MessageType}}
 

@@ -17,6 +17,11 @@ func NewOrderPlacedSubscriber(ob *outbox.Outbox, h outbox.Handler[OrderPlaced], 
 	return outbox.NewSubscriber(ob, []string{QueueOrderPlaced}, h, cfg)
 }
 
+// NewOrderPlacedTxSubscriber returns a subscriber that hands the OrderPlaced messages of QueueOrderPlaced to h, each in a transaction that acknowledges it (see outbox.NewTxSubscriber).
+func NewOrderPlacedTxSubscriber(ob *outbox.Outbox, h outbox.TxHandler[OrderPlaced], cfg *outbox.SubscriberConfig[OrderPlaced]) (*outbox.Subscriber[OrderPlaced], error) {
+	return outbox.NewTxSubscriber(ob, []string{QueueOrderPlaced}, h, cfg)
+}
+
 // QueueOrderShipped is the queue of OrderShipped messages.
 const QueueOrderShipped = "shop.order_shipped"
 
@@ -28,6 +33,11 @@ func NewOrderShippedPublisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[Ord
 // NewOrderShippedSubscriber returns a subscriber that hands the OrderShipped messages of QueueOrderShipped to h.
 func NewOrderShippedSubscriber(ob *outbox.Outbox, h outbox.Handler[OrderShipped], cfg *outbox.SubscriberConfig[OrderShipped]) (*outbox.Subscriber[OrderShipped], error) {
 	return outbox.NewSubscriber(ob, []string{QueueOrderShipped}, h, cfg)
+}
+
+// NewOrderShippedTxSubscriber returns a subscriber that hands the OrderShipped messages of QueueOrderShipped to h, each in a transaction that acknowledges it (see outbox.NewTxSubscriber).
+func NewOrderShippedTxSubscriber(ob *outbox.Outbox, h outbox.TxHandler[OrderShipped], cfg *outbox.SubscriberConfig[OrderShipped]) (*outbox.Subscriber[OrderShipped], error) {
+	return outbox.NewTxSubscriber(ob, []string{QueueOrderShipped}, h, cfg)
 }
 
 // OutboxMessageType names OrderShipped in the message-type header (see outbox.MessageTyper).

@@ -83,3 +83,80 @@ func TestPlaceOrderPublishesAndShippingShipsIt(t *testing.T) {
 	}
 	outboxtest.RequirePublished[OrderPlaced](t, f.Outbox, QueueOrderPlaced)
 }
+
+// readme:begin txhandler
+
+// The shop's tables are in each test's schema too (WithMigrations), and
+// DrainTx runs the transactional handler: its write commits with the
+// acknowledgement.
+func TestRecordShipment(t *testing.T) {
+	f := outboxtest.New(t, outboxtest.Connect(t), nil, outboxtest.WithMigrations(Migrations, "migrations"))
+	if err := pgx.BeginFunc(t.Context(), f.Pool, func(tx pgx.Tx) error {
+		return PlaceOrder(t.Context(), f.Outbox, tx, OrderPlaced{OrderID: "o-1", Customer: "c-7"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n := outboxtest.DrainTx(t, f.Outbox, []string{QueueOrderPlaced}, RecordShipment, nil, 0)
+	var customer string
+	if err := f.Pool.QueryRow(t.Context(), "SELECT customer FROM shipments WHERE order_id = 'o-1'").Scan(&customer); err != nil || n != 1 {
+		t.Fatalf("%d deliveries, customer %q, %v", n, customer, err)
+	}
+	outboxtest.RequirePublished[OrderPlaced](t, f.Outbox, QueueOrderPlaced) // acknowledged
+}
+
+// readme:end
+
+// readme:begin publishedtx
+
+// RequirePublishedTx asserts inside the transaction under test, before it
+// commits; after a rollback, nothing was published.
+func TestPlaceOrderPublishesInTheTransaction(t *testing.T) {
+	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	tx, err := f.Pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(t.Context())
+	if err := PlaceOrder(t.Context(), f.Outbox, tx, OrderPlaced{OrderID: "o-1"}); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.RequirePublishedTx(t, tx, f.Outbox, QueueOrderPlaced, OrderPlaced{OrderID: "o-1"})
+	outboxtest.RequirePublished[OrderPlaced](t, f.Outbox, QueueOrderPlaced) // not committed yet
+	if err := tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.RequirePublished[OrderPlaced](t, f.Outbox, QueueOrderPlaced)
+}
+
+// readme:end
+
+// A transactional handler that fails rolls its write back; the retry's
+// commits. Shipments is the subscriber the service runs with it.
+func TestRecordShipmentRollsBackWithAFailure(t *testing.T) {
+	t.Parallel()
+	f := outboxtest.New(t, outboxtest.Connect(t), nil, outboxtest.WithMigrations(Migrations, "migrations"))
+	if _, err := Shipments(f.Outbox); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(t.Context(), f.Pool, func(tx pgx.Tx) error {
+		return PlaceOrder(t.Context(), f.Outbox, tx, OrderPlaced{OrderID: "o-1", Customer: "c-7"})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n := outboxtest.DrainTx(t, f.Outbox, []string{QueueOrderPlaced}, func(ctx context.Context, tx pgx.Tx, m *outbox.Message[OrderPlaced]) error {
+		if err := RecordShipment(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.Deliveries == 1 {
+			return outbox.RetryAfter(errors.New("label printer jammed"), 10*time.Millisecond)
+		}
+		return nil
+	}, nil, 0)
+	var rows int
+	if err := f.Pool.QueryRow(t.Context(), "SELECT count(*) FROM shipments").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || rows != 1 {
+		t.Errorf("%d deliveries left %d shipments; want 2 and 1 (the first rolled back)", n, rows)
+	}
+}

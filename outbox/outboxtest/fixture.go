@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -26,7 +25,9 @@ const EnvURL = "TEST_DATABASE_URL"
 type Fixture struct {
 	// Outbox is the test's outbox; its tables are in Schema.
 	Outbox *outbox.Outbox
-	// Pool is the pool the fixture was made on.
+	// Pool is the pool the fixture was made on, or with [WithMigrations]
+	// a pool of its own on the same database whose search_path starts
+	// with Schema. Outbox uses it.
 	Pool *pgxpool.Pool
 	// Schema is the test's own schema, "outboxtest_" and random hex.
 	Schema string
@@ -36,9 +37,18 @@ type Fixture struct {
 // drops the schema when tb ends. cfg may be nil; its Schema is replaced by
 // the fixture's own. Rows that the code under test publishes through
 // f.Outbox land in that schema, whatever the pool's search_path; the code's
-// own tables stay where they are.
-func New(tb testing.TB, pool *pgxpool.Pool, cfg *outbox.Config) *Fixture {
+// own tables stay where they are, unless opts give the service's
+// migrations ([WithMigrations]) to make the test a copy of them in its
+// schema.
+func New(tb testing.TB, pool *pgxpool.Pool, cfg *outbox.Config, opts ...Option) *Fixture {
 	tb.Helper()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.migrate && o.migrations == nil {
+		tb.Fatalf("outboxtest: New: WithMigrations with a nil fs.FS")
+	}
 	var c outbox.Config
 	if cfg != nil {
 		c = *cfg
@@ -46,7 +56,11 @@ func New(tb testing.TB, pool *pgxpool.Pool, cfg *outbox.Config) *Fixture {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	c.Schema = "outboxtest_" + hex.EncodeToString(b[:])
-	ob, err := outbox.New(pool, &c)
+	obPool := pool
+	if o.migrate {
+		obPool = searchPathPool(tb, pool, c.Schema)
+	}
+	ob, err := outbox.New(obPool, &c)
 	if err != nil {
 		tb.Fatalf("outboxtest: New: %v", err)
 	}
@@ -62,7 +76,10 @@ func New(tb testing.TB, pool *pgxpool.Pool, cfg *outbox.Config) *Fixture {
 	if err := ob.Migrate(ctx); err != nil {
 		tb.Fatalf("outboxtest: New: %v", err)
 	}
-	return &Fixture{Outbox: ob, Pool: pool, Schema: c.Schema}
+	if o.migrate {
+		applyMigrations(tb, obPool, c.Schema, o)
+	}
+	return &Fixture{Outbox: ob, Pool: obPool, Schema: c.Schema}
 }
 
 // Main runs a package's tests against a test database and exits with
@@ -128,15 +145,10 @@ func Connect(tb testing.TB) *pgxpool.Pool {
 // RequirePublished fails tb unless queue holds exactly want, oldest first,
 // decoded with the default codec of T, and prints the difference. Call it
 // after the transaction under test committed: it reads through ob's pool.
+// [RequirePublishedTx] asserts within the transaction before it commits.
 func RequirePublished[T any](tb testing.TB, ob *outbox.Outbox, queue string, want ...T) {
 	tb.Helper()
-	got := Published[T](tb, ob, queue, nil)
-	if want == nil {
-		want = []T{}
-	}
-	if diff := cmp.Diff(want, got); diff != "" {
-		tb.Fatalf("outboxtest: queue %q (-want +got):\n%s", queue, diff)
-	}
+	requireEqual(tb, queue, want, Published[T](tb, ob, queue, nil))
 }
 
 // String describes the fixture, for test logs.

@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
+	"testing/fstest"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -163,5 +167,116 @@ func TestConnect(t *testing.T) {
 	msg := fails(t, func(tb testing.TB) { outboxtest.Connect(tb) })
 	if !strings.Contains(msg, "no test database through $TEST_DATABASE_URL") || !strings.Contains(msg, "set TEST_DATABASE_URL") {
 		t.Errorf("failed with %q", msg)
+	}
+}
+
+// withShipments makes a fixture whose schema holds the shipments table of
+// testdata/migrations beside the outbox.
+func withShipments(t *testing.T) *outboxtest.Fixture {
+	t.Helper()
+	return outboxtest.New(t, outboxtest.Connect(t), nil, outboxtest.WithMigrations(os.DirFS("testdata"), "migrations"))
+}
+
+// query returns the first column of sql's rows on pool.
+func query[V any](t *testing.T, pool *pgxpool.Pool, sql string) []V {
+	t.Helper()
+	rows, _ := pool.Query(t.Context(), sql) // an error comes back from CollectRows
+	out, err := pgx.CollectRows(rows, pgx.RowTo[V])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// shipments returns the order ids and attempts of the shipments table
+// unqualified names on pool find, by order id.
+func shipments(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	return query[string](t, pool, "SELECT order_id || '#' || attempt FROM shipments ORDER BY order_id")
+}
+
+// Tests running in parallel each get the service's tables, migrated to
+// the latest version, in their own schema: a row one writes is not in the
+// other's table, and the tables go with the schema.
+func TestWithMigrationsGivesEachTestItsOwnTables(t *testing.T) {
+	t.Parallel()
+	pool := outboxtest.Connect(t)
+	var (
+		mu      sync.Mutex
+		schemas []string
+	)
+	t.Run("group", func(t *testing.T) {
+		for i := range 2 {
+			t.Run(fmt.Sprint(i), func(t *testing.T) {
+				t.Parallel()
+				f := withShipments(t)
+				mu.Lock()
+				schemas = append(schemas, f.Schema)
+				mu.Unlock()
+				order := fmt.Sprint("o-", i)
+				if _, err := f.Pool.Exec(t.Context(), "INSERT INTO shipments (order_id, attempt) VALUES ($1, 1)", order); err != nil {
+					t.Fatal(err)
+				}
+				if diff := cmp.Diff([]string{order + "#1"}, shipments(t, f.Pool)); diff != "" {
+					t.Errorf("shipments (-want +got):\n%s", diff)
+				}
+				var carrier string
+				var inSchema bool
+				if err := f.Pool.QueryRow(t.Context(), "SELECT carrier, to_regclass('shipments') = to_regclass($1) FROM shipments",
+					f.Schema+".shipments").Scan(&carrier, &inSchema); err != nil {
+					t.Fatal(err)
+				}
+				if carrier != "post" || !inSchema {
+					t.Errorf("carrier %q, in %s: %v; want post (migration 2), true", carrier, f.Schema, inSchema)
+				}
+				versions := query[int64](t, pool, "SELECT version_id FROM "+f.Schema+"."+outboxtest.MigrationsVersionTable+" WHERE version_id > 0 ORDER BY id")
+				if diff := cmp.Diff([]int64{1, 2}, versions); diff != "" {
+					t.Errorf("the service's goose versions (-want +got):\n%s", diff)
+				}
+				// The outbox is migrated, with its own version table.
+				if err := f.Outbox.Check(t.Context()); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	})
+	if len(schemas) != 2 || schemas[0] == schemas[1] {
+		t.Fatalf("schemas %v", schemas)
+	}
+	for _, s := range schemas {
+		if schemaExists(t, pool, s) {
+			t.Errorf("schema %s outlived its test", s)
+		}
+	}
+	// Nothing landed where the shared pool's unqualified names go.
+	var leaked bool
+	if err := pool.QueryRow(t.Context(), "SELECT to_regclass('shipments') IS NOT NULL").Scan(&leaked); err != nil {
+		t.Fatal(err)
+	}
+	if leaked {
+		t.Error("a shipments table outside the fixtures' schemas")
+	}
+}
+
+// Migrations that are missing or fail fail the test, saying where.
+func TestWithMigrationsFailsClearly(t *testing.T) {
+	t.Parallel()
+	pool := outboxtest.Connect(t)
+	for name, tt := range map[string]struct {
+		opt  outboxtest.Option
+		want string
+	}{
+		"nil fs":          {outboxtest.WithMigrations(nil, "."), "WithMigrations with a nil fs.FS"},
+		"empty directory": {outboxtest.WithMigrations(fstest.MapFS{"x/README": {}}, "x"), `no goose migrations (NNN_name.sql) in directory "x"`},
+		"bad directory":   {outboxtest.WithMigrations(os.DirFS("testdata"), "../x"), `directory "../x"`},
+		"failing":         {outboxtest.WithMigrations(os.DirFS("testdata"), "bad"), `in directory "bad"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			msg := fails(t, func(tb testing.TB) { outboxtest.New(tb, pool, nil, tt.opt) })
+			if !strings.Contains(msg, tt.want) {
+				t.Errorf("failed with %q, want %q", msg, tt.want)
+			}
+		})
 	}
 }

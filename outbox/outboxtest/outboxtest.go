@@ -1,12 +1,15 @@
 // Package outboxtest helps the tests of services that use an outbox: a
 // test database found or started for the package's tests ([Main]), a
 // fresh, migrated outbox per test ([New], on the database [Connect]
-// reaches), assertions on what a test published ([RequirePublished],
-// [Published]), and a run of the subscriber until the queues are empty,
-// retries included ([Drain]).
+// reaches), with a copy of the service's own tables if asked
+// ([WithMigrations]), assertions on what a test published, after the
+// transaction commits ([RequirePublished], [Published]) or inside it
+// ([RequirePublishedTx], [PublishedTx]), and a run of the subscriber until
+// the queues are empty, retries included, with a handler ([Drain]) or a
+// transactional handler ([DrainTx]).
 //
-// It uses only the outbox package's public API against a real database;
-// there is no fake outbox. A package's tests start with
+// It drives the outbox through its public API only, against a real
+// database; there is no fake outbox. A package's tests start with
 //
 //	func TestMain(m *testing.M) { outboxtest.Main(m) }
 //
@@ -24,6 +27,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxgen/outboxgen/internal/msgtype"
 	"github.com/outboxgen/outboxgen/outbox"
 )
@@ -32,32 +38,80 @@ import (
 // first, decoded with codec (nil for outbox.DefaultCodec). It claims
 // nothing. A row that does not decode fails tb, and so does a row whose
 // message type a subscriber of T would refuse (see outbox.MessageTyper).
+// It reads through ob's pool, so it sees committed rows only; [PublishedTx]
+// reads within a transaction.
 func Published[T any](tb testing.TB, ob *outbox.Outbox, queue string, codec outbox.Codec[T]) []T {
+	tb.Helper()
+	return published(tb, "Published", queue, codec, func(ctx context.Context) ([]outbox.PendingMessage, error) {
+		return ob.Unprocessed(ctx, queue, publishedMax)
+	})
+}
+
+// PublishedTx is [Published] read within tx, the transaction under test
+// before it commits (or any outbox.DBTX): it sees the rows tx published
+// beside those already committed. It reads without locks and writes
+// nothing, so tx goes on as before.
+func PublishedTx[T any](tb testing.TB, tx outbox.DBTX, ob *outbox.Outbox, queue string, codec outbox.Codec[T]) []T {
+	tb.Helper()
+	return published(tb, "PublishedTx", queue, codec, func(ctx context.Context) ([]outbox.PendingMessage, error) {
+		return ob.UnprocessedTx(ctx, tx, queue, publishedMax)
+	})
+}
+
+// publishedMax is the most rows Published reads of a queue.
+const publishedMax = 100000
+
+// published decodes the rows read returns, as Published describes; name
+// is the caller's, for the failures.
+func published[T any](tb testing.TB, name, queue string, codec outbox.Codec[T], read func(context.Context) ([]outbox.PendingMessage, error)) []T {
 	tb.Helper()
 	if codec == nil {
 		codec = outbox.DefaultCodec[T]()
 	}
 	typ, err := msgtype.Of(reflect.TypeFor[T]())
 	if err != nil {
-		tb.Fatalf("outboxtest: Published(%q): %v", queue, err)
+		tb.Fatalf("outboxtest: %s(%q): %v", name, queue, err)
 	}
-	rows, err := ob.Unprocessed(context.Background(), queue, 100000)
+	rows, err := read(context.Background())
 	if err != nil {
-		tb.Fatalf("outboxtest: Published(%q): %v", queue, err)
+		tb.Fatalf("outboxtest: %s(%q): %v", name, queue, err)
 	}
 	out := make([]T, 0, len(rows))
 	for _, r := range rows {
 		if mt := r.Headers[outbox.HeaderMessageType]; !typ.Reads(mt) {
-			tb.Fatalf("outboxtest: Published(%q): row %d is of message type %q; a subscriber of %v reads %q",
-				queue, r.ID, mt, reflect.TypeFor[T](), typ.Name)
+			tb.Fatalf("outboxtest: %s(%q): row %d is of message type %q; a subscriber of %v reads %q",
+				name, queue, r.ID, mt, reflect.TypeFor[T](), typ.Name)
 		}
 		v, err := codec.Decode(r.Payload)
 		if err != nil {
-			tb.Fatalf("outboxtest: Published(%q): row %d: %v", queue, r.ID, err)
+			tb.Fatalf("outboxtest: %s(%q): row %d: %v", name, queue, r.ID, err)
 		}
 		out = append(out, v)
 	}
 	return out
+}
+
+// RequirePublishedTx is [RequirePublished] asserting within tx, the
+// transaction under test before it commits (or any outbox.DBTX): it fails
+// tb unless queue holds exactly want, the rows tx published included,
+// oldest first, decoded with the default codec of T, and prints the
+// difference. tx goes on as before; roll it back afterwards, and
+// RequirePublished with no messages shows that nothing was published.
+func RequirePublishedTx[T any](tb testing.TB, tx outbox.DBTX, ob *outbox.Outbox, queue string, want ...T) {
+	tb.Helper()
+	requireEqual(tb, queue, want, PublishedTx[T](tb, tx, ob, queue, nil))
+}
+
+// requireEqual fails tb with the difference unless queue's messages got
+// are want; nil want means none.
+func requireEqual[T any](tb testing.TB, queue string, want, got []T) {
+	tb.Helper()
+	if want == nil {
+		want = []T{}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		tb.Fatalf("outboxtest: queue %q (-want +got):\n%s", queue, diff)
+	}
 }
 
 // Drain runs a subscriber of queues with handler until none of their rows
@@ -67,8 +121,45 @@ func Published[T any](tb testing.TB, ob *outbox.Outbox, queue string, codec outb
 // after timeout, and the rows of an ordering key waiting behind such a
 // row. cfg may be nil; Drain polls every few milliseconds
 // whatever cfg says, and fails tb if the queues are not drained within
-// timeout (0 means 30 s).
+// timeout (0 means 30 s). [DrainTx] does the same for a transactional
+// handler.
 func Drain[T any](tb testing.TB, ob *outbox.Outbox, queues []string, handler outbox.Handler[T], cfg *outbox.SubscriberConfig[T], timeout time.Duration) (count int) {
+	tb.Helper()
+	return drain(tb, "Drain", ob, queues, cfg, timeout, func(c *outbox.SubscriberConfig[T], delivered func()) (*outbox.Subscriber[T], error) {
+		if handler == nil {
+			return outbox.NewSubscriber[T](ob, queues, nil, c) // its error names the handler
+		}
+		return outbox.NewSubscriber(ob, queues, func(ctx context.Context, m *outbox.Message[T]) error {
+			delivered()
+			return handler(ctx, m)
+		}, c)
+	})
+}
+
+// DrainTx is [Drain] for a transactional handler: it runs a subscriber
+// made by outbox.NewTxSubscriber, so each delivery runs handler in a
+// transaction that acknowledges the message when handler returns nil, and
+// rolls back handler's writes with the delivery when it fails (see
+// outbox.TxHandler). cfg is NewTxSubscriber's: its LockWindow must be 0 or
+// negative, and its Workers default to what ob's pool has room for.
+func DrainTx[T any](tb testing.TB, ob *outbox.Outbox, queues []string, handler outbox.TxHandler[T], cfg *outbox.SubscriberConfig[T], timeout time.Duration) (count int) {
+	tb.Helper()
+	return drain(tb, "DrainTx", ob, queues, cfg, timeout, func(c *outbox.SubscriberConfig[T], delivered func()) (*outbox.Subscriber[T], error) {
+		if handler == nil {
+			return outbox.NewTxSubscriber[T](ob, queues, nil, c) // its error names the handler
+		}
+		return outbox.NewTxSubscriber(ob, queues, func(ctx context.Context, tx pgx.Tx, m *outbox.Message[T]) error {
+			delivered()
+			return handler(ctx, tx, m)
+		}, c)
+	})
+}
+
+// drain is Drain and DrainTx: newSub makes the subscriber with the
+// configuration to run, its handler calling delivered once a delivery;
+// name is the caller's, for the failures.
+func drain[T any](tb testing.TB, name string, ob *outbox.Outbox, queues []string, cfg *outbox.SubscriberConfig[T], timeout time.Duration,
+	newSub func(c *outbox.SubscriberConfig[T], delivered func()) (*outbox.Subscriber[T], error)) (count int) {
 	tb.Helper()
 	var c outbox.SubscriberConfig[T]
 	if cfg != nil {
@@ -79,12 +170,9 @@ func Drain[T any](tb testing.TB, ob *outbox.Outbox, queues []string, handler out
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	deliveries := make(chan struct{}, 1024)
-	sub, err := outbox.NewSubscriber(ob, queues, func(ctx context.Context, m *outbox.Message[T]) error {
-		deliveries <- struct{}{}
-		return handler(ctx, m)
-	}, &c)
+	sub, err := newSub(&c, func() { deliveries <- struct{}{} })
 	if err != nil {
-		tb.Fatalf("outboxtest: Drain: %v", err)
+		tb.Fatalf("outboxtest: %s: %v", name, err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -98,7 +186,7 @@ func Drain[T any](tb testing.TB, ob *outbox.Outbox, queues []string, handler out
 				continue
 			case err := <-done:
 				if err != nil {
-					tb.Errorf("outboxtest: Drain: Run: %v", err)
+					tb.Errorf("outboxtest: %s: Run: %v", name, err)
 				}
 			}
 			break
@@ -125,7 +213,7 @@ func Drain[T any](tb testing.TB, ob *outbox.Outbox, queues []string, handler out
 			return count
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("outboxtest: Drain: %v still hold due, leased or retrying rows after %v", queues, timeout)
+			tb.Fatalf("outboxtest: %s: %v still hold due, leased or retrying rows after %v", name, queues, timeout)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

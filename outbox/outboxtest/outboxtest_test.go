@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
@@ -151,5 +153,155 @@ func TestDrainLeavesRetriesDueAfterItsTimeout(t *testing.T) {
 	}
 	if diff := cmp.Diff([]Order{{"o-1"}}, outboxtest.Published[Order](t, ob, "orders", nil)); diff != "" {
 		t.Errorf("left (-want +got):\n%s", diff)
+	}
+}
+
+// ship is a transactional handler: it writes the shipment in the
+// delivery's transaction, which acknowledges the message.
+func ship(ctx context.Context, tx pgx.Tx, m *outbox.Message[Order]) error {
+	_, err := tx.Exec(ctx, "INSERT INTO shipments (order_id, attempt) VALUES ($1, $2)", m.Payload.ID, m.Deliveries)
+	return err
+}
+
+// publishOrders publishes orders in one committed transaction.
+func publishOrders(t *testing.T, f *outboxtest.Fixture, orders ...Order) {
+	t.Helper()
+	pub, err := outbox.NewPublisher[Order](f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.PublishBatch(t.Context(), f.Pool, orders, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// DrainTx runs a transactional handler until the queue is empty: its
+// writes committed with the acknowledgements.
+func TestDrainTxCommitsTheHandlersWrites(t *testing.T) {
+	t.Parallel()
+	f := withShipments(t)
+	publishOrders(t, f, Order{"o-1"}, Order{"o-2"})
+	if n := outboxtest.DrainTx(t, f.Outbox, []string{"orders"}, ship, nil, 0); n != 2 {
+		t.Errorf("DrainTx saw %d deliveries, want 2", n)
+	}
+	if diff := cmp.Diff([]string{"o-1#1", "o-2#1"}, shipments(t, f.Pool)); diff != "" {
+		t.Errorf("shipments (-want +got):\n%s", diff)
+	}
+	outboxtest.RequirePublished[Order](t, f.Outbox, "orders")
+}
+
+// A delivery whose handler fails rolls back the handler's writes, and
+// DrainTx runs its retry, whose writes commit; one that is never
+// acknowledged leaves nothing of its attempts.
+func TestDrainTxRollsBackAFailingHandler(t *testing.T) {
+	t.Parallel()
+	f := withShipments(t)
+	publishOrders(t, f, Order{"o-1"}, Order{"broken"})
+	n := outboxtest.DrainTx(t, f.Outbox, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *outbox.Message[Order]) error {
+		if err := ship(ctx, tx, m); err != nil {
+			return err
+		}
+		switch {
+		case m.Payload.ID == "broken":
+			return errors.New("no carrier")
+		case m.Deliveries == 1:
+			return outbox.RetryAfter(errors.New("carrier busy"), 10*time.Millisecond)
+		}
+		return nil
+	}, &outbox.SubscriberConfig[Order]{Retry: &outbox.ConstantRetry{Delay: 10 * time.Millisecond, MaxAttempts: 2}}, 0)
+	if n != 4 {
+		t.Errorf("DrainTx saw %d deliveries, want 4 (each row twice)", n)
+	}
+	// The first attempt's row would clash with the second's primary key
+	// had it not rolled back.
+	if diff := cmp.Diff([]string{"o-1#2"}, shipments(t, f.Pool)); diff != "" {
+		t.Errorf("shipments (-want +got):\n%s", diff)
+	}
+	dead, err := f.Outbox.DeadLetters(t.Context(), outbox.DeadLetterFilter{Queue: "orders"}, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 1 || dead[0].Reason != outbox.ReasonRetryExhausted {
+		t.Errorf("dead letters %+v; want broken, retry_exhausted", dead)
+	}
+	outboxtest.RequirePublished[Order](t, f.Outbox, "orders")
+}
+
+// DrainTx fails the test on what NewTxSubscriber refuses.
+func TestDrainTxRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	for name, tt := range map[string]struct {
+		handler outbox.TxHandler[Order]
+		cfg     *outbox.SubscriberConfig[Order]
+		want    string
+	}{
+		"a lock window": {ship, &outbox.SubscriberConfig[Order]{LockWindow: time.Second}, "outboxtest: DrainTx: outbox: LockWindow"},
+		"no handler":    {nil, nil, "outboxtest: DrainTx: outbox: handler"},
+	} {
+		msg := fails(t, func(tb testing.TB) {
+			outboxtest.DrainTx(tb, f.Outbox, []string{"orders"}, tt.handler, tt.cfg, time.Second)
+		})
+		if !strings.Contains(msg, tt.want) {
+			t.Errorf("%s: failed with %q, want %q", name, msg, tt.want)
+		}
+	}
+	msg := fails(t, func(tb testing.TB) { outboxtest.Drain[Order](tb, f.Outbox, []string{"orders"}, nil, nil, time.Second) })
+	if want := "outboxtest: Drain: outbox: handler"; !strings.Contains(msg, want) {
+		t.Errorf("Drain without a handler: failed with %q, want %q", msg, want)
+	}
+}
+
+// RequirePublishedTx and PublishedTx see, within the transaction under
+// test, the rows it published beside the committed ones, which
+// RequirePublished does not until it commits, and never after it rolls
+// back.
+func TestRequirePublishedTxAssertsWithinTheTransaction(t *testing.T) {
+	t.Parallel()
+	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	publishOrders(t, f, Order{"committed"})
+	pub, err := outbox.NewPublisher[Order](f.Outbox, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := f.Pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := pub.PublishBatch(t.Context(), tx, []Order{{"a"}, {"b"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	outboxtest.RequirePublishedTx(t, tx, f.Outbox, "orders", Order{"committed"}, Order{"a"}, Order{"b"})
+	outboxtest.RequirePublishedTx[Order](t, tx, f.Outbox, "other")
+	if diff := cmp.Diff([]Order{{"committed"}, {"a"}, {"b"}}, outboxtest.PublishedTx[Order](t, tx, f.Outbox, "orders", nil)); diff != "" {
+		t.Errorf("PublishedTx (-want +got):\n%s", diff)
+	}
+	outboxtest.RequirePublished(t, f.Outbox, "orders", Order{"committed"})
+	for name, want := range map[string][]Order{
+		"committed only": {{"committed"}},
+		"another order":  {{"committed"}, {"b"}, {"a"}},
+		"one more":       {{"committed"}, {"a"}, {"b"}, {"c"}},
+		"none":           nil,
+	} {
+		msg := fails(t, func(tb testing.TB) { outboxtest.RequirePublishedTx(tb, tx, f.Outbox, "orders", want...) })
+		if !strings.Contains(msg, `queue "orders" (-want +got)`) {
+			t.Errorf("%s: failed with %q", name, msg)
+		}
+	}
+	// The assertions left the transaction usable.
+	if _, err := pub.Publish(t.Context(), tx, Order{"c"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.RequirePublishedTx(t, tx, f.Outbox, "orders", Order{"committed"}, Order{"a"}, Order{"b"}, Order{"c"})
+
+	if err := tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.RequirePublished(t, f.Outbox, "orders", Order{"committed"})
+	msg := fails(t, func(tb testing.TB) { outboxtest.RequirePublishedTx[Order](tb, tx, f.Outbox, "orders") })
+	if !strings.Contains(msg, "outboxtest: PublishedTx") || !strings.Contains(msg, "closed") {
+		t.Errorf("on a rolled-back transaction: failed with %q", msg)
 	}
 }

@@ -31,3 +31,9 @@ SELECT (to_regnamespace(@name::text) IS NOT NULL)::boolean AS exists;
 -- so the transaction exempts itself from idle_in_transaction_session_timeout.
 SELECT pg_try_advisory_xact_lock(@id::bigint) AS locked,
        set_config('idle_in_transaction_session_timeout', '0', true) AS idle_timeout;
+
+-- name: CurrentSchema :one
+-- The schema unqualified names are created in: the first of the session's
+-- search_path that exists, "" when none does. outboxtest checks with it
+-- that a search_path given at connect took effect (a pooler may drop it).
+SELECT coalesce(current_schema()::text, '')::text AS schema;

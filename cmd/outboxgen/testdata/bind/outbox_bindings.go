@@ -17,6 +17,11 @@ func NewOrderCreatedSubscriber(ob *outbox.Outbox, h outbox.Handler[OrderCreated]
 	return outbox.NewSubscriber(ob, []string{QueueOrderCreated}, h, cfg)
 }
 
+// NewOrderCreatedTxSubscriber returns a subscriber that hands the OrderCreated messages of QueueOrderCreated to h, each in a transaction that acknowledges it (see outbox.NewTxSubscriber).
+func NewOrderCreatedTxSubscriber(ob *outbox.Outbox, h outbox.TxHandler[OrderCreated], cfg *outbox.SubscriberConfig[OrderCreated]) (*outbox.Subscriber[OrderCreated], error) {
+	return outbox.NewTxSubscriber(ob, []string{QueueOrderCreated}, h, cfg)
+}
+
 // QueuePaymentFailed is the queue of PaymentFailed messages.
 const QueuePaymentFailed = "payments.failed"
 
@@ -28,6 +33,11 @@ func NewPaymentFailedPublisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[Pa
 // NewPaymentFailedSubscriber returns a subscriber that hands the PaymentFailed messages of QueuePaymentFailed to h.
 func NewPaymentFailedSubscriber(ob *outbox.Outbox, h outbox.Handler[PaymentFailed], cfg *outbox.SubscriberConfig[PaymentFailed]) (*outbox.Subscriber[PaymentFailed], error) {
 	return outbox.NewSubscriber(ob, []string{QueuePaymentFailed}, h, cfg)
+}
+
+// NewPaymentFailedTxSubscriber returns a subscriber that hands the PaymentFailed messages of QueuePaymentFailed to h, each in a transaction that acknowledges it (see outbox.NewTxSubscriber).
+func NewPaymentFailedTxSubscriber(ob *outbox.Outbox, h outbox.TxHandler[PaymentFailed], cfg *outbox.SubscriberConfig[PaymentFailed]) (*outbox.Subscriber[PaymentFailed], error) {
+	return outbox.NewTxSubscriber(ob, []string{QueuePaymentFailed}, h, cfg)
 }
 
 // OutboxMessageType names PaymentFailed in the message-type header (see outbox.MessageTyper).

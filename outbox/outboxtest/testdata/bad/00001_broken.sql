@@ -1,0 +1,2 @@
+-- +goose Up
+CREATE TABLE shipments (order_id text REFERENCES no_such_table);
