@@ -188,12 +188,12 @@ func TestEnvironmentNamesTheOutbox(t *testing.T) {
 	if r := runCLI(t, env, "migrations", "-dir", dir); r.code != 0 {
 		t.Fatalf("migrations: exit %d: %s", r.code, r.stderr)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "00001_outbox_jobs_create_outbox.sql"))
+	b, err := os.ReadFile(filepath.Join(dir, "00001_"+d.Schema+"_jobs_create.sql"))
 	if err != nil || !strings.HasPrefix(string(b), "-- outboxgen: "+d.Schema+".jobs ") {
 		t.Fatalf("migrations did not follow OUTBOX_SCHEMA and OUTBOX_TABLE: %v %v", err, keys(dirFiles(t, dir)))
 	}
 	// A flag wins over its variable.
-	if r := runCLI(t, env, "migrations", "-dir", dir, "-table", "audit", "-schema", "billing"); r.code != 0 || !strings.Contains(r.stdout, "_outbox_audit_create_outbox.sql") {
+	if r := runCLI(t, env, "migrations", "-dir", dir, "-table", "audit", "-schema", "billing"); r.code != 0 || !strings.Contains(r.stdout, "_billing_audit_create.sql") {
 		t.Errorf("migrations -table audit: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
 
