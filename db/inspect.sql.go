@@ -12,6 +12,18 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const countRows = `-- name: CountRows :one
+SELECT count(*)::bigint AS total FROM /*outbox:table*/outbox AS o
+`
+
+// How many rows the outbox holds, in every state.
+func (q *Queries) CountRows(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, countRows)
+	var total int64
+	err := row.Scan(&total)
+	return total, err
+}
+
 const fetchUnprocessed = `-- name: FetchUnprocessed :many
 SELECT o.id, o.queue, o.payload, o.headers, o.deliveries_count,
        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
@@ -58,6 +70,47 @@ func (q *Queries) FetchUnprocessed(ctx context.Context, arg FetchUnprocessedPara
 			&i.NextAttemptAt,
 			&i.AcquiredToken,
 		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const listOutboxes = `-- name: ListOutboxes :many
+SELECT n.nspname::text AS schema_name, c.relname::text AS table_name
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p')
+  AND NOT c.relispartition
+  AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
+  AND (SELECT count(*) FROM pg_catalog.pg_attribute AS a
+       WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+         AND a.attname IN ('queue', 'payload', 'headers', 'next_attempt_at', 'acquired_token', 'deliveries_count')) = 6
+ORDER BY 1, 2
+`
+
+type ListOutboxesRow struct {
+	SchemaName string
+	TableName  string
+}
+
+// Every table in the database that has an outbox's shape (columns every
+// schema version has and no other table of an outbox has), by schema and
+// index probe of pg_attribute per table of the database.
+func (q *Queries) ListOutboxes(ctx context.Context) ([]ListOutboxesRow, error) {
+	rows, err := q.db.Query(ctx, listOutboxes)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListOutboxesRow{}
+	for rows.Next() {
+		var i ListOutboxesRow
+		if err := rows.Scan(&i.SchemaName, &i.TableName); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -72,6 +72,32 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	return out, nil
 }
 
+// OutboxName names an outbox: the schema and the table of its rows.
+type OutboxName struct {
+	Schema string `json:"schema"`
+	Table  string `json:"table"`
+}
+
+// String returns schema.table.
+func (n OutboxName) String() string { return n.Schema + "." + n.Table }
+
+// Outboxes returns every outbox in the database o's pool reaches, o's own
+// included when it exists, ordered by schema and table: every table that
+// has an outbox table's shape, whatever its schema version. It is for
+// operators (outboxgen lists them when the outbox it was pointed at does
+// not exist); it reads the catalog only.
+func (o *Outbox) Outboxes(ctx context.Context) ([]OutboxName, error) {
+	rows, err := o.queries(o.pool).ListOutboxes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: Outboxes: %w", err)
+	}
+	out := make([]OutboxName, len(rows))
+	for i, r := range rows {
+		out[i] = OutboxName{Schema: r.SchemaName, Table: r.TableName}
+	}
+	return out, nil
+}
+
 // readError is the error of a read of the outbox's tables that failed:
 // when a table, column or function it needs does not exist and the
 // schema is missing or at another version, the *SchemaError that names

@@ -118,3 +118,23 @@ SELECT count(*)::bigint AS retrying,
                 - extract(epoch FROM statement_timestamp()), 0)::float8 AS next_due_in_seconds
 FROM /*outbox:table*/outbox AS o
 WHERE o.queue = ANY(@queues::text[]) AND o.attempts_count > 0;
+
+-- name: ListOutboxes :many
+-- Every table in the database that has an outbox's shape (columns every
+-- schema version has and no other table of an outbox has), by schema and
+-- name: what an operator who named the wrong outbox may have meant. One
+-- index probe of pg_attribute per table of the database.
+SELECT n.nspname::text AS schema_name, c.relname::text AS table_name
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p')
+  AND NOT c.relispartition
+  AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
+  AND (SELECT count(*) FROM pg_catalog.pg_attribute AS a
+       WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+         AND a.attname IN ('queue', 'payload', 'headers', 'next_attempt_at', 'acquired_token', 'deliveries_count')) = 6
+ORDER BY 1, 2;
+
+-- name: CountRows :one
+-- How many rows the outbox holds, in every state.
+SELECT count(*)::bigint AS total FROM /*outbox:table*/outbox AS o;
