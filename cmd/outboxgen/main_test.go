@@ -430,3 +430,30 @@ func TestMigrateDownGuardsRows(t *testing.T) {
 		t.Errorf("down -yes to 0: exit %d, version %d, %q", r.code, version(), r.stderr)
 	}
 }
+
+// Without -dsn and DATABASE_URL the CLI connects as psql would, from
+// PostgreSQL's client defaults, and says so in its first line.
+func TestPGEnvironment(t *testing.T) {
+	t.Parallel()
+	d, _, _, _ := migrated(t)
+	cfg, err := pgx.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"PGHOST": cfg.Host, "PGPORT": fmt.Sprint(cfg.Port), "PGUSER": cfg.User,
+		"PGDATABASE": cfg.Database, "PGPASSWORD": cfg.Password, "OUTBOX_SCHEMA": d.Schema}
+	if cfg.TLSConfig == nil {
+		env["PGSSLMODE"] = "disable"
+	}
+	r := runCLI(t, env, "migrate", "status")
+	header := fmt.Sprintf("outbox %s.outbox in %s@%s:%d/%s (from PostgreSQL's client defaults)\n", d.Schema, cfg.User, cfg.Host, cfg.Port, cfg.Database)
+	if first, _, _ := strings.Cut(r.stdout, "\n"); r.code != 0 || first+"\n" != header || strings.Contains(r.stdout, "pending") {
+		t.Errorf("migrate status from PG*: exit %d %q%s; want the first line %q", r.code, r.stdout, r.stderr, header)
+	}
+	// A value with a quote and a backslash is quoted for the connection string.
+	env["PGAPPNAME"] = `it's a\b`
+	r = runCLI(t, env, "inspect", "-json")
+	if r.code != 0 || r.stdout != "[]\n" || !strings.HasPrefix(r.stderr, "outboxgen: "+strings.TrimSuffix(header, "\n")) {
+		t.Errorf("inspect -json from PG*: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
