@@ -149,7 +149,7 @@ func (c conn) open(ctx context.Context, cmd string, getenv func(string) string) 
 		pool.Close()
 		var ce *outbox.ConfigError
 		if errors.As(err, &ce) {
-			return nil, fmt.Errorf("%w: %s: %v", errUsage, cmd, err)
+			return nil, fmt.Errorf("%w: %s: %s", errUsage, cmd, libText(err))
 		}
 		return nil, err
 	}
@@ -228,6 +228,11 @@ func (t *target) others(ctx context.Context) string {
 	}
 	return b.String()
 }
+
+// libText is the text of a library error without the "outbox: " its
+// messages start with, for a message that names the command instead:
+// "migrate up: Config.Table ..." rather than "migrate up: outbox: Config.Table ...".
+func libText(err error) string { return strings.TrimPrefix(err.Error(), "outbox: ") }
 
 // maxListed caps the outboxes an error lists.
 const maxListed = 20

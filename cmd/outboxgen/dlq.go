@@ -265,7 +265,7 @@ func printReplay(w io.Writer, res outbox.ReplayResult) error {
 func usageIfInput(err error) error {
 	var in *outbox.InputError
 	if errors.As(err, &in) {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %s", errUsage, libText(err))
 	}
 	return err
 }

@@ -44,7 +44,7 @@ func grantsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	stmts, err := outbox.Grants(&outbox.Config{Schema: schema, Table: table}, outbox.Roles{Publisher: *publisher, Subscriber: *subscriber})
 	var ce *outbox.ConfigError
 	if errors.As(err, &ce) {
-		return fmt.Errorf("%w: grants: %v (-publisher, -subscriber)", errUsage, err)
+		return fmt.Errorf("%w: grants: %s (-publisher, -subscriber)", errUsage, libText(err))
 	}
 	if err != nil {
 		return err

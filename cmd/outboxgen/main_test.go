@@ -132,7 +132,7 @@ func TestCLIErrors(t *testing.T) {
 			[]string{"migrate", "up"}, 1, "migrate up: cannot reach nobody@127.0.0.1:1/none (from PostgreSQL's client defaults; set DATABASE_URL, pass -dsn"},
 		{"mistyped command", nil, []string{"migrte", "up"}, 2, `unknown command "migrte"; did you mean "migrate"?`},
 		{"mistyped action", nil, []string{"migrate", "stauts"}, 2, `unknown action "stauts"; did you mean "status"?`},
-		{"bad table", dead, []string{"migrate", "-table", "Bad", "up"}, 2, `Config.Table "Bad"`},
+		{"bad table", dead, []string{"migrate", "-table", "Bad", "up"}, 2, `usage error: migrate up: Config.Table "Bad"`},
 		{"unreachable database", dead, []string{"migrate", "up"}, 1, "migrate up: cannot reach nobody@127.0.0.1:1/none (from DATABASE_URL): failed to connect"},
 	}
 	for _, tt := range tests {
@@ -455,5 +455,22 @@ func TestPGEnvironment(t *testing.T) {
 	r = runCLI(t, env, "inspect", "-json")
 	if r.code != 0 || r.stdout != "[]\n" || !strings.HasPrefix(r.stderr, "outboxgen: "+strings.TrimSuffix(header, "\n")) {
 		t.Errorf("inspect -json from PG*: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestDescribeLoss(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		current, version int64
+		loss             outbox.RollbackLoss
+		want             string
+	}{
+		{9, 0, outbox.RollbackLoss{Rows: 2, DeadLetters: 1}, "drops the outbox table with its 2 rows and the dead-letter table with its 1 dead letter"},
+		{9, 1, outbox.RollbackLoss{DeadLetters: 3}, "drops the dead-letter table with its 3 dead letters"},
+		{1, 0, outbox.RollbackLoss{Rows: 1}, "drops the outbox table with its 1 row"},
+	} {
+		if got := describeLoss(c.current, c.version, c.loss); got != c.want {
+			t.Errorf("describeLoss(%d, %d, %+v) = %q; want %q", c.current, c.version, c.loss, got, c.want)
+		}
 	}
 }

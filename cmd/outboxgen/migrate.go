@@ -141,7 +141,7 @@ func migrateDown(ctx context.Context, t *target, action string, version int64, y
 		}
 		if version == 0 || loss.Rows > 0 || loss.DeadLetters > 0 {
 			return fmt.Errorf("%w: migrate %s: rolling %s back to version %d %s; pass -yes to roll back anyway (nothing was changed)",
-				errUsage, action, t.where(), version, describeLoss(version, loss))
+				errUsage, action, t.where(), version, describeLoss(current, version, loss))
 		}
 	}
 	if err := t.ob.MigrateDownTo(ctx, version); err != nil {
@@ -166,13 +166,17 @@ func migrateDown(ctx context.Context, t *target, action string, version int64, y
 	return nil
 }
 
-// describeLoss says what a rollback to version (0 or 1) drops.
-func describeLoss(version int64, loss outbox.RollbackLoss) string {
-	dlq := fmt.Sprintf("the dead-letter table with its %d dead letter%s", loss.DeadLetters, plural(int(loss.DeadLetters)))
-	if version >= 1 {
-		return "drops " + dlq
+// describeLoss says what a rollback from version current to version (0
+// or 1) drops.
+func describeLoss(current, version int64, loss outbox.RollbackLoss) string {
+	var parts []string
+	if version < 1 {
+		parts = append(parts, fmt.Sprintf("the outbox table with its %d row%s", loss.Rows, plural(int(loss.Rows))))
 	}
-	return fmt.Sprintf("drops the outbox table with its %d row%s and %s", loss.Rows, plural(int(loss.Rows)), dlq)
+	if version < 2 && current >= 2 {
+		parts = append(parts, fmt.Sprintf("the dead-letter table with its %d dead letter%s", loss.DeadLetters, plural(int(loss.DeadLetters))))
+	}
+	return "drops " + strings.Join(parts, " and ")
 }
 
 // migrateStatus lists the migrations and, when the outbox does not exist,

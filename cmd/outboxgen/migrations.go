@@ -58,7 +58,7 @@ func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, g
 	schema, table := names.resolve(getenv)
 	files, err := renderedMigrations(schema, table)
 	if err != nil {
-		return fmt.Errorf("%w: migrations: %v", errUsage, err)
+		return fmt.Errorf("%w: migrations: %s", errUsage, libText(err))
 	}
 	missing, next, width, err := scanDir(*dir, files)
 	if err != nil {
