@@ -7,6 +7,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxgen/outboxgen/db"
 )
 
@@ -87,7 +89,16 @@ func (n OutboxName) String() string { return n.Schema + "." + n.Table }
 // operators (outboxgen lists them when the outbox it was pointed at does
 // not exist); it reads the catalog only.
 func (o *Outbox) Outboxes(ctx context.Context) ([]OutboxName, error) {
-	rows, err := o.queries(o.pool).ListOutboxes(ctx)
+	var rows []db.ListOutboxesRow
+	err := pgx.BeginTxFunc(ctx, o.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		q := o.queries(tx)
+		if err := q.DisableJIT(ctx); err != nil {
+			return err
+		}
+		var err error
+		rows, err = q.ListOutboxes(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: Outboxes: %w", err)
 	}
