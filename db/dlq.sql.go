@@ -219,7 +219,15 @@ WITH locked AS MATERIALIZED (
     DELETE FROM /*outbox:table*/outbox_dlq AS x
     USING picked AS p
     WHERE x.id = p.id AND (NOT p.conflict OR $7::boolean)
-    RETURNING x.id, x.queue, x.payload, x.headers, x.ordering_key,
+    RETURNING x.id, x.queue, x.payload,
+              CASE WHEN x.headers IS NULL OR jsonb_typeof(x.headers) = 'object' THEN
+                  coalesce(x.headers, '{}'::jsonb) || jsonb_build_object(
+                      $8::text, x.id::text,
+                      $9::text, coalesce(
+                          x.headers ->> $9::text,
+                          to_char(x.failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+              ELSE x.headers END AS headers,
+              x.ordering_key,
               CASE WHEN p.conflict THEN NULL ELSE x.timer_id END AS timer_id
 ), inserted AS (
     INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id)
@@ -235,13 +243,15 @@ ORDER BY p.id
 `
 
 type ReplayDeadLettersParams struct {
-	Queue            *string
-	Reason           *string
-	OlderThanSeconds float64
-	AfterID          int64
-	UpToID           int64
-	MaxRows          int32
-	DropTimerIds     bool
+	Queue               *string
+	Reason              *string
+	OlderThanSeconds    float64
+	AfterID             int64
+	UpToID              int64
+	MaxRows             int32
+	DropTimerIds        bool
+	HeaderReplayedFrom  string
+	HeaderFirstFailedAt string
 }
 
 type ReplayDeadLettersRow struct {
@@ -256,7 +266,10 @@ type ReplayDeadLettersRow struct {
 // (@after_id, @up_to_id] back into the outbox in one statement: a row is in
 // exactly one of the two tables whatever happens. Replayed rows get a new
 // id and start again from zero attempts, with their original payload,
-// headers, ordering key and timer id. A row whose timer id is live in the
+// headers, ordering key and timer id; headers that are an object (or
+// none) gain @header_replayed_from, the dead letter's id, and
+// @header_first_failed_at, its failed_at in RFC 3339 UTC, unless a header
+// of that name already carries an earlier replay's. A row whose timer id is live in the
 // outbox (or taken by a lower id of the same batch) conflicts: it stays in
 // the dead-letter table, or with @drop_timer_ids is replayed without its
 // timer id. A publisher that commits the same timer id while the statement
@@ -272,6 +285,8 @@ func (q *Queries) ReplayDeadLetters(ctx context.Context, arg ReplayDeadLettersPa
 		arg.UpToID,
 		arg.MaxRows,
 		arg.DropTimerIds,
+		arg.HeaderReplayedFrom,
+		arg.HeaderFirstFailedAt,
 	)
 	if err != nil {
 		return nil, err

@@ -12,6 +12,30 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const countRows = `-- name: CountRows :one
+SELECT count(*)::bigint AS total FROM /*outbox:table*/outbox AS o
+`
+
+// How many rows the outbox holds, in every state.
+func (q *Queries) CountRows(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, countRows)
+	var total int64
+	err := row.Scan(&total)
+	return total, err
+}
+
+const disableJIT = `-- name: DisableJIT :exec
+SELECT set_config('jit', 'off', true)
+`
+
+// Turns JIT compilation off for the calling transaction: the catalog's
+// cost estimates in a database of many tables pass jit_above_cost, and
+// compiling ListOutboxes takes longer (a second and more) than running it.
+func (q *Queries) DisableJIT(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, disableJIT)
+	return err
+}
+
 const fetchUnprocessed = `-- name: FetchUnprocessed :many
 SELECT o.id, o.queue, o.payload, o.headers, o.deliveries_count,
        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
@@ -58,6 +82,49 @@ func (q *Queries) FetchUnprocessed(ctx context.Context, arg FetchUnprocessedPara
 			&i.NextAttemptAt,
 			&i.AcquiredToken,
 		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const listOutboxes = `-- name: ListOutboxes :many
+SELECT n.nspname::text AS schema_name, c.relname::text AS table_name
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'acquired_token' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'next_attempt_at' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'deliveries_count' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'queue' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'payload' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'headers' AND NOT a.attisdropped)
+ORDER BY 1, 2
+`
+
+type ListOutboxesRow struct {
+	SchemaName string
+	TableName  string
+}
+
+// Every table in the database that has an outbox's shape (columns every
+// schema version has and no other table of an outbox has), by schema and
+// column is one probe of pg_attribute's (attrelid, attname) index.
+func (q *Queries) ListOutboxes(ctx context.Context) ([]ListOutboxesRow, error) {
+	rows, err := q.db.Query(ctx, listOutboxes)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListOutboxesRow{}
+	for rows.Next() {
+		var i ListOutboxesRow
+		if err := rows.Scan(&i.SchemaName, &i.TableName); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

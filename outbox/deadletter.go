@@ -164,7 +164,10 @@ type ReplayResult struct {
 // ends (an error, a cancelled ctx), every row is in exactly one of the two
 // tables, and none twice. Replayed rows get new ids and start from zero
 // attempts with their original payload, headers, ordering key and timer
-// id. Rows dead-lettered after the replay began are left for the next one.
+// id, and each carries [HeaderReplayedFrom] and [HeaderFirstFailedAt],
+// which link it to its dead letter (headers another client wrote that are
+// not a JSON object are left as they are). Rows dead-lettered after the
+// replay began are left for the next one.
 // A replayed row with an ordering key joins the end of its key, behind rows
 // of the key published since it was dead-lettered.
 //
@@ -201,6 +204,7 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 		p := db.ReplayDeadLettersParams{
 			Queue: orNil(f.Queue), Reason: orNil(f.Reason), OlderThanSeconds: f.OlderThan.Seconds(),
 			AfterID: after, UpToID: count.MaxID, MaxRows: replayBatch, DropTimerIds: opts.DropConflictingTimerIDs,
+			HeaderReplayedFrom: HeaderReplayedFrom, HeaderFirstFailedAt: HeaderFirstFailedAt,
 		}
 		rows, err := q.ReplayDeadLetters(ctx, p)
 		// A publisher committed a timer id of this batch after the
@@ -243,6 +247,21 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+// CountDeadLetters returns how many dead-lettered rows match f: what
+// [Outbox.ReplayDeadLetters] or [Outbox.PurgeDeadLetters] with f would
+// handle if nothing changed in between.
+func (o *Outbox) CountDeadLetters(ctx context.Context, f DeadLetterFilter) (int64, error) {
+	if err := f.check(); err != nil {
+		return 0, err
+	}
+	count, err := o.queries(o.pool).CountDeadLetters(ctx, db.CountDeadLettersParams{
+		Queue: orNil(f.Queue), Reason: orNil(f.Reason), OlderThanSeconds: f.OlderThan.Seconds()})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: CountDeadLetters: %w", err)
+	}
+	return count.Total, nil
 }
 
 // PurgeDeadLetters deletes the dead-lettered rows matching f for good and

@@ -235,3 +235,61 @@ func TestDeadLetterListAndPurge(t *testing.T) {
 		}
 	}
 }
+
+// A replayed row carries the id of its dead letter and when it first
+// failed, keeps its own headers, and is delivered as any row is; replayed
+// again after failing again, it keeps its first failure time.
+func TestReplayLinksRowsToTheirDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.deadLettered("orders", 41, 1, ReasonRetryExhausted)
+	var failedAt time.Time
+	if err := e.db.Pool.QueryRow(e.ctx, "SELECT failed_at FROM outbox_dlq WHERE id = 41").Scan(&failedAt); err != nil {
+		t.Fatal(err)
+	}
+	first := failedAt.UTC().Format("2006-01-02T15:04:05.000000Z")
+	if n, err := e.ob.CountDeadLetters(e.ctx, DeadLetterFilter{Queue: "orders"}); err != nil || n != 1 {
+		t.Fatalf("CountDeadLetters: %d, %v; want 1", n, err)
+	}
+	if res, err := e.ob.ReplayDeadLetters(e.ctx, DeadLetterFilter{}, nil); err != nil || res.Replayed != 1 {
+		t.Fatalf("replay: %+v, %v", res, err)
+	}
+	got := make(chan map[string]string, 1)
+	s := startSub(t, e.ob, []string{"orders"}, func(_ context.Context, m *Message[string]) error {
+		got <- m.Headers
+		return nil
+	}, nil)
+	var h map[string]string
+	select {
+	case h = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the replayed row was not delivered")
+	}
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{HeaderContentType: "text/plain; charset=utf-8", "x": "y",
+		HeaderReplayedFrom: "41", HeaderFirstFailedAt: first}
+	if diff := cmp.Diff(want, h); diff != "" {
+		t.Errorf("headers of the replayed row (-want +got):\n%s", diff)
+	}
+	if n := e.count("outbox"); n != 0 {
+		t.Errorf("%d rows left after the delivery", n)
+	}
+
+	// Dead-lettered again later under another id, replayed again: the
+	// latest dead letter's id, the first failure's time.
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, headers, deliveries_count, attempts_count, created_at, failed_at, failure_reason)
+		VALUES (97, 'orders', 'p', $1, 1, 1, now(), now(), 'rejected')`, h)
+	if _, err := e.ob.ReplayDeadLetters(e.ctx, DeadLetterFilter{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var again map[string]string
+	if err := e.db.Pool.QueryRow(e.ctx, "SELECT headers FROM outbox").Scan(&again); err != nil {
+		t.Fatal(err)
+	}
+	if again[HeaderReplayedFrom] != "97" || again[HeaderFirstFailedAt] != first {
+		t.Errorf("replayed twice: %s %q, %s %q; want 97 and %q", HeaderReplayedFrom, again[HeaderReplayedFrom],
+			HeaderFirstFailedAt, again[HeaderFirstFailedAt], first)
+	}
+}

@@ -27,6 +27,19 @@ const (
 	HeaderMessageType = "message-type"
 )
 
+// Headers [Outbox.ReplayDeadLetters] sets on each row it replays, linking
+// it to the dead letter it came from so that its history is not lost:
+// HeaderReplayedFrom holds the dead letter's id (its id in the outbox
+// before it failed), HeaderFirstFailedAt when the row first failed, in RFC
+// 3339 UTC with microseconds. A row replayed again keeps the
+// HeaderFirstFailedAt of its first replay and gets the HeaderReplayedFrom
+// of its latest. They are not reserved, but a replay overwrites
+// HeaderReplayedFrom and keeps a HeaderFirstFailedAt it finds.
+const (
+	HeaderReplayedFrom  = "replayed-from"
+	HeaderFirstFailedAt = "first-failed-at"
+)
+
 // HeadersMaxBytes caps a message's headers: the sum of the lengths of every
 // key and value, reserved headers included.
 const HeadersMaxBytes = 8 << 10

@@ -7,6 +7,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxgen/outboxgen/db"
 )
 
@@ -68,6 +70,41 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 			OldestHeldKey: r.OldestHeldKey, OldestHeldAge: seconds(r.OldestHeldAgeSeconds),
 			HandOffs: r.HandOffs,
 		}
+	}
+	return out, nil
+}
+
+// OutboxName names an outbox: the schema and the table of its rows.
+type OutboxName struct {
+	Schema string `json:"schema"`
+	Table  string `json:"table"`
+}
+
+// String returns schema.table.
+func (n OutboxName) String() string { return n.Schema + "." + n.Table }
+
+// Outboxes returns every outbox in the database o's pool reaches, o's own
+// included when it exists, ordered by schema and table: every table that
+// has an outbox table's shape, whatever its schema version. It is for
+// operators (outboxgen lists them when the outbox it was pointed at does
+// not exist); it reads the catalog only.
+func (o *Outbox) Outboxes(ctx context.Context) ([]OutboxName, error) {
+	var rows []db.ListOutboxesRow
+	err := pgx.BeginTxFunc(ctx, o.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		q := o.queries(tx)
+		if err := q.DisableJIT(ctx); err != nil {
+			return err
+		}
+		var err error
+		rows, err = q.ListOutboxes(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: Outboxes: %w", err)
+	}
+	out := make([]OutboxName, len(rows))
+	for i, r := range rows {
+		out[i] = OutboxName{Schema: r.SchemaName, Table: r.TableName}
 	}
 	return out, nil
 }

@@ -99,3 +99,38 @@ func TestUnprocessedTxReadsWithinTheTransaction(t *testing.T) {
 		t.Errorf("limit 0: %v, want an *InputError for limit", err)
 	}
 }
+
+// Outboxes finds every outbox of the database by its shape, whatever its
+// version, and not its dead-letter or other tables.
+func TestOutboxes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	other, err := New(e.db.Pool, &Config{Schema: e.ob.Schema(), Table: "events"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Migrate(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.MigrateDownTo(e.ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`CREATE TABLE lookalike (queue text, payload bytea)`)
+	all, err := e.ob.Outboxes(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine []OutboxName
+	for _, n := range all {
+		if n.Schema == e.ob.Schema() {
+			mine = append(mine, n)
+		}
+	}
+	want := []OutboxName{{e.ob.Schema(), "events"}, {e.ob.Schema(), "outbox"}}
+	if diff := cmp.Diff(want, mine); diff != "" {
+		t.Errorf("outboxes of the schema (-want +got):\n%s", diff)
+	}
+	if s := want[0].String(); s != e.ob.Schema()+".events" {
+		t.Errorf("String: %q", s)
+	}
+}

@@ -226,6 +226,48 @@ func (o *Outbox) MigrateDownTo(ctx context.Context, version int64) error {
 	})
 }
 
+// RollbackLoss is what rolling an outbox back to a version would drop with
+// the tables it drops: see [Outbox.MigrateDownLoss].
+type RollbackLoss struct {
+	// Rows counts the outbox's rows, dropped with its table when the
+	// rollback reaches version 0.
+	Rows int64
+	// DeadLetters counts the dead-lettered rows, dropped with the
+	// dead-letter table when the rollback goes below version 2.
+	DeadLetters int64
+}
+
+// MigrateDownLoss reports how many rows and dead-lettered rows
+// [Outbox.MigrateDownTo] with version would drop with their tables, as
+// the outbox stands now: zero for tables the rollback keeps or that do
+// not exist. Rows written after it counts are dropped too; a caller that
+// asks before a rollback (as outboxgen migrate does before it drops rows)
+// should stop the outbox's writers first.
+func (o *Outbox) MigrateDownLoss(ctx context.Context, version int64) (RollbackLoss, error) {
+	var loss RollbackLoss
+	if version < 0 {
+		return loss, &InputError{Field: "version", Rule: "must not be negative"}
+	}
+	have, err := o.SchemaVersion(ctx)
+	if err != nil {
+		return loss, err
+	}
+	q := o.queries(o.pool)
+	if version < 1 && have >= 1 {
+		if loss.Rows, err = q.CountRows(ctx); err != nil {
+			return loss, fmt.Errorf("outbox: MigrateDownLoss: %w", err)
+		}
+	}
+	if version < 2 && have >= 2 {
+		c, err := q.CountDeadLetters(ctx, db.CountDeadLettersParams{})
+		if err != nil {
+			return loss, fmt.Errorf("outbox: MigrateDownLoss: %w", err)
+		}
+		loss.DeadLetters = c.Total
+	}
+	return loss, nil
+}
+
 // MigrationStatus reports every migration the library ships and whether it
 // is applied to this outbox. It changes nothing in the database. A migration counts as applied when the schema
 // is at its version or later, whichever tool applied it; AppliedAt is

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -159,5 +160,40 @@ func TestOutboxesSideBySide(t *testing.T) {
 		if err != nil || len(st) != int(ob.LatestSchemaVersion()) || !st[len(st)-1].Applied {
 			t.Errorf("outbox %d migration status %v, %v", i, st, err)
 		}
+	}
+}
+
+// MigrateDownLoss counts what a rollback would drop with the tables it
+// drops, and nothing for the tables it keeps.
+func TestMigrateDownLoss(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.exec(`INSERT INTO outbox (queue, payload) SELECT 'q', 'x' FROM generate_series(1, 3)`)
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (1, 'q', 'x', 1, 1, now(), 'rejected'), (2, 'q', 'x', 1, 1, now(), 'rejected')`)
+	for _, c := range []struct {
+		version int64
+		want    RollbackLoss
+	}{
+		{e.ob.LatestSchemaVersion() - 1, RollbackLoss{}},
+		{2, RollbackLoss{}},
+		{1, RollbackLoss{DeadLetters: 2}},
+		{0, RollbackLoss{Rows: 3, DeadLetters: 2}},
+	} {
+		got, err := e.ob.MigrateDownLoss(e.ctx, c.version)
+		if diff := cmp.Diff(c.want, got); err != nil || diff != "" {
+			t.Errorf("MigrateDownLoss(%d): %v (-want +got):\n%s", c.version, err, diff)
+		}
+	}
+	var in *InputError
+	if _, err := e.ob.MigrateDownLoss(e.ctx, -1); !errors.As(err, &in) {
+		t.Errorf("MigrateDownLoss(-1): %v; want an *InputError", err)
+	}
+	// At version 1 there is no dead-letter table to count.
+	if err := e.ob.MigrateDownTo(e.ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := e.ob.MigrateDownLoss(e.ctx, 0); err != nil || got != (RollbackLoss{Rows: 3}) {
+		t.Errorf("MigrateDownLoss(0) at version 1: %+v, %v; want 3 rows", got, err)
 	}
 }

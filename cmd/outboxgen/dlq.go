@@ -27,14 +27,21 @@ Operates on the outbox's dead-letter table:
            -limit rows a page, the next page with -after the last id
   show ID  one row in full, payload included
   replay   moves the matching rows back into the outbox (new ids, attempts
-           reset, headers kept); a row is always in exactly one table. A
-           row whose timer id is live in the outbox stays and is listed;
-           -drop-timer-ids replays it without its timer id instead
+           reset, headers kept, plus replayed-from: the dead letter's id,
+           and first-failed-at: when it first failed); a row is always in
+           exactly one table. A row whose timer id is live in the outbox
+           stays and is listed; -drop-timer-ids replays it without its
+           timer id instead. Needs -queue, -reason or -older-than, or -yes
+           to replay every row; -dry-run counts the rows and moves none
   purge    deletes the matching rows; needs -older-than or -yes
+
+With -json, list and show print a payload that is UTF-8 text as text
+("payload"), any other in base64 ("payload_base64").
 
 Examples:
   outboxgen dlq list -queue orders.created -reason decode_error
   outboxgen dlq list -limit 50 -after 4211
+  outboxgen dlq replay -queue orders.created -reason retry_exhausted -dry-run
   outboxgen dlq replay -queue orders.created -reason retry_exhausted
   outboxgen dlq purge -older-than 720h
 
@@ -54,7 +61,8 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	after := fs.Int64("after", 0, "list: only rows with ids above this one (the next page after -limit rows); default: from the lowest id")
 	asJSON := fs.Bool("json", false, "list, show, replay: print JSON")
 	dropTimerIDs := fs.Bool("drop-timer-ids", false, "replay: replay rows whose timer id is live in the outbox without it, instead of skipping them")
-	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row")
+	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row; replay: without a filter, replay every row")
+	dryRun := fs.Bool("dry-run", false, "replay: count the rows a replay would move, and move none")
 	pos, err := parseFlags(fs, args, "dlq")
 	if err != nil {
 		return err
@@ -64,10 +72,8 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		return fmt.Errorf("%w: dlq: want list, show ID, replay or purge", errUsage)
 	}
 	sub, rest := pos[0], pos[1:]
-	switch sub {
-	case "list", "show", "replay", "purge":
-	default:
-		return fmt.Errorf("%w: dlq: unknown command %q (want list, show, replay or purge)", errUsage, sub)
+	if !contains(dlqCommands, sub) {
+		return fmt.Errorf("%w: dlq: unknown command %q%s (want list, show, replay or purge)", errUsage, sub, suggest(sub, dlqCommands))
 	}
 	var id int64
 	if sub == "show" {
@@ -87,6 +93,12 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if sub == "purge" && *olderThan == 0 && !*yes {
 		return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
 	}
+	if sub == "replay" && filter == (outbox.DeadLetterFilter{}) && !*yes && !*dryRun {
+		return fmt.Errorf("%w: dlq replay: pass -queue, -reason or -older-than to choose rows, -dry-run to count them, or -yes to replay every dead-lettered row", errUsage)
+	}
+	if *dryRun && sub != "replay" {
+		return fmt.Errorf("%w: dlq %s: -dry-run is replay's", errUsage, sub)
+	}
 	if *limit <= 0 || *limit > maxListLimit {
 		return fmt.Errorf("%w: dlq: -limit must be between 1 and %d", errUsage, maxListLimit)
 	}
@@ -101,11 +113,19 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if *olderThan < 0 {
 		return fmt.Errorf("%w: dlq: -older-than must not be negative", errUsage)
 	}
-	ob, closeDB, err := conn.open(ctx, "dlq "+sub, getenv)
+	if r := *reason; r != "" && !contains(reasons, r) {
+		return fmt.Errorf("%w: dlq: -reason %q is not one of %s%s", errUsage, r, strings.Join(reasons, ", "), suggest(r, reasons))
+	}
+	t, err := conn.open(ctx, "dlq "+sub, getenv)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
+	defer t.close()
+	t.header(stdout, stderr, *asJSON)
+	if err := t.requireOutbox(ctx, "dlq "+sub); err != nil {
+		return err
+	}
+	ob := t.ob
 
 	switch sub {
 	case "list":
@@ -123,7 +143,11 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		if *asJSON {
 			// stdout stays one JSON document.
 			fmt.Fprint(stderr, hint)
-			return printJSON(stdout, rows)
+			out := make([]deadLetterJSON, len(rows))
+			for i, r := range rows {
+				out[i] = jsonOf(r)
+			}
+			return printJSON(stdout, out)
 		}
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ID\tQUEUE\tREASON\tFAILED AT\tDELIVERIES\tLAST ERROR")
@@ -145,10 +169,27 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 			return fmt.Errorf("dlq show: no dead-lettered row %d", id)
 		}
 		if *asJSON {
-			return printJSON(stdout, rows[0])
+			return printJSON(stdout, jsonOf(rows[0]))
 		}
 		return printDeadLetter(stdout, rows[0])
 	case "replay":
+		if *dryRun {
+			n, err := ob.CountDeadLetters(ctx, filter)
+			if err != nil {
+				return usageIfInput(err)
+			}
+			if *asJSON {
+				return printJSON(stdout, struct {
+					DryRun      bool  `json:"dry_run"`
+					WouldReplay int64 `json:"would_replay"`
+				}{true, n})
+			}
+			fmt.Fprintf(stdout, "dry run: would replay %d dead-lettered row%s into the outbox; nothing was changed\n", n, plural(int(n)))
+			if n > 0 {
+				fmt.Fprintln(stdout, "(rows whose timer id is live in the outbox when the replay runs stay behind unless -drop-timer-ids)")
+			}
+			return nil
+		}
 		bar := newProgress(stderr, "replay")
 		res, err := ob.ReplayDeadLetters(ctx, filter, &outbox.ReplayOpts{
 			DropConflictingTimerIDs: *dropTimerIDs, Progress: bar.update})
@@ -169,6 +210,32 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		fmt.Fprintf(stdout, "purged %d dead-lettered rows\n", n)
 		return nil
 	}
+}
+
+// reasons are the dead letters' failure reasons.
+var reasons = []string{outbox.ReasonMaxDeliveries, outbox.ReasonRetryExhausted, outbox.ReasonRejected, outbox.ReasonDecodeError}
+
+// dlqCommands are dlq's sub-commands, for suggestions.
+var dlqCommands = []string{"list", "show", "replay", "purge"}
+
+// deadLetterJSON is a dead letter as dlq list and show print it: a payload
+// that is UTF-8 text as text, any other in base64.
+type deadLetterJSON struct {
+	outbox.DeadLetter
+	// Payload shadows the embedded field, whose JSON is base64.
+	Payload       *string `json:"payload,omitempty"`
+	PayloadBase64 []byte  `json:"payload_base64,omitempty"`
+}
+
+func jsonOf(d outbox.DeadLetter) deadLetterJSON {
+	j := deadLetterJSON{DeadLetter: d}
+	if utf8.Valid(d.Payload) {
+		text := string(d.Payload)
+		j.Payload = &text
+	} else {
+		j.PayloadBase64 = d.Payload
+	}
+	return j
 }
 
 // printReplay says what a replay did, naming each row whose timer id was
@@ -198,7 +265,7 @@ func printReplay(w io.Writer, res outbox.ReplayResult) error {
 func usageIfInput(err error) error {
 	var in *outbox.InputError
 	if errors.As(err, &in) {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %s", errUsage, libText(err))
 	}
 	return err
 }

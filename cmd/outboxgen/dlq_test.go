@@ -25,9 +25,13 @@ func TestDLQCommands(t *testing.T) {
 	}
 
 	r := run("dlq", "list", "-queue", "even", "-limit", "3", "-json")
-	var rows []outbox.DeadLetter
+	var rows []jsonRow
 	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || r.code != 0 || len(rows) != 3 || rows[0].ID != 2 {
 		t.Fatalf("list -json: exit %d, %v, %+v %s", r.code, err, rows, r.stderr)
+	}
+	// A text payload is shown as text.
+	if rows[0].Payload == nil || *rows[0].Payload != `{"n": 2}` || rows[0].PayloadBase64 != nil {
+		t.Errorf("list -json: payload %v, base64 %q; want the text {\"n\": 2}", rows[0].Payload, rows[0].PayloadBase64)
 	}
 	if r := run("dlq", "list", "-limit", "2"); r.code != 0 || !strings.Contains(r.stdout, "LAST ERROR") || !strings.Contains(r.stdout, "timeout") || strings.Contains(r.stdout, "stack") {
 		t.Errorf("list table: exit %d\n%s", r.code, r.stdout)
@@ -35,8 +39,37 @@ func TestDLQCommands(t *testing.T) {
 	if r := run("dlq", "show", "7"); r.code != 0 || !strings.Contains(r.stdout, `{"n": 7}`) || !strings.Contains(r.stdout, "header content-type") {
 		t.Errorf("show: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// A payload that is not UTF-8 is shown in base64.
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (5000, 'bin', '\xff00', 1, 1, now(), 'rejected')`); err != nil {
+		t.Fatal(err)
+	}
+	var bin jsonRow
+	if r := run("dlq", "show", "5000", "-json"); r.code != 0 || json.Unmarshal([]byte(r.stdout), &bin) != nil ||
+		bin.Payload != nil || string(bin.PayloadBase64) != "\xff\x00" {
+		t.Errorf("show -json of a binary payload: exit %d %s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := run("dlq", "purge", "-yes", "-queue", "bin"); r.code != 0 {
+		t.Fatalf("purge bin: exit %d %s", r.code, r.stderr)
+	}
 	if r := run("dlq", "show", "99999"); r.code != 1 || !strings.Contains(r.stderr, "no dead-lettered row 99999") {
 		t.Errorf("show missing: exit %d %q", r.code, r.stderr)
+	}
+
+	// A dry run counts and moves nothing; an unfiltered replay needs -yes.
+	r = run("dlq", "replay", "-queue", "odd", "-dry-run")
+	if r.code != 0 || !strings.Contains(r.stdout, "dry run: would replay 600 dead-lettered rows into the outbox; nothing was changed") {
+		t.Errorf("replay -dry-run: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := run("dlq", "replay"); r.code != 2 || !strings.Contains(r.stderr, "or -yes to replay every dead-lettered row") {
+		t.Errorf("unfiltered replay: exit %d %q", r.code, r.stderr)
+	}
+	if r := run("dlq", "replay", "-dry-run", "-json"); r.code != 0 || r.stdout != "{\n  \"dry_run\": true,\n  \"would_replay\": 1200\n}\n" {
+		t.Errorf("unfiltered replay -dry-run -json: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	var moved int
+	if err := d.Pool.QueryRow(t.Context(), "SELECT count(*) FROM outbox").Scan(&moved); err != nil || moved != 0 {
+		t.Fatalf("dry runs and refusals moved %d rows (%v)", moved, err)
 	}
 
 	r = run("dlq", "replay", "-queue", "odd")
@@ -66,6 +99,16 @@ func TestDLQCommands(t *testing.T) {
 	}
 }
 
+// jsonRow is a row of dlq list -json and show -json.
+type jsonRow struct {
+	ID            int64             `json:"id"`
+	Queue         string            `json:"queue"`
+	Payload       *string           `json:"payload"`
+	PayloadBase64 []byte            `json:"payload_base64"`
+	Headers       map[string]string `json:"headers"`
+	RawHeaders    json.RawMessage   `json:"raw_headers"`
+}
+
 func TestDLQUsageErrors(t *testing.T) {
 	t.Parallel()
 	dead := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}
@@ -80,9 +123,13 @@ func TestDLQUsageErrors(t *testing.T) {
 		{[]string{"dlq", "show", "x"}, 2, `id "x" is not a number`},
 		{[]string{"dlq", "list", "-bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"dlq", "list", "-reason", "nope"}, 2, `"nope" is not one of`},
+		{[]string{"dlq", "list", "-reason", "rejectd"}, 2, `did you mean "rejected"?`},
+		{[]string{"dlq", "lsit"}, 2, `unknown command "lsit"; did you mean "list"?`},
+		{[]string{"dlq", "list", "-dry-run"}, 2, "-dry-run is replay's"},
+		{[]string{"dlq", "replay"}, 2, "pass -queue, -reason or -older-than"},
 		{[]string{"dlq", "list", "-limit", "0"}, 2, "-limit must be between 1 and 100000"},
 		{[]string{"dlq", "list", "-limit", "100001"}, 2, "-limit must be between 1 and 100000"},
-		{[]string{"dlq", "list"}, 1, "DeadLetters"},
+		{[]string{"dlq", "list"}, 1, "dlq list: cannot reach nobody@127.0.0.1:1/none"},
 	} {
 		r := runCLI(t, dead, c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.msg) {
@@ -123,7 +170,7 @@ func TestDLQListPages(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("list %v: exit %d: %s", c.args, r.code, r.stderr)
 		}
-		got, last := ids(r.stdout)
+		got, last := ids(stripHeader(r.stdout))
 		if !strings.HasPrefix(last, "more") {
 			last = ""
 		}
@@ -136,11 +183,14 @@ func TestDLQListPages(t *testing.T) {
 	}
 	// With -json, stdout stays one JSON document and the hint goes to stderr.
 	r := runCLI(t, env, append([]string{"dlq", "list", "-json", "-limit", "3"}, flags...)...)
-	var rows []outbox.DeadLetter
+	var rows []jsonRow
 	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || r.code != 0 || len(rows) != 3 {
 		t.Fatalf("list -json -limit 3: exit %d, %v, %d rows", r.code, err, len(rows))
 	}
-	if r.stderr != "more rows: rerun with -after 3\n" {
+	if want := "outboxgen: outbox " + d.Schema + ".outbox in "; !strings.HasPrefix(r.stderr, want) {
+		t.Errorf("list -json -limit 3: stderr %q does not start with %q", r.stderr, want)
+	}
+	if stripHeader(strings.TrimPrefix(r.stderr, "outboxgen: ")) != "more rows: rerun with -after 3\n" {
 		t.Errorf("list -json -limit 3: stderr %q", r.stderr)
 	}
 }
@@ -154,6 +204,7 @@ func TestDLQReplayReportsLiveTimerIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := runCLI(t, env, append([]string{"dlq", "replay", "-queue", "orders"}, flags...)...)
+	r.stdout = stripHeader(r.stdout)
 	want := `replayed 3 rows into the outbox
 skipped 1 row whose timer id is live in the outbox, left in the dead-letter table (-drop-timer-ids replays without it):
 ID  QUEUE   TIMER ID
@@ -162,7 +213,7 @@ ID  QUEUE   TIMER ID
 	if diff := cmp.Diff(want, r.stdout); r.code != 0 || diff != "" {
 		t.Errorf("replay: exit %d %s(-want +got):\n%s", r.code, r.stderr, diff)
 	}
-	r = runCLI(t, env, append([]string{"dlq", "replay", "-drop-timer-ids", "-json"}, flags...)...)
+	r = runCLI(t, env, append([]string{"dlq", "replay", "-yes", "-drop-timer-ids", "-json"}, flags...)...)
 	var res outbox.ReplayResult
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 {
 		t.Fatalf("replay -drop-timer-ids -json: exit %d, %v: %s%s", r.code, err, r.stdout, r.stderr)
@@ -182,7 +233,8 @@ ID  QUEUE   TIMER ID
 		VALUES (9, 'orders', 'x', 't-1', 1, 1, now(), 'rejected')`); err != nil {
 		t.Fatal(err)
 	}
-	r = runCLI(t, env, append([]string{"dlq", "replay", "-drop-timer-ids"}, flags...)...)
+	r = runCLI(t, env, append([]string{"dlq", "replay", "-drop-timer-ids", "-queue", "orders"}, flags...)...)
+	r.stdout = stripHeader(r.stdout)
 	want = `replayed 1 row into the outbox
 1 replayed without the timer id, which is live in the outbox:
 ID  QUEUE   TIMER ID

@@ -61,7 +61,7 @@ func TestCommandsShowRowsOtherClientsWrote(t *testing.T) {
 	// inspect: every queue, its name quoted when a table cannot show it,
 	// the columns aligned; -json carries the names as they are.
 	r := run("inspect")
-	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	lines := strings.Split(strings.TrimRight(stripHeader(r.stdout), "\n"), "\n")
 	if len(lines) != 6 {
 		t.Fatalf("inspect: %d lines, want a header and 5 queues:\n%s", len(lines), r.stdout)
 	}
@@ -96,15 +96,19 @@ func TestCommandsShowRowsOtherClientsWrote(t *testing.T) {
 	// dlq list: every row, the lowest ids too; -queue selects by the
 	// exact name.
 	r = run("dlq", "list")
-	if lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n"); len(lines) != 3 ||
+	if lines := strings.Split(strings.TrimRight(stripHeader(r.stdout), "\n"), "\n"); len(lines) != 3 ||
 		!strings.HasPrefix(lines[1], `-5 `) || !strings.Contains(lines[1], `"tab\there"`) ||
 		!strings.HasPrefix(lines[2], `0 `) || !strings.Contains(lines[2], `"\x1b[31mred\ttext"`) {
 		t.Errorf("dlq list:\n%s", r.stdout)
 	}
 	r = run("dlq", "list", "-queue", "tab\there", "-json")
-	var dead []outbox.DeadLetter
+	var dead []jsonRow
 	if err := json.Unmarshal([]byte(r.stdout), &dead); err != nil || len(dead) != 1 || dead[0].ID != -5 {
 		t.Fatalf("dlq list -queue -json: %v %+v", err, dead)
+	}
+	// UTF-8 is text in JSON, escapes and all.
+	if p := dead[0].Payload; p == nil || *p != "\x1b[2J" || !strings.Contains(r.stdout, `"payload": "\u001b[2J"`) {
+		t.Errorf("dlq list -json: payload %v:\n%s", p, r.stdout)
 	}
 	var raw any
 	if err := json.Unmarshal(dead[0].RawHeaders, &raw); err != nil || !cmp.Equal(raw, map[string]any{"a": 1.0}) {

@@ -44,7 +44,7 @@ func grantsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	stmts, err := outbox.Grants(&outbox.Config{Schema: schema, Table: table}, outbox.Roles{Publisher: *publisher, Subscriber: *subscriber})
 	var ce *outbox.ConfigError
 	if errors.As(err, &ce) {
-		return fmt.Errorf("%w: grants: %v (-publisher, -subscriber)", errUsage, err)
+		return fmt.Errorf("%w: grants: %s (-publisher, -subscriber)", errUsage, libText(err))
 	}
 	if err != nil {
 		return err
@@ -55,12 +55,16 @@ func grantsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		}
 		return nil
 	}
-	ob, closeDB, err := conn.open(ctx, "grants", getenv)
+	t, err := conn.open(ctx, "grants", getenv)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
-	if err := ob.Grant(ctx, outbox.Roles{Publisher: *publisher, Subscriber: *subscriber}); err != nil {
+	defer t.close()
+	t.header(stdout, stderr, false)
+	if err := t.requireOutbox(ctx, "grants -apply"); err != nil {
+		return err
+	}
+	if err := t.ob.Grant(ctx, outbox.Roles{Publisher: *publisher, Subscriber: *subscriber}); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "granted: %d statements\n", len(stmts))

@@ -108,7 +108,7 @@ func TestGrantsApply(t *testing.T) {
 	}
 	for range 2 {
 		r := runCLI(t, env, append([]string{"grants", "-apply", "-publisher", pub, "-subscriber", sub}, flags...)...)
-		if r.code != 0 || r.stdout != "granted: 8 statements\n" {
+		if r.code != 0 || stripHeader(r.stdout) != "granted: 8 statements\n" {
 			t.Fatalf("exit %d: %s%s", r.code, r.stdout, r.stderr)
 		}
 		if diff := cmp.Diff(want, privileges()); diff != "" {

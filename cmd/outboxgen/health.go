@@ -39,12 +39,18 @@ func healthCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if err := noArgs(pos, "health"); err != nil {
 		return err
 	}
-	ob, closeDB, err := conn.open(ctx, "health", getenv)
+	t, err := conn.open(ctx, "health", getenv)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
-	h, err := ob.Health(ctx, &outbox.HealthOptions{ListenDSN: *listenDSN, NotifyTimeout: *timeout})
+	defer t.close()
+	t.header(stdout, stderr, *asJSON)
+	// A table that does not exist has no dead rows and no vacuum to
+	// report: say which outboxes the database holds instead.
+	if err := t.requireOutbox(ctx, "health"); err != nil {
+		return err
+	}
+	h, err := t.ob.Health(ctx, &outbox.HealthOptions{ListenDSN: *listenDSN, NotifyTimeout: *timeout})
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -28,17 +27,25 @@ func TestHealth(t *testing.T) {
 	}
 }
 
-// A missing outbox is a problem: the report names the fix and the exit
-// status is 1.
+// A missing outbox fails with exit status 1, naming the database and the
+// outboxes it holds, and reports no table figures.
 func TestHealthOfAMissingOutbox(t *testing.T) {
 	t.Parallel()
-	d := pgtest.New(t)
-	r := runCLI(t, map[string]string{"DATABASE_URL": pgtest.URL(t)}, "health", "-schema", d.Schema)
-	if r.code != 1 || !strings.Contains(r.stdout, "does not exist: run `outboxgen migrate up`") || !strings.Contains(r.stderr, "1 problem(s) found") {
-		t.Errorf("exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	d, _, env, _ := migrated(t)
+	r := runCLI(t, env, "health", "-schema", d.Schema, "-table", "nosuch")
+	for _, want := range []string{
+		"health: no outbox " + d.Schema + ".nosuch in ",
+		"\n  " + d.Schema + ".outbox  (-schema " + d.Schema + " -table outbox)\n",
+	} {
+		if r.code != 1 || !strings.Contains(r.stderr+"\n", want) {
+			t.Errorf("exit %d, stderr lacks %q:\n%s%s", r.code, want, r.stdout, r.stderr)
+		}
 	}
-	r = runCLI(t, nil, "health")
-	if r.code != 2 || !strings.Contains(r.stderr, "set DATABASE_URL or pass -dsn") {
+	if strings.Contains(r.stdout, "vacuumed") || strings.Contains(r.stderr, "migrate up") {
+		t.Errorf("a missing outbox reports table figures or advises creating it:\n%s%s", r.stdout, r.stderr)
+	}
+	r = runCLI(t, map[string]string{"PGHOST": "127.0.0.1", "PGPORT": "1", "PGCONNECT_TIMEOUT": "1"}, "health")
+	if r.code != 1 || !strings.Contains(r.stderr, "set DATABASE_URL, pass -dsn") {
 		t.Errorf("no database: exit %d: %s", r.code, r.stderr)
 	}
 }

@@ -40,15 +40,19 @@ func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	if err := noArgs(pos, "inspect"); err != nil {
 		return err
 	}
-	ob, closeDB, err := conn.open(ctx, "inspect", getenv)
+	t, err := conn.open(ctx, "inspect", getenv)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
-	if err := ob.Check(ctx); err != nil {
+	defer t.close()
+	t.header(stdout, stderr, *asJSON)
+	if err := t.requireOutbox(ctx, "inspect"); err != nil {
 		return err
 	}
-	stats, err := ob.QueueStats(ctx)
+	if err := t.ob.Check(ctx); err != nil {
+		return err
+	}
+	stats, err := t.ob.QueueStats(ctx)
 	if err != nil {
 		return err
 	}
@@ -75,13 +79,22 @@ func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	fmt.Fprintln(w, strings.Join(columns, "\t")+"\t")
 	for _, s := range stats {
 		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d/%d\t%s\t\n", cell(s.Queue), s.Ready, s.Scheduled, s.Blocked,
-			s.Leased, s.Expired, s.OldestAge.Round(time.Second), s.DeadLettered,
+			s.Leased, s.Expired, oldest(s), s.DeadLettered,
 			s.HeldKeysRetrying, s.HeldKeysScheduled, heldKey(s))
 	}
 	if len(stats) == 0 {
 		fmt.Fprintln(w, "(no rows)"+strings.Repeat("\t", len(columns)))
 	}
 	return w.Flush()
+}
+
+// oldest is the OLDEST cell: the age of the queue's oldest row, or "-"
+// when the queue has no row in the outbox (only dead letters).
+func oldest(s outbox.QueueStats) string {
+	if s.Ready+s.Scheduled+s.Blocked+s.Leased+s.Expired == 0 {
+		return "-"
+	}
+	return s.OldestAge.Round(time.Second).String()
 }
 
 // heldKeyWidth caps the key shown in the table; -json carries it whole.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
@@ -70,7 +72,7 @@ func TestInspect(t *testing.T) {
 	}
 
 	r = runCLI(t, env, append([]string{"inspect", "-queue", "orders"}, flags...)...)
-	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	lines := strings.Split(strings.TrimRight(stripHeader(r.stdout), "\n"), "\n")
 	if r.code != 0 || len(lines) != 2 || !strings.Contains(lines[0], "DEAD-LETTERED") || !strings.HasPrefix(strings.TrimSpace(lines[1]), "orders") {
 		t.Errorf("table: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -81,6 +83,12 @@ func TestInspect(t *testing.T) {
 	// No key is held.
 	if f := strings.Fields(lines[len(lines)-1]); len(f) < 2 || f[len(f)-2] != "0/0" || f[len(f)-1] != "-" {
 		t.Errorf("held keys of orders: want 0/0 and -:\n%s", r.stdout)
+	}
+	// A queue with no row in the outbox has no oldest row: "-", not 0s.
+	r = runCLI(t, env, append([]string{"inspect", "-queue", "invoices"}, flags...)...)
+	lines = strings.Split(strings.TrimRight(stripHeader(r.stdout), "\n"), "\n")
+	if f := strings.Fields(lines[len(lines)-1]); r.code != 0 || len(f) != 10 || f[0] != "invoices" || f[6] != "-" || f[7] != "1" {
+		t.Errorf("invoices: want OLDEST - and 1 dead-lettered:\n%s%s", r.stdout, r.stderr)
 	}
 }
 
@@ -93,9 +101,9 @@ func TestInspectErrors(t *testing.T) {
 		code int
 		msg  string
 	}{
-		{nil, []string{"inspect"}, 2, "set DATABASE_URL or pass -dsn"},
 		{dead, []string{"inspect", "-table", "x y"}, 2, `Config.Table "x y"`},
-		{dead, []string{"inspect"}, 1, "read the schema version"},
+		{dead, []string{"inspect"}, 1, "inspect: cannot reach nobody@127.0.0.1:1/none (from DATABASE_URL)"},
+		{dead, []string{"inspect", "-dsn", "postgres://someone@127.0.0.1:1/other?connect_timeout=1"}, 1, "inspect: cannot reach someone@127.0.0.1:1/other: "},
 	} {
 		r := runCLI(t, c.env, c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.msg) {
@@ -110,9 +118,31 @@ func TestInspectNamesTheFixForAMissingOrOldSchema(t *testing.T) {
 	t.Parallel()
 	d := pgtest.New(t)
 	env := map[string]string{"DATABASE_URL": pgtest.URL(t)}
+	// The operator forgot -table: inspect names the database and the
+	// outbox that exists, the likeliest first, and does not advise
+	// creating an empty one.
+	if r := runCLI(t, env, "migrate", "-schema", d.Schema, "-table", "events", "up"); r.code != 0 {
+		t.Fatalf("migrate up: exit %d %s", r.code, r.stderr)
+	}
 	r := runCLI(t, env, "inspect", "-schema", d.Schema)
-	if r.code != 1 || !strings.Contains(r.stderr, "does not exist: run `outboxgen migrate up`") {
-		t.Errorf("inspect of a missing outbox: exit %d %q", r.code, r.stderr)
+	db, err := pgx.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("outboxgen: inspect: no outbox %s.outbox in %s@%s:%d/%s (from DATABASE_URL); the database holds ",
+		d.Schema, db.User, db.Host, db.Port, db.Database)
+	if r.code != 1 || !strings.HasPrefix(r.stderr, want) || !strings.Contains(r.stderr, "(choose with -schema and -table, or OUTBOX_SCHEMA and OUTBOX_TABLE):\n  "+
+		d.Schema+".events  (-schema "+d.Schema+" -table events)\n") || strings.Contains(r.stderr, "migrate up") {
+		t.Errorf("inspect of a missing outbox: exit %d %q; want %q and the outbox that exists", r.code, r.stderr, want)
+	}
+	if header := fmt.Sprintf("outbox %s.outbox in %s@%s:%d/%s (from DATABASE_URL)\n", d.Schema, db.User, db.Host, db.Port, db.Database); r.stdout != header {
+		t.Errorf("inspect's first line %q; want %q", r.stdout, header)
+	}
+	// migrate status names the outbox and says it does not exist.
+	r = runCLI(t, env, "migrate", "-schema", d.Schema, "status")
+	if r.code != 0 || !strings.Contains(r.stdout, "outbox "+d.Schema+".outbox does not exist; the database holds") ||
+		!strings.Contains(r.stdout, d.Schema+".events  (-schema") {
+		t.Errorf("migrate status of a missing outbox: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if r := runCLI(t, env, "migrate", "-schema", d.Schema, "up"); r.code != 0 {
 		t.Fatalf("migrate up: exit %d %s", r.code, r.stderr)
@@ -186,7 +216,7 @@ func TestInspectNamesHeldKeys(t *testing.T) {
 	}
 
 	r = runCLI(t, env, append([]string{"inspect"}, flags...)...)
-	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	lines := strings.Split(strings.TrimRight(stripHeader(r.stdout), "\n"), "\n")
 	if r.code != 0 || len(lines) != 2 {
 		t.Fatalf("table: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}

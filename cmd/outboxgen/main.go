@@ -3,20 +3,21 @@
 //
 // Usage:
 //
-//	outboxgen migrate up|down|down-to N|reset|status [-dsn DSN] [-schema S] [-table T]
+//	outboxgen migrate up|down|down-to N|reset|status [-yes] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
 //	outboxgen inspect [-queue Q] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen health [-listen-dsn DSN] [-notify-timeout D] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D] [-limit N] [-after ID]
-//	    [-drop-timer-ids] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
+//	    [-drop-timer-ids] [-dry-run] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen grants [-publisher ROLE] [-subscriber ROLE] [-apply] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
 //
 // Flags may come before, between or after a command's arguments:
 // "migrate -schema s up" and "migrate up -schema s" are the same.
 //
-// migrate applies, rolls back or lists the outbox's embedded migrations
-// against DATABASE_URL (or -dsn). migrations writes them, rendered for the
+// migrate applies, rolls back (one step, as in goose; to 0 or dropping
+// rows only with -yes) or lists the outbox's embedded migrations against
+// DATABASE_URL (or -dsn, or PostgreSQL's client defaults). migrations writes them, rendered for the
 // schema and table, into a repository's goose migrations directory.
 // inspect shows each queue's state; health checks the conditions that
 // break PostgreSQL queues and exits with status 1 when it finds one.
@@ -29,7 +30,9 @@
 //
 // Environment (a flag wins over its variable):
 //
-//	DATABASE_URL   database of migrate, inspect, health, dlq and grants -apply (-dsn)
+//	DATABASE_URL   database of migrate, inspect, health, dlq and grants -apply (-dsn);
+//	               when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
+//	               PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
 //	OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
 //	OUTBOX_TABLE   name of the outbox table, default outbox (-table)
 package main
@@ -134,10 +137,19 @@ Flags may come before or after a command's arguments. Run
 "outboxgen COMMAND -h" for a command's flags and an example.
 
 Environment (a flag wins over its variable):
-  DATABASE_URL   database of migrate, inspect, health, dlq and grants -apply (-dsn)
+  DATABASE_URL   database of migrate, inspect, health, dlq and grants -apply (-dsn);
+                 when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
+                 PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
   OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
   OUTBOX_TABLE   name of the outbox table, default outbox (-table)
+
+Every command that reads the database names it (user@host:port/database)
+and the outbox first; one pointed at an outbox that does not exist lists
+the outboxes the database holds.
 `
+
+// commands are the command names, for suggestions.
+var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "grants", "bind", "help"}
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	if len(args) == 0 {
@@ -163,6 +175,9 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		fmt.Fprint(stdout, usage)
 		return nil
 	default:
+		if hint := suggest(args[0], commands); hint != "" {
+			return fmt.Errorf("%w: unknown command %q%s (outboxgen help lists the commands)", errUsage, args[0], hint)
+		}
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("%w: unknown command %q", errUsage, args[0])
 	}

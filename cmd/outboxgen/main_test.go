@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,6 +21,16 @@ import (
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// stripHeader drops the first line of a command's output when it is the
+// line that names the outbox and its database.
+func stripHeader(s string) string {
+	first, rest, _ := strings.Cut(s, "\n")
+	if strings.HasPrefix(first, "outbox ") && strings.Contains(first, " in ") && strings.Contains(first, "@") {
+		return rest
+	}
+	return s
+}
 
 type result struct {
 	code           int
@@ -66,21 +77,28 @@ func TestMigrateUpDownUp(t *testing.T) {
 	}
 
 	all := []string{"events", "events_dlq", "events_goose_version", "events_handoff", "events_locks", "events_sleepers", "events_sleepers_turn"}
+	// As in goose, down is one step: the last migration drops
+	// events_sleepers_turn.
 	for _, step := range []struct {
 		action string
+		code   int
 		want   []string
 	}{
-		{"up", all},
-		{"down", []string{"events_goose_version"}},
-		{"up", all},
-		{"down-to 1", []string{"events", "events_goose_version"}},
-		{"reset", []string{"events_goose_version"}},
-		{"up", all},
+		{"up", 0, all},
+		{"down", 0, all[:len(all)-1]},
+		{"up", 0, all},
+		{"down-to 1", 0, []string{"events", "events_goose_version"}},
+		// To 0 only with -yes, even when the outbox is empty.
+		{"reset", 2, []string{"events", "events_goose_version"}},
+		{"down", 2, []string{"events", "events_goose_version"}},
+		{"reset -yes", 0, []string{"events_goose_version"}},
+		{"down", 0, []string{"events_goose_version"}},
+		{"up", 0, all},
 	} {
 		args := append([]string{"migrate", "-schema", d.Schema, "-table", "events"}, strings.Fields(step.action)...)
 		r := runCLI(t, env, args...)
-		if r.code != 0 {
-			t.Fatalf("migrate %s: exit %d: %s", step.action, r.code, r.stderr)
+		if r.code != step.code {
+			t.Fatalf("migrate %s: exit %d, want %d: %s%s", step.action, r.code, step.code, r.stdout, r.stderr)
 		}
 		if diff := cmp.Diff(step.want, tables()); diff != "" {
 			t.Errorf("tables after %s (-want +got):\n%s", step.action, diff)
@@ -110,9 +128,12 @@ func TestCLIErrors(t *testing.T) {
 		{"down-to a bad version", nil, []string{"migrate", "down-to", "x"}, 2, `version "x" is not a number`},
 		{"extra arguments", nil, []string{"migrate", "up", "now"}, 2, "unexpected arguments"},
 		{"unknown action", nil, []string{"migrate", "sideways"}, 2, `unknown action "sideways"`},
-		{"no database", nil, []string{"migrate", "up"}, 2, "set DATABASE_URL or pass -dsn"},
-		{"bad table", dead, []string{"migrate", "-table", "Bad", "up"}, 2, `Config.Table "Bad"`},
-		{"unreachable database", dead, []string{"migrate", "up"}, 1, "failed to connect"},
+		{"no database", map[string]string{"PGHOST": "127.0.0.1", "PGPORT": "1", "PGUSER": "nobody", "PGDATABASE": "none", "PGCONNECT_TIMEOUT": "1"},
+			[]string{"migrate", "up"}, 1, "migrate up: cannot reach nobody@127.0.0.1:1/none (from PostgreSQL's client defaults; set DATABASE_URL, pass -dsn"},
+		{"mistyped command", nil, []string{"migrte", "up"}, 2, `unknown command "migrte"; did you mean "migrate"?`},
+		{"mistyped action", nil, []string{"migrate", "stauts"}, 2, `unknown action "stauts"; did you mean "status"?`},
+		{"bad table", dead, []string{"migrate", "-table", "Bad", "up"}, 2, `usage error: migrate up: Config.Table "Bad"`},
+		{"unreachable database", dead, []string{"migrate", "up"}, 1, "migrate up: cannot reach nobody@127.0.0.1:1/none (from DATABASE_URL): failed to connect"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,12 +209,12 @@ func TestEnvironmentNamesTheOutbox(t *testing.T) {
 	if r := runCLI(t, env, "migrations", "-dir", dir); r.code != 0 {
 		t.Fatalf("migrations: exit %d: %s", r.code, r.stderr)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, "00001_outbox_jobs_create_outbox.sql"))
+	b, err := os.ReadFile(filepath.Join(dir, "00001_"+d.Schema+"_jobs_create.sql"))
 	if err != nil || !strings.HasPrefix(string(b), "-- outboxgen: "+d.Schema+".jobs ") {
 		t.Fatalf("migrations did not follow OUTBOX_SCHEMA and OUTBOX_TABLE: %v %v", err, keys(dirFiles(t, dir)))
 	}
 	// A flag wins over its variable.
-	if r := runCLI(t, env, "migrations", "-dir", dir, "-table", "audit", "-schema", "billing"); r.code != 0 || !strings.Contains(r.stdout, "_outbox_audit_create_outbox.sql") {
+	if r := runCLI(t, env, "migrations", "-dir", dir, "-table", "audit", "-schema", "billing"); r.code != 0 || !strings.Contains(r.stdout, "_billing_audit_create.sql") {
 		t.Errorf("migrations -table audit: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
 
@@ -211,7 +232,7 @@ func TestEnvironmentNamesTheOutbox(t *testing.T) {
 	if r := runCLI(t, env, "inspect", "-json"); r.code != 0 || r.stdout != "[]\n" {
 		t.Errorf("inspect: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
-	if r := runCLI(t, env, "dlq", "list"); r.code != 0 || !strings.HasPrefix(r.stdout, "ID") {
+	if r := runCLI(t, env, "dlq", "list"); r.code != 0 || !strings.HasPrefix(stripHeader(r.stdout), "ID") {
 		t.Errorf("dlq list: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
 
@@ -237,6 +258,24 @@ func TestMigrateUpSaysWhatItApplied(t *testing.T) {
 		}
 		return b.String()
 	}
+	rolledBack := func(names []string) string {
+		var b strings.Builder
+		for _, n := range slices.Backward(names) {
+			b.WriteString("rolled back " + n + "\n")
+		}
+		return b.String()
+	}
+	// Drops the line that names the other outboxes of the database, which
+	// other tests create and drop.
+	withoutOthers := func(s string) string {
+		var b strings.Builder
+		for l := range strings.Lines(s) {
+			if !strings.HasPrefix(l, "creating outbox ") {
+				b.WriteString(l)
+			}
+		}
+		return b.String()
+	}
 	// A schema that does not exist yet: up creates it.
 	fresh := d.Schema + "_fresh"
 	t.Cleanup(func() {
@@ -253,11 +292,11 @@ func TestMigrateUpSaysWhatItApplied(t *testing.T) {
 		{[]string{"migrate", "up", "-schema", fresh},
 			fmt.Sprintf("outbox %s.outbox is already up to date (version %d)\n", fresh, last)},
 		{[]string{"migrate", "down-to", "1", "-schema", fresh},
-			fmt.Sprintf("outbox %s.outbox rolled back to version 1\n", fresh)},
+			rolledBack(names[1:]) + fmt.Sprintf("outbox %s.outbox: rolled back %d migrations, now at version 1\n", fresh, last-1)},
 		{[]string{"migrate", "up", "-schema", fresh},
 			applied(names[1:]) + fmt.Sprintf("outbox %s.outbox: applied %d migrations, now at version %d\n", fresh, last-1, last)},
 		{[]string{"migrate", "down-to", fmt.Sprint(last - 1), "-schema", fresh},
-			fmt.Sprintf("outbox %s.outbox rolled back to version %d\n", fresh, last-1)},
+			rolledBack(names[last-1:]) + fmt.Sprintf("outbox %s.outbox: rolled back 1 migration, now at version %d\n", fresh, last-1)},
 		{[]string{"migrate", "up", "-schema", fresh},
 			applied(names[last-1:]) + fmt.Sprintf("outbox %s.outbox: applied 1 migration, now at version %d\n", fresh, last)},
 		// An existing schema without the outbox.
@@ -268,7 +307,7 @@ func TestMigrateUpSaysWhatItApplied(t *testing.T) {
 		if r.code != 0 {
 			t.Fatalf("%v: exit %d: %s", step.args, r.code, r.stderr)
 		}
-		if diff := cmp.Diff(step.want, r.stdout); diff != "" {
+		if diff := cmp.Diff(step.want, withoutOthers(stripHeader(r.stdout))); diff != "" {
 			t.Errorf("%v (-want +got):\n%s", step.args, diff)
 		}
 	}
@@ -305,10 +344,133 @@ func TestMigrateSeesMigrationsAppliedByTheRepositorysGoose(t *testing.T) {
 		t.Errorf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(t, env, "migrate", "up", "-schema", d.Schema)
-	if want := fmt.Sprintf("outbox %s.outbox is already up to date (version %d)\n", d.Schema, ob.LatestSchemaVersion()); r.code != 0 || r.stdout != want {
+	if want := fmt.Sprintf("outbox %s.outbox is already up to date (version %d)\n", d.Schema, ob.LatestSchemaVersion()); r.code != 0 || stripHeader(r.stdout) != want {
 		t.Errorf("up: exit %d %q %s; want %q", r.code, r.stdout, r.stderr, want)
 	}
 	if r := runCLI(t, env, "inspect", "-schema", d.Schema); r.code != 0 {
 		t.Errorf("inspect: exit %d %s", r.code, r.stderr)
+	}
+}
+
+// A rollback that would drop rows or dead letters refuses without -yes,
+// says how many, and changes nothing; down moves one version only.
+func TestMigrateDownGuardsRows(t *testing.T) {
+	t.Parallel()
+	d, ob, env, flags := migrated(t)
+	migrate := func(args ...string) result {
+		t.Helper()
+		return runCLI(t, env, append(append([]string{"migrate"}, args...), flags...)...)
+	}
+	version := func() int64 {
+		t.Helper()
+		v, err := ob.SchemaVersion(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	counts := func() [2]int {
+		t.Helper()
+		var c [2]int
+		if err := d.Pool.QueryRow(t.Context(), "SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_dlq)").Scan(&c[0], &c[1]); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	pub, err := outbox.NewPublisher[string](ob, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.PublishBatch(t.Context(), d.Pool, []string{"a", "b"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (77, 'orders', 'x', 1, 1, now(), 'rejected')`); err != nil {
+		t.Fatal(err)
+	}
+	latest := ob.LatestSchemaVersion()
+	names := embeddedMigrations(t)
+
+	// One step: only the last migration.
+	r := migrate("down")
+	want := fmt.Sprintf("rolled back %s\noutbox %s.outbox: rolled back 1 migration, now at version %d\n", names[latest-1], d.Schema, latest-1)
+	if diff := cmp.Diff(want, stripHeader(r.stdout)); r.code != 0 || diff != "" || version() != latest-1 {
+		t.Fatalf("down: exit %d, version %d, %s(-want +got):\n%s", r.code, version(), r.stderr, diff)
+	}
+	if r := migrate("down-to", "2"); r.code != 0 || version() != 2 {
+		t.Fatalf("down-to 2: exit %d, version %d: %s", r.code, version(), r.stderr)
+	}
+	// Version 2 down to 1 drops the dead-letter table and its dead letter.
+	for _, args := range [][]string{{"down"}, {"down-to", "1"}, {"down-to", "0"}, {"reset"}} {
+		r := migrate(args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "the dead-letter table with its 1 dead letter") || !strings.Contains(r.stderr, "pass -yes") {
+			t.Errorf("%v: exit %d, %q; want a refusal naming 1 dead letter", args, r.code, r.stderr)
+		}
+		if len(args) == 2 && args[1] == "0" || args[0] == "reset" {
+			if !strings.Contains(r.stderr, "drops the outbox table with its 2 rows") {
+				t.Errorf("%v: %q names no rows", args, r.stderr)
+			}
+		}
+		if v, c := version(), counts(); v != 2 || c != [2]int{2, 1} {
+			t.Errorf("after a refused %v: version %d, rows and dead letters %v; want 2 and [2 1]", args, v, c)
+		}
+	}
+	// The dead letter gone, one step down drops only an empty table.
+	if _, err := d.Pool.Exec(t.Context(), "DELETE FROM outbox_dlq"); err != nil {
+		t.Fatal(err)
+	}
+	if r := migrate("down"); r.code != 0 || version() != 1 {
+		t.Fatalf("down over an empty dead-letter table: exit %d, version %d: %s", r.code, version(), r.stderr)
+	}
+	// To 0 drops the rows: refused, then done with -yes.
+	if r := migrate("down"); r.code != 2 || !strings.Contains(r.stderr, "drops the outbox table with its 2 rows") || version() != 1 {
+		t.Errorf("down to 0: exit %d, version %d, %q", r.code, version(), r.stderr)
+	}
+	if r := migrate("down", "-yes"); r.code != 0 || version() != 0 {
+		t.Errorf("down -yes to 0: exit %d, version %d, %q", r.code, version(), r.stderr)
+	}
+}
+
+// Without -dsn and DATABASE_URL the CLI connects as psql would, from
+// PostgreSQL's client defaults, and says so in its first line.
+func TestPGEnvironment(t *testing.T) {
+	t.Parallel()
+	d, _, _, _ := migrated(t)
+	cfg, err := pgx.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"PGHOST": cfg.Host, "PGPORT": fmt.Sprint(cfg.Port), "PGUSER": cfg.User,
+		"PGDATABASE": cfg.Database, "PGPASSWORD": cfg.Password, "OUTBOX_SCHEMA": d.Schema}
+	if cfg.TLSConfig == nil {
+		env["PGSSLMODE"] = "disable"
+	}
+	r := runCLI(t, env, "migrate", "status")
+	header := fmt.Sprintf("outbox %s.outbox in %s@%s:%d/%s (from PostgreSQL's client defaults)\n", d.Schema, cfg.User, cfg.Host, cfg.Port, cfg.Database)
+	if first, _, _ := strings.Cut(r.stdout, "\n"); r.code != 0 || first+"\n" != header || strings.Contains(r.stdout, "pending") {
+		t.Errorf("migrate status from PG*: exit %d %q%s; want the first line %q", r.code, r.stdout, r.stderr, header)
+	}
+	// A value with a quote and a backslash is quoted for the connection string.
+	env["PGAPPNAME"] = `it's a\b`
+	r = runCLI(t, env, "inspect", "-json")
+	if r.code != 0 || r.stdout != "[]\n" || !strings.HasPrefix(r.stderr, "outboxgen: "+strings.TrimSuffix(header, "\n")) {
+		t.Errorf("inspect -json from PG*: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestDescribeLoss(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		current, version int64
+		loss             outbox.RollbackLoss
+		want             string
+	}{
+		{9, 0, outbox.RollbackLoss{Rows: 2, DeadLetters: 1}, "drops the outbox table with its 2 rows and the dead-letter table with its 1 dead letter"},
+		{9, 1, outbox.RollbackLoss{DeadLetters: 3}, "drops the dead-letter table with its 3 dead letters"},
+		{1, 0, outbox.RollbackLoss{Rows: 1}, "drops the outbox table with its 1 row"},
+	} {
+		if got := describeLoss(c.current, c.version, c.loss); got != c.want {
+			t.Errorf("describeLoss(%d, %d, %+v) = %q; want %q", c.current, c.version, c.loss, got, c.want)
+		}
 	}
 }

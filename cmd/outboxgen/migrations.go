@@ -58,7 +58,7 @@ func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, g
 	schema, table := names.resolve(getenv)
 	files, err := renderedMigrations(schema, table)
 	if err != nil {
-		return fmt.Errorf("%w: migrations: %v", errUsage, err)
+		return fmt.Errorf("%w: migrations: %s", errUsage, libText(err))
 	}
 	missing, next, width, err := scanDir(*dir, files)
 	if err != nil {
@@ -67,7 +67,7 @@ func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, g
 	// The path each missing migration is written to.
 	paths := make([]string, len(missing))
 	for i, name := range missing {
-		paths[i] = filepath.Join(*dir, fmt.Sprintf("%0*d_%s", width, next+int64(i), outboxFileName(table, name)))
+		paths[i] = filepath.Join(*dir, fmt.Sprintf("%0*d_%s", width, next+int64(i), outboxFileName(schema, table, name)))
 	}
 	if *check {
 		if len(missing) > 0 {
@@ -93,10 +93,19 @@ func migrationsCmd(_ context.Context, args []string, stdout, stderr io.Writer, g
 }
 
 // outboxFileName names the file of migration name (NNNNN_what.sql) for
-// table: outbox_<table>_what.sql.
-func outboxFileName(table, name string) string {
+// the outbox schema.table: <schema>_<table>_what.sql, with "create_outbox"
+// shortened to "create" (00001_billing_events_create.sql,
+// 00002_billing_events_create_dlq.sql), so that a repository holding two
+// outboxes tells their files apart by name. Files already in a
+// repository keep the names they were written with (earlier releases
+// wrote outbox_<table>_what.sql): a run writes only the files a directory
+// lacks, and a file is known by its first line, not its name.
+func outboxFileName(schema, table, name string) string {
 	_, what, _ := strings.Cut(name, "_")
-	return "outbox_" + table + "_" + strings.TrimPrefix(what, "create_outbox_")
+	if rest, ok := strings.CutPrefix(what, "create_outbox"); ok {
+		what = "create" + rest
+	}
+	return schema + "_" + table + "_" + what
 }
 
 // renderedMigrations returns the outbox's migrations for schema and table,

@@ -86,13 +86,13 @@ func TestMigrationsAppendsAndNeverRewrites(t *testing.T) {
 	// (TestMigrationsGolden pins the names).
 	got := dirFiles(t, dir)
 	for i, name := range names {
-		want := fmt.Sprintf("%d_%s", 20240102120001+i, outboxFileName("outbox", name))
+		want := fmt.Sprintf("%d_%s", 20240102120001+i, outboxFileName("public", "outbox", name))
 		if _, ok := got[want]; !ok {
 			t.Errorf("no %s among %v", want, keys(got))
 		}
 	}
 	// A user edits an applied file; a re-run must leave it alone.
-	edited := filepath.Join(dir, "20240102120002_outbox_outbox_dlq.sql")
+	edited := filepath.Join(dir, "20240102120002_public_outbox_create_dlq.sql")
 	b, _ := os.ReadFile(edited)
 	if err := os.WriteFile(edited, append(b, []byte("-- reviewed\n")...), 0o644); err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func TestMigrationsAppendsAndNeverRewrites(t *testing.T) {
 	if r := runCLI(t, nil, "migrations", "-dir", dir, "-table", "audit"); r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
-	if _, ok := dirFiles(t, dir)[fmt.Sprintf("%d_outbox_audit_create_outbox.sql", 20240102120001+len(names))]; !ok {
+	if _, ok := dirFiles(t, dir)[fmt.Sprintf("%d_public_audit_create.sql", 20240102120001+len(names))]; !ok {
 		t.Errorf("second outbox's files: %v", keys(dirFiles(t, dir)))
 	}
 }
@@ -217,7 +217,7 @@ func TestMigrationsCheckNamesMissingFiles(t *testing.T) {
 	names := embeddedMigrations(t)
 	var want []string
 	for i, name := range names {
-		want = append(want, filepath.Join(dir, fmt.Sprintf("%05d_%s", 8+i, outboxFileName("outbox", name))))
+		want = append(want, filepath.Join(dir, fmt.Sprintf("%05d_%s", 8+i, outboxFileName("public", "outbox", name))))
 	}
 	r := runCLI(t, nil, "migrations", "-dir", dir, "-check")
 	if diff := cmp.Diff(want, named(r.stderr)); r.code != 1 || diff != "" {
@@ -232,12 +232,59 @@ func TestMigrationsCheckNamesMissingFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = runCLI(t, nil, "migrations", "-dir", dir, "-check")
-	want = []string{filepath.Join(dir, fmt.Sprintf("%05d_%s", 8+len(names), outboxFileName("outbox", names[1])))}
+	want = []string{filepath.Join(dir, fmt.Sprintf("%05d_%s", 8+len(names), outboxFileName("public", "outbox", names[1])))}
 	if diff := cmp.Diff(want, named(r.stderr)); r.code != 1 || diff != "" {
 		t.Errorf("-check after a loss: exit %d, files named (-want +got):\n%s\n%s", r.code, diff, r.stderr)
 	}
 	r = runCLI(t, nil, "migrations", "-dir", dir)
 	if diff := cmp.Diff(want, wrote(r.stdout)); r.code != 0 || diff != "" {
 		t.Errorf("write after a loss: exit %d, files written (-want +got):\n%s", r.code, diff)
+	}
+}
+
+// Files an earlier release wrote under its names (outbox_<table>_what.sql)
+// stay as they are; only what the directory lacks is written, under the
+// names that carry the schema and the table.
+func TestMigrationsKeepNamesTheRepositoryHolds(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	names := embeddedMigrations(t)
+	if r := runCLI(t, nil, "migrations", "-dir", dir, "-schema", "billing", "-table", "events"); r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	// As an earlier release named them, the last one not yet written.
+	var old []string
+	for i, name := range names {
+		_, what, _ := strings.Cut(name, "_")
+		oldName := fmt.Sprintf("%05d_outbox_events_%s", i+1, strings.TrimPrefix(what, "create_outbox_"))
+		from := filepath.Join(dir, fmt.Sprintf("%05d_%s", i+1, outboxFileName("billing", "events", name)))
+		if i == len(names)-1 {
+			if err := os.Remove(from); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := os.Rename(from, filepath.Join(dir, oldName)); err != nil {
+			t.Fatal(err)
+		}
+		old = append(old, oldName)
+	}
+	before := dirFiles(t, dir)
+	r := runCLI(t, nil, "migrations", "-dir", dir, "-schema", "billing", "-table", "events")
+	newName := fmt.Sprintf("%05d_billing_events_%s", len(names), strings.SplitN(names[len(names)-1], "_", 2)[1])
+	if want := "wrote " + filepath.Join(dir, newName) + "\n"; r.code != 0 || r.stdout != want {
+		t.Fatalf("exit %d, %q %s; want %q", r.code, r.stdout, r.stderr, want)
+	}
+	after := dirFiles(t, dir)
+	for _, n := range old {
+		if after[n] != before[n] || after[n] == "" {
+			t.Errorf("%s changed or vanished", n)
+		}
+	}
+	if len(after) != len(names) {
+		t.Errorf("files: %v", keys(after))
+	}
+	if r := runCLI(t, nil, "migrations", "-dir", dir, "-schema", "billing", "-table", "events", "-check"); r.code != 0 {
+		t.Errorf("-check: exit %d %s", r.code, r.stderr)
 	}
 }

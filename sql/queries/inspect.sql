@@ -118,3 +118,31 @@ SELECT count(*)::bigint AS retrying,
                 - extract(epoch FROM statement_timestamp()), 0)::float8 AS next_due_in_seconds
 FROM /*outbox:table*/outbox AS o
 WHERE o.queue = ANY(@queues::text[]) AND o.attempts_count > 0;
+
+-- name: ListOutboxes :many
+-- Every table in the database that has an outbox's shape (columns every
+-- schema version has and no other table of an outbox has), by schema and
+-- name: what an operator who named the wrong outbox may have meant. Each
+-- column is one probe of pg_attribute's (attrelid, attname) index.
+SELECT n.nspname::text AS schema_name, c.relname::text AS table_name
+FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\_%'
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'acquired_token' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'next_attempt_at' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'deliveries_count' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'queue' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'payload' AND NOT a.attisdropped)
+  AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'headers' AND NOT a.attisdropped)
+ORDER BY 1, 2;
+
+-- name: DisableJIT :exec
+-- Turns JIT compilation off for the calling transaction: the catalog's
+-- cost estimates in a database of many tables pass jit_above_cost, and
+-- compiling ListOutboxes takes longer (a second and more) than running it.
+SELECT set_config('jit', 'off', true);
+
+-- name: CountRows :one
+-- How many rows the outbox holds, in every state.
+SELECT count(*)::bigint AS total FROM /*outbox:table*/outbox AS o;
