@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"sync"
 	"testing/fstest"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,6 +22,11 @@ type Outbox struct {
 	sql        *sqlCache
 	migrations fstest.MapFS
 	latest     int64 // the last migration's version
+
+	// listeners are the LISTEN connections its running subscribers
+	// share, by SubscriberConfig.ListenDSN ("" for the pool's settings).
+	listenMu  sync.Mutex
+	listeners map[string]*listenHub
 }
 
 // New validates cfg and returns the outbox it describes. It does not touch

@@ -183,8 +183,10 @@ const StopSlack = time.Second
 var ErrGracefulTimeout = errors.New("outbox: graceful timeout passed")
 
 // run is the state of one Run call. Its goroutines and their owners:
-// listener, fetcher, heartbeat and workers belong to run; the acknowledger
-// runs until the outcomes channel closes after the workers exit.
+// fetcher, heartbeat and workers belong to run; the acknowledger runs
+// until the outcomes channel closes after the workers exit. The LISTEN
+// connection belongs to the Outbox's listener, which run joins and
+// leaves: the last run to leave stops it and waits for it.
 type run[T any] struct {
 	s *Subscriber[T]
 	// liftIdle, when above 0, is the idle_in_transaction_session_timeout
@@ -295,8 +297,12 @@ func (r *run[T]) run(ctx context.Context) error {
 	defer r.forceStop(nil)
 	defer r.stopWrites()
 
-	var side sync.WaitGroup // listener and heartbeat
-	side.Go(func() { r.listen(ctx) })
+	var side sync.WaitGroup // leaving the listener, and heartbeat
+	l := r.s.ob.joinListener(ctx, r, r.s.cfg.ListenDSN, r.s.cfg.ListenConnect)
+	side.Go(func() {
+		<-ctx.Done()
+		l.leave(r)
+	})
 	if r.s.cfg.HeartbeatInterval > 0 {
 		side.Go(func() { r.heartbeat(r.writes) })
 	}
