@@ -142,19 +142,23 @@ type SubscriberConfig[T any] struct {
 
 	// ListenProbeInterval is how often the LISTEN connection is probed with
 	// SELECT 1, and ListenProbeTimeout bounds the probe, so a silently dead
-	// socket becomes a reconnect. Defaults: 30 s and 5 s.
+	// socket becomes a reconnect. Subscribers that share a LISTEN
+	// connection (see ListenDSN) probe it at the shortest of their
+	// settings. Defaults: 30 s and 5 s.
 	ListenProbeInterval time.Duration
 	// ListenProbeTimeout: see ListenProbeInterval.
 	ListenProbeTimeout time.Duration
 
 	// ListenDSN connects the LISTEN connection, for setups whose pool goes
 	// through a pooler that cannot LISTEN (PgBouncer in transaction mode).
-	// The subscriber checks that a notification sent through its pool
-	// reaches the LISTEN connection; when it does not, it logs a warning
-	// naming this field and polls. Default: the pool's own connection
-	// settings.
+	// The running subscribers of one Outbox with the same ListenDSN share
+	// one LISTEN connection. The subscriber checks that a notification
+	// sent through its pool reaches the LISTEN connection; when it does
+	// not, it logs a warning naming this field and polls. Default: the
+	// pool's own connection settings.
 	ListenDSN string
-	// ListenConnect, when set, opens the LISTEN connection instead.
+	// ListenConnect, when set, opens the LISTEN connection instead; a
+	// subscriber with ListenConnect has a LISTEN connection of its own.
 	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
 
 	// Metrics receives the subscriber's metric events. Record must not
