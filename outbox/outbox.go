@@ -89,18 +89,18 @@ func Migrations(cfg *Config) (fs.FS, error) {
 func renderMigrations(n naming) (fstest.MapFS, error) {
 	files, err := fs.Glob(outboxgen.Migrations, path.Join(outboxgen.MigrationsDir, "*.sql"))
 	if err != nil {
-		return nil, fmt.Errorf("outbox: list migrations: %w", err)
+		return nil, wrapOp("list migrations", err)
 	}
 	out := make(fstest.MapFS, len(files))
 	idents := []string{n.versionTable()}
 	for _, f := range files {
 		src, err := fs.ReadFile(outboxgen.Migrations, f)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: read migration: %w", err)
+			return nil, wrapOp("read migration", err)
 		}
 		text, names, err := n.render(string(src))
 		if err != nil {
-			return nil, fmt.Errorf("outbox: render %s: %w", f, err)
+			return nil, wrapOp(fmt.Sprintf("render %s", f), err)
 		}
 		idents = append(idents, names...)
 		out[path.Base(f)] = &fstest.MapFile{Data: []byte(text), Mode: 0o444}
