@@ -277,6 +277,9 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 		return r, bad("Retry", fmt.Sprintf("%T(nil)", r.Retry), "must not be a nil pointer")
 	} else if err := validateRetry(r.Retry, "SubscriberConfig.Retry"); err != nil {
 		return r, err
+	} else if e, ok := r.Retry.(*ExponentialRetry); ok {
+		d := e.withDefaults() // so Config shows the waits it runs with
+		r.Retry = &d
 	}
 	if r.Codec == nil {
 		r.Codec = DefaultCodec[T]()
