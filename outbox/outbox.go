@@ -27,6 +27,10 @@ type Outbox struct {
 	// share, by SubscriberConfig.ListenDSN ("" for the pool's settings).
 	listenMu  sync.Mutex
 	listeners map[string]*listenHub
+
+	// poolUse is what its running subscribers need of pool.
+	poolMu  sync.Mutex
+	poolUse poolUse
 }
 
 // New validates cfg and returns the outbox it describes. It does not touch

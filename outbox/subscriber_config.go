@@ -35,7 +35,12 @@ type SubscriberConfig[T any] struct {
 	// the queues, comma-separated.
 	Name string
 
-	// Workers is how many handlers run at once. Default: WorkersDefault (16).
+	// Workers is how many handlers run at once. Default: WorkersDefault
+	// (16); a transactional subscriber's depends on its pool (see
+	// NewTxSubscriber). Run warns once when the pool, beside the
+	// connections the running subscribers' claims, outcomes and
+	// heartbeats take, has fewer than Workers left for handlers that use
+	// it.
 	Workers int
 
 	// FetchBatchSize caps the rows one claim takes, and the rows claimed
