@@ -10,6 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// poolWarning starts the warning of a pool smaller than a subscriber's
+// workers need.
+const poolWarning = "outbox: the pool is small for the subscribers running on it"
+
 // running runs sub until the test ends; Run's error, if it returned
 // early, is in the channel.
 func running[T any](t *testing.T, sub *Subscriber[T]) (stop func() error) {
@@ -100,7 +104,7 @@ func TestRunRefusesTransactionalWorkersThePoolCannotHold(t *testing.T) {
 // with the numbers and the fix; on a pool with room it says nothing.
 func TestRunWarnsOnceOfAPoolSmallerThanItsWorkers(t *testing.T) {
 	t.Parallel()
-	const warning = "the pool is small for the subscribers running on it"
+	const warning = poolWarning
 	for _, tc := range []struct {
 		maxConns int32
 		warns    []string // nil: no warning
