@@ -24,6 +24,22 @@ func unreachablePool(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
+// unreachablePoolOf is unreachablePool with maxConns connections.
+func unreachablePoolOf(t *testing.T, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 func TestNewRejectsBadNames(t *testing.T) {
 	t.Parallel()
 	pool := unreachablePool(t)

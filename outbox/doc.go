@@ -83,8 +83,9 @@
 // max_deliveries, retry_exhausted, rejected or decode_error.
 //
 // An idle subscriber wakes within milliseconds of a commit through
-// LISTEN/NOTIFY on a dedicated connection, and polls (with backoff) when
-// that connection is down. Writers notify only while a subscriber of the
+// LISTEN/NOTIFY on a dedicated connection, which the running subscribers
+// of one [Outbox] share, and polls (with backoff) when that connection is
+// down. Writers notify only while a subscriber of the
 // queue sleeps, so busy subscribers do not make publishers' commits wait
 // for one another (docs/wakeups.md). Scheduled rows are claimed on time. Any number
 // of subscribers, in one process or many, can serve the same queues.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // ConfigError reports a configuration value that breaks a rule. Every
@@ -38,7 +39,7 @@ type InputError struct {
 // Error implements error.
 func (e *InputError) Error() string {
 	if e.Err != nil {
-		return fmt.Sprintf("outbox: %s: %s: %v", e.Field, e.Rule, e.Err)
+		return fmt.Sprintf("outbox: %s: %s: %s", e.Field, e.Rule, unprefixed(e.Err))
 	}
 	return fmt.Sprintf("outbox: %s: %s", e.Field, e.Rule)
 }
@@ -68,3 +69,23 @@ func errorClass(err error) string {
 		return "database"
 	}
 }
+
+// opError is the error of an operation (a method's name, with what it
+// worked on): "outbox: <op>: " and the underlying error's text, whose own
+// "outbox: " prefix is dropped, so no message says it twice.
+type opError struct {
+	op  string
+	err error
+}
+
+// wrapOp returns err as the error of op.
+func wrapOp(op string, err error) error { return &opError{op: op, err: err} }
+
+// Error implements error.
+func (e *opError) Error() string { return "outbox: " + e.op + ": " + unprefixed(e.err) }
+
+// Unwrap returns the underlying error.
+func (e *opError) Unwrap() error { return e.err }
+
+// unprefixed is err's text without its leading "outbox: ".
+func unprefixed(err error) string { return strings.TrimPrefix(err.Error(), "outbox: ") }

@@ -493,7 +493,7 @@ func TestRowsDueAtInfinityDoNotMakeTheFetcherSpin(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for _, r := range logs {
-		if r.level >= slog.LevelWarn {
+		if r.level >= slog.LevelWarn && !strings.HasPrefix(r.msg, poolWarning) { // the test pool's size is the machine's
 			t.Errorf("logged %v %q", r.level, r.msg)
 		}
 	}

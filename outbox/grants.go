@@ -83,7 +83,7 @@ func (o *Outbox) Grant(ctx context.Context, roles Roles) error {
 	return pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
 		for _, s := range stmts {
 			if _, err := tx.Exec(ctx, s); err != nil {
-				return fmt.Errorf("outbox: Grant: %s: %w", s, err)
+				return wrapOp(fmt.Sprintf("Grant: %s", s), err)
 			}
 		}
 		return nil

@@ -94,7 +94,7 @@ func encodeHeaders(h map[string]string, contentType, correlationID, messageType 
 	}
 	b, err := json.Marshal(all)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: encode headers: %w", err)
+		return nil, wrapOp("encode headers", err)
 	}
 	return b, nil
 }

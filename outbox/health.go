@@ -144,7 +144,7 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 	h := Health{LibraryVersion: o.latest}
 	v, err := o.SchemaVersion(ctx)
 	if err != nil {
-		return h, fmt.Errorf("outbox: Health: %w", err)
+		return h, wrapOp("Health", err)
 	}
 	h.SchemaVersion = v
 	q := o.queries(o.pool)
@@ -152,7 +152,7 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
-		return h, fmt.Errorf("outbox: Health: %w", err)
+		return h, wrapOp("Health", err)
 	default:
 		h.LiveTuples, h.DeadTuples, h.XidAge = t.LiveTuples, t.DeadTuples, t.XidAge
 		h.SinceVacuum = -1
@@ -163,7 +163,7 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 	}
 	holders, err := q.OldestXmin(ctx)
 	if err != nil {
-		return h, fmt.Errorf("outbox: Health: %w", err)
+		return h, wrapOp("Health", err)
 	}
 	if len(holders) > 0 {
 		x := holders[0]

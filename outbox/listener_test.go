@@ -233,3 +233,61 @@ func TestSubscriberWhoseListenerCannotHearPollsAndSaysSo(t *testing.T) {
 		})
 	}
 }
+
+// Subscribers of one Outbox share one LISTEN connection: each is woken by
+// its queue's NOTIFY (they poll only every 30 s); stopping some keeps the
+// connection for the rest, and stopping the last closes it.
+func TestSubscribersOfAnOutboxShareOneListenConnection(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("subscribers=%d", n), func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			subs := make([]*started, n)
+			handled := make([]chan time.Time, n)
+			for i := range n {
+				cfg := fastConfig[string](nil)
+				cfg.MinFetchInterval, cfg.MaxFetchInterval = 30*time.Second, 30*time.Second
+				h := make(chan time.Time, 4)
+				handled[i] = h
+				subs[i] = startSub(t, e.ob, []string{fmt.Sprintf("q%d", i)}, func(context.Context, *Message[string]) error {
+					h <- time.Now()
+					return nil
+				}, cfg)
+			}
+			var first []int32
+			eventually(t, "the LISTEN connection", func() bool { first = e.listeners(e.ob.Channel()); return len(first) >= 1 })
+			asleep := func(k int) {
+				t.Helper()
+				eventually(t, fmt.Sprintf("%d subscribers asleep", k), func() bool { h, _ := e.sleeping(); return h == k })
+			}
+			asleep(n)
+			if got := e.listeners(e.ob.Channel()); len(got) != 1 {
+				t.Fatalf("%d subscribers hold %d LISTEN connections (pids %v); want 1", n, len(got), got)
+			}
+			for i := range n {
+				e.publish(fmt.Sprintf("q%d", i))
+			}
+			for i := range n {
+				within(t, handled[i], 5*time.Second, fmt.Sprintf("q%d after NOTIFY", i))
+			}
+			for stopped := range n - 1 {
+				if err := subs[stopped].stop(); err != nil {
+					t.Fatal(err)
+				}
+				asleep(n - stopped - 1)
+				if got := e.listeners(e.ob.Channel()); len(got) != 1 || got[0] != first[0] {
+					t.Fatalf("after %d of %d subscribers stopped, LISTEN connections %v; want still %v", stopped+1, n, got, first)
+				}
+				for i := stopped + 1; i < n; i++ {
+					e.publish(fmt.Sprintf("q%d", i))
+					within(t, handled[i], 5*time.Second, fmt.Sprintf("q%d after %d subscribers stopped", i, stopped+1))
+				}
+			}
+			if err := subs[n-1].stop(); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the LISTEN connection closed", func() bool { return len(e.listeners(e.ob.Channel())) == 0 })
+		})
+	}
+}

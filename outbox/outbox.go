@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"sync"
 	"testing/fstest"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,6 +22,15 @@ type Outbox struct {
 	sql        *sqlCache
 	migrations fstest.MapFS
 	latest     int64 // the last migration's version
+
+	// listeners are the LISTEN connections its running subscribers
+	// share, by SubscriberConfig.ListenDSN ("" for the pool's settings).
+	listenMu  sync.Mutex
+	listeners map[string]*listenHub
+
+	// poolUse is what its running subscribers need of pool.
+	poolMu  sync.Mutex
+	poolUse poolUse
 }
 
 // New validates cfg and returns the outbox it describes. It does not touch
@@ -83,18 +93,18 @@ func Migrations(cfg *Config) (fs.FS, error) {
 func renderMigrations(n naming) (fstest.MapFS, error) {
 	files, err := fs.Glob(outboxgen.Migrations, path.Join(outboxgen.MigrationsDir, "*.sql"))
 	if err != nil {
-		return nil, fmt.Errorf("outbox: list migrations: %w", err)
+		return nil, wrapOp("list migrations", err)
 	}
 	out := make(fstest.MapFS, len(files))
 	idents := []string{n.versionTable()}
 	for _, f := range files {
 		src, err := fs.ReadFile(outboxgen.Migrations, f)
 		if err != nil {
-			return nil, fmt.Errorf("outbox: read migration: %w", err)
+			return nil, wrapOp("read migration", err)
 		}
 		text, names, err := n.render(string(src))
 		if err != nil {
-			return nil, fmt.Errorf("outbox: render %s: %w", f, err)
+			return nil, wrapOp(fmt.Sprintf("render %s", f), err)
 		}
 		idents = append(idents, names...)
 		out[path.Base(f)] = &fstest.MapFile{Data: []byte(text), Mode: 0o444}

@@ -138,6 +138,7 @@ func TestPgBouncerDeliversWithTheDocumentedSettings(t *testing.T) {
 			}
 			txCfg := fastConfig[string](nil)
 			txCfg.ListenDSN = listen
+			txCfg.Workers = 1 // a transaction beside the 3 connections it keeps, in pgxpool's smallest default pool
 			txSub, err := NewTxSubscriber(ob, []string{"tx"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
 				_, err := tx.Exec(ctx, "INSERT INTO "+pgx.Identifier{d.Schema, "effects"}.Sanitize()+" VALUES ($1)", m.Payload)
 				return err

@@ -225,7 +225,7 @@ func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *Publis
 		})
 	}
 	if err != nil {
-		return 0, len(payload), fmt.Errorf("outbox: Publish to %q: %w", p.queue, err)
+		return 0, len(payload), wrapOp(fmt.Sprintf("Publish to %q", p.queue), err)
 	}
 	return id, len(payload), nil
 }
@@ -276,7 +276,7 @@ func (p *Publisher[T]) publishBatch(ctx context.Context, tx DBTX, msgs []T, opts
 		DelaySeconds: delay, NotBefore: notBefore, Payloads: payloads,
 	})
 	if err != nil {
-		return nil, size, fmt.Errorf("outbox: PublishBatch to %q: %w", p.queue, err)
+		return nil, size, wrapOp(fmt.Sprintf("PublishBatch to %q", p.queue), err)
 	}
 	if len(ids) != len(msgs) {
 		return nil, size, fmt.Errorf("outbox: PublishBatch to %q: inserted %d rows for %d messages", p.queue, len(ids), len(msgs))

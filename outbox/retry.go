@@ -94,7 +94,9 @@ func (NoRetry) NextDelay(int, time.Duration, error) (time.Duration, bool) { retu
 
 // ConstantRetry waits the same Delay before every retry.
 //
-// [NewSubscriber] rejects negative fields with a *[ConfigError].
+// Its zero fields mean what their comments say (ConstantRetry{} retries
+// at once, with no cap); [NewSubscriber] rejects negative fields with a
+// *[ConfigError].
 type ConstantRetry struct {
 	// Delay is the wait before each retry; 0 retries at once.
 	Delay time.Duration
@@ -120,12 +122,13 @@ func (r ConstantRetry) NextDelay(attempt int, elapsed time.Duration, _ error) (t
 // LinearRetry waits Initial, then Initial+Step, Initial+2·Step, ... capped
 // at MaxDelay.
 //
-// [NewSubscriber] rejects negative fields, and a MaxDelay below Initial,
-// with a *[ConfigError].
+// Its zero fields mean what their comments say (LinearRetry{Step: s}
+// retries at once, then after s, 2s, ...); [NewSubscriber] rejects
+// negative fields, and a MaxDelay below Initial, with a *[ConfigError].
 type LinearRetry struct {
 	// Initial is the wait before the first retry; 0 retries at once.
 	Initial time.Duration
-	// Step is added for each later retry.
+	// Step is added for each later retry; 0 waits Initial every time.
 	Step time.Duration
 	// MaxDelay caps one wait; 0 means no cap. When set, it must be at
 	// least Initial.
@@ -162,15 +165,19 @@ func (r LinearRetry) NextDelay(attempt int, elapsed time.Duration, _ error) (tim
 // for each retry, capped at MaxDelay, and spreads each wait by ±Jitter
 // (a fraction) so failed rows do not retry in lockstep.
 //
-// Zero fields are not defaulted: [DefaultRetry] gives the defaults.
-// [NewSubscriber] rejects, with a *[ConfigError], an Initial that is not
-// positive, a Multiplier below 1, a MaxDelay below Initial, a Jitter
-// outside 0 to 1, and negative caps.
+// A zero Initial or Multiplier takes its default (RetryInitialDefault,
+// 1 s, at most MaxDelay; RetryMultiplierDefault, 2), so
+// ExponentialRetry{MaxAttempts: 5} doubles from 1 s. The other fields'
+// zero values mean what their comments say: no cap, no jitter.
+// [DefaultRetry] sets them all. [NewSubscriber] rejects, with a
+// *[ConfigError], a negative Initial, a Multiplier below 1, a MaxDelay
+// below Initial, a Jitter outside 0 to 1, and negative caps.
 type ExponentialRetry struct {
-	// Initial is the wait before the first retry; it must be positive.
+	// Initial is the wait before the first retry. Default (0):
+	// RetryInitialDefault (1 s), or MaxDelay when that is shorter.
 	Initial time.Duration
 	// Multiplier grows the wait; it must be at least 1 (1 waits Initial
-	// every time) and finite.
+	// every time) and finite. Default (0): RetryMultiplierDefault (2).
 	Multiplier float64
 	// MaxDelay caps one wait before jitter; 0 means no cap. When set, it
 	// must be at least Initial.
@@ -184,12 +191,32 @@ type ExponentialRetry struct {
 	MaxTotalDelay time.Duration
 }
 
+// withDefaults returns r with its zero Initial and Multiplier set to
+// their defaults.
+func (r *ExponentialRetry) withDefaults() ExponentialRetry {
+	c := *r
+	if c.Initial == 0 {
+		c.Initial = RetryInitialDefault
+		if c.MaxDelay > 0 {
+			c.Initial = min(c.Initial, c.MaxDelay)
+		}
+	}
+	if c.Multiplier == 0 {
+		c.Multiplier = RetryMultiplierDefault
+	}
+	return c
+}
+
 func (r *ExponentialRetry) validate() error {
+	if r.Initial < 0 {
+		return retryError("Initial", r.Initial, "must not be negative; 0 means RetryInitialDefault")
+	}
+	if (r.Multiplier != 0 && !(r.Multiplier >= 1)) || math.IsInf(r.Multiplier, 0) {
+		return retryError("Multiplier", r.Multiplier, "must be at least 1 and finite; 0 means RetryMultiplierDefault")
+	}
+	d := r.withDefaults()
+	r = &d
 	switch {
-	case r.Initial <= 0:
-		return retryError("Initial", r.Initial, "must be positive")
-	case !(r.Multiplier >= 1) || math.IsInf(r.Multiplier, 0):
-		return retryError("Multiplier", r.Multiplier, "must be at least 1 and finite")
 	case r.MaxDelay < 0:
 		return retryError("MaxDelay", r.MaxDelay, "must not be negative; 0 means no cap")
 	case r.MaxDelay > 0 && r.MaxDelay < r.Initial:
@@ -204,6 +231,8 @@ func (r *ExponentialRetry) validate() error {
 func (r *ExponentialRetry) NextDelay(attempt int, elapsed time.Duration, _ error) (time.Duration, bool) {
 	// NewSubscriber rejects values outside these ranges; the clamps keep
 	// a strategy that is called directly, unvalidated, well defined.
+	c := r.withDefaults()
+	r = &c
 	mult := math.Max(r.Multiplier, 1)
 	d := float64(r.Initial) * math.Pow(mult, float64(attempt-1))
 	if r.MaxDelay > 0 {

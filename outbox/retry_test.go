@@ -318,9 +318,13 @@ func TestRetrySettingsAreValidated(t *testing.T) {
 		{"custom strategies are not checked", panicRetry{}, ""},
 		{"exponential minimal", &ExponentialRetry{Initial: time.Nanosecond, Multiplier: 1}, ""},
 		{"exponential at the edges", &ExponentialRetry{Initial: time.Second, Multiplier: 1, MaxDelay: time.Second, Jitter: 1}, ""},
-		{"exponential zero initial", exp(func(r *ExponentialRetry) { r.Initial = 0 }), "Initial"},
+		{"exponential zero initial", exp(func(r *ExponentialRetry) { r.Initial = 0 }), ""},
+		{"exponential zero initial below a short max delay", &ExponentialRetry{MaxDelay: time.Millisecond}, ""},
+		{"exponential initial and max attempts only", &ExponentialRetry{Initial: time.Second, MaxAttempts: 5}, ""},
+		{"exponential zero value", &ExponentialRetry{}, ""},
 		{"exponential negative initial", exp(func(r *ExponentialRetry) { r.Initial = -time.Second }), "Initial"},
-		{"exponential zero multiplier", exp(func(r *ExponentialRetry) { r.Multiplier = 0 }), "Multiplier"},
+		{"exponential zero multiplier", exp(func(r *ExponentialRetry) { r.Multiplier = 0 }), ""},
+		{"exponential negative multiplier", exp(func(r *ExponentialRetry) { r.Multiplier = -1 }), "Multiplier"},
 		{"exponential multiplier below 1", exp(func(r *ExponentialRetry) { r.Multiplier = 0.5 }), "Multiplier"},
 		{"exponential NaN multiplier", exp(func(r *ExponentialRetry) { r.Multiplier = math.NaN() }), "Multiplier"},
 		{"exponential infinite multiplier", exp(func(r *ExponentialRetry) { r.Multiplier = math.Inf(1) }), "Multiplier"},
@@ -364,5 +368,60 @@ func TestRetrySettingsAreValidated(t *testing.T) {
 				t.Errorf("field (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// Zero fields of the built-in strategies take the defaults their doc
+// comments give: ExponentialRetry's Initial and Multiplier; every other
+// zero means no wait, no step, no cap or no jitter.
+func TestZeroRetryFieldsTakeTheirDocumentedDefaults(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		s       RetryStrategy
+		attempt int
+		want    time.Duration
+		ok      bool
+	}{
+		{"exponential zero value, first retry", &ExponentialRetry{}, 1, RetryInitialDefault, true},
+		{"exponential zero value doubles", &ExponentialRetry{}, 3, 4 * RetryInitialDefault, true},
+		{"exponential zero value has no cap", &ExponentialRetry{}, 10, 512 * RetryInitialDefault, true},
+		{"exponential initial and max attempts", &ExponentialRetry{Initial: 3 * time.Second, MaxAttempts: 5}, 2, 6 * time.Second, true},
+		{"exponential initial and max attempts, at the cap", &ExponentialRetry{Initial: 3 * time.Second, MaxAttempts: 5}, 5, 48 * time.Second, false},
+		{"exponential multiplier only", &ExponentialRetry{Multiplier: 3}, 3, 9 * RetryInitialDefault, true},
+		{"exponential max delay below the default initial", &ExponentialRetry{MaxDelay: 200 * time.Millisecond}, 1, 200 * time.Millisecond, true},
+		{"exponential max delay caps the default", &ExponentialRetry{MaxDelay: 5 * time.Second}, 6, 5 * time.Second, true},
+		{"constant zero value retries at once", ConstantRetry{}, 100, 0, true},
+		{"constant max attempts only", ConstantRetry{MaxAttempts: 3}, 3, 0, false},
+		{"linear zero value retries at once", LinearRetry{}, 5, 0, true},
+		{"linear step only starts at once", LinearRetry{Step: time.Second}, 1, 0, true},
+		{"linear step only", LinearRetry{Step: time.Second}, 3, 2 * time.Second, true},
+		{"linear initial only is constant", LinearRetry{Initial: 2 * time.Second}, 4, 2 * time.Second, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := tt.s.NextDelay(tt.attempt, 0, errors.New("x"))
+			if diff := cmp.Diff([]any{tt.want, tt.ok}, []any{got, ok}); diff != "" {
+				t.Errorf("NextDelay(%d) (-want +got):\n%s", tt.attempt, diff)
+			}
+		})
+	}
+}
+
+// A subscriber's Config shows an ExponentialRetry with its defaults.
+func TestSubscriberConfigShowsExponentialRetryDefaults(t *testing.T) {
+	t.Parallel()
+	ob, err := New(unreachablePool(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(context.Context, *Message[string]) error { return nil }
+	s, err := NewSubscriber(ob, []string{"q"}, h, &SubscriberConfig[string]{Retry: &ExponentialRetry{MaxAttempts: 5, Jitter: 0.1}})
+	if err != nil {
+		t.Fatalf("NewSubscriber: %v", err)
+	}
+	want := &ExponentialRetry{Initial: RetryInitialDefault, Multiplier: RetryMultiplierDefault, MaxAttempts: 5, Jitter: 0.1}
+	if diff := cmp.Diff(RetryStrategy(want), s.Config().Retry); diff != "" {
+		t.Errorf("Config().Retry (-want +got):\n%s", diff)
 	}
 }

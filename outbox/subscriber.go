@@ -39,6 +39,8 @@ type Subscriber[T any] struct {
 	contentType string
 	log         *slog.Logger
 	running     atomic.Bool
+	// poolWarned is set once the subscriber warned that its pool is small.
+	poolWarned atomic.Bool
 }
 
 // NewSubscriber returns a subscriber of queues that runs handler for each
@@ -109,7 +111,15 @@ func (s *Subscriber[T]) Config() SubscriberConfig[T] { return s.cfg }
 // wrapping [ErrGracefulTimeout] that counts them; otherwise it returns nil
 // after a stop.
 //
-// Run first checks the outbox's schema ([Outbox.Check]) and returns its
+// Run first counts what the subscribers running on the outbox need of its
+// pool. It returns a *[ConfigError] when transactional subscribers' handlers
+// would hold all but fewer than three of the pool's connections (see
+// [NewTxSubscriber]), and logs a warning, once per subscriber, when the
+// subscribers' claims, outcomes and heartbeats leave the pool fewer
+// connections than the subscriber's workers (handlers that use the pool
+// then wait for one).
+//
+// Run then checks the outbox's schema ([Outbox.Check]) and returns its
 // *[SchemaError] when the schema is missing or not at the version this
 // library needs. Database errors while running, including at that first
 // check, are logged and retried with backoff; they do not end Run.
@@ -118,6 +128,11 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 		return ErrAlreadyRunning
 	}
 	defer s.running.Store(false)
+	release, err := s.takePool()
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := s.checkSchema(ctx); err != nil {
 		return err
 	}
@@ -183,8 +198,10 @@ const StopSlack = time.Second
 var ErrGracefulTimeout = errors.New("outbox: graceful timeout passed")
 
 // run is the state of one Run call. Its goroutines and their owners:
-// listener, fetcher, heartbeat and workers belong to run; the acknowledger
-// runs until the outcomes channel closes after the workers exit.
+// fetcher, heartbeat and workers belong to run; the acknowledger runs
+// until the outcomes channel closes after the workers exit. The LISTEN
+// connection belongs to the Outbox's listener, which run joins and
+// leaves: the last run to leave stops it and waits for it.
 type run[T any] struct {
 	s *Subscriber[T]
 	// liftIdle, when above 0, is the idle_in_transaction_session_timeout
@@ -295,8 +312,12 @@ func (r *run[T]) run(ctx context.Context) error {
 	defer r.forceStop(nil)
 	defer r.stopWrites()
 
-	var side sync.WaitGroup // listener and heartbeat
-	side.Go(func() { r.listen(ctx) })
+	var side sync.WaitGroup // leaving the listener, and heartbeat
+	l := r.s.ob.joinListener(ctx, r, r.s.cfg.ListenDSN, r.s.cfg.ListenConnect)
+	side.Go(func() {
+		<-ctx.Done()
+		l.leave(r)
+	})
 	if r.s.cfg.HeartbeatInterval > 0 {
 		side.Go(func() { r.heartbeat(r.writes) })
 	}

@@ -35,7 +35,12 @@ type SubscriberConfig[T any] struct {
 	// the queues, comma-separated.
 	Name string
 
-	// Workers is how many handlers run at once. Default: WorkersDefault (16).
+	// Workers is how many handlers run at once. Default: WorkersDefault
+	// (16); a transactional subscriber's depends on its pool (see
+	// NewTxSubscriber). Run warns once when the pool, beside the
+	// connections the running subscribers' claims, outcomes and
+	// heartbeats take, has fewer than Workers left for handlers that use
+	// it.
 	Workers int
 
 	// FetchBatchSize caps the rows one claim takes, and the rows claimed
@@ -142,19 +147,23 @@ type SubscriberConfig[T any] struct {
 
 	// ListenProbeInterval is how often the LISTEN connection is probed with
 	// SELECT 1, and ListenProbeTimeout bounds the probe, so a silently dead
-	// socket becomes a reconnect. Defaults: 30 s and 5 s.
+	// socket becomes a reconnect. Subscribers that share a LISTEN
+	// connection (see ListenDSN) probe it at the shortest of their
+	// settings. Defaults: 30 s and 5 s.
 	ListenProbeInterval time.Duration
 	// ListenProbeTimeout: see ListenProbeInterval.
 	ListenProbeTimeout time.Duration
 
 	// ListenDSN connects the LISTEN connection, for setups whose pool goes
 	// through a pooler that cannot LISTEN (PgBouncer in transaction mode).
-	// The subscriber checks that a notification sent through its pool
-	// reaches the LISTEN connection; when it does not, it logs a warning
-	// naming this field and polls. Default: the pool's own connection
-	// settings.
+	// The running subscribers of one Outbox with the same ListenDSN share
+	// one LISTEN connection. The subscriber checks that a notification
+	// sent through its pool reaches the LISTEN connection; when it does
+	// not, it logs a warning naming this field and polls. Default: the
+	// pool's own connection settings.
 	ListenDSN string
-	// ListenConnect, when set, opens the LISTEN connection instead.
+	// ListenConnect, when set, opens the LISTEN connection instead; a
+	// subscriber with ListenConnect has a LISTEN connection of its own.
 	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
 
 	// Metrics receives the subscriber's metric events. Record must not
@@ -273,6 +282,9 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 		return r, bad("Retry", fmt.Sprintf("%T(nil)", r.Retry), "must not be a nil pointer")
 	} else if err := validateRetry(r.Retry, "SubscriberConfig.Retry"); err != nil {
 		return r, err
+	} else if e, ok := r.Retry.(*ExponentialRetry); ok {
+		d := e.withDefaults() // so Config shows the waits it runs with
+		r.Retry = &d
 	}
 	if r.Codec == nil {
 		r.Codec = DefaultCodec[T]()

@@ -28,7 +28,7 @@ func (o *Outbox) CancelTimer(ctx context.Context, tx DBTX, queue, timerID string
 	}
 	n, err := o.queries(tx).CancelTimer(ctx, db.CancelTimerParams{Queue: queue, TimerID: timerID})
 	if err != nil {
-		return false, fmt.Errorf("outbox: CancelTimer %q in %q: %w", timerID, queue, err)
+		return false, wrapOp(fmt.Sprintf("CancelTimer %q in %q", timerID, queue), err)
 	}
 	return n > 0, nil
 }

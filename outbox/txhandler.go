@@ -70,9 +70,13 @@ var errTxLeaseLost = errors.New("outbox: lease lost before the acknowledgement; 
 // each running handler holds a pool connection for its transaction, so
 // the pool needs Workers connections plus three for claims, heartbeats
 // and outcomes: Workers defaults to the pool's MaxConns minus three (at
-// least 1, at most WorkersDefault), and a larger Workers is logged as a
-// warning; and acknowledgements are not batched, one commit each. Retries
-// and dead letters still are.
+// most WorkersDefault; a default below it is logged), and a larger
+// Workers, or a pool of fewer than four connections, is refused with a
+// *[ConfigError] naming the MaxConns it needs (pool_max_conns in the
+// pool's URL, or pgxpool.Config.MaxConns). Transactional subscribers
+// running on one pool share the three: [Subscriber.Run] refuses one whose
+// workers, with theirs, would leave fewer. Acknowledgements are not
+// batched, one commit each; retries and dead letters still are.
 //
 // The transaction uses the pool's default isolation level; a handler that
 // needs another sets it with its first statement (SET TRANSACTION
@@ -101,21 +105,32 @@ func NewTxSubscriber[T any](ob *Outbox, queues []string, handler TxHandler[T], c
 		c = *cfg
 	}
 	c.LockWindow = -1
-	spare := 0 // pool connections left to claims, heartbeats and outcomes
+	defaulted := c.Workers == 0
+	spare := 0 // pool connections beside the reserve
 	if ob != nil {
 		spare = int(ob.pool.Config().MaxConns) - txPoolReserve
-		if c.Workers == 0 {
-			c.Workers = min(WorkersDefault, max(spare, 1))
+		if defaulted && spare >= 1 {
+			c.Workers = min(WorkersDefault, spare)
 		}
 	}
 	s, err := newSubscriber(ob, queues, handler == nil, &c)
 	if err != nil {
 		return nil, err
 	}
-	if s.cfg.Workers > spare {
-		s.log.Warn("outbox: the pool is too small for this transactional subscriber's workers: handlers wait for connections, and a long wait delays heartbeats",
-			slog.Int("workers", s.cfg.Workers), slog.Int("pool_max_conns", int(ob.pool.Config().MaxConns)),
-			slog.Int("want_max_conns", s.cfg.Workers+txPoolReserve))
+	maxConns := int(ob.pool.Config().MaxConns)
+	switch {
+	case spare < 1:
+		return nil, &ConfigError{Field: "pool", Value: fmt.Sprintf("MaxConns %d", maxConns),
+			Rule: fmt.Sprintf("a transactional subscriber needs at least %d pool connections, one per running handler's transaction plus %d for claims, heartbeats and outcomes: %s",
+				1+txPoolReserve, txPoolReserve, poolFix(1+txPoolReserve))}
+	case s.cfg.Workers > spare:
+		return nil, &ConfigError{Field: "SubscriberConfig.Workers", Value: fmt.Sprint(s.cfg.Workers),
+			Rule: fmt.Sprintf("needs %d pool connections, one per running handler's transaction plus %d for claims, heartbeats and outcomes, and the pool has MaxConns %d: %s, or lower Workers to %d",
+				s.cfg.Workers+txPoolReserve, txPoolReserve, maxConns, poolFix(s.cfg.Workers+txPoolReserve), spare)}
+	case defaulted && s.cfg.Workers < WorkersDefault:
+		s.log.Info("outbox: the pool leaves this transactional subscriber fewer workers than WorkersDefault: each running handler holds a connection "+
+			"for its transaction and 3 stay free for claims, heartbeats and outcomes; for more, "+poolFix(WorkersDefault+txPoolReserve),
+			slog.Int("workers", s.cfg.Workers), slog.Int("pool_max_conns", maxConns), slog.Int("want_max_conns", WorkersDefault+txPoolReserve))
 	}
 	s.txHandler = handler
 	return s, nil

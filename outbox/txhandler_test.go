@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -29,6 +28,12 @@ type txEnv struct {
 func setupTx(t *testing.T) *txEnv {
 	t.Helper()
 	e := setup(t)
+	// Room for fastConfig's 4 workers' transactions beside the 3
+	// connections a transactional subscriber keeps for its statements.
+	e.ob = e.outboxOn(func(c *pgxpool.Config) { c.MaxConns = max(c.MaxConns, 8) })
+	if err := e.ob.Check(e.ctx); err != nil { // a connection open, as in a service's warm pool
+		t.Fatal(err)
+	}
 	e.exec(`CREATE TABLE invoices (order_id text PRIMARY KEY, delivery int NOT NULL)`)
 	return &txEnv{env: e, follow: newPublisher[string](t, e, "invoiced", nil)}
 }
@@ -219,7 +224,9 @@ func TestTxHandlerLeaseExpiryCancelsTheTransaction(t *testing.T) {
 	cause := make(chan error, 1)
 	rec := &events{}
 	cfg := fastConfig[string](rec)
-	cfg.LeaseTTL, cfg.HeartbeatInterval = 300*time.Millisecond, -1
+	// Long enough for the first handler to write before its lease runs
+	// out, on a loaded machine too.
+	cfg.LeaseTTL, cfg.HeartbeatInterval = time.Second, -1
 	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
 		if calls.Add(1) > 1 {
 			return e.invoice(ctx, tx, m)
@@ -503,39 +510,60 @@ func rawRow(queue, payload string) db.PublishParams {
 }
 
 // A transactional subscriber's workers default to what its pool can hold
-// beside a claim, a heartbeat and an outcome write; more are a warning.
+// beside a claim, a heartbeat and an outcome write, and say so when that
+// is fewer than WorkersDefault; more workers than that, or a pool with no
+// room for one, are refused with the MaxConns they need.
 func TestTxSubscriberWorkersFitThePool(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
-	cfg, err := pgxpool.ParseConfig(e.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 6
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	ob, err := New(pool, &Config{Schema: e.db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := func(context.Context, pgx.Tx, *Message[string]) error { return nil }
-	var logs bytes.Buffer
+	ob := func(maxConns int32) *Outbox {
+		o, err := New(unreachablePoolOf(t, maxConns), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	var logs logLines
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	sub, err := NewTxSubscriber(ob, []string{"q"}, h, &SubscriberConfig[string]{Logger: logger})
+	sub, err := NewTxSubscriber(ob(6), []string{"q"}, h, &SubscriberConfig[string]{Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sub.cfg.Workers != 3 || logs.Len() != 0 {
-		t.Errorf("a pool of 6: %d workers, logs %q; want 3 and none", sub.cfg.Workers, logs.String())
+	if sub.cfg.Workers != 3 || !strings.Contains(logs.String(), "want_max_conns=19") || strings.Count(logs.String(), "\n") != 1 {
+		t.Errorf("a pool of 6: %d workers, logs %q; want 3 and one line asking for 19", sub.cfg.Workers, logs.String())
 	}
-	sub, err = NewTxSubscriber(ob, []string{"q"}, h, &SubscriberConfig[string]{Logger: logger, Workers: 8})
+	sub, err = NewTxSubscriber(ob(19), []string{"q"}, h, &SubscriberConfig[string]{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sub.cfg.Workers != 8 || !strings.Contains(logs.String(), "want_max_conns=11") {
-		t.Errorf("8 workers on a pool of 6: %d workers, logs %q; want 8 and a warning asking for 11", sub.cfg.Workers, logs.String())
+	if sub.cfg.Workers != WorkersDefault || strings.Count(logs.String(), "\n") != 1 {
+		t.Errorf("a pool of 19: %d workers, logs %q; want %d and nothing more", sub.cfg.Workers, logs.String(), WorkersDefault)
+	}
+	for _, tc := range []struct {
+		name     string
+		maxConns int32
+		workers  int
+		field    string
+		says     []string
+	}{
+		{"more workers than the pool holds", 6, 8, "SubscriberConfig.Workers", []string{"needs 11 pool connections", "MaxConns 6", "pool_max_conns=11", "pgxpool.Config.MaxConns", "lower Workers to 3"}},
+		{"as many workers as connections", 4, 4, "SubscriberConfig.Workers", []string{"needs 7", "MaxConns 4", "pool_max_conns=7"}},
+		{"a pool with no room for a handler", 3, 0, "pool", []string{"MaxConns 3", "at least 4", "pool_max_conns=4"}},
+		{"one worker on a pool of three", 3, 1, "pool", []string{"MaxConns 3", "pool_max_conns=4"}},
+	} {
+		_, err := NewTxSubscriber(ob(tc.maxConns), []string{"q"}, h, &SubscriberConfig[string]{Workers: tc.workers})
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != tc.field {
+			t.Errorf("%s: %v; want a *ConfigError on %s", tc.name, err, tc.field)
+			continue
+		}
+		for _, want := range tc.says {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %q does not say %q", tc.name, err, want)
+			}
+		}
+	}
+	if _, err := NewTxSubscriber(ob(7), []string{"q"}, h, &SubscriberConfig[string]{Workers: 4}); err != nil {
+		t.Errorf("4 workers on a pool of 7: %v", err)
 	}
 }

@@ -83,6 +83,7 @@ func TestTxEffectsHappenOnceThroughKills(t *testing.T) {
 	q := u.Query()
 	app := e.db.Schema + "_child"
 	q.Set("application_name", app)
+	q.Set("pool_max_conns", "8") // the child's 4 workers' transactions and 3 more
 	u.RawQuery = q.Encode()
 
 	startChild := func() *childtest.Child {

@@ -1,6 +1,7 @@
 package outboxjs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -164,7 +165,10 @@ func maxRetryDelay(s outbox.RetryStrategy, stated time.Duration) (time.Duration,
 		}
 		// The last wait comes after attempt MaxAttempts-1: Initial ·
 		// Multiplier^(MaxAttempts-2).
-		d := float64(s.Initial) * math.Pow(s.Multiplier, float64(max(s.MaxAttempts-2, 0))) * jitter
+		// Zero Initial and Multiplier take the outbox package's defaults.
+		initial := cmp.Or(s.Initial, outbox.RetryInitialDefault)
+		mult := cmp.Or(s.Multiplier, outbox.RetryMultiplierDefault)
+		d := float64(initial) * math.Pow(mult, float64(max(s.MaxAttempts-2, 0))) * jitter
 		if d >= math.MaxInt64 {
 			return 0, unbounded("SubscriberConfig.Retry's longest wait overflows")
 		}

@@ -1,0 +1,102 @@
+package outbox
+
+import (
+	"fmt"
+	"log/slog"
+)
+
+// What subscribers need of the outbox's pool.
+//
+// A transactional subscriber's running handler holds a pool connection
+// for its whole transaction; txPoolReserve more are left to the short
+// statements of every subscriber on the pool (claims, heartbeats,
+// outcomes), or a heartbeat could wait for a handler to end and its
+// leases run out. A configuration that breaks this is refused with a
+// *ConfigError. A plain subscriber holds no connection while its handlers
+// run: its claims (two by row lock in flight, each for up to LockWindow),
+// its batched outcome writes and its heartbeats take a few for a moment.
+// When those leave fewer connections than its workers, handlers that use
+// the pool (and publishers on it) wait for one: that works, slower, and
+// is logged once as a warning. The LISTEN connection is not the pool's.
+
+// poolUse is what the running subscribers of an Outbox need of its pool.
+type poolUse struct {
+	subscribers int
+	// txWorkers is the connections transactional handlers hold.
+	txWorkers int
+	// peak is the connections the subscribers use at their busiest:
+	// txWorkers, and every subscriber's claims, outcomes and heartbeats.
+	peak int
+}
+
+// poolNeed is what s needs of its pool while it runs: connections held
+// by its handlers' transactions, and at its busiest.
+func (s *Subscriber[T]) poolNeed() (txWorkers, peak int) {
+	if s.txHandler != nil {
+		return s.cfg.Workers, s.cfg.Workers + txPoolReserve
+	}
+	claims := 1
+	if s.cfg.LockWindow > 0 && s.ob.pool.Config().MaxConns >= minLockingPoolConns {
+		claims = lockedClaimsInFlight
+	}
+	peak = claims + 1 // and the acknowledger
+	if s.cfg.HeartbeatInterval > 0 {
+		peak++
+	}
+	return 0, peak
+}
+
+// poolFix is the fix for a pool of too few connections.
+func poolFix(want int) string {
+	return fmt.Sprintf("set pool_max_conns=%d in the pool's URL, or pgxpool.Config.MaxConns", want)
+}
+
+// takePool counts s among the running subscribers of its outbox, and
+// returns the function that uncounts it. It refuses, with a
+// *ConfigError, a transactional subscriber whose handlers, with those of
+// the transactional subscribers already running on the pool, would leave
+// fewer than txPoolReserve connections; and warns, once per subscriber,
+// when the subscribers' statements leave fewer connections than its
+// workers.
+func (s *Subscriber[T]) takePool() (release func(), err error) {
+	ob := s.ob
+	maxConns := int(ob.pool.Config().MaxConns)
+	tx, peak := s.poolNeed()
+	ob.poolMu.Lock()
+	defer ob.poolMu.Unlock()
+	u := ob.poolUse
+	u.subscribers++
+	u.txWorkers += tx
+	u.peak += peak
+	if tx > 0 && u.txWorkers+txPoolReserve > maxConns {
+		rule := fmt.Sprintf("needs %d pool connections, one per running handler's transaction plus %d for claims, heartbeats and outcomes, "+
+			"and the pool has MaxConns %d", tx+txPoolReserve, txPoolReserve, maxConns)
+		if u.txWorkers > tx {
+			rule = fmt.Sprintf("with the transactional subscribers already running on this pool (%d workers) needs %d pool connections, "+
+				"one per running handler's transaction plus %d for claims, heartbeats and outcomes, and the pool has MaxConns %d",
+				u.txWorkers-tx, u.txWorkers+txPoolReserve, txPoolReserve, maxConns)
+		}
+		return nil, &ConfigError{Field: "SubscriberConfig.Workers", Value: fmt.Sprint(s.cfg.Workers),
+			Rule: rule + ": " + poolFix(u.txWorkers+txPoolReserve) + ", or lower Workers"}
+	}
+	ob.poolUse = u
+	spare := maxConns - u.peak
+	want := u.peak
+	if s.txHandler == nil {
+		want += s.cfg.Workers
+	}
+	if want > maxConns && s.poolWarned.CompareAndSwap(false, true) {
+		s.log.Warn("outbox: the pool is small for the subscribers running on it: their claims, outcomes, heartbeats and transactional handlers "+
+			"take up to engine_conns of its pool_max_conns connections at their busiest, so handlers and publishers that use the pool "+
+			"wait for a connection; "+poolFix(want),
+			slog.Int("pool_max_conns", maxConns), slog.Int("engine_conns", u.peak), slog.Int("spare_conns", max(spare, 0)),
+			slog.Int("workers", s.cfg.Workers), slog.Int("running_subscribers", u.subscribers), slog.Int("want_max_conns", want))
+	}
+	return func() {
+		ob.poolMu.Lock()
+		defer ob.poolMu.Unlock()
+		ob.poolUse.subscribers--
+		ob.poolUse.txWorkers -= tx
+		ob.poolUse.peak -= peak
+	}, nil
+}
