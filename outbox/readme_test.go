@@ -19,7 +19,16 @@ import (
 
 func readmeNew(ctx context.Context) (*outbox.Outbox, error) {
 	// readme:begin new
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	// Size the pool for what runs on it: a subscriber's claims, outcome
+	// writes and heartbeats take up to 4 connections, a transactional
+	// subscriber's handlers one each on top, and your own handlers and
+	// publishers theirs. pgxpool's default is the machine's cores, at least 4.
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL")) // or ?pool_max_conns=20 in the URL
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = max(cfg.MaxConns, 20)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}

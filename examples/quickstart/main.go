@@ -26,7 +26,12 @@ type OrderPlaced struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // "": the PG* variables
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL")) // "": the PG* variables
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.MaxConns = 20 // the subscriber's 16 handlers and its claims (docs/operations.md#pool-size)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -41,9 +46,8 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { // ... and the order's rows
-		return placeOrder(ctx, ob, tx, OrderPlaced{ID: "o-1"})
-	}); err != nil {
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return placeOrder(ctx, ob, tx, OrderPlaced{ID: "o-1"}) })
+	if err != nil {
 		log.Fatal(err)
 	}
 	if err := sub.Run(ctx); err != nil { // until SIGINT or SIGTERM, then drains
