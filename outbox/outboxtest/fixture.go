@@ -75,10 +75,12 @@ func New(tb testing.TB, pool *pgxpool.Pool, cfg *outbox.Config) *Fixture {
 // local socket or localhost:5432, as psql with no arguments); a throwaway
 // cluster made with the machine's PostgreSQL server binaries (initdb and
 // pg_ctl on PATH or where distributions install them; as root, the
-// cluster runs as the postgres user); or a PostgreSQL container through
-// testcontainers, where Docker runs. It removes the cluster or container
-// when the tests end, and [Connect] connects to what it chose. When none
-// is found, Connect fails each test saying what to install or set.
+// cluster runs as the postgres user); or, when the test binary imports
+// [github.com/outboxgen/outboxgen/outbox/outboxtest/pgcontainer], a
+// PostgreSQL container through testcontainers, where Docker runs. It
+// removes the cluster or container when the tests end, and [Connect]
+// connects to what it chose. When none is found, Connect fails each test
+// saying what to install, set or import.
 func Main(m *testing.M) {
 	os.Exit(localpg.RunTests(EnvURL, "outboxtest", func(_ *localpg.Server, err error) int {
 		mainErr = err
