@@ -120,7 +120,8 @@ func Connect(tb testing.TB) *pgxpool.Pool {
 		}
 		tb.Fatalf("outboxtest: no test database through %s: %v\n"+
 			"Run PostgreSQL locally, set %s (e.g. %s=postgres://postgres@localhost:5432/postgres?sslmode=disable), "+
-			"or call outboxtest.Main from TestMain to start a throwaway cluster or container",
+			"or call outboxtest.Main from TestMain to start a throwaway cluster (or, importing "+
+			"outbox/outboxtest/pgcontainer too, a container)",
 			from, err, EnvURL, EnvURL)
 	}
 	tb.Cleanup(pool.Close)
