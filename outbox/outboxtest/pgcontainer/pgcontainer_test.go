@@ -4,7 +4,6 @@ import (
 	"context"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -27,7 +26,7 @@ var containerModules = []string{"github.com/testcontainers/", "github.com/docker
 func TestOnlyImportersLinkTestcontainers(t *testing.T) {
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
-		goCmd = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Skip("no go command to list the dependencies with")
 	}
 	root, err := filepath.Abs("../../..")
 	if err != nil {
