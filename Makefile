@@ -1,7 +1,8 @@
 # The commands the README gives. Tests need a PostgreSQL: TEST_DATABASE_URL
 # when set, else what psql with no arguments reaches, else a throwaway
 # cluster made with the machine's server binaries, else a testcontainers
-# container (Docker).
+# container (Docker; outbox/outboxtest/pgcontainer, which the demo links
+# only with -tags container).
 
 GO          ?= go
 TOOL        := $(GO) tool -modfile=tools/go.mod
@@ -18,7 +19,7 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-8s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: ## Run the demo: 10,000 orders through the outbox on $DATABASE_URL (or what psql reaches, a throwaway cluster, a container)
+demo: ## Run the demo: 10,000 orders through the outbox on $DATABASE_URL (or what psql reaches, a throwaway cluster)
 	$(GO) run ./examples/orders
 
 .PHONY: gen
@@ -43,13 +44,18 @@ verify: ## Fail when db/ is stale, code is not gofmt-clean, or vet/staticcheck c
 golden: ## Rewrite the CLI's golden files from the current output
 	$(GO) test ./cmd/outboxgen -run Golden -update
 
+# GOTESTFLAGS passes flags to every go test of make test, e.g. GOTESTFLAGS=-json.
+# The timeout is go test's 10m tripled: a package's tests, CPU-bound under
+# the race detector, take several times longer on a busy machine.
+GOTESTFLAGS ?=
+
 .PHONY: test
 test: ## Run every test with the race detector against PostgreSQL (the contrib modules' too)
-	$(GO) test -race -count=1 ./...
-	cd contrib/prometheus && $(GO) test -race -count=1 ./...
-	cd contrib/otel && $(GO) test -race -count=1 ./...
-	cd contrib/jetstream && $(GO) test -race -count=1 ./...
-	cd examples/bindings && $(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
+	cd contrib/prometheus && $(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
+	cd contrib/otel && $(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
+	cd contrib/jetstream && $(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
+	cd examples/bindings && $(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
 
 # CHAOS_DURATION is how long faults are injected; CI runs the default.
 CHAOS_DURATION ?= 60s

@@ -8,7 +8,8 @@
 //
 // Without DATABASE_URL it uses what PostgreSQL's client defaults reach (as
 // psql with no arguments), else a throwaway cluster made with the machine's
-// PostgreSQL server binaries, else a testcontainers container. It works in
+// PostgreSQL server binaries, else, built with -tags container, a
+// testcontainers container where Docker runs. It works in
 // the schema outboxgen_demo, which it recreates, and drops it when it ends
 // (-keep keeps it).
 package main

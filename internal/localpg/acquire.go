@@ -2,57 +2,73 @@ package localpg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"time"
-
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/modules/postgres"
+	"sync"
 )
+
+// ContainerImport is the package whose import (for its side effect, as a
+// database/sql driver's) lets Acquire fall back to a PostgreSQL container
+// through testcontainers. Nothing else links testcontainers.
+const ContainerImport = "github.com/outboxgen/outboxgen/outbox/outboxtest/pgcontainer"
+
+var (
+	containerMu    sync.Mutex
+	startContainer func(context.Context) (url string, stop func(), err error)
+)
+
+// RegisterContainer makes start Acquire's last resort: it starts a
+// PostgreSQL (in a container) and returns its URL and how to stop it.
+// ContainerImport calls it from its init.
+func RegisterContainer(start func(ctx context.Context) (url string, stop func(), err error)) {
+	containerMu.Lock()
+	defer containerMu.Unlock()
+	startContainer = start
+}
+
+// ErrNoContainer is what Acquire's error wraps when it found nothing and
+// nothing registered a container fallback (ContainerImport).
+var ErrNoContainer = errors.New("no container fallback: nothing imports " + ContainerImport)
 
 // Acquire returns the PostgreSQL the tests or the demo should use, trying
 // in order: the URL in the environment variable env; what PostgreSQL's
 // client defaults reach; a throwaway cluster made with the machine's
-// server binaries; a testcontainers container, where Docker runs. Its
-// error says what to install or set.
+// server binaries; a container, where Docker runs, when ContainerImport
+// is linked in (RegisterContainer). Its error says what to install, set
+// or import.
 func Acquire(ctx context.Context, env string) (*Server, error) {
 	if u := os.Getenv(env); u != "" {
 		return &Server{URL: u, Source: FromEnv, How: "$" + env}, nil
 	}
-	s, err := Find(ctx)
+	return acquire(ctx, env, Find)
+}
+
+// acquire is Acquire after env, finding what is local with find.
+func acquire(ctx context.Context, env string, find func(context.Context) (*Server, error)) (*Server, error) {
+	s, err := find(ctx)
 	if err == nil {
 		return s, nil
 	}
-	s, cerr := startContainer(ctx)
-	if cerr == nil {
-		return s, nil
+	containerMu.Lock()
+	start := startContainer
+	containerMu.Unlock()
+	if start == nil {
+		return nil, fmt.Errorf("no PostgreSQL: %s is not set; %w; %w.\n"+
+			"Install PostgreSQL (its server package, which brings initdb and pg_ctl), "+
+			"or set %s to a database you may create schemas in, e.g.\n"+
+			"  %s='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'\n"+
+			"or, to fall back to a PostgreSQL container where Docker runs, add to the tests (or the program)\n"+
+			"  import _ %q", env, err, ErrNoContainer, env, env, ContainerImport)
 	}
-	return nil, fmt.Errorf("no PostgreSQL: %s is not set; %w; testcontainers: %w.\n"+
-		"Install PostgreSQL (its server package, which brings initdb and pg_ctl) or Docker, "+
+	url, stop, cerr := start(ctx)
+	if cerr == nil {
+		return &Server{URL: url, Source: Container, How: "a testcontainers container", stop: stop}, nil
+	}
+	return nil, fmt.Errorf("no PostgreSQL: %s is not set; %w; a container: %w.\n"+
+		"Install PostgreSQL (its server package, which brings initdb and pg_ctl) or start Docker, "+
 		"or set %s to a database you may create schemas in, e.g.\n"+
 		"  %s='postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable'", env, err, cerr, env, env)
-}
-
-// startContainer starts PostgreSQL 15 in a container.
-func startContainer(ctx context.Context) (*Server, error) {
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	ctr, err := postgres.Run(cctx, "postgres:15-alpine",
-		postgres.WithDatabase("test"), postgres.WithUsername("postgres"), postgres.WithPassword("postgres"),
-		postgres.BasicWaitStrategies())
-	if err != nil {
-		if ctr != nil {
-			_ = testcontainers.TerminateContainer(ctr)
-		}
-		return nil, fmt.Errorf("start a PostgreSQL container (is Docker running?): %w", err)
-	}
-	stop := func() { _ = testcontainers.TerminateContainer(ctr) }
-	dsn, err := ctr.ConnectionString(cctx, "sslmode=disable")
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	return &Server{URL: dsn, Source: Container, How: "a testcontainers container", stop: stop}, nil
 }
 
 // RunTests is the body of a test binary's TestMain: it acquires a server

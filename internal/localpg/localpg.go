@@ -44,7 +44,7 @@ const (
 	FromEnv        Source = iota // the environment variable Acquire was given
 	ClientDefaults               // what PostgreSQL's client defaults reach
 	Cluster                      // a throwaway cluster Find started
-	Container                    // a testcontainers container
+	Container                    // a container (RegisterContainer)
 )
 
 // Stop stops a cluster or container that was started for it (removing a

@@ -2,6 +2,7 @@ package localpg
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -84,4 +86,46 @@ func TestFindUsesTheClientDefaults(t *testing.T) {
 		t.Fatalf("%s: %v", s.URL, err)
 	}
 	_ = conn.Close(context.Background())
+}
+
+// Where nothing local answers, Acquire's last resort is the container
+// fallback registered (by pgcontainer's import); with none registered its
+// error says which import registers it, and with one that fails it says
+// why.
+func TestAcquireFallsBackToARegisteredContainer(t *testing.T) {
+	nothing := func(context.Context) (*Server, error) { return nil, errors.New("nothing local answers") }
+	t.Cleanup(func() { RegisterContainer(nil) })
+
+	RegisterContainer(nil)
+	_, err := acquire(t.Context(), "SOME_URL", nothing)
+	if !errors.Is(err, ErrNoContainer) || !strings.Contains(err.Error(), `import _ "`+ContainerImport+`"`) {
+		t.Errorf("with no container fallback: %v; want ErrNoContainer and the import that adds one", err)
+	}
+
+	stopped := 0
+	RegisterContainer(func(context.Context) (string, func(), error) {
+		return "postgres://postgres@127.0.0.1:1/test", func() { stopped++ }, nil
+	})
+	s, err := acquire(t.Context(), "SOME_URL", nothing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type found struct {
+		URL    string
+		Source Source
+	}
+	if diff := cmp.Diff(found{"postgres://postgres@127.0.0.1:1/test", Container}, found{s.URL, s.Source}); diff != "" {
+		t.Errorf("with a container fallback (-want +got):\n%s", diff)
+	}
+	s.Stop()
+	if stopped != 1 {
+		t.Errorf("Stop stopped the container %d times, want 1", stopped)
+	}
+
+	RegisterContainer(func(context.Context) (string, func(), error) { return "", nil, errors.New("docker is down") })
+	_, err = acquire(t.Context(), "SOME_URL", nothing)
+	if err == nil || errors.Is(err, ErrNoContainer) || !strings.Contains(err.Error(), "docker is down") ||
+		!strings.Contains(err.Error(), "nothing local answers") {
+		t.Errorf("with a failing container fallback: %v; want what each step said", err)
+	}
 }

@@ -10,9 +10,10 @@
 // The database is TEST_DATABASE_URL when it is set; otherwise [Main] takes,
 // in order, what PostgreSQL's client defaults reach (as psql with no
 // arguments), a throwaway cluster made with the machine's server binaries,
-// or a testcontainers container (see localpg.Acquire), and removes what it
-// started afterwards. Tests never read DATABASE_URL, which the CLI and the
-// demo use; they create and drop only schemas of their own.
+// or a testcontainers container (see localpg.Acquire; container.go imports
+// pgcontainer for it), and removes what it started afterwards. Tests never
+// read DATABASE_URL, which the CLI and the demo use; they create and drop
+// only schemas of their own.
 //
 // Only tests import this package, so release binaries never link
 // testcontainers.

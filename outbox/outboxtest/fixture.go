@@ -92,10 +92,12 @@ func New(tb testing.TB, pool *pgxpool.Pool, cfg *outbox.Config, opts ...Option) 
 // local socket or localhost:5432, as psql with no arguments); a throwaway
 // cluster made with the machine's PostgreSQL server binaries (initdb and
 // pg_ctl on PATH or where distributions install them; as root, the
-// cluster runs as the postgres user); or a PostgreSQL container through
-// testcontainers, where Docker runs. It removes the cluster or container
-// when the tests end, and [Connect] connects to what it chose. When none
-// is found, Connect fails each test saying what to install or set.
+// cluster runs as the postgres user); or, when the test binary imports
+// [github.com/outboxgen/outboxgen/outbox/outboxtest/pgcontainer], a
+// PostgreSQL container through testcontainers, where Docker runs. It
+// removes the cluster or container when the tests end, and [Connect]
+// connects to what it chose. When none is found, Connect fails each test
+// saying what to install, set or import.
 func Main(m *testing.M) {
 	os.Exit(localpg.RunTests(EnvURL, "outboxtest", func(_ *localpg.Server, err error) int {
 		mainErr = err
@@ -135,7 +137,8 @@ func Connect(tb testing.TB) *pgxpool.Pool {
 		}
 		tb.Fatalf("outboxtest: no test database through %s: %v\n"+
 			"Run PostgreSQL locally, set %s (e.g. %s=postgres://postgres@localhost:5432/postgres?sslmode=disable), "+
-			"or call outboxtest.Main from TestMain to start a throwaway cluster or container",
+			"or call outboxtest.Main from TestMain to start a throwaway cluster (or, importing "+
+			"outbox/outboxtest/pgcontainer too, a container)",
 			from, err, EnvURL, EnvURL)
 	}
 	tb.Cleanup(pool.Close)

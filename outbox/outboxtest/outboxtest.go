@@ -14,9 +14,9 @@
 //	func TestMain(m *testing.M) { outboxtest.Main(m) }
 //
 // and then need nothing set on a machine where PostgreSQL is installed
-// (running or not) or Docker runs; $TEST_DATABASE_URL picks a database.
-// Main's last resort is a testcontainers container, so test binaries that
-// import this package link testcontainers; the outbox package does not.
+// (running or not); $TEST_DATABASE_URL picks a database. To fall back to a
+// container where Docker runs, a test binary imports the pgcontainer
+// package as well; only then does it link testcontainers.
 package outboxtest
 
 import (
