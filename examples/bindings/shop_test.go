@@ -15,7 +15,7 @@ import (
 // readme:begin main
 
 // The service's tests run against $TEST_DATABASE_URL, what psql would
-// reach, a throwaway cluster or a container, whichever comes first.
+// reach, or a throwaway cluster, whichever comes first.
 func TestMain(m *testing.M) { outboxtest.Main(m) }
 
 // readme:end
