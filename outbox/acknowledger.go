@@ -116,7 +116,7 @@ func (r *run[T]) takeQueued(batch []outcome, max int) (_ []outcome, closed bool)
 // flushRetrying writes batch, retrying failed statements with backoff
 // while ctx lives; it returns what could not be written.
 func (r *run[T]) flushRetrying(ctx context.Context, batch []outcome) []outcome {
-	errs := backoff{base: 50 * time.Millisecond, max: 5 * time.Second}
+	errs := backoff{base: 50 * time.Millisecond, max: min(5*time.Second, r.s.cfg.MaxFetchInterval)}
 	for len(batch) > 0 {
 		var err error
 		if batch, err = r.flush(ctx, batch); err == nil {

@@ -428,7 +428,7 @@ func (r *run[T]) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgt
 	if err := q.SavepointLockEnd(ctx); err != nil {
 		return false, err
 	}
-	errs := backoff{base: 50 * time.Millisecond, max: 5 * time.Second}
+	errs := backoff{base: 50 * time.Millisecond, max: min(5*time.Second, r.s.cfg.MaxFetchInterval)}
 	for {
 		err = r.writeLockEnd(ctx, q, c, e, token)
 		if err == nil {
