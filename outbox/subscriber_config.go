@@ -59,8 +59,9 @@ type SubscriberConfig[T any] struct {
 	// scheduled row's due time. Defaults: 50 ms and 5 s.
 	MinFetchInterval time.Duration
 	// MaxFetchInterval caps the idle wait, and the wait before a failed
-	// schema check at start, a failed claim or a lost LISTEN connection
-	// is tried again (at most 30 s), so
+	// schema check at start, a failed claim, a failed write of outcomes
+	// or of a claim's end (at most 5 s for those two), or a lost LISTEN
+	// connection is tried again (at most 30 s), so
 	// a subscriber claims again within about MaxFetchInterval of its
 	// database's return after an outage or a failover. Default:
 	// MaxFetchIntervalDefault (5 s).
