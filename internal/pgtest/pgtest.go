@@ -115,11 +115,6 @@ func URL(tb testing.TB) string {
 	return baseURL
 }
 
-// BaseURL returns the test database's connection string once [Main] has
-// resolved it, or "" when there is none. Examples, which get no testing.TB,
-// use it.
-func BaseURL() string { return baseURL }
-
 // DB is one test's database: a pool whose search_path is a fresh schema
 // that is dropped when the test ends.
 type DB struct {
