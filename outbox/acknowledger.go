@@ -45,7 +45,7 @@ type outcome struct {
 // stop has passed) nothing more is written, and the outcomes that were not
 // are counted in the result. Their rows keep their leases and are
 // delivered again when the leases expire.
-func (r *run[T]) acknowledge(ctx context.Context) (unwritten int) {
+func (r *run) acknowledge(ctx context.Context) (unwritten int) {
 	cfg := &r.s.cfg
 	var (
 		batch  []outcome
@@ -98,7 +98,7 @@ func (r *run[T]) acknowledge(ctx context.Context) (unwritten int) {
 // takeQueued appends the outcomes already waiting in r.outcomes to batch,
 // without blocking, until it holds max; closed reports that the channel
 // was closed (the run is ending).
-func (r *run[T]) takeQueued(batch []outcome, max int) (_ []outcome, closed bool) {
+func (r *run) takeQueued(batch []outcome, max int) (_ []outcome, closed bool) {
 	for len(batch) < max {
 		select {
 		case o, ok := <-r.outcomes:
@@ -115,7 +115,7 @@ func (r *run[T]) takeQueued(batch []outcome, max int) (_ []outcome, closed bool)
 
 // flushRetrying writes batch, retrying failed statements with backoff
 // while ctx lives; it returns what could not be written.
-func (r *run[T]) flushRetrying(ctx context.Context, batch []outcome) []outcome {
+func (r *run) flushRetrying(ctx context.Context, batch []outcome) []outcome {
 	errs := backoff{base: 50 * time.Millisecond, max: min(5*time.Second, r.s.cfg.MaxFetchInterval)}
 	for len(batch) > 0 {
 		var err error
@@ -135,7 +135,7 @@ func (r *run[T]) flushRetrying(ctx context.Context, batch []outcome) []outcome {
 
 // flush writes batch: deletes, retries and dead letters. It returns the
 // outcomes still unwritten when a statement fails.
-func (r *run[T]) flush(ctx context.Context, batch []outcome) ([]outcome, error) {
+func (r *run) flush(ctx context.Context, batch []outcome) ([]outcome, error) {
 	var deletes, retries, dead []outcome
 	for _, o := range batch {
 		switch o.kind {
@@ -192,7 +192,7 @@ type writeFunc func(ctx context.Context, os []outcome) ([]lease, error)
 // outcomes one by one and gives up only those it refuses, so one bad
 // outcome never holds back the others. Any other error returns os
 // unwritten.
-func (r *run[T]) write(ctx context.Context, os []outcome, w writeFunc) ([]outcome, error) {
+func (r *run) write(ctx context.Context, os []outcome, w writeFunc) ([]outcome, error) {
 	if len(os) == 0 {
 		return nil, nil
 	}
@@ -215,13 +215,13 @@ func (r *run[T]) write(ctx context.Context, os []outcome, w writeFunc) ([]outcom
 	return nil, nil
 }
 
-func (r *run[T]) writeDeletes(ctx context.Context, os []outcome) ([]lease, error) {
+func (r *run) writeDeletes(ctx context.Context, os []outcome) ([]lease, error) {
 	ids, tokens := leaseArgs(os)
 	rows, err := r.queries().DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids, Tokens: tokens})
 	return leasesOf(rows, func(r db.DeleteBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token }), err
 }
 
-func (r *run[T]) writeRetries(ctx context.Context, os []outcome) ([]lease, error) {
+func (r *run) writeRetries(ctx context.Context, os []outcome) ([]lease, error) {
 	ids, tokens := leaseArgs(os)
 	delays := make([]float64, len(os))
 	texts := make([]string, len(os))
@@ -235,7 +235,7 @@ func (r *run[T]) writeRetries(ctx context.Context, os []outcome) ([]lease, error
 
 // writeDeadLetter moves one row to the dead-letter table. Should the
 // database refuse the error text, the row goes with a placeholder instead.
-func (r *run[T]) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, error) {
+func (r *run) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, error) {
 	o := os[0]
 	q := r.queries()
 	p := db.DeadLetterWithLeaseParams{ID: o.d.row.ID, Token: o.d.token, Attempted: o.attempted, Reason: o.reason, LastError: &o.text}
@@ -253,7 +253,7 @@ func (r *run[T]) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, er
 
 // refused gives up an outcome the database will not store: its row keeps
 // its lease and is delivered again when the lease expires.
-func (r *run[T]) refused(ctx context.Context, o outcome, err error) {
+func (r *run) refused(ctx context.Context, o outcome, err error) {
 	r.s.log.ErrorContext(o.d.context(), "outbox: the database refused an outcome; the row is left to lease expiry",
 		append(rowAttrs(o.d), slog.String("write", outcomeWrites[o.kind]), slog.String("sqlstate", sqlState(err)), slog.Any("error", err))...)
 	r.emit(MetricEvent{Name: EventWriteRefused, Queue: o.d.row.Queue, ID: o.d.row.ID, Deliveries: int(o.d.row.DeliveriesCount),
@@ -262,7 +262,7 @@ func (r *run[T]) refused(ctx context.Context, o outcome, err error) {
 
 // landed emits the metrics and logs of written outcomes; done are the
 // leases the write matched, and any other delivery lost its lease.
-func (r *run[T]) landed(os []outcome, done []lease) {
+func (r *run) landed(os []outcome, done []lease) {
 	// A write returns only leases it was given, and the deliveries of os
 	// are distinct: when it returns as many as it was given, all matched.
 	var matched map[lease]bool
@@ -278,7 +278,7 @@ func (r *run[T]) landed(os []outcome, done []lease) {
 // report emits the metrics and logs of outcomes whose writes landed: all
 // of os when matched is nil, else those whose lease it holds; any other
 // lost its lease.
-func (r *run[T]) report(os []outcome, matched map[lease]bool) {
+func (r *run) report(os []outcome, matched map[lease]bool) {
 	for _, o := range os {
 		d := o.d
 		ev := MetricEvent{Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Duration: o.ran, Reason: o.reason}

@@ -23,7 +23,7 @@ import (
 // MinFetchInterval and MaxFetchInterval, cut short by a NOTIFY and never
 // past the earliest scheduled row's due time. Before it waits, it records
 // that it sleeps, so that writers notify (see sleeper).
-func (r *run[T]) fetch(ctx context.Context) {
+func (r *run) fetch(ctx context.Context) {
 	cfg := &r.s.cfg
 	q := r.queries()
 	// A failed claim is retried at least every MaxFetchInterval, as an
@@ -86,7 +86,7 @@ func (r *run[T]) fetch(ctx context.Context) {
 // went away, leaving them leased to nobody until their lease expires. The
 // stop waits for the claim instead, and releases the rows it took with
 // the other unstarted rows.
-func (r *run[T]) claim(ctx context.Context, q *db.Queries, n int32) (got int, err error) {
+func (r *run) claim(ctx context.Context, q *db.Queries, n int32) (got int, err error) {
 	sctx := r.writes
 	if r.locks != nil {
 		// Claims by lock pay a transaction and a record per claim, which
@@ -130,7 +130,7 @@ func newLeaseToken() (pgtype.UUID, error) {
 }
 
 // idle waits after an empty claim, sent at claimed: the n-th in a row.
-func (r *run[T]) idle(ctx context.Context, q *db.Queries, n int, claimed time.Time) {
+func (r *run) idle(ctx context.Context, q *db.Queries, n int, claimed time.Time) {
 	cfg := &r.s.cfg
 	wait := float64(cfg.MinFetchInterval) * float64(uint64(1)<<(n-1)) * (0.75 + rand.Float64()/2)
 	d := min(time.Duration(wait), cfg.MaxFetchInterval)
@@ -155,7 +155,7 @@ func (r *run[T]) idle(ctx context.Context, q *db.Queries, n int, claimed time.Ti
 }
 
 // wakeFetcher asks the fetcher to claim now; it never blocks.
-func (r *run[T]) wakeFetcher() {
+func (r *run) wakeFetcher() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -163,7 +163,7 @@ func (r *run[T]) wakeFetcher() {
 }
 
 // wants reports whether a notification payload names one of our queues.
-func (r *run[T]) wants(queue string) bool { return slices.Contains(r.s.queues, queue) }
+func (r *run) wants(queue string) bool { return slices.Contains(r.s.queues, queue) }
 
 // claimRows converts ClaimQueue's rows of queue, which have Claim's
 // columns but the queue.

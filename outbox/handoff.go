@@ -47,7 +47,7 @@ const (
 // since the last run: an announcement can be missed (the LISTEN
 // connection was down, or writers skipped NOTIFY while the server's
 // notification queue was half full), and a busy subscriber never polls.
-func (r *run[T]) handOff(ctx context.Context, q *db.Queries) {
+func (r *run) handOff(ctx context.Context, q *db.Queries) {
 	h := &r.handoffs
 	now := time.Now()
 	if !h.pending.Swap(false) && (h.retryAt.IsZero() || now.Before(h.retryAt)) &&
@@ -91,7 +91,7 @@ func (r *run[T]) handOff(ctx context.Context, q *db.Queries) {
 }
 
 // untilHandOff bounds an idle wait by the next hand-over retry.
-func (r *run[T]) untilHandOff(d time.Duration) time.Duration {
+func (r *run) untilHandOff(d time.Duration) time.Duration {
 	if at := r.handoffs.retryAt; !at.IsZero() {
 		return max(min(d, time.Until(at)), 0)
 	}

@@ -14,7 +14,7 @@ import (
 // run holds to LeaseTTL from now, in one statement. A delivery the
 // statement misses lost its lease: its handler's context is cancelled with
 // cause ErrLeaseLost.
-func (r *run[T]) heartbeat(ctx context.Context) {
+func (r *run) heartbeat(ctx context.Context) {
 	q := r.queries()
 	t := time.NewTicker(r.s.cfg.HeartbeatInterval)
 	defer t.Stop()

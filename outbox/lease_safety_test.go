@@ -228,8 +228,8 @@ func TestRedeliveryOfOneRowIsTrackedByItsToken(t *testing.T) {
 func TestOutcomesOfOneRowAreMatchedByToken(t *testing.T) {
 	t.Parallel()
 	rec := &events{}
-	s := &Subscriber[string]{cfg: SubscriberConfig[string]{Name: "s"}, queues: []string{"q"}, log: discard()}
-	r := &run[string]{s: s, metrics: newMetricsSink(rec, s.log, 1), logs: newLogSummary(s.log, time.Hour)}
+	s := &core{cfg: settings{Name: "s"}, queues: []string{"q"}, log: discard()}
+	r := &run{s: s, metrics: newMetricsSink(rec, s.log, 1), logs: newLogSummary(s.log, time.Hour)}
 	stale := &delivery{row: db.ClaimRow{ID: 7, Queue: "q"}, token: testToken(1), ctx: context.Background()}
 	sibling := &delivery{row: db.ClaimRow{ID: 8, Queue: "q"}, token: testToken(1), ctx: context.Background()}
 	fresh := &delivery{row: db.ClaimRow{ID: 7, Queue: "q"}, token: testToken(2), ctx: context.Background()}

@@ -299,7 +299,7 @@ func (l *listenHub) setDeaf(ctx context.Context, deaf bool, waited time.Duration
 
 // The run of a subscriber is its listener's member.
 
-func (r *run[T]) notified(channel, payload string) {
+func (r *run) notified(channel, payload string) {
 	if !r.wants(payload) {
 		return
 	}
@@ -309,12 +309,12 @@ func (r *run[T]) notified(channel, payload string) {
 	r.wakeFetcher()
 }
 
-func (r *run[T]) listening() {
+func (r *run) listening() {
 	r.handoffs.pending.Store(true)
 	r.wakeFetcher()
 }
 
-func (r *run[T]) setDeaf(ctx context.Context, deaf bool, waited time.Duration) {
+func (r *run) setDeaf(ctx context.Context, deaf bool, waited time.Duration) {
 	if !deaf {
 		if r.deaf.Swap(false) {
 			r.s.log.InfoContext(ctx, "outbox: NOTIFY reaches the LISTEN connection again")
@@ -329,14 +329,14 @@ func (r *run[T]) setDeaf(ctx context.Context, deaf bool, waited time.Duration) {
 	}
 }
 
-func (r *run[T]) lost(ctx context.Context, err error, wait time.Duration) {
+func (r *run) lost(ctx context.Context, err error, wait time.Duration) {
 	r.s.log.WarnContext(ctx, "outbox: LISTEN connection lost; polling until it is back",
 		slog.Any("error", err), slog.Duration("backoff", wait))
 }
 
-func (r *run[T]) listenSettings() (interval, timeout, maxFetch time.Duration) {
+func (r *run) listenSettings() (interval, timeout, maxFetch time.Duration) {
 	c := &r.s.cfg
 	return c.ListenProbeInterval, c.ListenProbeTimeout, c.MaxFetchInterval
 }
 
-func (r *run[T]) logger() *slog.Logger { return r.s.log }
+func (r *run) logger() *slog.Logger { return r.s.log }

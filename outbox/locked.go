@@ -196,7 +196,7 @@ func (c *lockedClaim) watch(b *claimBatch) {
 // isolation: at REPEATABLE READ or SERIALIZABLE, locking or deleting a
 // row another transaction changed since the claim began fails with a
 // serialization failure, which no retry in the same transaction cures.
-func (r *run[T]) claimLocked(ctx, sctx context.Context, n int32) (int, error) {
+func (r *run) claimLocked(ctx, sctx context.Context, n int32) (int, error) {
 	select {
 	case r.locks <- struct{}{}:
 	case <-ctx.Done():
@@ -288,7 +288,7 @@ func (r *run[T]) claimLocked(ctx, sctx context.Context, n int32) (int, error) {
 // endLocked ends the locked claim c of batch b when every row is settled,
 // LockWindow has passed, or the subscriber stops, and frees its place
 // among the claims in flight.
-func (r *run[T]) endLocked(b *claimBatch, c *lockedClaim) {
+func (r *run) endLocked(b *claimBatch, c *lockedClaim) {
 	defer r.lockEnds.Done()
 	defer func() { <-r.locks }()
 	if b == nil {
@@ -415,7 +415,7 @@ func (e *lockEnd) lease(d *delivery) {
 // outcomes the database refuses. An error that dooms the transaction, or
 // a refused fallback, ends the claim without writing. On error the
 // transaction is rolled back: nothing was written.
-func (r *run[T]) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype.UUID) (fellBack bool, err error) {
+func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype.UUID) (fellBack bool, err error) {
 	ctx := r.ends
 	q := r.s.ob.queries(boundedDBTX{inner: c.tx, timeout: r.s.cfg.QueryTimeout})
 	defer func() {
@@ -466,7 +466,7 @@ func (r *run[T]) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgt
 // the leases, and the end of the claim's record. Each is a statement of
 // its own: one statement that did all three cost the server twice as
 // much per row.
-func (r *run[T]) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e *lockEnd, token pgtype.UUID) error {
+func (r *run) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e *lockEnd, token pgtype.UUID) error {
 	if len(e.deleted) > 0 {
 		lower, upper := runs(e.deleted)
 		n, err := q.DeleteLocked(ctx, db.DeleteLockedParams{Lower: lower, Upper: upper})
@@ -514,7 +514,7 @@ const lockRounds = 4
 // by a claim that looks from the start: the first claim made when no
 // other is open, one that found nothing past the positions, and one at
 // least every LockWindow.
-func (r *run[T]) lockRows(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockRow, error) {
+func (r *run) lockRows(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockRow, error) {
 	var past map[string]lockCursor
 	if r.lockedUpTo != nil && len(r.locks) > 1 && time.Since(r.frontLocked) < r.s.cfg.LockWindow {
 		past = r.lockedUpTo
@@ -548,7 +548,7 @@ func (r *run[T]) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 // not hand out: each statement (at most lockRounds) locks at most an
 // equal share of what is left in each queue, and the next looks again,
 // past what the claim has, in the queues that filled their share.
-func (r *run[T]) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor) ([]db.LockRow, error) {
+func (r *run) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor) ([]db.LockRow, error) {
 	got := make([]db.LockRow, 0, n)
 	if len(r.s.queues) == 1 {
 		p := db.LockQueueParams{Queue: r.s.queues[0], MaxRows: n, IdleTimeoutMs: idle}
@@ -626,7 +626,7 @@ func deliveriesOf(os []outcome) []*delivery {
 // whenever a claim by lock finds nothing.
 // ctx ends the wait for a place among the claims in flight; sctx bounds
 // the claim's statements (see claim).
-func (r *run[T]) claimLockedOrExpired(ctx, sctx context.Context, q *db.Queries, n int32) (int, error) {
+func (r *run) claimLockedOrExpired(ctx, sctx context.Context, q *db.Queries, n int32) (int, error) {
 	if time.Since(r.expiredTaken) >= r.s.cfg.MaxFetchInterval {
 		r.expiredTaken = time.Now()
 		if got, err := r.claimExpired(sctx, q, n); err != nil || got > 0 {
@@ -643,7 +643,7 @@ func (r *run[T]) claimLockedOrExpired(ctx, sctx context.Context, q *db.Queries, 
 
 // claimExpired leases up to n rows of the subscriber's queues whose lease
 // expired into buf, and returns how many it claimed.
-func (r *run[T]) claimExpired(ctx context.Context, q *db.Queries, n int32) (int, error) {
+func (r *run) claimExpired(ctx context.Context, q *db.Queries, n int32) (int, error) {
 	token, err := newLeaseToken()
 	if err != nil {
 		return 0, err
@@ -665,7 +665,7 @@ func (r *run[T]) claimExpired(ctx context.Context, q *db.Queries, n int32) (int,
 // claims no claim needs any more. Subscribers that claim by lease sweep
 // too: their claims read the records, which other subscribers (or a
 // restored dump) may have left.
-func (r *run[T]) sweepLocks(ctx context.Context, q *db.Queries) {
+func (r *run) sweepLocks(ctx context.Context, q *db.Queries) {
 	if time.Since(r.locksSwept) < r.s.cfg.MaxFetchInterval {
 		return
 	}

@@ -43,7 +43,7 @@ func (e *env) terminateLockedClaims() int {
 // does, and returns the ids of the rows it locked. The claim's transaction
 // stays open until end is called or the test ends (the test's pool has
 // few connections).
-func (e *env) lockRows(r *run[string], n int32) (locked []int64, end func()) {
+func (e *env) lockRows(r *run, n int32) (locked []int64, end func()) {
 	e.t.Helper()
 	tx, err := e.db.Pool.Begin(e.ctx)
 	if err != nil {
@@ -570,7 +570,7 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newRun(e.ctx, sub)
+	r := newRun(e.ctx, &sub.core)
 	var rows []int64
 	for range 6 {
 		rows = append(rows, e.publish("q"))
@@ -710,7 +710,7 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newRun(e.ctx, sub)
+	r := newRun(e.ctx, &sub.core)
 	var a, b []int64
 	for range 10 {
 		a = append(a, e.publish("a"))

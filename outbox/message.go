@@ -143,8 +143,8 @@ func readHeaders(hc *headerCache, raw []byte) (map[string]string, json.RawMessag
 // decodeMessage turns a claimed row into a Message. An error means the row
 // can never be handled: its headers or payload are unreadable, or it was
 // published as another type than T.
-func decodeMessage[T any](c Codec[T], contentType string, row *db.ClaimRow, hc *headerCache) (*Message[T], error) {
-	m := &Message[T]{
+func decodeMessage[T any](m *Message[T], c Codec[T], contentType string, row *db.ClaimRow, hc *headerCache) error {
+	*m = Message[T]{
 		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: attempts(row.AttemptsCount),
 		CreatedAt: row.CreatedAt,
 	}
@@ -157,14 +157,14 @@ func decodeMessage[T any](c Codec[T], contentType string, row *db.ClaimRow, hc *
 	if len(row.Headers) > 0 && string(row.Headers) != "null" {
 		h, err := hc.decode(row.Headers)
 		if err != nil {
-			return nil, fmt.Errorf("headers are not an object of strings: %w", err)
+			return fmt.Errorf("headers are not an object of strings: %w", err)
 		}
 		m.Headers = h
 	}
 	if ct := m.Headers[HeaderContentType]; ct != "" && ct != contentType {
 		a, ok := c.(contentTypeAccepter)
 		if !ok || !a.Accepts(ct) {
-			return nil, fmt.Errorf("content type %q; codec %T reads %q", ct, c, contentType)
+			return fmt.Errorf("content type %q; codec %T reads %q", ct, c, contentType)
 		}
 	}
 	if mt := m.Headers[HeaderMessageType]; mt != "" {
@@ -174,17 +174,17 @@ func decodeMessage[T any](c Codec[T], contentType string, row *db.ClaimRow, hc *
 		}
 		switch {
 		case hc.typeErr != nil:
-			return nil, fmt.Errorf("message type %q; the subscriber's own type has no valid name: %w", mt, hc.typeErr)
+			return fmt.Errorf("message type %q; the subscriber's own type has no valid name: %w", mt, hc.typeErr)
 		case !hc.msgType.Reads(mt):
-			return nil, fmt.Errorf("message type %q; this subscriber reads %q", mt, hc.msgType.Name)
+			return fmt.Errorf("message type %q; this subscriber reads %q", mt, hc.msgType.Name)
 		}
 	}
 	payload, err := decodePayload(c, row.Payload)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	m.Payload = payload
-	return m, nil
+	return nil
 }
 
 // decodePayload runs the codec, turning its panic into an error.

@@ -69,7 +69,7 @@ type DeliveryOutcome struct {
 }
 
 // deliveryInfo describes d for an observer.
-func (r *run[T]) deliveryInfo(d *delivery, headers map[string]string) DeliveryInfo {
+func (r *run) deliveryInfo(d *delivery, headers map[string]string) DeliveryInfo {
 	info := DeliveryInfo{
 		Subscriber: r.s.cfg.Name, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount),
 		Attempts: attempts(d.row.AttemptsCount), Headers: headers,
@@ -82,7 +82,7 @@ func (r *run[T]) deliveryInfo(d *delivery, headers map[string]string) DeliveryIn
 
 // observeStart runs the observer's Start, keeping ctx when it panics or
 // returns nil.
-func (r *run[T]) observeStart(ctx context.Context, info DeliveryInfo) (out context.Context) {
+func (r *run) observeStart(ctx context.Context, info DeliveryInfo) (out context.Context) {
 	out = ctx
 	defer func() {
 		if p := recover(); p != nil {
@@ -97,7 +97,7 @@ func (r *run[T]) observeStart(ctx context.Context, info DeliveryInfo) (out conte
 }
 
 // observeEnd runs the observer's End.
-func (r *run[T]) observeEnd(ctx context.Context, info DeliveryInfo, o DeliveryOutcome) {
+func (r *run) observeEnd(ctx context.Context, info DeliveryInfo, o DeliveryOutcome) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.s.log.ErrorContext(ctx, "outbox: delivery observer panicked in End", slog.Any("panic", p))

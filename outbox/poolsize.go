@@ -31,8 +31,8 @@ type poolUse struct {
 
 // poolNeed is what s needs of its pool while it runs: connections held
 // by its handlers' transactions, and at its busiest.
-func (s *Subscriber[T]) poolNeed() (txWorkers, peak int) {
-	if s.txHandler != nil {
+func (s *core) poolNeed() (txWorkers, peak int) {
+	if s.tx {
 		return s.cfg.Workers, s.cfg.Workers + txPoolReserve
 	}
 	claims := 1
@@ -58,7 +58,7 @@ func poolFix(want int) string {
 // fewer than txPoolReserve connections; and warns, once per subscriber,
 // when the subscribers' statements leave fewer connections than its
 // workers.
-func (s *Subscriber[T]) takePool() (release func(), err error) {
+func (s *core) takePool() (release func(), err error) {
 	ob := s.ob
 	maxConns := int(ob.pool.Config().MaxConns)
 	tx, peak := s.poolNeed()
@@ -82,7 +82,7 @@ func (s *Subscriber[T]) takePool() (release func(), err error) {
 	ob.poolUse = u
 	spare := maxConns - u.peak
 	want := u.peak
-	if s.txHandler == nil {
+	if !s.tx {
 		want += s.cfg.Workers
 	}
 	if want > maxConns && s.poolWarned.CompareAndSwap(false, true) {

@@ -58,7 +58,7 @@ func newSleeper() sleeper {
 }
 
 // found ends the record once claims keep finding rows.
-func (r *run[T]) found(ctx context.Context, q *db.Queries) {
+func (r *run) found(ctx context.Context, q *db.Queries) {
 	s := &r.sleeper
 	s.xids = nil
 	s.found++
@@ -77,7 +77,7 @@ func (r *run[T]) found(ctx context.Context, q *db.Queries) {
 // asleep readies the fetcher to sleep after a claim that found nothing:
 // it makes or refreshes the record and watches the writers that may have
 // missed it. It reports whether to claim again before sleeping.
-func (r *run[T]) asleep(ctx context.Context, q *db.Queries) bool {
+func (r *run) asleep(ctx context.Context, q *db.Queries) bool {
 	s := &r.sleeper
 	s.found = 0
 	if r.deaf.Load() {
@@ -130,7 +130,7 @@ func (r *run[T]) asleep(ctx context.Context, q *db.Queries) bool {
 
 // sleepWait bounds an idle wait while writers that may have missed the
 // record are in progress.
-func (r *run[T]) sleepWait(d time.Duration) time.Duration {
+func (r *run) sleepWait(d time.Duration) time.Duration {
 	s := &r.sleeper
 	if len(s.xids) == 0 {
 		return d
@@ -141,7 +141,7 @@ func (r *run[T]) sleepWait(d time.Duration) time.Duration {
 }
 
 // leave removes the record when the run stops.
-func (r *run[T]) leave() {
+func (r *run) leave() {
 	if err := r.queries().Leave(r.writes, r.sleeper.id); err != nil {
 		r.s.log.Debug("outbox: could not remove the sleep record; it lapses on its own", slog.Any("error", err))
 	}

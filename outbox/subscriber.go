@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
@@ -31,16 +32,69 @@ type Handler[T any] func(ctx context.Context, m *Message[T]) error
 // serve the same queues: rows are claimed with FOR UPDATE SKIP LOCKED and
 // leased, and every outcome is written only if the lease is still held.
 type Subscriber[T any] struct {
-	ob          *Outbox
-	queues      []string
+	// core is what the engine runs: everything but the message type.
+	core
 	handler     Handler[T]
 	txHandler   TxHandler[T] // set by NewTxSubscriber, instead of handler
 	cfg         SubscriberConfig[T]
 	contentType string
-	log         *slog.Logger
-	running     atomic.Bool
+}
+
+// core is the untyped part of a subscriber, which the engine runs: its
+// outbox, queues and settings, and the function that turns a claimed row
+// into a call of the typed handler.
+type core struct {
+	ob     *Outbox
+	queues []string
+	cfg    settings
+	log    *slog.Logger
+	// tx: the handler runs in a transaction (NewTxSubscriber).
+	tx bool
+	// calls returns, for one worker, the function that decodes a claimed
+	// row into a call of the handler.
+	calls   func() func(row *db.ClaimRow) (call, error)
+	running atomic.Bool
 	// poolWarned is set once the subscriber warned that its pool is small.
 	poolWarned atomic.Bool
+}
+
+// call is one decoded delivery, ready for the handler: the engine runs
+// it without knowing the message type.
+type call interface {
+	// headers are the message's headers, for an observer.
+	headers() map[string]string
+	// handle runs the Handler.
+	handle(ctx context.Context) error
+	// handleTx runs the TxHandler in tx.
+	handleTx(ctx context.Context, tx pgx.Tx) error
+}
+
+// typedCall is a decoded message and the subscriber whose handler takes
+// it.
+type typedCall[T any] struct {
+	msg Message[T]
+	s   *Subscriber[T]
+}
+
+func (c *typedCall[T]) headers() map[string]string { return c.msg.Headers }
+
+func (c *typedCall[T]) handle(ctx context.Context) error { return c.s.handler(ctx, &c.msg) }
+
+func (c *typedCall[T]) handleTx(ctx context.Context, tx pgx.Tx) error {
+	return c.s.txHandler(ctx, ownedTx{tx}, &c.msg)
+}
+
+// decoder returns the decoding function of one worker: it keeps the
+// worker's header cache.
+func (s *Subscriber[T]) decoder() func(row *db.ClaimRow) (call, error) {
+	var hc headerCache
+	return func(row *db.ClaimRow) (call, error) {
+		c := &typedCall[T]{s: s}
+		if err := decodeMessage(&c.msg, s.cfg.Codec, s.contentType, row, &hc); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
 }
 
 // NewSubscriber returns a subscriber of queues that runs handler for each
@@ -83,13 +137,18 @@ func newSubscriber[T any](ob *Outbox, queues []string, noHandler bool, cfg *Subs
 	if err != nil {
 		return nil, err
 	}
-	return &Subscriber[T]{
-		ob:          ob,
-		queues:      append([]string(nil), queues...),
+	s := &Subscriber[T]{
+		core: core{
+			ob:     ob,
+			queues: append([]string(nil), queues...),
+			cfg:    c.settings(),
+			log:    c.Logger.With(slog.String("subscriber", c.Name)),
+		},
 		cfg:         c,
 		contentType: c.Codec.ContentType(),
-		log:         c.Logger.With(slog.String("subscriber", c.Name)),
-	}, nil
+	}
+	s.calls = s.decoder
+	return s, nil
 }
 
 // Config returns the subscriber's configuration as it runs: every field
@@ -128,6 +187,11 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 		return ErrAlreadyRunning
 	}
 	defer s.running.Store(false)
+	return s.core.run(ctx)
+}
+
+// run is Run once the subscriber is marked running.
+func (s *core) run(ctx context.Context) error {
 	release, err := s.takePool()
 	if err != nil {
 		return err
@@ -137,7 +201,7 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 		return err
 	}
 	r := newRun(ctx, s)
-	if s.txHandler != nil {
+	if s.tx {
 		r.liftIdle = s.idleLift(ctx)
 	}
 	// Hand-overs recorded while no subscriber listened are completed
@@ -148,7 +212,7 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 
 // checkSchema waits until the schema can be checked, and returns a
 // *SchemaError when it is not usable. A stop while waiting returns nil.
-func (s *Subscriber[T]) checkSchema(ctx context.Context) error {
+func (s *core) checkSchema(ctx context.Context) error {
 	errs := backoff{base: 100 * time.Millisecond, max: min(30*time.Second, s.cfg.MaxFetchInterval)}
 	for {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
@@ -175,7 +239,7 @@ func (s *Subscriber[T]) checkSchema(ctx context.Context) error {
 // role or database setting would end the transaction while its handler
 // works, though the subscriber ends it within the lease anyway), else 0
 // (nothing to set). When the setting cannot be read, it is set.
-func (s *Subscriber[T]) idleLift(ctx context.Context) int64 {
+func (s *core) idleLift(ctx context.Context) int64 {
 	lease := s.cfg.LeaseTTL.Milliseconds()
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 	defer cancel()
@@ -202,8 +266,8 @@ var ErrGracefulTimeout = errors.New("outbox: graceful timeout passed")
 // until the outcomes channel closes after the workers exit. The LISTEN
 // connection belongs to the Outbox's listener, which run joins and
 // leaves: the last run to leave stops it and waits for it.
-type run[T any] struct {
-	s *Subscriber[T]
+type run struct {
+	s *core
 	// liftIdle, when above 0, is the idle_in_transaction_session_timeout
 	// (ms) each transactional handler's transaction sets (idleLift).
 	liftIdle int64
@@ -274,11 +338,11 @@ type run[T any] struct {
 
 // queries returns the generated queries on the pool, each statement
 // bounded by QueryTimeout.
-func (r *run[T]) queries() *db.Queries {
+func (r *run) queries() *db.Queries {
 	return r.s.ob.queries(boundedDBTX{inner: r.s.ob.pool, timeout: r.s.cfg.QueryTimeout})
 }
 
-func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
+func newRun(ctx context.Context, s *core) *run {
 	hctx, force := context.WithCancelCause(context.WithoutCancel(ctx))
 	writes, stopWrites := context.WithCancel(context.WithoutCancel(ctx))
 	var locks chan struct{}
@@ -286,7 +350,7 @@ func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 		locks = make(chan struct{}, lockedClaimsInFlight)
 	}
 	ends, stopEnds := context.WithCancel(context.WithoutCancel(ctx))
-	return &run[T]{
+	return &run{
 		lastClaimed: s.cfg.FetchBatchSize,
 		ends:        ends,
 		stopping:    make(chan struct{}),
@@ -308,7 +372,7 @@ func newRun[T any](ctx context.Context, s *Subscriber[T]) *run[T] {
 	}
 }
 
-func (r *run[T]) run(ctx context.Context) error {
+func (r *run) run(ctx context.Context) error {
 	defer r.forceStop(nil)
 	defer r.stopWrites()
 
@@ -359,7 +423,7 @@ func (r *run[T]) run(ctx context.Context) error {
 
 // drain waits for running handlers until deadline, then abandons the
 // rest.
-func (r *run[T]) drain(deadline time.Time) {
+func (r *run) drain(deadline time.Time) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
@@ -377,7 +441,7 @@ func (r *run[T]) drain(deadline time.Time) {
 }
 
 // release hands back the rows claimed but never started.
-func (r *run[T]) release() {
+func (r *run) release() {
 	r.unstartedMu.Lock()
 	ds := r.unstarted
 	r.unstarted = nil
@@ -416,7 +480,7 @@ func (r *run[T]) release() {
 }
 
 // emit queues a metric event tagged with this subscriber.
-func (r *run[T]) emit(ev MetricEvent) {
+func (r *run) emit(ev MetricEvent) {
 	ev.Subscriber = r.s.cfg.Name
 	r.metrics.emit(ev)
 }

@@ -297,3 +297,38 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 	}
 	return r, nil
 }
+
+// settings are a resolved SubscriberConfig without its codec: what the
+// engine runs with, whatever the message type.
+type settings struct {
+	Name                                    string
+	Workers, FetchBatchSize                 int
+	MinFetchInterval, MaxFetchInterval      time.Duration
+	LeaseTTL, HeartbeatInterval, LockWindow time.Duration
+	MaxDeliveries                           int
+	Retry                                   RetryStrategy
+	DisableDeadLetter                       bool
+	GracefulTimeout                         time.Duration
+	AckBatchSize                            int
+	AckLinger, QueryTimeout                 time.Duration
+	ListenProbeInterval, ListenProbeTimeout time.Duration
+	ListenDSN                               string
+	ListenConnect                           func(ctx context.Context) (*pgx.Conn, error)
+	Metrics                                 MetricsRecorder
+	Observer                                DeliveryObserver
+	minLockedClaim                          int
+}
+
+// settings returns c's settings; c is resolved.
+func (c *SubscriberConfig[T]) settings() settings {
+	return settings{
+		Name: c.Name, Workers: c.Workers, FetchBatchSize: c.FetchBatchSize,
+		MinFetchInterval: c.MinFetchInterval, MaxFetchInterval: c.MaxFetchInterval,
+		LeaseTTL: c.LeaseTTL, HeartbeatInterval: c.HeartbeatInterval, LockWindow: c.LockWindow,
+		MaxDeliveries: c.MaxDeliveries, Retry: c.Retry, DisableDeadLetter: c.DisableDeadLetter,
+		GracefulTimeout: c.GracefulTimeout, AckBatchSize: c.AckBatchSize, AckLinger: c.AckLinger, QueryTimeout: c.QueryTimeout,
+		ListenProbeInterval: c.ListenProbeInterval, ListenProbeTimeout: c.ListenProbeTimeout,
+		ListenDSN: c.ListenDSN, ListenConnect: c.ListenConnect, Metrics: c.Metrics, Observer: c.Observer,
+		minLockedClaim: c.minLockedClaim,
+	}
+}

@@ -133,6 +133,7 @@ func NewTxSubscriber[T any](ob *Outbox, queues []string, handler TxHandler[T], c
 			slog.Int("workers", s.cfg.Workers), slog.Int("pool_max_conns", maxConns), slog.Int("want_max_conns", WorkersDefault+txPoolReserve))
 	}
 	s.txHandler = handler
+	s.tx = true
 	return s, nil
 }
 
@@ -153,7 +154,7 @@ const (
 // handleInTx runs the transactional handler for d and, when it returns
 // nil, deletes d's row in its transaction and commits. herr is the error
 // that decides the outcome of a rolled-back delivery.
-func (r *run[T]) handleInTx(ctx context.Context, d *delivery, msg *Message[T]) (res txResult, herr error) {
+func (r *run) handleInTx(ctx context.Context, d *delivery, msg call) (res txResult, herr error) {
 	tx, err := r.s.ob.pool.Begin(ctx)
 	if err != nil {
 		return txRolledBack, fmt.Errorf("outbox: beginning the handler's transaction: %w", err)
@@ -171,8 +172,7 @@ func (r *run[T]) handleInTx(ctx context.Context, d *delivery, msg *Message[T]) (
 			return txRolledBack, fmt.Errorf("outbox: setting the handler's transaction's idle timeout: %w", err)
 		}
 	}
-	inTx := func(ctx context.Context, m *Message[T]) error { return r.s.txHandler(ctx, ownedTx{tx}, m) }
-	herr = safeHandle(ctx, inTx, msg)
+	herr = safeHandle(ctx, func(ctx context.Context) error { return msg.handleTx(ctx, tx) })
 	if misuse := txMisuse(tx, herr); misuse != nil {
 		// Nothing more may run on this connection but the deferred
 		// rollback: after a handler's COMMIT or ROLLBACK, a statement
@@ -232,7 +232,7 @@ func txMisuse(tx pgx.Tx, herr error) error {
 // txEnded reports what became of a transactional delivery that committed
 // or lost its lease: there is no outcome left to write, so its event is
 // reported as a landed acknowledgement's, or a lost one's, would be.
-func (r *run[T]) txEnded(hctx context.Context, d *delivery, res txResult, ran time.Duration, observed bool, info DeliveryInfo) {
+func (r *run) txEnded(hctx context.Context, d *delivery, res txResult, ran time.Duration, observed bool, info DeliveryInfo) {
 	r.leases.remove(d)
 	o := outcome{d: d, kind: kindAck, attempted: true, ran: ran}
 	var matched map[lease]bool // nil: the acknowledgement landed

@@ -8,12 +8,14 @@ import (
 	"runtime/debug"
 	"sync/atomic"
 	"time"
+
+	"github.com/outboxgen/outboxgen/db"
 )
 
 // work hands claimed rows to the handler until ctx is done, or until
 // the forced stop abandons w inside a handler.
-func (r *run[T]) work(ctx context.Context, w *worker) {
-	var hc headerCache
+func (r *run) work(ctx context.Context, w *worker) {
+	decode := r.s.calls()
 	for {
 		select {
 		case <-ctx.Done():
@@ -27,7 +29,7 @@ func (r *run[T]) work(ctx context.Context, w *worker) {
 				r.unstart(d)
 				return
 			}
-			if !r.handle(d, w, &hc) {
+			if !r.handle(d, w, decode) {
 				return
 			}
 		}
@@ -37,7 +39,7 @@ func (r *run[T]) work(ctx context.Context, w *worker) {
 // handle runs one delivery and hands its outcome to the acknowledger. It
 // reports false when the forced stop abandoned w while the handler ran:
 // the worker must exit without a further word.
-func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
+func (r *run) handle(d *delivery, w *worker, decode func(*db.ClaimRow) (call, error)) bool {
 	cfg := &r.s.cfg
 	if !r.leases.start(d) {
 		// The lease ran out while the row waited for a worker; another
@@ -50,7 +52,7 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 			text: fmt.Sprintf("claimed %d times; MaxDeliveries is %d", d.row.DeliveriesCount, cfg.MaxDeliveries)})
 		return true
 	}
-	msg, err := decodeMessage(cfg.Codec, r.s.contentType, &d.row, hc)
+	msg, err := decode(&d.row)
 	if err != nil {
 		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, text: errorText(err)})
 		return true
@@ -72,7 +74,7 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 	hctx, observed := d.ctx, r.s.cfg.Observer != nil
 	var info DeliveryInfo
 	if observed {
-		info = r.deliveryInfo(d, msg.Headers)
+		info = r.deliveryInfo(d, msg.headers())
 		hctx = r.observeStart(d.ctx, info)
 	}
 	start := time.Now()
@@ -80,10 +82,10 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 		herr error
 		res  txResult
 	)
-	if r.s.txHandler != nil {
+	if r.s.tx {
 		res, herr = r.handleInTx(hctx, d, msg)
 	} else {
-		herr = safeHandle(hctx, r.s.handler, msg)
+		herr = safeHandle(hctx, msg.handle)
 	}
 	ran := time.Since(start)
 	if !w.leave() {
@@ -132,19 +134,19 @@ func (r *run[T]) handle(d *delivery, w *worker, hc *headerCache) bool {
 }
 
 // safeHandle calls h, turning a panic into an error.
-func safeHandle[T any](ctx context.Context, h Handler[T], msg *Message[T]) (err error) {
+func safeHandle(ctx context.Context, h func(context.Context) error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("handler panicked: %v\n%s", p, debug.Stack())
 		}
 	}()
-	return h(ctx, msg)
+	return h(ctx)
 }
 
 // decide turns a handler's result into an outcome. The error is the
 // handler's: its methods may panic (a typed nil pointer), so its text is
 // taken once, safely, and its wrappers are inspected under recover.
-func (r *run[T]) decide(d *delivery, err error) outcome {
+func (r *run) decide(d *delivery, err error) outcome {
 	if err == nil {
 		return outcome{kind: kindAck}
 	}
@@ -197,7 +199,7 @@ func classify(err error) (rejected bool, retryAfter time.Duration, forced bool) 
 	return false, 0, false
 }
 
-func (r *run[T]) terminalKind() outcomeKind {
+func (r *run) terminalKind() outcomeKind {
 	if r.s.cfg.DisableDeadLetter {
 		return kindDrop
 	}
@@ -205,7 +207,7 @@ func (r *run[T]) terminalKind() outcomeKind {
 }
 
 // finish stops tracking d and queues its outcome.
-func (r *run[T]) finish(d *delivery, o outcome) {
+func (r *run) finish(d *delivery, o outcome) {
 	o.d = d
 	r.leases.remove(d)
 	if c := d.batch.locked; c != nil && c.keep(o) {
@@ -215,7 +217,7 @@ func (r *run[T]) finish(d *delivery, o outcome) {
 }
 
 // unstart keeps a row a worker took after the stop, for release.
-func (r *run[T]) unstart(d *delivery) {
+func (r *run) unstart(d *delivery) {
 	r.unstartedMu.Lock()
 	r.unstarted = append(r.unstarted, d)
 	r.unstartedMu.Unlock()
