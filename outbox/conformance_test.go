@@ -21,12 +21,14 @@ import (
 )
 
 // The promises of README "What it promises" that concern claims, each run
-// three ways: with the public defaults, which mix claims by lock (for a
-// backlog of minLockedClaimDefault rows or more) with claims by lease,
-// by lease only (LockWindow < 0, a public setting), and by lock only (an
-// unexported switch, for this suite only). The run with the public
+// against the claimer interface three ways: with the public defaults,
+// whose claimer (mixed) mixes claims by lock (for a backlog of
+// minLockedClaimDefault rows or more) with claims by lease; by lease only
+// (byLease: LockWindow < 0, a public setting); and by lock only (byLock:
+// an unexported switch, for this suite only). The run with the public
 // defaults is the proof of each promise; the other two show that each
-// path keeps it alone.
+// implementation keeps it alone. TestClaimPathsRunTheirClaimer checks
+// that each way runs the claimer it names.
 
 // claimPath is one way a subscriber claims rows.
 type claimPath string
@@ -48,6 +50,24 @@ func onPath[T any](p claimPath, cfg *SubscriberConfig[T]) *SubscriberConfig[T] {
 		cfg.minLockedClaim = -1
 	}
 	return cfg
+}
+
+// TestClaimPathsRunTheirClaimer: each claim path of this suite runs the
+// claimer it names, on the suite's pool.
+func TestClaimPathsRunTheirClaimer(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	want := map[claimPath]string{pathDefaults: "*outbox.mixed", pathLease: "*outbox.byLease", pathLock: "*outbox.byLock"}
+	for _, p := range claimPaths {
+		sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[string]) error { return nil },
+			onPath(p, &SubscriberConfig[string]{Logger: discard()}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprintf("%T", newRun(e.ctx, &sub.core).claims); got != want[p] {
+			t.Errorf("path %s claims with %s; want %s", p, got, want[p])
+		}
+	}
 }
 
 // forEachClaimPath runs test as a parallel subtest for every claim path.

@@ -44,7 +44,7 @@ func (r *run) fetch(ctx context.Context) {
 		r.handOff(ctx, q)
 		r.sweepLocks(ctx, q)
 		sent := time.Now()
-		n, err := r.claim(ctx, q, int32(min(free, cfg.FetchBatchSize)))
+		n, err := r.claims.claim(ctx, int32(min(free, cfg.FetchBatchSize)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -74,50 +74,6 @@ func (r *run) fetch(ctx context.Context) {
 		idle = min(idle+1, 30)
 		r.idle(ctx, q, idle, sent)
 	}
-}
-
-// claim leases up to n rows of the subscriber's queues into buf, which
-// has room for them, and returns how many it claimed. A subscriber of one
-// queue uses the claim without the ranking across queues.
-//
-// Its statements are not cancelled when ctx ends, only GracefulTimeout
-// later (r.writes), and each is bounded by QueryTimeout: a statement the
-// client gives up on may still take rows on the server after the client
-// went away, leaving them leased to nobody until their lease expires. The
-// stop waits for the claim instead, and releases the rows it took with
-// the other unstarted rows.
-func (r *run) claim(ctx context.Context, q *db.Queries, n int32) (got int, err error) {
-	sctx := r.writes
-	if r.locks != nil {
-		// Claims by lock pay a transaction and a record per claim, which
-		// only claims of many rows amortise: after a claim that found few
-		// rows (a trickle, one hot key), the next claim leases, in one
-		// statement, until a claim finds many again.
-		defer func() { r.lastClaimed = got }()
-		if r.lastClaimed >= r.s.cfg.minLockedClaim {
-			return r.claimLockedOrExpired(ctx, sctx, q, n)
-		}
-	}
-	ttl := r.s.cfg.LeaseTTL.Seconds()
-	token, err := newLeaseToken()
-	if err != nil {
-		return 0, err
-	}
-	sent := time.Now()
-	if len(r.s.queues) > 1 {
-		rows, err := q.Claim(sctx, db.ClaimParams{Token: token, Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
-		for _, d := range r.leases.add(r.handlerCtx, rows, token, sent) {
-			r.buf <- d
-		}
-		return len(rows), err
-	}
-	queue := r.s.queues[0]
-	rows, err := q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
-	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
-	for _, d := range r.leases.addEach(r.handlerCtx, len(rows), fill, token, sent) {
-		r.buf <- d
-	}
-	return len(rows), err
 }
 
 // newLeaseToken draws the lease token of one claim statement.

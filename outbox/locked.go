@@ -196,7 +196,8 @@ func (c *lockedClaim) watch(b *claimBatch) {
 // isolation: at REPEATABLE READ or SERIALIZABLE, locking or deleting a
 // row another transaction changed since the claim began fails with a
 // serialization failure, which no retry in the same transaction cures.
-func (r *run) claimLocked(ctx, sctx context.Context, n int32) (int, error) {
+func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
+	r, sctx := c.r, c.r.writes
 	select {
 	case r.locks <- struct{}{}:
 	case <-ctx.Done():
@@ -224,7 +225,7 @@ func (r *run) claimLocked(ctx, sctx context.Context, n int32) (int, error) {
 	q := r.s.ob.queries(boundedDBTX{inner: tx, timeout: timeout})
 	idle := r.s.cfg.LeaseTTL.Milliseconds()
 	sent := time.Now()
-	got, err := r.lockRows(ctx, q, n, idle)
+	got, err := c.lockRows(ctx, q, n, idle)
 	ids := make([]int64, len(got))
 	var xid int64
 	for i := range got {
@@ -252,10 +253,10 @@ func (r *run) claimLocked(ctx, sctx context.Context, n int32) (int, error) {
 		rollback()
 		return 0, fmt.Errorf("recording a locked claim: %w", err)
 	}
-	c := &lockedClaim{tx: tx, xid: xid, open: true, settled: make(chan struct{}), dead: make(chan struct{})}
+	lc := &lockedClaim{tx: tx, xid: xid, open: true, settled: make(chan struct{}), dead: make(chan struct{})}
 	handed := len(ids)
 	if len(counted.AbortedIds) > 0 {
-		indexes, more := c.countAborted(ids, counted)
+		indexes, more := lc.countAborted(ids, counted)
 		claimed := fill
 		handed = len(indexes)
 		fill = func(i int, row *db.ClaimRow) {
@@ -263,25 +264,23 @@ func (r *run) claimLocked(ctx, sctx context.Context, n int32) (int, error) {
 			row.DeliveriesCount = int32(min(int64(row.DeliveriesCount)+int64(more[row.ID]), math.MaxInt32))
 		}
 	}
-	c.left = handed
-	c.kept = make([]outcome, 0, handed)
+	lc.left = handed
+	lc.kept = make([]outcome, 0, handed)
 	if handed == 0 {
 		// Every row is still held by an aborted claim whose handlers may
 		// run: give them all back.
 		r.lockEnds.Add(1)
 		started = true
-		go r.endLocked(nil, c)
+		go r.endLocked(nil, lc)
 		return 0, nil
 	}
 	ds := r.leases.addEach(r.handlerCtx, handed, fill, pgtype.UUID{}, sent)
-	ds[0].batch.locked = c
+	ds[0].batch.locked = lc
 	started = true
-	c.watch(ds[0].batch)
+	lc.watch(ds[0].batch)
 	r.lockEnds.Add(1)
-	go r.endLocked(ds[0].batch, c)
-	for _, d := range ds {
-		r.buf <- d
-	}
+	go r.endLocked(ds[0].batch, lc)
+	r.hand(ds)
 	return len(ds), nil
 }
 
@@ -514,12 +513,13 @@ const lockRounds = 4
 // by a claim that looks from the start: the first claim made when no
 // other is open, one that found nothing past the positions, and one at
 // least every LockWindow.
-func (r *run) lockRows(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockRow, error) {
+func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockRow, error) {
+	r := c.r
 	var past map[string]lockCursor
-	if r.lockedUpTo != nil && len(r.locks) > 1 && time.Since(r.frontLocked) < r.s.cfg.LockWindow {
-		past = r.lockedUpTo
+	if c.lockedUpTo != nil && len(r.locks) > 1 && time.Since(c.frontLocked) < r.s.cfg.LockWindow {
+		past = c.lockedUpTo
 	}
-	r.lockedUpTo = nil
+	c.lockedUpTo = nil
 	got, err := r.lockFrom(ctx, q, n, idle, past)
 	if err == nil && len(got) == 0 && past != nil {
 		past = nil
@@ -529,14 +529,14 @@ func (r *run) lockRows(ctx context.Context, q *db.Queries, n int32, idle int64) 
 		return nil, err
 	}
 	if past == nil {
-		r.frontLocked = time.Now()
+		c.frontLocked = time.Now()
 	}
 	if len(got) == int(n) {
-		r.lockedUpTo = make(map[string]lockCursor, len(r.s.queues))
+		c.lockedUpTo = make(map[string]lockCursor, len(r.s.queues))
 		for i := range got {
 			// Within a queue the rows come in its order, so its last row is
 			// its position.
-			r.lockedUpTo[got[i].Queue] = lockCursor{at: got[i].NextAttemptAt, id: got[i].ID}
+			c.lockedUpTo[got[i].Queue] = lockCursor{at: got[i].NextAttemptAt, id: got[i].ID}
 		}
 	}
 	return got, nil
@@ -618,47 +618,6 @@ func deliveriesOf(os []outcome) []*delivery {
 		ds[i] = o.d
 	}
 	return ds
-}
-
-// claimLockedOrExpired claims up to n rows for a subscriber that claims
-// by lock: by lock, and by lease the rows whose lease expired (a holder
-// stopped extending it), which it takes over every MaxFetchInterval and
-// whenever a claim by lock finds nothing.
-// ctx ends the wait for a place among the claims in flight; sctx bounds
-// the claim's statements (see claim).
-func (r *run) claimLockedOrExpired(ctx, sctx context.Context, q *db.Queries, n int32) (int, error) {
-	if time.Since(r.expiredTaken) >= r.s.cfg.MaxFetchInterval {
-		r.expiredTaken = time.Now()
-		if got, err := r.claimExpired(sctx, q, n); err != nil || got > 0 {
-			return got, err
-		}
-	}
-	got, err := r.claimLocked(ctx, sctx, n)
-	if got > 0 || err != nil {
-		return got, err
-	}
-	r.expiredTaken = time.Now()
-	return r.claimExpired(sctx, q, n)
-}
-
-// claimExpired leases up to n rows of the subscriber's queues whose lease
-// expired into buf, and returns how many it claimed.
-func (r *run) claimExpired(ctx context.Context, q *db.Queries, n int32) (int, error) {
-	token, err := newLeaseToken()
-	if err != nil {
-		return 0, err
-	}
-	sent := time.Now()
-	rows, err := q.ClaimExpired(ctx, db.ClaimExpiredParams{Queues: r.s.queues, MaxRows: n, Token: token,
-		LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
-	claimed := make([]db.ClaimRow, len(rows))
-	for i := range rows {
-		claimed[i] = db.ClaimRow(rows[i])
-	}
-	for _, d := range r.leases.add(r.handlerCtx, claimed, token, sent) {
-		r.buf <- d
-	}
-	return len(rows), err
 }
 
 // sweepLocks deletes, every MaxFetchInterval, the records of locked

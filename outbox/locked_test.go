@@ -43,7 +43,7 @@ func (e *env) terminateLockedClaims() int {
 // does, and returns the ids of the rows it locked. The claim's transaction
 // stays open until end is called or the test ends (the test's pool has
 // few connections).
-func (e *env) lockRows(r *run, n int32) (locked []int64, end func()) {
+func (e *env) lockRows(c *byLock, n int32) (locked []int64, end func()) {
 	e.t.Helper()
 	tx, err := e.db.Pool.Begin(e.ctx)
 	if err != nil {
@@ -51,7 +51,7 @@ func (e *env) lockRows(r *run, n int32) (locked []int64, end func()) {
 	}
 	end = func() { _ = tx.Rollback(context.Background()) }
 	e.t.Cleanup(end)
-	got, err := r.lockRows(e.ctx, e.ob.queries(tx), n, 30000)
+	got, err := c.lockRows(e.ctx, e.ob.queries(tx), n, 30000)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -571,13 +571,14 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 		t.Fatal(err)
 	}
 	r := newRun(e.ctx, &sub.core)
+	c := r.claims.(*byLock)
 	var rows []int64
 	for range 6 {
 		rows = append(rows, e.publish("q"))
 	}
 	want := func(what string, want []int64) func() {
 		t.Helper()
-		got, end := e.lockRows(r, 2)
+		got, end := e.lockRows(c, 2)
 		if d := cmp.Diff(want, got); d != "" {
 			t.Errorf("%s: locked rows (-want +got):\n%s", what, d)
 		}
@@ -592,7 +593,7 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 		t.Fatal(err)
 	}
 	end2 := want("claim while the last is open", rows[2:4])
-	r.frontLocked = time.Now().Add(-cfg.LockWindow)
+	c.frontLocked = time.Now().Add(-cfg.LockWindow)
 	end3 := want("claim a window after the last look from the start", []int64{early, rows[4]})
 	end1()
 	end2()
@@ -601,11 +602,11 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 	for _, end := range []func(){end3, end4, end5} {
 		end()
 	}
-	r.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
-	r.frontLocked = time.Now()
+	c.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
+	c.frontLocked = time.Now()
 	want("claim that found nothing past the position", []int64{early, rows[0]})()
 	<-r.locks
-	r.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
+	c.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
 	want("claim while no other is open", []int64{early, rows[0]})()
 }
 
@@ -710,7 +711,7 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newRun(e.ctx, &sub.core)
+	c := newRun(e.ctx, &sub.core).claims.(*byLock)
 	var a, b []int64
 	for range 10 {
 		a = append(a, e.publish("a"))
@@ -720,7 +721,7 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 	}
 	lock := func(n int32) []int64 {
 		t.Helper()
-		locked, _ := e.lockRows(r, n)
+		locked, _ := e.lockRows(c, n)
 		return locked
 	}
 	// free counts the rows of both queues no transaction has locked.
@@ -737,7 +738,7 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 		}
 		return n
 	}
-	r.locks <- struct{}{} // the claim being made
+	c.r.locks <- struct{}{} // the claim being made
 	want := []int64{a[0], b[0], a[1], b[1], a[2], a[3]}
 	if d := cmp.Diff(want, lock(6)); d != "" {
 		t.Errorf("first claim (-want +got):\n%s", d)
@@ -745,7 +746,7 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 	if n := free(); n != 6 {
 		t.Errorf("%d rows free after a claim that handed out 6 of 12; want 6", n)
 	}
-	r.locks <- struct{}{} // the first claim stays open
+	c.r.locks <- struct{}{} // the first claim stays open
 	if d := cmp.Diff([]int64{a[4], a[5]}, lock(2)); d != "" {
 		t.Errorf("claim while the first is open (-want +got):\n%s", d)
 	}

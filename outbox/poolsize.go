@@ -36,7 +36,7 @@ func (s *core) poolNeed() (txWorkers, peak int) {
 		return s.cfg.Workers, s.cfg.Workers + txPoolReserve
 	}
 	claims := 1
-	if s.cfg.LockWindow > 0 && s.ob.pool.Config().MaxConns >= minLockingPoolConns {
+	if locksRows(&s.cfg, s.ob.pool.Config().MaxConns) {
 		claims = lockedClaimsInFlight
 	}
 	peak = claims + 1 // and the acknowledger

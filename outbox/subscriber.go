@@ -304,6 +304,8 @@ type run struct {
 	// crew is the workers; drain waits for them.
 	crew crew
 
+	// claims takes rows for the workers. Fetcher only.
+	claims claimer
 	// locks admits locked claims (one slot each, lockedClaimsInFlight);
 	// nil when every claim writes leases.
 	locks chan struct{}
@@ -314,16 +316,6 @@ type run struct {
 	lockEnds sync.WaitGroup
 	// locksSwept is when the fetcher last swept lock records. Fetcher only.
 	locksSwept time.Time
-	// expiredTaken is when the fetcher last took over expired leases, when
-	// it claims by lock. Fetcher only.
-	expiredTaken time.Time
-	// lastClaimed is how many rows the last claim took. Fetcher only.
-	lastClaimed int
-	// lockedUpTo is where, in each queue, the last locked claim stopped,
-	// set when it found as many rows as it asked for; frontLocked is when
-	// a locked claim last looked from the queues' start. Fetcher only.
-	lockedUpTo  map[string]lockCursor
-	frontLocked time.Time
 	// ends bounds the ends of locked claims: done StopSlack/2 after the
 	// graceful timeout, so a claim whose handlers were abandoned can
 	// still lease their rows.
@@ -346,30 +338,31 @@ func newRun(ctx context.Context, s *core) *run {
 	hctx, force := context.WithCancelCause(context.WithoutCancel(ctx))
 	writes, stopWrites := context.WithCancel(context.WithoutCancel(ctx))
 	var locks chan struct{}
-	if s.cfg.LockWindow > 0 && s.ob.pool.Config().MaxConns >= minLockingPoolConns {
+	if locksRows(&s.cfg, s.ob.pool.Config().MaxConns) {
 		locks = make(chan struct{}, lockedClaimsInFlight)
 	}
 	ends, stopEnds := context.WithCancel(context.WithoutCancel(ctx))
-	return &run{
-		lastClaimed: s.cfg.FetchBatchSize,
-		ends:        ends,
-		stopping:    make(chan struct{}),
-		stopEnds:    stopEnds,
-		locks:       locks,
-		s:           s,
-		buf:         make(chan *delivery, s.cfg.FetchBatchSize),
-		wake:        make(chan struct{}, 1),
-		taken:       make(chan struct{}, 1),
-		outcomes:    make(chan outcome, s.cfg.AckBatchSize*2),
-		leases:      newLeases(s.cfg.LeaseTTL),
-		sleeper:     newSleeper(),
-		metrics:     newMetricsSink(s.cfg.Metrics, s.log, s.cfg.FetchBatchSize),
-		logs:        newLogSummary(s.log, logSummaryInterval),
-		handlerCtx:  hctx,
-		forceStop:   force,
-		writes:      writes,
-		stopWrites:  stopWrites,
+	r := &run{
+		ends:       ends,
+		stopping:   make(chan struct{}),
+		stopEnds:   stopEnds,
+		locks:      locks,
+		s:          s,
+		buf:        make(chan *delivery, s.cfg.FetchBatchSize),
+		wake:       make(chan struct{}, 1),
+		taken:      make(chan struct{}, 1),
+		outcomes:   make(chan outcome, s.cfg.AckBatchSize*2),
+		leases:     newLeases(s.cfg.LeaseTTL),
+		sleeper:    newSleeper(),
+		metrics:    newMetricsSink(s.cfg.Metrics, s.log, s.cfg.FetchBatchSize),
+		logs:       newLogSummary(s.log, logSummaryInterval),
+		handlerCtx: hctx,
+		forceStop:  force,
+		writes:     writes,
+		stopWrites: stopWrites,
 	}
+	r.claims = newClaimer(r)
+	return r
 }
 
 func (r *run) run(ctx context.Context) error {
