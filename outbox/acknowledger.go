@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 type outcomeKind int
@@ -116,7 +117,7 @@ func (r *run) takeQueued(batch []outcome, max int) (_ []outcome, closed bool) {
 // flushRetrying writes batch, retrying failed statements with backoff
 // while ctx lives; it returns what could not be written.
 func (r *run) flushRetrying(ctx context.Context, batch []outcome) []outcome {
-	errs := backoff{base: 50 * time.Millisecond, max: min(5*time.Second, r.s.cfg.MaxFetchInterval)}
+	errs := dbx.Backoff{Base: 50 * time.Millisecond, Max: min(5*time.Second, r.s.cfg.MaxFetchInterval)}
 	for len(batch) > 0 {
 		var err error
 		if batch, err = r.flush(ctx, batch); err == nil {
@@ -125,10 +126,10 @@ func (r *run) flushRetrying(ctx context.Context, batch []outcome) []outcome {
 		if ctx.Err() != nil {
 			return batch
 		}
-		wait := errs.next()
+		wait := errs.Next()
 		r.s.log.ErrorContext(ctx, "outbox: writing outcomes failed; retrying",
 			slog.Int("outcomes", len(batch)), slog.Any("error", err), slog.Duration("backoff", wait))
-		sleep(ctx, wait)
+		dbx.Sleep(ctx, wait)
 	}
 	return batch
 }
@@ -201,7 +202,7 @@ func (r *run) write(ctx context.Context, os []outcome, w writeFunc) ([]outcome, 
 	case err == nil:
 		r.landed(os, done)
 		return nil, nil
-	case !isPermanent(err):
+	case !dbx.IsPermanent(err):
 		return os, err
 	case len(os) == 1:
 		r.refused(ctx, os[0], err)
@@ -240,8 +241,8 @@ func (r *run) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, error
 	q := r.queries()
 	p := db.DeadLetterWithLeaseParams{ID: o.d.row.ID, Token: o.d.token, Attempted: o.attempted, Reason: o.reason, LastError: &o.text}
 	n, err := q.DeadLetterWithLease(ctx, p)
-	if isPermanent(err) {
-		placeholder := fmt.Sprintf("(the error text could not be stored: SQLSTATE %s)", sqlState(err))
+	if dbx.IsPermanent(err) {
+		placeholder := fmt.Sprintf("(the error text could not be stored: SQLSTATE %s)", dbx.SQLState(err))
 		p.LastError = &placeholder
 		n, err = q.DeadLetterWithLease(ctx, p)
 	}
@@ -255,7 +256,7 @@ func (r *run) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, error
 // its lease and is delivered again when the lease expires.
 func (r *run) refused(ctx context.Context, o outcome, err error) {
 	r.s.log.ErrorContext(o.d.context(), "outbox: the database refused an outcome; the row is left to lease expiry",
-		append(rowAttrs(o.d), slog.String("write", outcomeWrites[o.kind]), slog.String("sqlstate", sqlState(err)), slog.Any("error", err))...)
+		append(rowAttrs(o.d), slog.String("write", outcomeWrites[o.kind]), slog.String("sqlstate", dbx.SQLState(err)), slog.Any("error", err))...)
 	r.emit(MetricEvent{Name: EventWriteRefused, Queue: o.d.row.Queue, ID: o.d.row.ID, Deliveries: int(o.d.row.DeliveriesCount),
 		Reason: outcomeWrites[o.kind]})
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // dbaSettings are the server settings DBAs give roles and databases,
@@ -108,7 +110,7 @@ func TestSubscribersKeepTheirPromisesUnderTheSettingsDBAsSet(t *testing.T) {
 									_, err := pub.Publish(e.ctx, tx, msg, opts)
 									return err
 								})
-								if classifyDB(err) != errDoomed {
+								if dbx.Classify(err) != dbx.Doomed {
 									break
 								}
 							}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // fetch claims rows into buf until ctx is done. It claims when at least
@@ -29,7 +30,7 @@ func (r *run) fetch(ctx context.Context) {
 	// A failed claim is retried at least every MaxFetchInterval, as an
 	// idle subscriber polls: after an outage or a failover the subscriber
 	// claims again within that long of the database's return.
-	errs := backoff{base: 100 * time.Millisecond, max: min(30*time.Second, cfg.MaxFetchInterval)}
+	errs := dbx.Backoff{Base: 100 * time.Millisecond, Max: min(30*time.Second, cfg.MaxFetchInterval)}
 	idle := 0
 	for ctx.Err() == nil {
 		free := cap(r.buf) - len(r.buf)
@@ -49,17 +50,17 @@ func (r *run) fetch(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if classifyDB(err) == errDoomed {
+			if dbx.Classify(err) == dbx.Doomed {
 				// A claim in autocommit is a transaction of its own: at
 				// REPEATABLE READ or SERIALIZABLE (the pool's default), a
 				// row another claim changed since its snapshot fails it.
 				// The next claim takes a new snapshot; no backoff for it.
-				sleep(ctx, time.Duration(float64(cfg.MinFetchInterval)*(0.5+rand.Float64())))
+				dbx.Sleep(ctx, time.Duration(float64(cfg.MinFetchInterval)*(0.5+rand.Float64())))
 				continue
 			}
-			wait := errs.next()
+			wait := errs.Next()
 			r.s.log.ErrorContext(ctx, "outbox: claim failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
-			sleep(ctx, wait)
+			dbx.Sleep(ctx, wait)
 			continue
 		}
 		r.emit(MetricEvent{Name: EventFetched, Queue: r.s.queues[0], Count: n})

@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // Rows written by other clients: psql, COPY, another language. They hold
@@ -389,8 +391,8 @@ func TestClaimOfARowAtMaxDeliveriesDoesNotOverflow(t *testing.T) {
 			}
 			// Another client's last_error of any length is cut with the rest.
 			got, _ = e.dlqRow(long)
-			if n := utf8.RuneCountInString(deref(got.LastError)); got.FailureReason != ReasonMaxDeliveries || n != lastErrorMaxRunes {
-				t.Errorf("dead letter %+v with a last error of %d characters; want max_deliveries and %d", got.ID, n, lastErrorMaxRunes)
+			if n := utf8.RuneCountInString(deref(got.LastError)); got.FailureReason != ReasonMaxDeliveries || n != dbx.LastErrorMaxRunes {
+				t.Errorf("dead letter %+v with a last error of %d characters; want max_deliveries and %d", got.ID, n, dbx.LastErrorMaxRunes)
 			}
 		})
 	}

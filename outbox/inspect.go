@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // QueueStats describes one queue of an outbox at one moment.
@@ -114,7 +115,7 @@ func (o *Outbox) Outboxes(ctx context.Context) ([]OutboxName, error) {
 // schema is missing or at another version, the *SchemaError that names
 // the fix; otherwise err, wrapped with the method's name.
 func (o *Outbox) readError(ctx context.Context, method string, err error) error {
-	switch sqlState(err) {
+	switch dbx.SQLState(err) {
 	case "42P01", "42703", "42883": // undefined table, column, function
 		if have, verr := o.SchemaVersion(ctx); verr == nil {
 			if se := o.schemaMismatch(have); se != nil {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // listenHub keeps one dedicated connection LISTENing on the outbox's
@@ -165,16 +167,16 @@ func (l *listenHub) debug(ctx context.Context, msg string, attrs ...any) {
 func (l *listenHub) run(ctx context.Context) {
 	// Reconnected at least every MaxFetchInterval, as the fetchers retry
 	// their claims.
-	errs := backoff{base: 100 * time.Millisecond, max: min(30*time.Second, l.current().maxFetch)}
+	errs := dbx.Backoff{Base: 100 * time.Millisecond, Max: min(30*time.Second, l.current().maxFetch)}
 	for ctx.Err() == nil {
 		err := l.listenOnce(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		errs.max = min(30*time.Second, l.current().maxFetch)
-		wait := errs.next()
+		errs.Max = min(30*time.Second, l.current().maxFetch)
+		wait := errs.Next()
 		l.each(func(m listenMember) { m.lost(ctx, err, wait) })
-		sleep(ctx, wait)
+		dbx.Sleep(ctx, wait)
 	}
 }
 
@@ -194,7 +196,7 @@ func (l *listenHub) listenOnce(ctx context.Context) error {
 	}()
 	// Every statement on it is bounded like the probe, so a stalled
 	// socket during LISTEN is noticed too.
-	q := l.ob.queries(boundedDBTX{inner: conn, timeout: set.timeout})
+	q := l.ob.queries(dbx.Bounded{Inner: conn, Timeout: set.timeout})
 	if err := q.KeepListening(ctx); err != nil {
 		return err
 	}
@@ -233,7 +235,7 @@ func (l *listenHub) listenOnce(ctx context.Context) error {
 			if p.payload != "" && !time.Now().Before(p.deadline) {
 				l.probeMissed(ctx, &p, set.timeout)
 			}
-			if _, err := l.ob.queries(boundedDBTX{inner: conn, timeout: set.timeout}).Probe(ctx); err != nil {
+			if _, err := l.ob.queries(dbx.Bounded{Inner: conn, Timeout: set.timeout}).Probe(ctx); err != nil {
 				return err
 			}
 			if p.payload == "" && l.isDeaf() {

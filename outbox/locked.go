@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // Claims by row lock (SubscriberConfig.LockWindow, migration 7).
@@ -222,7 +223,7 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 		defer cancel()
 		_ = tx.Rollback(rctx)
 	}
-	q := r.s.ob.queries(boundedDBTX{inner: tx, timeout: timeout})
+	q := r.s.ob.queries(dbx.Bounded{Inner: tx, Timeout: timeout})
 	idle := r.s.cfg.LeaseTTL.Milliseconds()
 	sent := time.Now()
 	got, err := c.lockRows(ctx, q, n, idle)
@@ -408,7 +409,7 @@ func (e *lockEnd) lease(d *delivery) {
 // retried with backoff until r.ends is done, as the lease path retries
 // its writes, while the transaction keeps the rows. When the database
 // refuses the deletes for their values, whatever the SQLSTATE (a trigger
-// refusing one row, say: errPermanent), the end leases the rows of done
+// refusing one row, say: dbx.Permanent), the end leases the rows of done
 // as well and deletes none, and fellBack reports that every outcome is to
 // be written the lease path's way, which isolates and gives up only the
 // outcomes the database refuses. An error that dooms the transaction, or
@@ -416,7 +417,7 @@ func (e *lockEnd) lease(d *delivery) {
 // transaction is rolled back: nothing was written.
 func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype.UUID) (fellBack bool, err error) {
 	ctx := r.ends
-	q := r.s.ob.queries(boundedDBTX{inner: c.tx, timeout: r.s.cfg.QueryTimeout})
+	q := r.s.ob.queries(dbx.Bounded{Inner: c.tx, Timeout: r.s.cfg.QueryTimeout})
 	defer func() {
 		if err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.s.cfg.QueryTimeout)
@@ -427,7 +428,7 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype
 	if err := q.SavepointLockEnd(ctx); err != nil {
 		return false, err
 	}
-	errs := backoff{base: 50 * time.Millisecond, max: min(5*time.Second, r.s.cfg.MaxFetchInterval)}
+	errs := dbx.Backoff{Base: 50 * time.Millisecond, Max: min(5*time.Second, r.s.cfg.MaxFetchInterval)}
 	for {
 		err = r.writeLockEnd(ctx, q, c, e, token)
 		if err == nil {
@@ -436,8 +437,8 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype
 		if ctx.Err() != nil || c.tx.Conn().IsClosed() {
 			return false, err
 		}
-		class := classifyDB(err)
-		if class == errDoomed || (class == errPermanent && fellBack) {
+		class := dbx.Classify(err)
+		if class == dbx.Doomed || (class == dbx.Permanent && fellBack) {
 			// Nothing more can be written in this transaction: roll it
 			// back. Its record holds the rows until LeaseTTL after the
 			// claim, and they are delivered again.
@@ -446,7 +447,7 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype
 		if rerr := q.RollbackToLockEnd(ctx); rerr != nil {
 			return false, errors.Join(err, rerr)
 		}
-		if class == errPermanent {
+		if class == dbx.Permanent {
 			fellBack = true
 			for _, o := range done {
 				e.lease(o.d)
@@ -454,10 +455,10 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype
 			e.deleted = nil
 			continue
 		}
-		wait := errs.next()
+		wait := errs.Next()
 		r.s.log.ErrorContext(ctx, "outbox: ending a locked claim failed; retrying",
 			slog.Int("rows", len(e.deleted)+len(e.leased)), slog.Any("error", err), slog.Duration("backoff", wait))
-		sleep(ctx, wait)
+		dbx.Sleep(ctx, wait)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -84,7 +85,7 @@ func (o *Outbox) createSchema(ctx context.Context) error {
 	if err == nil {
 		err = o.queries(o.pool).CreateSchema(ctx)
 	}
-	if st := sqlState(err); st == "23505" || st == "42P06" {
+	if st := dbx.SQLState(err); st == "23505" || st == "42P06" {
 		err = nil
 	}
 	if err != nil {
@@ -390,7 +391,7 @@ func (o *Outbox) lockMigrations(ctx context.Context) (func(context.Context) erro
 		case try == migrationLockTries:
 			return nil, fmt.Errorf("migration lock: another migration held it for %d s", migrationLockPeriod*migrationLockTries)
 		}
-		if !sleep(ctx, migrationLockPeriod*time.Second) {
+		if !dbx.Sleep(ctx, migrationLockPeriod*time.Second) {
 			return nil, fmt.Errorf("migration lock: %w", context.Cause(ctx))
 		}
 	}

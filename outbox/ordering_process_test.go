@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -429,7 +430,7 @@ func publishKeyed(t *testing.T, pub *Publisher[keyedMsg], pool *pgxpool.Pool) *k
 		wg.Go(func() {
 			for groups := l.plan(); groups != nil; groups = l.plan() {
 				err := publishKeyedTx(ctx, pub, pool, l, groups)
-				if classifyDB(err) == errDoomed {
+				if dbx.Classify(err) == dbx.Doomed {
 					// It failed to serialize (the database's default
 					// isolation may be SERIALIZABLE): rolled back.
 					l.rollBack(groups)
@@ -497,7 +498,7 @@ func waitKeyed(t *testing.T, pool *pgxpool.Pool, total int) {
 		var p progress
 		if err := pool.QueryRow(t.Context(), `SELECT (SELECT count(DISTINCT n) FROM keyed_calls WHERE ok),
 			(SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_handoff)`).Scan(&p.done, &p.left, &p.handoffs); err != nil {
-			if classifyDB(err) == errDoomed { // at SERIALIZABLE
+			if dbx.Classify(err) == dbx.Doomed { // at SERIALIZABLE
 				continue
 			}
 			t.Fatal(err)

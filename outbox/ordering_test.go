@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // publishKeyed inserts a due row of queue with ordering key k.
@@ -713,7 +714,7 @@ func TestOnlyKeyedRowsCanBeBlocked(t *testing.T) {
 		"INSERT INTO outbox (queue, payload, blocked) SELECT 'q', 'x', true WHERE $1::bigint IS NOT NULL",
 	} {
 		_, err := e.db.Pool.Exec(e.ctx, stmt, id)
-		if sqlState(err) != "23514" {
+		if dbx.SQLState(err) != "23514" {
 			t.Errorf("%s: %v, want a check violation", stmt, err)
 		}
 	}

@@ -14,20 +14,21 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 func TestStorableText(t *testing.T) {
 	t.Parallel()
-	long := strings.Repeat("é", lastErrorMaxRunes+10)
+	long := strings.Repeat("é", dbx.LastErrorMaxRunes+10)
 	for _, c := range []struct{ in, want string }{
 		{"plain", "plain"},
 		{"nul\x00byte", "nul\uFFFDbyte"},
 		{"bad \xff utf8", "bad \uFFFD utf8"},
-		{long, long[:2*lastErrorMaxRunes]},
+		{long, long[:2*dbx.LastErrorMaxRunes]},
 	} {
-		got := storableText(c.in)
+		got := dbx.StorableText(c.in)
 		if got != c.want || !utf8.ValidString(got) {
-			t.Errorf("storableText(%.20q) = %.40q, want %.40q", c.in, got, c.want)
+			t.Errorf("dbx.StorableText(%.20q) = %.40q, want %.40q", c.in, got, c.want)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -274,7 +275,7 @@ func TestARoleWithoutGrantsCannotStallPublishersOrSleepingSubscribers(t *testing
 		"SELECT last_value FROM " + pgx.Identifier{e.db.Schema, "outbox_lock_seed"}.Sanitize(),
 		"SELECT FROM " + pgx.Identifier{e.db.Schema, "outbox_sleepers_turn"}.Sanitize() + " FOR UPDATE",
 	} {
-		if _, err := c.Exec(ctx, fn); sqlState(err) != "42501" {
+		if _, err := c.Exec(ctx, fn); dbx.SQLState(err) != "42501" {
 			t.Errorf("%s as a role without grants: %v, want permission denied", fn, err)
 		}
 	}
@@ -282,7 +283,7 @@ func TestARoleWithoutGrantsCannotStallPublishersOrSleepingSubscribers(t *testing
 	// PostgreSQL 17; from 18 on, NULL for a role that may not read it.
 	seed := "SELECT pg_sequence_last_value('" + pgx.Identifier{e.db.Schema, "outbox_lock_seed"}.Sanitize() + "')"
 	var value *int64
-	if err := c.QueryRow(ctx, seed).Scan(&value); sqlState(err) != "42501" && (err != nil || value != nil) {
+	if err := c.QueryRow(ctx, seed).Scan(&value); dbx.SQLState(err) != "42501" && (err != nil || value != nil) {
 		t.Errorf("%s as a role without grants: %v (%v), want permission denied or NULL", seed, err, value)
 	}
 

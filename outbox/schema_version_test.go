@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
+	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -264,7 +265,7 @@ func TestUpgradeFromSchema3KeepsRowsInEveryState(t *testing.T) {
 	// A subscriber of an older release claims without stamping the lease
 	// expiry; schema 4 refuses that claim rather than lose the row.
 	_, err := d.Pool.Exec(e.ctx, `UPDATE outbox SET acquired_token = gen_random_uuid(), acquired_at = now() WHERE payload = 'scheduled'`)
-	if sqlState(err) != "23514" {
+	if dbx.SQLState(err) != "23514" {
 		t.Errorf("an old-style claim under schema 4: %v, want a check violation", err)
 	}
 
@@ -381,7 +382,7 @@ func TestUpgradeFromSchema4OrdersKeyedRowsInEveryState(t *testing.T) {
 	// rows; schema 5 refuses a claim that reaches one.
 	_, err := d.Pool.Exec(e.ctx, `UPDATE outbox SET acquired_token = gen_random_uuid(), acquired_at = now(),
 		lease_expires_at = now() + interval '1 minute' WHERE blocked`)
-	if sqlState(err) != "23514" {
+	if dbx.SQLState(err) != "23514" {
 		t.Errorf("an old-style claim of blocked rows under schema 5: %v, want a check violation", err)
 	}
 }

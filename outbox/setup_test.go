@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -251,7 +252,7 @@ func (e *env) count(table string) int {
 		if err == nil {
 			return n
 		}
-		if classifyDB(err) != errDoomed || e.ctx.Err() != nil {
+		if dbx.Classify(err) != dbx.Doomed || e.ctx.Err() != nil {
 			e.t.Fatalf("count %s: %v", table, err)
 		}
 	}

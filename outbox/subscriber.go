@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // Handler handles one delivery of a message. Returning nil acknowledges it
@@ -213,7 +214,7 @@ func (s *core) run(ctx context.Context) error {
 // checkSchema waits until the schema can be checked, and returns a
 // *SchemaError when it is not usable. A stop while waiting returns nil.
 func (s *core) checkSchema(ctx context.Context) error {
-	errs := backoff{base: 100 * time.Millisecond, max: min(30*time.Second, s.cfg.MaxFetchInterval)}
+	errs := dbx.Backoff{Base: 100 * time.Millisecond, Max: min(30*time.Second, s.cfg.MaxFetchInterval)}
 	for {
 		cctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
 		err := s.ob.Check(cctx)
@@ -227,9 +228,9 @@ func (s *core) checkSchema(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		}
-		wait := errs.next()
+		wait := errs.Next()
 		s.log.ErrorContext(ctx, "outbox: cannot check the outbox schema; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
-		sleep(ctx, wait)
+		dbx.Sleep(ctx, wait)
 	}
 }
 
@@ -331,7 +332,7 @@ type run struct {
 // queries returns the generated queries on the pool, each statement
 // bounded by QueryTimeout.
 func (r *run) queries() *db.Queries {
-	return r.s.ob.queries(boundedDBTX{inner: r.s.ob.pool, timeout: r.s.cfg.QueryTimeout})
+	return r.s.ob.queries(dbx.Bounded{Inner: r.s.ob.pool, Timeout: r.s.cfg.QueryTimeout})
 }
 
 func newRun(ctx context.Context, s *core) *run {

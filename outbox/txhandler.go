@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // TxHandler handles one delivery inside a transaction the subscriber
@@ -167,7 +168,7 @@ func (r *run) handleInTx(ctx context.Context, d *delivery, msg call) (res txResu
 		}
 	}()
 	if r.liftIdle > 0 {
-		err := r.s.ob.queries(boundedDBTX{inner: tx, timeout: r.s.cfg.QueryTimeout}).LiftIdleInTransactionTimeout(ctx, r.liftIdle)
+		err := r.s.ob.queries(dbx.Bounded{Inner: tx, Timeout: r.s.cfg.QueryTimeout}).LiftIdleInTransactionTimeout(ctx, r.liftIdle)
 		if err != nil {
 			return txRolledBack, fmt.Errorf("outbox: setting the handler's transaction's idle timeout: %w", err)
 		}
@@ -193,7 +194,7 @@ func (r *run) handleInTx(ctx context.Context, d *delivery, msg call) (res txResu
 	// From here the row is ours to delete: the heartbeat lets it be, so
 	// its statement never waits on the row lock the delete takes.
 	r.leases.settle(d)
-	n, err := r.s.ob.queries(boundedDBTX{inner: tx, timeout: r.s.cfg.QueryTimeout}).DeleteWithLease(ctx,
+	n, err := r.s.ob.queries(dbx.Bounded{Inner: tx, Timeout: r.s.cfg.QueryTimeout}).DeleteWithLease(ctx,
 		db.DeleteWithLeaseParams{ID: d.row.ID, Token: d.token})
 	switch {
 	case err != nil:

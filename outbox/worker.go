@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // work hands claimed rows to the handler until ctx is done, or until
@@ -54,7 +55,7 @@ func (r *run) handle(d *delivery, w *worker, decode func(*db.ClaimRow) (call, er
 	}
 	msg, err := decode(&d.row)
 	if err != nil {
-		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, text: errorText(err)})
+		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, text: dbx.ErrorText(err)})
 		return true
 	}
 	r.emit(MetricEvent{Name: EventDispatched, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Bytes: len(d.row.Payload),
@@ -150,7 +151,7 @@ func (r *run) decide(d *delivery, err error) outcome {
 	if err == nil {
 		return outcome{kind: kindAck}
 	}
-	text := errorText(err)
+	text := dbx.ErrorText(err)
 	rejected, retryAfter, forced := classify(err)
 	if rejected {
 		return outcome{kind: r.terminalKind(), reason: ReasonRejected, text: text}
@@ -172,7 +173,7 @@ func (r *run) decide(d *delivery, err error) outcome {
 	}
 	if problem != nil {
 		r.s.log.ErrorContext(d.context(), "outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
-		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, text: storableText(text + " (" + problem.Error() + ")")}
+		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, text: dbx.StorableText(text + " (" + problem.Error() + ")")}
 	}
 	if !ok {
 		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, text: text}

@@ -1,4 +1,4 @@
-package outbox
+package dbx
 
 import (
 	"context"
@@ -42,21 +42,21 @@ func TestDatabaseErrorsAreClassifiedOnce(t *testing.T) {
 		"insufficient privilege":        pg("42501"),
 		"check option":                  pg("44000"),
 	}
-	want := map[string]errClass{
-		"no SQLSTATE": errTransient, "context": errTransient, "connection failure": errTransient,
-		"deadlock": errTransient, "completion unknown": errTransient, "lock_timeout": errTransient,
-		"object in use": errTransient, "standby during a failover": errTransient,
-		"table missing while migrating": errTransient, "out of memory": errTransient,
-		"prepared statement missing": errTransient, "prepared statement duplicated": errTransient,
-		"too many connections": errTransient, "statement_timeout": errTransient, "admin shutdown": errTransient,
-		"I/O error": errTransient, "internal error": errTransient,
-		"serialization failure": errDoomed, "failed transaction": errDoomed,
-		"trigger raised an exception": errPermanent, "data exception": errPermanent,
-		"unique violation": errPermanent, "insufficient privilege": errPermanent, "check option": errPermanent,
+	want := map[string]Class{
+		"no SQLSTATE": Transient, "context": Transient, "connection failure": Transient,
+		"deadlock": Transient, "completion unknown": Transient, "lock_timeout": Transient,
+		"object in use": Transient, "standby during a failover": Transient,
+		"table missing while migrating": Transient, "out of memory": Transient,
+		"prepared statement missing": Transient, "prepared statement duplicated": Transient,
+		"too many connections": Transient, "statement_timeout": Transient, "admin shutdown": Transient,
+		"I/O error": Transient, "internal error": Transient,
+		"serialization failure": Doomed, "failed transaction": Doomed,
+		"trigger raised an exception": Permanent, "data exception": Permanent,
+		"unique violation": Permanent, "insufficient privilege": Permanent, "check option": Permanent,
 	}
-	got := make(map[string]errClass, len(cases))
+	got := make(map[string]Class, len(cases))
 	for name, err := range cases {
-		got[name] = classifyDB(err)
+		got[name] = Classify(err)
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("classes (-want +got):\n%s", diff)

@@ -1,4 +1,4 @@
-package outbox
+package dbx
 
 import (
 	"errors"
@@ -6,42 +6,42 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// errClass is what a failed statement of the subscriber's tells it to do
+// Class is what a failed statement of the subscriber's tells it to do
 // next. Every error the database returns to a claim or an outcome write is
 // classified here, once, for both claim paths.
-type errClass int
+type Class int
 
 const (
-	// errTransient: the same statement may succeed later (a lost or
+	// Transient: the same statement may succeed later (a lost or
 	// refused connection, a deadlock, a timeout, a lock not available, a
 	// server shutting down or short of resources, a failover). Retry it
 	// with backoff.
-	errTransient errClass = iota
-	// errDoomed: the transaction the statement ran in can do nothing more
+	Transient Class = iota
+	// Doomed: the transaction the statement ran in can do nothing more
 	// (a serialization failure, a transaction already failed). In a
 	// transaction, roll it back; in autocommit, where each statement is a
 	// transaction of its own, it is transient.
-	errDoomed
-	// errPermanent: the statement fails for its values, whatever its
+	Doomed
+	// Permanent: the statement fails for its values, whatever its
 	// SQLSTATE (a data exception, a constraint, a user trigger raising an
 	// exception, a privilege a row's write lacks): writing the same values
 	// again fails the same way, so a batch is split to isolate the rows
 	// the database refuses.
-	errPermanent
+	Permanent
 )
 
-// classifyDB tells what err, returned by a statement, means for the next
+// Classify tells what err, returned by a statement, means for the next
 // one. Errors without a SQLSTATE (the network, a context, the pool) are
 // transient.
-func classifyDB(err error) errClass {
+func Classify(err error) Class {
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || len(pe.Code) != 5 {
-		return errTransient
+		return Transient
 	}
 	switch pe.Code {
 	case "40001", // serialization_failure
 		"25P02": // in_failed_sql_transaction
-		return errDoomed
+		return Doomed
 	case "40P01", // deadlock_detected: the statement alone was rolled back
 		"40003", // statement_completion_unknown
 		"55P03", // lock_not_available (lock_timeout)
@@ -54,7 +54,7 @@ func classifyDB(err error) errClass {
 		// on the next try; the values are not at fault.
 		"26000", // invalid_sql_statement_name: prepared statement does not exist
 		"42P05": // duplicate_prepared_statement
-		return errTransient
+		return Transient
 	}
 	switch pe.Code[:2] {
 	case "08", // connection exception
@@ -62,11 +62,11 @@ func classifyDB(err error) errClass {
 		"57", // operator intervention (query_canceled, admin_shutdown, cannot_connect_now, idle timeouts)
 		"58", // system error (I/O)
 		"XX": // internal error
-		return errTransient
+		return Transient
 	}
-	return errPermanent
+	return Permanent
 }
 
-// isPermanent reports whether err fails its statement for the
-// statement's values (errPermanent), whatever its SQLSTATE.
-func isPermanent(err error) bool { return classifyDB(err) == errPermanent }
+// IsPermanent reports whether err fails its statement for the
+// statement's values (Permanent), whatever its SQLSTATE.
+func IsPermanent(err error) bool { return Classify(err) == Permanent }
