@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/crew"
 	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
@@ -303,7 +304,7 @@ type run struct {
 	writes     context.Context
 	stopWrites context.CancelFunc
 	// crew is the workers; drain waits for them.
-	crew crew
+	crew crew.Crew
 
 	// claims takes rows for the workers. Fetcher only.
 	claims claimer
@@ -384,7 +385,7 @@ func (r *run) run(ctx context.Context) error {
 
 	var fetcher sync.WaitGroup
 	fetcher.Go(func() { r.fetch(ctx) })
-	r.crew.hire(r.s.cfg.Workers, func(w *worker) { r.work(ctx, w) })
+	r.crew.Hire(r.s.cfg.Workers, func(w *crew.Worker) { r.work(ctx, w) })
 
 	<-ctx.Done()
 	close(r.stopping)
@@ -421,7 +422,7 @@ func (r *run) drain(deadline time.Time) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
-	case <-r.crew.done:
+	case <-r.crew.Done():
 		return
 	case <-t.C:
 	}
@@ -430,8 +431,8 @@ func (r *run) drain(deadline time.Time) {
 		slog.Int("running", running), slog.Duration("graceful_timeout", r.s.cfg.GracefulTimeout))
 	r.emit(MetricEvent{Name: EventDrainTimeout, Queue: r.s.queues[0], Count: running})
 	r.forceStop(ErrSubscriberStopped)
-	r.abandoned.Add(int64(r.crew.abandon()))
-	<-r.crew.done
+	r.abandoned.Add(int64(r.crew.Abandon()))
+	<-r.crew.Done()
 }
 
 // release hands back the rows claimed but never started.

@@ -6,16 +6,16 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"sync/atomic"
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/crew"
 	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // work hands claimed rows to the handler until ctx is done, or until
 // the forced stop abandons w inside a handler.
-func (r *run) work(ctx context.Context, w *worker) {
+func (r *run) work(ctx context.Context, w *crew.Worker) {
 	decode := r.s.calls()
 	for {
 		select {
@@ -40,7 +40,7 @@ func (r *run) work(ctx context.Context, w *worker) {
 // handle runs one delivery and hands its outcome to the acknowledger. It
 // reports false when the forced stop abandoned w while the handler ran:
 // the worker must exit without a further word.
-func (r *run) handle(d *delivery, w *worker, decode func(*db.ClaimRow) (call, error)) bool {
+func (r *run) handle(d *delivery, w *crew.Worker, decode func(*db.ClaimRow) (call, error)) bool {
 	cfg := &r.s.cfg
 	if !r.leases.start(d) {
 		// The lease ran out while the row waited for a worker; another
@@ -60,13 +60,13 @@ func (r *run) handle(d *delivery, w *worker, decode func(*db.ClaimRow) (call, er
 	}
 	r.emit(MetricEvent{Name: EventDispatched, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Bytes: len(d.row.Payload),
 		Age: max(time.Since(d.row.CreatedAt), 0)})
-	switch w.enter() {
-	case enterStopped:
+	switch w.Enter() {
+	case crew.Stopped:
 		// The forced stop came before the handler started: the row goes
 		// back with the other unstarted ones.
 		r.unstart(d)
 		return false
-	case enterAbandoned:
+	case crew.Abandoned:
 		// The forced stop counted this worker as in its handler, which
 		// never started; the row keeps its lease, as a running handler's
 		// would.
@@ -89,7 +89,7 @@ func (r *run) handle(d *delivery, w *worker, decode func(*db.ClaimRow) (call, er
 		herr = safeHandle(hctx, msg.handle)
 	}
 	ran := time.Since(start)
-	if !w.leave() {
+	if !w.Leave() {
 		// Abandoned by the forced stop while the handler ran, and counted
 		// then; Run may have returned.
 		if observed {
@@ -222,98 +222,4 @@ func (r *run) unstart(d *delivery) {
 	r.unstartedMu.Lock()
 	r.unstarted = append(r.unstarted, d)
 	r.unstartedMu.Unlock()
-}
-
-// Worker states.
-const (
-	workerIdle int32 = iota
-	workerBusy
-	workerAbandoned
-)
-
-// worker is one of a run's workers. Handlers run on the worker's own
-// goroutine; a forced stop abandons a worker inside a handler that ignores
-// its context rather than wait for it.
-type worker struct {
-	crew  *crew
-	state atomic.Int32
-}
-
-// crew is the workers of a run and what the run waits for.
-type crew struct {
-	workers []*worker
-	forced  atomic.Bool
-	waiting atomic.Int64  // workers neither exited nor abandoned
-	done    chan struct{} // closed when waiting reaches 0
-}
-
-// hire starts n workers running work.
-func (c *crew) hire(n int, work func(*worker)) {
-	c.done = make(chan struct{})
-	c.workers = make([]*worker, n)
-	c.waiting.Store(int64(n))
-	for i := range c.workers {
-		c.workers[i] = &worker{crew: c}
-	}
-	if n == 0 {
-		close(c.done)
-	}
-	for _, w := range c.workers {
-		go func() {
-			defer w.exit()
-			work(w)
-		}()
-	}
-}
-
-// abandon stops waiting for the workers inside a handler, which must
-// return without a further word, and returns how many it abandoned. Call
-// it once, after the handlers' contexts are cancelled.
-func (c *crew) abandon() int {
-	c.forced.Store(true)
-	n := 0
-	for _, w := range c.workers {
-		if w.state.CompareAndSwap(workerBusy, workerAbandoned) {
-			n++
-			c.release()
-		}
-	}
-	return n
-}
-
-func (c *crew) release() {
-	if c.waiting.Add(-1) == 0 {
-		close(c.done)
-	}
-}
-
-// What enter found.
-const (
-	entered        = iota // w is inside the handler
-	enterStopped          // the forced stop came first
-	enterAbandoned        // the forced stop came first and abandoned w
-)
-
-// enter marks w inside a handler, unless the forced stop came first.
-func (w *worker) enter() int {
-	w.state.Store(workerBusy)
-	if !w.crew.forced.Load() {
-		return entered
-	}
-	if w.state.CompareAndSwap(workerBusy, workerIdle) {
-		return enterStopped
-	}
-	return enterAbandoned
-}
-
-// leave marks w out of its handler; false means the forced stop abandoned
-// w in it.
-func (w *worker) leave() bool { return w.state.CompareAndSwap(workerBusy, workerIdle) }
-
-// exit ends w: the run no longer waits for it, unless it was abandoned
-// (and so released) already.
-func (w *worker) exit() {
-	if w.state.Load() != workerAbandoned {
-		w.crew.release()
-	}
 }
