@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/internal/wakeup"
 )
 
 // HealthOptions configures [Outbox.Health]. A nil *HealthOptions means
@@ -214,6 +216,18 @@ func (o *Outbox) probeNotify(ctx context.Context, opt *HealthOptions) (time.Dura
 		if n.Payload == payload {
 			return time.Since(start), nil
 		}
+	}
+}
+
+// wakeSource is what the LISTEN connections of o's subscribers need of o.
+func (o *Outbox) wakeSource() *wakeup.Source {
+	return &wakeup.Source{
+		Dial: func(ctx context.Context, dsn string, connect func(context.Context) (*pgx.Conn, error)) (*pgx.Conn, error) {
+			return dialListener(ctx, o, dsn, connect)
+		},
+		Queries:      o.queries,
+		ProbeChannel: o.naming.probeChannel(),
+		SendProbe:    o.sendProbe,
 	}
 }
 

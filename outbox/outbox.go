@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxgen/outboxgen"
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/wakeup"
 )
 
 // Outbox is one outbox table (and its dead-letter table) in one database.
@@ -23,10 +24,9 @@ type Outbox struct {
 	migrations fstest.MapFS
 	latest     int64 // the last migration's version
 
-	// listeners are the LISTEN connections its running subscribers
-	// share, by SubscriberConfig.ListenDSN ("" for the pool's settings).
-	listenMu  sync.Mutex
-	listeners map[string]*listenHub
+	// hubs are the LISTEN connections its running subscribers share, by
+	// SubscriberConfig.ListenDSN ("" for the pool's settings).
+	hubs wakeup.Hubs
 
 	// poolUse is what its running subscribers need of pool.
 	poolMu  sync.Mutex

@@ -372,10 +372,10 @@ func (r *run) run(ctx context.Context) error {
 	defer r.stopWrites()
 
 	var side sync.WaitGroup // leaving the listener, and heartbeat
-	l := r.s.ob.joinListener(ctx, r, r.s.cfg.ListenDSN, r.s.cfg.ListenConnect)
+	l := r.s.ob.hubs.Join(ctx, r.s.ob.wakeSource(), r, r.s.cfg.ListenDSN, r.s.cfg.ListenConnect)
 	side.Go(func() {
 		<-ctx.Done()
-		l.leave(r)
+		l.Leave(r)
 	})
 	if r.s.cfg.HeartbeatInterval > 0 {
 		side.Go(func() { r.heartbeat(r.writes) })
