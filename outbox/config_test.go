@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxgen/outboxgen/internal/naming"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -133,13 +134,13 @@ func TestReservedWordsMatchPostgreSQL(t *testing.T) {
 
 func TestRenderRejectsUnknownMarkers(t *testing.T) {
 	t.Parallel()
-	n := naming{schema: "s", table: "t"}
+	n := naming.Names{Schema: "s", Table: "t"}
 	for _, sql := range []string{"SELECT 1 FROM /*outbox:bogus*/outbox", "SELECT 1 FROM /*outbox:table*/events", "SELECT /*outbox:channel*/'events'"} {
-		if _, _, err := n.render(sql); err == nil {
+		if _, _, err := n.Render(sql); err == nil {
 			t.Errorf("render(%q) succeeded", sql)
 		}
 	}
-	got, _, err := n.render(`SELECT 1 FROM /*outbox:table*/outbox_dlq AS d, /*outbox:name*/outbox_pkey, /*outbox:schema*/public, /*outbox:channel*/'outbox_outbox', /*outbox:channel*/'outbox_outbox_x', /*outbox:listen*/outbox_outbox_x`)
+	got, _, err := n.Render(`SELECT 1 FROM /*outbox:table*/outbox_dlq AS d, /*outbox:name*/outbox_pkey, /*outbox:schema*/public, /*outbox:channel*/'outbox_outbox', /*outbox:channel*/'outbox_outbox_x', /*outbox:listen*/outbox_outbox_x`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,24 +52,6 @@ func onPath[T any](p claimPath, cfg *SubscriberConfig[T]) *SubscriberConfig[T] {
 	return cfg
 }
 
-// TestClaimPathsRunTheirClaimer: each claim path of this suite runs the
-// claimer it names, on the suite's pool.
-func TestClaimPathsRunTheirClaimer(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	want := map[claimPath]string{pathDefaults: "*outbox.mixed", pathLease: "*outbox.byLease", pathLock: "*outbox.byLock"}
-	for _, p := range claimPaths {
-		sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[string]) error { return nil },
-			onPath(p, &SubscriberConfig[string]{Logger: discard()}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := fmt.Sprintf("%T", newRun(e.ctx, &sub.core).claims); got != want[p] {
-			t.Errorf("path %s claims with %s; want %s", p, got, want[p])
-		}
-	}
-}
-
 // forEachClaimPath runs test as a parallel subtest for every claim path.
 func forEachClaimPath(t *testing.T, test func(t *testing.T, p claimPath)) {
 	t.Helper()

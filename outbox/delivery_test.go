@@ -11,9 +11,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/jackc/pgx/v5/pgtype"
-
-	"github.com/outboxgen/outboxgen/db"
 )
 
 // A handler slower than its lease, with no heartbeat to extend it, has
@@ -169,39 +166,4 @@ func TestDispatchedEventCarriesTheRowsAge(t *testing.T) {
 	if young, ok := ages[false]; !ok || young > time.Minute {
 		t.Errorf("the row created now: age %v", young)
 	}
-}
-
-// A heartbeat leaves out the rows of a locked claim whose end is writing
-// their leases until that end commits: run on another connection, its
-// statement would not find the uncommitted leases and take them for
-// lost, cancelling handlers that hold their rows (seen through PgBouncer,
-// whose extra hop widens the window). After the commit they are extended
-// like any lease.
-func TestHeartbeatWaitsForALockedClaimsLeasesToCommit(t *testing.T) {
-	t.Parallel()
-	l := newLeases(time.Minute)
-	ds := l.addEach(t.Context(), 2, func(i int, r *db.ClaimRow) { r.ID = int64(i + 1) }, pgtype.UUID{}, time.Now())
-	if !l.start(ds[0]) {
-		t.Fatal("the handler of row 1 did not start")
-	}
-	snapshotIDs := func() []int64 {
-		_, ids, _ := l.snapshot()
-		return ids
-	}
-	if ids := snapshotIDs(); len(ids) != 0 {
-		t.Errorf("a heartbeat extends rows held by lock: %v", ids)
-	}
-	token := newToken()
-	running := l.leaseStarted(ds, nil, token)
-	if len(running) != 1 || running[0] != ds[0] {
-		t.Fatalf("rows leased at the claim's end: %v, want row 1's", running)
-	}
-	if ids := snapshotIDs(); len(ids) != 0 {
-		t.Errorf("a heartbeat extends leases the claim's end has not committed: %v", ids)
-	}
-	l.renew(ds[0].batch, time.Now())
-	if diff := cmp.Diff([]int64{1}, snapshotIDs()); diff != "" {
-		t.Errorf("a heartbeat after the end committed (-want +got):\n%s", diff)
-	}
-	ds[0].batch.expiry.Stop()
 }

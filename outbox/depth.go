@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // DepthCapDefault is the default [DepthOptions.Cap]: each of a queue's
@@ -98,7 +99,7 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 	for i, r := range rows {
 		out[i] = QueueDepth{
 			Queue: r.Queue, Ready: r.Ready, Scheduled: r.Scheduled, Leased: r.Leased, Expired: r.Expired,
-			DeadLettered: r.DeadLettered, OldestReadyWait: seconds(r.OldestReadyWaitSeconds),
+			DeadLettered: r.DeadLettered, OldestReadyWait: dbx.Seconds(r.OldestReadyWaitSeconds),
 			Capped: max(r.Ready, r.Scheduled, r.Leased, r.Expired, r.DeadLettered) >= limit,
 		}
 	}

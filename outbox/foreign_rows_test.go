@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxgen/outboxgen/internal/dbx"
+	"github.com/outboxgen/outboxgen/internal/naming"
 )
 
 // Rows written by other clients: psql, COPY, another language. They hold
@@ -668,7 +669,7 @@ func TestOddQueueNamesNeverBreakOtherQueuesOrReads(t *testing.T) {
 	if n, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{Queue: controlQueues[1]}); err != nil || n != 1 {
 		t.Errorf("purge of %q: %d, %v", controlQueues[1], n, err)
 	}
-	if n := e.countWhere(fmt.Sprintf("queue = %s", quoteLiteral(controlQueues[0]))); n != 2 {
+	if n := e.countWhere(fmt.Sprintf("queue = %s", naming.QuoteLiteral(controlQueues[0]))); n != 2 {
 		t.Errorf("%q holds %d rows after the replay, want 2", controlQueues[0], n)
 	}
 }
@@ -685,7 +686,7 @@ func TestEveryOrderingKeyIsAKeyTheEmptyStringToo(t *testing.T) {
 	want := map[string][]int64{}
 	for range perKey {
 		for _, k := range keys {
-			want[k] = append(want[k], e.insertForeign("q", foreign{"keyed", "payload, ordering_key", fmt.Sprintf("'{}', %s", quoteLiteral(k))}))
+			want[k] = append(want[k], e.insertForeign("q", foreign{"keyed", "payload, ordering_key", fmt.Sprintf("'{}', %s", naming.QuoteLiteral(k))}))
 		}
 		e.insertForeign("q", foreign{"unkeyed", "payload", `'{}'`})
 	}

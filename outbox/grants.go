@@ -42,8 +42,8 @@ func Grants(cfg *Config, roles Roles) ([]string, error) {
 			return nil, err
 		}
 	}
-	schema := pgx.Identifier{n.schema}.Sanitize()
-	rel := func(suffix string) string { return n.qualified(n.table + suffix) }
+	schema := pgx.Identifier{n.Schema}.Sanitize()
+	rel := func(suffix string) string { return n.Qualified(n.Table + suffix) }
 	var out []string
 	if roles.Publisher != "" {
 		p := pgx.Identifier{roles.Publisher}.Sanitize()
@@ -76,7 +76,7 @@ func Grants(cfg *Config, roles Roles) ([]string, error) {
 // one transaction, through the outbox's pool, whose role must own the
 // outbox (or be allowed to grant on its objects).
 func (o *Outbox) Grant(ctx context.Context, roles Roles) error {
-	stmts, err := Grants(&Config{Schema: o.naming.schema, Table: o.naming.table}, roles)
+	stmts, err := Grants(&Config{Schema: o.naming.Schema, Table: o.naming.Table}, roles)
 	if err != nil {
 		return err
 	}

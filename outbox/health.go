@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/wakeup"
 )
 
@@ -150,7 +151,7 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 	}
 	h.SchemaVersion = v
 	q := o.queries(o.pool)
-	t, err := q.TableHealth(ctx, o.naming.qualified(o.naming.table))
+	t, err := q.TableHealth(ctx, o.naming.Qualified(o.naming.Table))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -159,7 +160,7 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 		h.LiveTuples, h.DeadTuples, h.XidAge = t.LiveTuples, t.DeadTuples, t.XidAge
 		h.SinceVacuum = -1
 		if t.SinceVacuumSeconds >= 0 {
-			h.SinceVacuum = seconds(t.SinceVacuumSeconds)
+			h.SinceVacuum = dbx.Seconds(t.SinceVacuumSeconds)
 		}
 		h.NotificationQueueUsage = t.NotificationQueueUsage
 	}
@@ -169,7 +170,7 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 	}
 	if len(holders) > 0 {
 		x := holders[0]
-		h.OldestXmin = &XminHolder{Kind: x.Kind, Name: x.Name, Age: x.XminAge, Open: seconds(x.XactSeconds), State: x.State, Hidden: x.Hidden}
+		h.OldestXmin = &XminHolder{Kind: x.Kind, Name: x.Name, Age: x.XminAge, Open: dbx.Seconds(x.XactSeconds), State: x.State, Hidden: x.Hidden}
 	}
 	h.NotifyTook, err = o.probeNotify(ctx, &opt)
 	h.NotifyHeard = err == nil
@@ -226,7 +227,7 @@ func (o *Outbox) wakeSource() *wakeup.Source {
 			return dialListener(ctx, o, dsn, connect)
 		},
 		Queries:      o.queries,
-		ProbeChannel: o.naming.probeChannel(),
+		ProbeChannel: o.naming.ProbeChannel(),
 		SendProbe:    o.sendProbe,
 	}
 }
@@ -247,7 +248,7 @@ func dialListener(ctx context.Context, o *Outbox, dsn string, connect func(conte
 // problems lists what h found past its thresholds.
 func (h *Health) problems(o *Outbox, opt *HealthOptions) []string {
 	var out []string
-	table := o.naming.qualified(o.naming.table)
+	table := o.naming.Qualified(o.naming.Table)
 	if e := o.schemaMismatch(h.SchemaVersion); e != nil {
 		out = append(out, strings.TrimPrefix(e.Error(), "outbox: "))
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -66,9 +65,9 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	for i, r := range rows {
 		out[i] = QueueStats{
 			Queue: r.Queue, Ready: r.Ready, Scheduled: r.Scheduled, Blocked: r.Blocked, Leased: r.Leased, Expired: r.Expired,
-			OldestAge: seconds(r.OldestAgeSeconds), DeadLettered: r.DeadLettered,
+			OldestAge: dbx.Seconds(r.OldestAgeSeconds), DeadLettered: r.DeadLettered,
 			HeldKeysRetrying: r.HeldKeysRetrying, HeldKeysScheduled: r.HeldKeysScheduled,
-			OldestHeldKey: r.OldestHeldKey, OldestHeldAge: seconds(r.OldestHeldAgeSeconds),
+			OldestHeldKey: r.OldestHeldKey, OldestHeldAge: dbx.Seconds(r.OldestHeldAgeSeconds),
 			HandOffs: r.HandOffs,
 		}
 	}
@@ -126,22 +125,6 @@ func (o *Outbox) readError(ctx context.Context, method string, err error) error 
 	return fmt.Errorf("outbox: %s: %w", method, err)
 }
 
-// seconds converts a server-side count of seconds, saturating at the
-// Duration range: counts measured to timestamps other clients wrote far
-// off, or infinite, exceed it. NaN is 0.
-func seconds(s float64) time.Duration {
-	ns := s * float64(time.Second)
-	switch {
-	case math.IsNaN(ns):
-		return 0
-	case ns >= math.MaxInt64:
-		return math.MaxInt64
-	case ns <= math.MinInt64:
-		return math.MinInt64
-	}
-	return time.Duration(ns)
-}
-
 // RetryBacklog describes the rows of some queues that were handled at
 // least once and are not finished: each waits for its retry, is due for
 // it, or is being handled again.
@@ -172,7 +155,7 @@ func (o *Outbox) RetryBacklog(ctx context.Context, queues []string) (RetryBacklo
 	if err != nil {
 		return RetryBacklog{}, fmt.Errorf("outbox: RetryBacklog: %w", err)
 	}
-	return RetryBacklog{Rows: r.Retrying, NextDueIn: seconds(r.NextDueInSeconds)}, nil
+	return RetryBacklog{Rows: r.Retrying, NextDueIn: dbx.Seconds(r.NextDueInSeconds)}, nil
 }
 
 // PendingMessage is a row still in the outbox, as [Outbox.Unprocessed]

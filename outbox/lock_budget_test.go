@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/engine"
 )
 
 // More keys wait for their hand-over than PostgreSQL's lock table holds
@@ -103,7 +104,7 @@ func (e *env) handOff(queues ...string) (int32, error) {
 	e.t.Helper()
 	var waiting int32
 	for {
-		r, err := e.q.HandOff(e.ctx, db.HandOffParams{Queues: queues, MaxKeys: handoffMaxKeys})
+		r, err := e.q.HandOff(e.ctx, db.HandOffParams{Queues: queues, MaxKeys: engine.HandoffMaxKeys})
 		if err != nil {
 			return 0, err
 		}

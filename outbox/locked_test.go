@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/engine"
 )
 
 // lockingConfig is fastConfig with a lease and a lock window long enough
@@ -37,28 +38,6 @@ func (e *env) terminateLockedClaims() int {
 		e.t.Fatal(err)
 	}
 	return n
-}
-
-// lockRows makes a locked claim of up to n rows for r, as its fetcher
-// does, and returns the ids of the rows it locked. The claim's transaction
-// stays open until end is called or the test ends (the test's pool has
-// few connections).
-func (e *env) lockRows(c *byLock, n int32) (locked []int64, end func()) {
-	e.t.Helper()
-	tx, err := e.db.Pool.Begin(e.ctx)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	end = func() { _ = tx.Rollback(context.Background()) }
-	e.t.Cleanup(end)
-	got, err := c.lockRows(e.ctx, e.ob.queries(tx), n, 30000)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, g := range got {
-		locked = append(locked, g.ID)
-	}
-	return locked, end
 }
 
 // abortedXid returns the id of a transaction that took one and rolled
@@ -322,7 +301,7 @@ func TestStalledLockedClaimFreesItsRowsAfterTheLease(t *testing.T) {
 	}
 }
 
-// A pool of fewer than minLockingPoolConns connections, or a negative
+// A pool of fewer than engine.MinLockingPoolConns connections, or a negative
 // LockWindow, makes every claim write its lease.
 func TestClaimsWriteLeasesWithoutLocking(t *testing.T) {
 	t.Parallel()
@@ -331,7 +310,7 @@ func TestClaimsWriteLeasesWithoutLocking(t *testing.T) {
 		maxConns int32
 		window   time.Duration
 	}{
-		{"small pool", minLockingPoolConns - 1, 0},
+		{"small pool", engine.MinLockingPoolConns - 1, 0},
 		{"negative LockWindow", 0, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -388,24 +367,6 @@ func TestLockWindowIsAtMostHalfTheLease(t *testing.T) {
 		c, err := (&SubscriberConfig[string]{LeaseTTL: tc.ttl, LockWindow: tc.window}).resolve([]string{"q"})
 		if err != nil || c.LockWindow != tc.want {
 			t.Errorf("LeaseTTL %v, LockWindow %v: resolved %v, %v; want %v", tc.ttl, tc.window, c.LockWindow, err, tc.want)
-		}
-	}
-}
-
-func TestRunsCoverExactlyTheIDs(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		ids          []int64
-		lower, upper []int64
-	}{
-		{nil, nil, nil},
-		{[]int64{5}, []int64{5}, []int64{5}},
-		{[]int64{3, 1, 2, 7, 9, 8, 8}, []int64{1, 7}, []int64{3, 9}},
-		{[]int64{10, 12, 14}, []int64{10, 12, 14}, []int64{10, 12, 14}},
-	} {
-		lower, upper := runs(tc.ids)
-		if diff := cmp.Diff([][]int64{tc.lower, tc.upper}, [][]int64{lower, upper}); diff != "" {
-			t.Errorf("runs(%v) (-want +got):\n%s", tc.ids, diff)
 		}
 	}
 }
@@ -554,62 +515,6 @@ func TestClaimAfterASmallClaimLeases(t *testing.T) {
 	}
 }
 
-// A locked claim made while the subscriber's last one is open, and took
-// all it asked for, looks past that claim's last row; rows before it that
-// no claim holds (here a row dated an hour early) wait for a claim that
-// looks from the start: one made when no other claim is open, one that
-// found nothing past the position (it looks again from the start), and
-// the first one LockWindow after
-// the last look from the start.
-func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	cfg := lockingConfig(nil)
-	cfg.LockWindow = time.Second
-	sub, err := NewSubscriber(e.ob, []string{"q"}, func(context.Context, *Message[string]) error { return nil }, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := newRun(e.ctx, &sub.core)
-	c := r.claims.(*byLock)
-	var rows []int64
-	for range 6 {
-		rows = append(rows, e.publish("q"))
-	}
-	want := func(what string, want []int64) func() {
-		t.Helper()
-		got, end := e.lockRows(c, 2)
-		if d := cmp.Diff(want, got); d != "" {
-			t.Errorf("%s: locked rows (-want +got):\n%s", what, d)
-		}
-		return end
-	}
-	r.locks <- struct{}{} // the claim being made
-	end1 := want("first claim, none open", rows[0:2])
-	r.locks <- struct{}{} // the last claim stays open
-	var early int64
-	if err := e.db.Pool.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, next_attempt_at)
-		VALUES ('q', '"early"', now() - interval '1 hour') RETURNING id`).Scan(&early); err != nil {
-		t.Fatal(err)
-	}
-	end2 := want("claim while the last is open", rows[2:4])
-	c.frontLocked = time.Now().Add(-cfg.LockWindow)
-	end3 := want("claim a window after the last look from the start", []int64{early, rows[4]})
-	end1()
-	end2()
-	end4 := want("claim past that one", rows[5:6])
-	end5 := want("claim after one that found fewer than it asked for", rows[0:2])
-	for _, end := range []func(){end3, end4, end5} {
-		end()
-	}
-	c.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
-	c.frontLocked = time.Now()
-	want("claim that found nothing past the position", []int64{early, rows[0]})()
-	<-r.locks
-	c.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
-	want("claim while no other is open", []int64{early, rows[0]})()
-}
-
 // LockQueueAppend, the claim's scan into a slice sized once, reads every
 // column LockQueue returns, as LockQueue reads it, into rows of Lock
 // naming the queue, and appends after the
@@ -696,58 +601,5 @@ func TestLockedClaimCountsEachRowsAbortedClaims(t *testing.T) {
 	}
 	if d := cmp.Diff(map[int64]int{free: 1, counted: 3, held: 2}, seen); d != "" {
 		t.Errorf("deliveries (-want +got):\n%s", d)
-	}
-}
-
-// A locked claim of several queues locks only the rows it hands out, an
-// equal share of each queue first and then, past what it has, more of the
-// queues that had more, in Claim's ranking within each statement; while
-// it stays open, the next claim starts each queue past what it took.
-func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	cfg := lockingConfig(nil)
-	sub, err := NewSubscriber(e.ob, []string{"a", "b"}, func(context.Context, *Message[string]) error { return nil }, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newRun(e.ctx, &sub.core).claims.(*byLock)
-	var a, b []int64
-	for range 10 {
-		a = append(a, e.publish("a"))
-	}
-	for range 2 {
-		b = append(b, e.publish("b"))
-	}
-	lock := func(n int32) []int64 {
-		t.Helper()
-		locked, _ := e.lockRows(c, n)
-		return locked
-	}
-	// free counts the rows of both queues no transaction has locked.
-	free := func() int {
-		t.Helper()
-		tx, err := e.db.Pool.Begin(e.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(context.Background())
-		var n int
-		if err := tx.QueryRow(e.ctx, `SELECT count(*) FROM (SELECT id FROM outbox WHERE queue IN ('a', 'b') FOR UPDATE SKIP LOCKED) AS f`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	c.r.locks <- struct{}{} // the claim being made
-	want := []int64{a[0], b[0], a[1], b[1], a[2], a[3]}
-	if d := cmp.Diff(want, lock(6)); d != "" {
-		t.Errorf("first claim (-want +got):\n%s", d)
-	}
-	if n := free(); n != 6 {
-		t.Errorf("%d rows free after a claim that handed out 6 of 12; want 6", n)
-	}
-	c.r.locks <- struct{}{} // the first claim stays open
-	if d := cmp.Diff([]int64{a[4], a[5]}, lock(2)); d != "" {
-		t.Errorf("claim while the first is open (-want +got):\n%s", d)
 	}
 }

@@ -78,7 +78,7 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 // with IF NOT EXISTS; the loser's duplicate error means the schema is
 // there.
 func (o *Outbox) createSchema(ctx context.Context) error {
-	exists, err := o.queries(o.pool).SchemaExists(ctx, pgx.Identifier{o.naming.schema}.Sanitize())
+	exists, err := o.queries(o.pool).SchemaExists(ctx, pgx.Identifier{o.naming.Schema}.Sanitize())
 	if err == nil && exists {
 		return nil
 	}
@@ -89,7 +89,7 @@ func (o *Outbox) createSchema(ctx context.Context) error {
 		err = nil
 	}
 	if err != nil {
-		return fmt.Errorf("outbox: migrate: create schema %q: %w", o.naming.schema, err)
+		return fmt.Errorf("outbox: migrate: create schema %q: %w", o.naming.Schema, err)
 	}
 	return nil
 }
@@ -144,7 +144,7 @@ func (o *Outbox) schemaMismatch(have int64) *SchemaError {
 	if have == o.latest {
 		return nil
 	}
-	return &SchemaError{Schema: o.naming.schema, Table: o.naming.table, Version: have, Want: o.latest}
+	return &SchemaError{Schema: o.naming.Schema, Table: o.naming.Table, Version: have, Want: o.latest}
 }
 
 // SchemaVersion returns the version of the outbox's schema: the number of
@@ -167,20 +167,20 @@ func (o *Outbox) schemaState(ctx context.Context) (version int64, history bool, 
 	n := o.naming
 	q := o.queries(o.pool)
 	objs, err := q.SchemaObjects(ctx, db.SchemaObjectsParams{
-		TableName:   n.qualified(n.table),
-		DlqName:     n.qualified(n.table + "_dlq"),
-		NotifyFn:    n.qualified(n.table+"_notify") + "()",
-		VersionFn:   n.qualified(n.table+"_schema_version") + "()",
-		HistoryName: n.qualified(n.versionTable()),
+		TableName:   n.Qualified(n.Table),
+		DlqName:     n.Qualified(n.Table + "_dlq"),
+		NotifyFn:    n.Qualified(n.Table+"_notify") + "()",
+		VersionFn:   n.Qualified(n.Table+"_schema_version") + "()",
+		HistoryName: n.Qualified(n.VersionTable()),
 	})
 	if err != nil {
-		return 0, false, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.schema, n.table, err)
+		return 0, false, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.Schema, n.Table, err)
 	}
 	switch {
 	case objs.HasVersion:
 		v, err := q.SchemaVersion(ctx)
 		if err != nil {
-			return 0, false, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.schema, n.table, err)
+			return 0, false, fmt.Errorf("outbox: read the schema version of %s.%s: %w", n.Schema, n.Table, err)
 		}
 		version = int64(v)
 	case objs.HasNotify:
@@ -314,14 +314,14 @@ func (o *Outbox) MigrationStatus(ctx context.Context) ([]MigrationState, error) 
 // migration lock, and closes what it opened.
 func (o *Outbox) withProvider(ctx context.Context, migrations fs.FS, fn func(*goose.Provider) error) (err error) {
 	opts := []goose.ProviderOption{
-		goose.WithTableName(o.naming.schema + "." + o.naming.versionTable()),
+		goose.WithTableName(o.naming.Schema + "." + o.naming.VersionTable()),
 		goose.WithDisableGlobalRegistry(true),
 	}
 	if o.pool.Config().MaxConns < 2 {
 		// No room for the lock's own connection beside goose's: the
 		// session lock of earlier releases, on goose's connection.
 		locker, err := lock.NewPostgresSessionLocker(
-			lock.WithLockID(o.naming.lockID()),
+			lock.WithLockID(o.naming.LockID()),
 			lock.WithLockTimeout(migrationLockPeriod, migrationLockTries),
 		)
 		if err != nil {
@@ -334,7 +334,7 @@ func (o *Outbox) withProvider(ctx context.Context, migrations fs.FS, fn func(*go
 		// needs.
 		unlock, err := o.lockMigrations(ctx)
 		if err != nil {
-			return fmt.Errorf("outbox: migrate %s.%s: %w", o.naming.schema, o.naming.table, err)
+			return fmt.Errorf("outbox: migrate %s.%s: %w", o.naming.Schema, o.naming.Table, err)
 		}
 		defer func() { err = errors.Join(err, unlock(context.WithoutCancel(ctx))) }()
 	}
@@ -345,7 +345,7 @@ func (o *Outbox) withProvider(ctx context.Context, migrations fs.FS, fn func(*go
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
 	if err := fn(p); err != nil {
-		return fmt.Errorf("outbox: migrate %s.%s: %w", o.naming.schema, o.naming.table, err)
+		return fmt.Errorf("outbox: migrate %s.%s: %w", o.naming.Schema, o.naming.Table, err)
 	}
 	return nil
 }
@@ -375,7 +375,7 @@ func (o *Outbox) lockMigrations(ctx context.Context) (func(context.Context) erro
 		if err != nil {
 			return nil, fmt.Errorf("migration lock: %w", err)
 		}
-		r, err := o.queries(tx).MigrationLock(ctx, o.naming.lockID())
+		r, err := o.queries(tx).MigrationLock(ctx, o.naming.LockID())
 		if err == nil && r.Locked {
 			return func(ctx context.Context) error {
 				if err := tx.Rollback(ctx); err != nil {

@@ -2,27 +2,11 @@ package outbox
 
 import (
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/outboxgen/outboxgen/internal/naming"
 )
-
-// maxIdentifierBytes is PostgreSQL's NAMEDATALEN-1: longer identifiers are
-// silently truncated, which would make two outboxes share an index or a
-// channel. Every derived name is checked against it.
-const maxIdentifierBytes = 63
-
-// defaultTable is the table name the SQL files are written for; derived
-// names keep its suffix (outbox_dlq -> orders_dlq).
-const defaultTable = "outbox"
-
-// naming derives every identifier of one outbox from its schema and table.
-type naming struct {
-	schema string
-	table  string
-}
 
 // checkIdentifier enforces the rule for Config.Schema and Config.Table:
 // lower-case letters, digits and underscores, not starting with a digit.
@@ -52,9 +36,9 @@ func checkIdentifier(field, v string) error {
 // checkIdentifierBytes refuses v, a name that is quoted wherever it is
 // used, when PostgreSQL would truncate it.
 func checkIdentifierBytes(field, v string) error {
-	if len(v) > maxIdentifierBytes {
+	if len(v) > naming.MaxIdentifierBytes {
 		return &ConfigError{Field: field, Value: v,
-			Rule: fmt.Sprintf("is %d bytes; PostgreSQL identifiers are at most %d", len(v), maxIdentifierBytes)}
+			Rule: fmt.Sprintf("is %d bytes; PostgreSQL identifiers are at most %d", len(v), naming.MaxIdentifierBytes)}
 	}
 	return nil
 }
@@ -78,72 +62,16 @@ var reservedWords = []string{
 	"using", "variadic", "verbose", "when", "where", "window", "with",
 }
 
-func newNaming(schema, table string) (naming, error) {
+// newNaming validates schema and table and returns their names.
+func newNaming(schema, table string) (naming.Names, error) {
 	if err := checkIdentifier("Config.Schema", schema); err != nil {
-		return naming{}, err
+		return naming.Names{}, err
 	}
 	if slices.Contains(reservedWords, schema) {
-		return naming{}, &ConfigError{Field: "Config.Schema", Value: schema, Rule: "must not be an SQL reserved word"}
+		return naming.Names{}, &ConfigError{Field: "Config.Schema", Value: schema, Rule: "must not be an SQL reserved word"}
 	}
 	if err := checkIdentifier("Config.Table", table); err != nil {
-		return naming{}, err
+		return naming.Names{}, err
 	}
-	return naming{schema: schema, table: table}, nil
-}
-
-// derive maps a name written for the default table to this outbox's name.
-func (n naming) derive(name string) (string, bool) {
-	rest, ok := strings.CutPrefix(name, defaultTable)
-	if !ok {
-		return "", false
-	}
-	return n.table + rest, true
-}
-
-// channel is the LISTEN/NOTIFY channel: outbox_<table> in schema public,
-// outbox_<schema>.<table> elsewhere. The dot cannot occur in a valid schema
-// or table name, so two outboxes never share a channel.
-func (n naming) channel() string {
-	if n.schema == "public" {
-		return "outbox_" + n.table
-	}
-	return "outbox_" + n.schema + "." + n.table
-}
-
-// scheduledChannel carries the queue names of rows due later. The colon
-// cannot occur in a schema or table name, so no outbox's due channel is
-// another's scheduled channel (outbox foo's and outbox foo_scheduled's, say).
-func (n naming) scheduledChannel() string { return n.channel() + scheduledSuffix }
-
-// handoffChannel carries the queue names of ordering-key hand-overs the
-// deleting transaction recorded instead of completing.
-func (n naming) handoffChannel() string { return n.channel() + handoffSuffix }
-
-const handoffSuffix = ":handoff"
-
-// probeChannel carries the NOTIFY probes of Health and of subscribers'
-// LISTEN connections.
-func (n naming) probeChannel() string { return n.channel() + ":probe" }
-
-// scheduledSuffix turns a due channel into its scheduled channel; the
-// migrations write it after the channel marker.
-const scheduledSuffix = ":scheduled"
-
-// versionTable is goose's version table, one per outbox so two outboxes in
-// one database keep separate migration histories. goose uses the name
-// verbatim (schema-qualified), which the identifier rules above make safe.
-func (n naming) versionTable() string {
-	return n.table + "_goose_version"
-}
-
-// lockID is the advisory lock goose holds while migrating this outbox:
-// concurrent migrations of one outbox serialise, different outboxes do not.
-func (n naming) lockID() int64 {
-	h := fnv.New64a()
-	h.Write([]byte("outboxgen:" + n.schema + "." + n.table))
-	return int64(h.Sum64() >> 1)
-}
-
-func (n naming) qualified(name string) string {
-	return pgx.Identifier{n.schema, name}.Sanitize()
+	return naming.Names{Schema: schema, Table: table}, nil
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/outboxgen/outboxgen"
+	"github.com/outboxgen/outboxgen/internal/naming"
 )
 
 // sqlSource is one SQL text the library renders: an embedded migration or
@@ -119,19 +120,19 @@ func FuzzConfigNames(f *testing.F) {
 				t.Fatalf("Migrations(%q, %q) accepted %q, which breaks the documented rule", schema, table, v)
 			}
 		}
-		n := naming{schema: cfg.Schema, table: cfg.Table}
+		n := naming.Names{Schema: cfg.Schema, Table: cfg.Table}
 		for _, src := range sources {
-			out, idents, err := n.render(src.text)
+			out, idents, err := n.Render(src.text)
 			if err != nil {
-				t.Fatalf("render %s for %s.%s: %v", src.name, n.schema, n.table, err)
+				t.Fatalf("render %s for %s.%s: %v", src.name, n.Schema, n.Table, err)
 			}
 			for _, id := range idents {
-				if len(id) > maxIdentifierBytes {
-					t.Errorf("%s for %s.%s derives %q, %d bytes, which Migrations accepted", src.name, n.schema, n.table, id, len(id))
+				if len(id) > naming.MaxIdentifierBytes {
+					t.Errorf("%s for %s.%s derives %q, %d bytes, which Migrations accepted", src.name, n.Schema, n.Table, id, len(id))
 				}
 			}
 			if err := checkRendered(n, src.text, out); err != nil {
-				t.Fatalf("%s for %s.%s: %v", src.name, n.schema, n.table, err)
+				t.Fatalf("%s for %s.%s: %v", src.name, n.Schema, n.Table, err)
 			}
 		}
 	})
@@ -141,19 +142,19 @@ func FuzzConfigNames(f *testing.F) {
 // must become, worked out independently of render: the text between
 // markers is unchanged, and each marker and its token became the quoted
 // identifier or literal of n's object.
-func checkRendered(n naming, src, out string) error {
+func checkRendered(n naming.Names, src, out string) error {
 	if i := strings.Index(out, "/*outbox:"); i >= 0 {
 		return errors.New("marker left at " + strconv.Quote(excerpt(out, i)))
 	}
 	qi := func(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 	ql := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-	channel := "outbox_" + n.schema + "." + n.table
-	if n.schema == "public" {
-		channel = "outbox_" + n.table
+	channel := "outbox_" + n.Schema + "." + n.Table
+	if n.Schema == "public" {
+		channel = "outbox_" + n.Table
 	}
 	var want strings.Builder
 	last := 0
-	for _, m := range markerRE.FindAllStringSubmatchIndex(src, -1) {
+	for _, m := range naming.Marker.FindAllStringSubmatchIndex(src, -1) {
 		want.WriteString(src[last:m[0]])
 		last = m[1]
 		kind, tok := src[m[2]:m[3]], src[m[4]:m[5]]
@@ -161,13 +162,13 @@ func checkRendered(n naming, src, out string) error {
 		suffix, _ := strings.CutPrefix(bare, "outbox")
 		switch kind {
 		case "schema":
-			want.WriteString(qi(n.schema))
+			want.WriteString(qi(n.Schema))
 		case "table":
-			want.WriteString(qi(n.schema) + "." + qi(n.table+suffix))
+			want.WriteString(qi(n.Schema) + "." + qi(n.Table+suffix))
 		case "name":
-			want.WriteString(qi(n.table + suffix))
+			want.WriteString(qi(n.Table + suffix))
 		case "literal":
-			want.WriteString(ql(qi(n.schema) + "." + qi(n.table+suffix)))
+			want.WriteString(ql(qi(n.Schema) + "." + qi(n.Table+suffix)))
 		case "channel":
 			want.WriteString(ql(channel + strings.TrimPrefix(bare, "outbox_outbox")))
 		case "listen":
@@ -199,7 +200,7 @@ func excerpt(s string, i int) string {
 func TestSQLNamesOutboxObjectsOnlyThroughMarkers(t *testing.T) {
 	t.Parallel()
 	for _, src := range renderedSQL(t) {
-		text := markerRE.ReplaceAllString(src.text, " ")
+		text := naming.Marker.ReplaceAllString(src.text, " ")
 		for _, w := range sqlWords(text) {
 			if w == "outbox" || strings.HasPrefix(w, "outbox_") {
 				t.Errorf("%s names %q without a marker", src.name, w)

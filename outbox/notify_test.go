@@ -67,11 +67,11 @@ func (l *listener) until(sentinel string) []string {
 // queues notify. It returns the record's id.
 func sleepOn(t *testing.T, q *db.Queries, queues ...string) pgtype.UUID {
 	t.Helper()
-	s := newSleeper()
-	if err := q.Sleep(t.Context(), db.SleepParams{ID: s.id, Queues: queues, ForSeconds: 3600}); err != nil {
+	id := newSleepID()
+	if err := q.Sleep(t.Context(), db.SleepParams{ID: id, Queues: queues, ForSeconds: 3600}); err != nil {
 		t.Fatal(err)
 	}
-	return s.id
+	return id
 }
 
 func (e *env) sleepOn(queues ...string) pgtype.UUID {

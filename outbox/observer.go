@@ -2,8 +2,6 @@ package outbox
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
 	"time"
 )
 
@@ -66,60 +64,4 @@ type DeliveryOutcome struct {
 	Reason string
 	// Ran is how long the handler ran.
 	Ran time.Duration
-}
-
-// deliveryInfo describes d for an observer.
-func (r *run) deliveryInfo(d *delivery, headers map[string]string) DeliveryInfo {
-	info := DeliveryInfo{
-		Subscriber: r.s.cfg.Name, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount),
-		Attempts: attempts(d.row.AttemptsCount), Headers: headers,
-	}
-	if d.row.OrderingKey != nil {
-		info.OrderingKey = *d.row.OrderingKey
-	}
-	return info
-}
-
-// observeStart runs the observer's Start, keeping ctx when it panics or
-// returns nil.
-func (r *run) observeStart(ctx context.Context, info DeliveryInfo) (out context.Context) {
-	out = ctx
-	defer func() {
-		if p := recover(); p != nil {
-			out = ctx
-			r.s.log.ErrorContext(ctx, "outbox: delivery observer panicked in Start", slog.Any("panic", p))
-		}
-	}()
-	if c := r.s.cfg.Observer.Start(ctx, info); c != nil {
-		out = c
-	}
-	return out
-}
-
-// observeEnd runs the observer's End.
-func (r *run) observeEnd(ctx context.Context, info DeliveryInfo, o DeliveryOutcome) {
-	defer func() {
-		if p := recover(); p != nil {
-			r.s.log.ErrorContext(ctx, "outbox: delivery observer panicked in End", slog.Any("panic", p))
-		}
-	}()
-	r.s.cfg.Observer.End(ctx, info, o)
-}
-
-// deliveryOutcome describes a decided outcome for an observer.
-func deliveryOutcome(o outcome, herr error) DeliveryOutcome {
-	out := DeliveryOutcome{Err: herr, Delay: o.delay, Reason: o.reason, Ran: o.ran}
-	switch o.kind {
-	case kindAck:
-		out.Outcome = OutcomeAcked
-	case kindRetry:
-		out.Outcome = OutcomeRetried
-	case kindDeadLetter:
-		out.Outcome = OutcomeDeadLettered
-	case kindDrop:
-		out.Outcome = OutcomeDropped
-	default:
-		out.Outcome = fmt.Sprint("kind ", int(o.kind))
-	}
-	return out
 }

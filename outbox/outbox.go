@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxgen/outboxgen"
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/naming"
 	"github.com/outboxgen/outboxgen/internal/wakeup"
 )
 
@@ -19,8 +20,8 @@ import (
 // share it between publishers and subscribers.
 type Outbox struct {
 	pool       *pgxpool.Pool
-	naming     naming
-	sql        *sqlCache
+	naming     naming.Names
+	sql        *naming.Cache
 	migrations fstest.MapFS
 	latest     int64 // the last migration's version
 
@@ -55,22 +56,22 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Outbox, error) {
 	return &Outbox{
 		pool:       pool,
 		naming:     n,
-		sql:        &sqlCache{naming: n},
+		sql:        naming.NewCache(n),
 		migrations: migrations,
 		latest:     latest,
 	}, nil
 }
 
 // resolveNames validates cfg's names and renders the migrations for them.
-func resolveNames(cfg *Config) (naming, fstest.MapFS, error) {
+func resolveNames(cfg *Config) (naming.Names, fstest.MapFS, error) {
 	c := cfg.withDefaults()
 	n, err := newNaming(c.Schema, c.Table)
 	if err != nil {
-		return naming{}, nil, err
+		return naming.Names{}, nil, err
 	}
 	migrations, err := renderMigrations(n)
 	if err != nil {
-		return naming{}, nil, err
+		return naming.Names{}, nil, err
 	}
 	return n, migrations, nil
 }
@@ -90,19 +91,19 @@ func Migrations(cfg *Config) (fs.FS, error) {
 
 // renderMigrations renders the embedded migrations for n and checks that
 // every identifier they derive fits PostgreSQL's limit.
-func renderMigrations(n naming) (fstest.MapFS, error) {
+func renderMigrations(n naming.Names) (fstest.MapFS, error) {
 	files, err := fs.Glob(outboxgen.Migrations, path.Join(outboxgen.MigrationsDir, "*.sql"))
 	if err != nil {
 		return nil, wrapOp("list migrations", err)
 	}
 	out := make(fstest.MapFS, len(files))
-	idents := []string{n.versionTable()}
+	idents := []string{n.VersionTable()}
 	for _, f := range files {
 		src, err := fs.ReadFile(outboxgen.Migrations, f)
 		if err != nil {
 			return nil, wrapOp("read migration", err)
 		}
-		text, names, err := n.render(string(src))
+		text, names, err := n.Render(string(src))
 		if err != nil {
 			return nil, wrapOp(fmt.Sprintf("render %s", f), err)
 		}
@@ -110,35 +111,35 @@ func renderMigrations(n naming) (fstest.MapFS, error) {
 		out[path.Base(f)] = &fstest.MapFile{Data: []byte(text), Mode: 0o444}
 	}
 	for _, id := range idents {
-		if len(id) > maxIdentifierBytes {
-			return nil, &ConfigError{Field: "Config.Table", Value: n.table,
+		if len(id) > naming.MaxIdentifierBytes {
+			return nil, &ConfigError{Field: "Config.Table", Value: n.Table,
 				Rule: fmt.Sprintf("derived name %q is %d bytes; PostgreSQL identifiers are at most %d",
-					id, len(id), maxIdentifierBytes)}
+					id, len(id), naming.MaxIdentifierBytes)}
 		}
 	}
 	return out, nil
 }
 
 // Schema returns the schema that holds the outbox's tables.
-func (o *Outbox) Schema() string { return o.naming.schema }
+func (o *Outbox) Schema() string { return o.naming.Schema }
 
 // Table returns the outbox table's name, unqualified.
-func (o *Outbox) Table() string { return o.naming.table }
+func (o *Outbox) Table() string { return o.naming.Table }
 
 // DeadLetterTable returns the dead-letter table's name, unqualified.
-func (o *Outbox) DeadLetterTable() string { return o.naming.table + "_dlq" }
+func (o *Outbox) DeadLetterTable() string { return o.naming.Table + "_dlq" }
 
 // Channel returns the LISTEN/NOTIFY channel on which the outbox's trigger
 // announces new rows that are due now; each notification's payload is the
 // queue name.
-func (o *Outbox) Channel() string { return o.naming.channel() }
+func (o *Outbox) Channel() string { return o.naming.Channel() }
 
 // ScheduledChannel returns the channel on which the trigger announces rows
 // inserted to be delivered later; the payload is the queue name.
-func (o *Outbox) ScheduledChannel() string { return o.naming.scheduledChannel() }
+func (o *Outbox) ScheduledChannel() string { return o.naming.ScheduledChannel() }
 
 // queries returns the generated queries bound to conn (the pool, a
 // connection or a transaction) and to this outbox's table.
 func (o *Outbox) queries(conn db.DBTX) *db.Queries {
-	return db.New(renderedDBTX{inner: conn, cache: o.sql})
+	return db.New(naming.DBTX{Inner: conn, Cache: o.sql})
 }

@@ -2,20 +2,21 @@ package outbox
 
 import (
 	"errors"
-	"fmt"
 	"time"
+
+	"github.com/outboxgen/outboxgen/internal/engine"
 )
 
 // ErrLeaseLost is the cause of a handler's context cancellation when the
 // row's lease expired or was taken by a newer claim: the handler's outcome
 // will not be recorded, the newer delivery decides. Check it with
 // context.Cause(ctx).
-var ErrLeaseLost = errors.New("outbox: lease lost")
+var ErrLeaseLost = engine.ErrLeaseLost
 
 // ErrSubscriberStopped is the cause of a handler's context cancellation
 // when the subscriber stops and the graceful timeout has passed. The row
 // keeps its lease and is delivered again once the lease expires.
-var ErrSubscriberStopped = errors.New("outbox: subscriber stopped")
+var ErrSubscriberStopped = engine.ErrSubscriberStopped
 
 // ErrAlreadyRunning is returned by [Subscriber.Run] when the subscriber is
 // already running.
@@ -23,31 +24,12 @@ var ErrAlreadyRunning = errors.New("outbox: Subscriber.Run: already running")
 
 // RetryAfter wraps err so the row is retried after d, whatever the retry
 // strategy would say. MaxDeliveries still applies. A negative d means 0.
-func RetryAfter(err error, d time.Duration) error {
-	return &retryAfterError{err: err, delay: max(d, 0)}
-}
+func RetryAfter(err error, d time.Duration) error { return engine.RetryAfter(err, d) }
 
 // Reject wraps err so the delivery ends now, without retries: the row is
 // dead-lettered with reason rejected (or deleted when dead-lettering is
 // off).
-func Reject(err error) error { return &rejectError{err: err} }
-
-type retryAfterError struct {
-	err   error
-	delay time.Duration
-}
-
-func (e *retryAfterError) Error() string {
-	return fmt.Sprintf("retry after %v: %v", e.delay, e.err)
-}
-
-func (e *retryAfterError) Unwrap() error { return e.err }
-
-type rejectError struct{ err error }
-
-func (e *rejectError) Error() string { return fmt.Sprintf("rejected: %v", e.err) }
-
-func (e *rejectError) Unwrap() error { return e.err }
+func Reject(err error) error { return engine.Reject(err) }
 
 // Terminal reasons: the failure_reason of a dead-lettered row and the
 // Reason of the terminal and dead_lettered metric events.

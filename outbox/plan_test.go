@@ -176,3 +176,8 @@ func TestClaimCostDoesNotGrowWithKeyBacklogs(t *testing.T) {
 		t.Errorf("claim of 100 touched %d buffers over the large backlog, %d over the small one", largeBuf, smallBuf)
 	}
 }
+
+// errRow is a row whose Scan fails with err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }

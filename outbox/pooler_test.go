@@ -440,7 +440,7 @@ func TestPgBouncerMigrationLockHoldsInTransactionMode(t *testing.T) {
 	defer direct.Close(context.Background())
 	var locks int
 	if err := direct.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1
-		AND ((classid::bigint << 32) | objid::bigint) = $1`, ob.naming.lockID()).Scan(&locks); err != nil {
+		AND ((classid::bigint << 32) | objid::bigint) = $1`, ob.naming.LockID()).Scan(&locks); err != nil {
 		t.Fatal(err)
 	}
 	if locks != 0 {

@@ -3,6 +3,8 @@ package outbox
 import (
 	"fmt"
 	"log/slog"
+
+	"github.com/outboxgen/outboxgen/internal/engine"
 )
 
 // What subscribers need of the outbox's pool.
@@ -32,18 +34,10 @@ type poolUse struct {
 // poolNeed is what s needs of its pool while it runs: connections held
 // by its handlers' transactions, and at its busiest.
 func (s *core) poolNeed() (txWorkers, peak int) {
-	if s.tx {
-		return s.cfg.Workers, s.cfg.Workers + txPoolReserve
+	if s.eng.Tx {
+		return s.eng.Workers, s.eng.Workers + txPoolReserve
 	}
-	claims := 1
-	if locksRows(&s.cfg, s.ob.pool.Config().MaxConns) {
-		claims = lockedClaimsInFlight
-	}
-	peak = claims + 1 // and the acknowledger
-	if s.cfg.HeartbeatInterval > 0 {
-		peak++
-	}
-	return 0, peak
+	return 0, engine.PoolNeed(&s.eng)
 }
 
 // poolFix is the fix for a pool of too few connections.
@@ -76,21 +70,21 @@ func (s *core) takePool() (release func(), err error) {
 				"one per running handler's transaction plus %d for claims, heartbeats and outcomes, and the pool has MaxConns %d",
 				u.txWorkers-tx, u.txWorkers+txPoolReserve, txPoolReserve, maxConns)
 		}
-		return nil, &ConfigError{Field: "SubscriberConfig.Workers", Value: fmt.Sprint(s.cfg.Workers),
+		return nil, &ConfigError{Field: "SubscriberConfig.Workers", Value: fmt.Sprint(s.eng.Workers),
 			Rule: rule + ": " + poolFix(u.txWorkers+txPoolReserve) + ", or lower Workers"}
 	}
 	ob.poolUse = u
 	spare := maxConns - u.peak
 	want := u.peak
-	if !s.tx {
-		want += s.cfg.Workers
+	if !s.eng.Tx {
+		want += s.eng.Workers
 	}
 	if want > maxConns && s.poolWarned.CompareAndSwap(false, true) {
-		s.log.Warn("outbox: the pool is small for the subscribers running on it: their claims, outcomes, heartbeats and transactional handlers "+
+		s.eng.Log.Warn("outbox: the pool is small for the subscribers running on it: their claims, outcomes, heartbeats and transactional handlers "+
 			"take up to engine_conns of its pool_max_conns connections at their busiest, so handlers and publishers that use the pool "+
 			"wait for a connection; "+poolFix(want),
 			slog.Int("pool_max_conns", maxConns), slog.Int("engine_conns", u.peak), slog.Int("spare_conns", max(spare, 0)),
-			slog.Int("workers", s.cfg.Workers), slog.Int("running_subscribers", u.subscribers), slog.Int("want_max_conns", want))
+			slog.Int("workers", s.eng.Workers), slog.Int("running_subscribers", u.subscribers), slog.Int("want_max_conns", want))
 	}
 	return func() {
 		ob.poolMu.Lock()

@@ -296,7 +296,7 @@ func TestARoleWithoutGrantsCannotStallPublishersOrSleepingSubscribers(t *testing
 	if _, err := pub.Publish(bounded, e.pub.pool, "keyed", &PublishOpts{OrderingKey: "k"}); err != nil {
 		t.Errorf("a keyed publish while a role without grants holds schema 8's lock of the key: %v", err)
 	}
-	if err := e.sub.queries(e.sub.pool).Sleep(bounded, db.SleepParams{ID: newSleeper().id, Queues: []string{"q"}, ForSeconds: 60}); err != nil {
+	if err := e.sub.queries(e.sub.pool).Sleep(bounded, db.SleepParams{ID: newSleepID(), Queues: []string{"q"}, ForSeconds: 60}); err != nil {
 		t.Errorf("a sleep record while a role without grants holds schema 8's lock of the horizon: %v", err)
 	}
 }

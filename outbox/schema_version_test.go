@@ -18,6 +18,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/outboxgen/outboxgen/internal/dbx"
+	"github.com/outboxgen/outboxgen/internal/naming"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -289,12 +290,12 @@ func TestUpgradeFromSchema3KeepsRowsInEveryState(t *testing.T) {
 func TestChannelsOfTwoOutboxesNeverCollide(t *testing.T) {
 	t.Parallel()
 	seen := map[string]string{}
-	for _, c := range []naming{
-		{"public", "foo"}, {"public", "foo_scheduled"}, {"public", "foo_scheduled_scheduled"},
-		{"foo", "scheduled"}, {"foo", "bar"}, {"foo", "bar_scheduled"}, {"foo_bar", "baz"}, {"foo", "bar_baz"},
+	for _, c := range []naming.Names{
+		{Schema: "public", Table: "foo"}, {Schema: "public", Table: "foo_scheduled"}, {Schema: "public", Table: "foo_scheduled_scheduled"},
+		{Schema: "foo", Table: "scheduled"}, {Schema: "foo", Table: "bar"}, {Schema: "foo", Table: "bar_scheduled"}, {Schema: "foo_bar", Table: "baz"}, {Schema: "foo", Table: "bar_baz"},
 	} {
-		who := c.schema + "." + c.table
-		for _, ch := range []string{c.channel(), c.scheduledChannel()} {
+		who := c.Schema + "." + c.Table
+		for _, ch := range []string{c.Channel(), c.ScheduledChannel()} {
 			if other, ok := seen[ch]; ok {
 				t.Errorf("channel %q is both %s's and %s's", ch, other, who)
 			}
@@ -563,7 +564,7 @@ func TestUpgradeFromSchema7KeepsRowsAndSleepRecords(t *testing.T) {
 	rows := e.seedEveryState()
 	e.exec(`INSERT INTO outbox_locks (xid, ids, until) SELECT $1, int8multirange(int8range(min(id), max(id), '[]')), now() - interval '1 minute' FROM outbox`,
 		e.abortedXid())
-	holding := newSleeper().id
+	holding := newSleepID()
 	e.exec(`INSERT INTO outbox_sleepers (id, queues, until) VALUES
 		($1, '{q,n}', now() + interval '1 hour'),
 		(gen_random_uuid(), '{q}', '-infinity'),

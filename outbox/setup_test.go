@@ -318,3 +318,35 @@ func token(t *testing.T, r claimed) pgtype.UUID {
 
 // newToken is a lease token no claim issued.
 func newToken() pgtype.UUID { return pgtype.UUID{Bytes: uuid.New(), Valid: true} }
+
+// claimRows converts ClaimQueue's rows of queue, which have Claim's
+// columns but the queue.
+func claimRows(rows []db.ClaimQueueRow, queue string) []db.ClaimRow {
+	out := make([]db.ClaimRow, len(rows))
+	for i, r := range rows {
+		out[i] = db.ClaimRow{
+			ID: r.ID, Queue: queue, Payload: r.Payload, Headers: r.Headers, OrderingKey: r.OrderingKey, TimerID: r.TimerID,
+			CreatedAt: r.CreatedAt, AttemptsCount: r.AttemptsCount, DeliveriesCount: r.DeliveriesCount,
+			SinceFirstAttemptSeconds: r.SinceFirstAttemptSeconds,
+		}
+	}
+	return out
+}
+
+// lease names one delivery: its row and its claim's token.
+type lease struct {
+	id    int64
+	token pgtype.UUID
+}
+
+// leasesOf reads the leases a batch write returns.
+func leasesOf[R any](rows []R, pair func(R) (int64, pgtype.UUID)) []lease {
+	out := make([]lease, len(rows))
+	for i, r := range rows {
+		out[i].id, out[i].token = pair(r)
+	}
+	return out
+}
+
+// newSleepID draws the id of a sleep record.
+func newSleepID() pgtype.UUID { return newToken() }

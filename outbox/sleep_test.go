@@ -179,7 +179,7 @@ func TestSleepHorizonFollowsTheRecords(t *testing.T) {
 		}
 	}
 	exact("no records", true)
-	a, b, c := newSleeper().id, newSleeper().id, newSleeper().id
+	a, b, c := newSleepID(), newSleepID(), newSleepID()
 	e.sleepFor(e.q, a, 60)
 	exact("a asleep", false)
 	e.sleepFor(e.q, b, 120)
@@ -213,7 +213,7 @@ func TestSleepHorizonFollowsTheRecords(t *testing.T) {
 	// is the records' again.
 	ids := make([]pgtype.UUID, 8)
 	for w := range ids {
-		ids[w] = newSleeper().id
+		ids[w] = newSleepID()
 	}
 	for round := range 30 {
 		var wg sync.WaitGroup
@@ -275,7 +275,7 @@ func TestSleepHorizonNeedsNoNewPrivilege(t *testing.T) {
 		return err
 	}
 	asRole("publish, nobody asleep", publish)
-	id := newSleeper().id
+	id := newSleepID()
 	asRole("sleep", func(q *db.Queries) error {
 		return q.Sleep(e.ctx, db.SleepParams{ID: id, Queues: []string{"q"}, ForSeconds: 60})
 	})
@@ -389,7 +389,7 @@ func TestAChangeToTheSleepersAtRepeatableReadKeepsTheHorizonAtACommittedRecord(t
 			t.Parallel()
 			e := setup(t)
 			l := listen(t, e.db.URL, e.ob.Channel())
-			own := newSleeper().id
+			own := newSleepID()
 			e.sleepFor(e.q, own, 60)
 
 			tx, err := e.db.Pool.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: iso})

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/internal/engine"
 )
 
 // Defaults of [SubscriberConfig].
@@ -298,37 +301,25 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 	return r, nil
 }
 
-// settings are a resolved SubscriberConfig without its codec: what the
-// engine runs with, whatever the message type.
-type settings struct {
-	Name                                    string
-	Workers, FetchBatchSize                 int
-	MinFetchInterval, MaxFetchInterval      time.Duration
-	LeaseTTL, HeartbeatInterval, LockWindow time.Duration
-	MaxDeliveries                           int
-	Retry                                   RetryStrategy
-	DisableDeadLetter                       bool
-	GracefulTimeout                         time.Duration
-	AckBatchSize                            int
-	AckLinger, QueryTimeout                 time.Duration
-	ListenProbeInterval, ListenProbeTimeout time.Duration
-	ListenDSN                               string
-	ListenConnect                           func(ctx context.Context) (*pgx.Conn, error)
-	Metrics                                 MetricsRecorder
-	Observer                                DeliveryObserver
-	minLockedClaim                          int
-}
-
-// settings returns c's settings; c is resolved.
-func (c *SubscriberConfig[T]) settings() settings {
-	return settings{
-		Name: c.Name, Workers: c.Workers, FetchBatchSize: c.FetchBatchSize,
+// engine returns what the engine runs for a subscriber of queues on ob
+// with c, which is resolved.
+func (c *SubscriberConfig[T]) engine(ob *Outbox, queues []string) engine.Subscriber {
+	s := engine.Subscriber{
+		Name: c.Name, Queues: slices.Clone(queues), Workers: c.Workers, FetchBatchSize: c.FetchBatchSize,
 		MinFetchInterval: c.MinFetchInterval, MaxFetchInterval: c.MaxFetchInterval,
 		LeaseTTL: c.LeaseTTL, HeartbeatInterval: c.HeartbeatInterval, LockWindow: c.LockWindow,
-		MaxDeliveries: c.MaxDeliveries, Retry: c.Retry, DisableDeadLetter: c.DisableDeadLetter,
+		MaxDeliveries: c.MaxDeliveries, DisableDeadLetter: c.DisableDeadLetter,
 		GracefulTimeout: c.GracefulTimeout, AckBatchSize: c.AckBatchSize, AckLinger: c.AckLinger, QueryTimeout: c.QueryTimeout,
 		ListenProbeInterval: c.ListenProbeInterval, ListenProbeTimeout: c.ListenProbeTimeout,
-		ListenDSN: c.ListenDSN, ListenConnect: c.ListenConnect, Metrics: c.Metrics, Observer: c.Observer,
-		minLockedClaim: c.minLockedClaim,
+		ListenDSN: c.ListenDSN, ListenConnect: c.ListenConnect, MinLockedClaim: c.minLockedClaim,
+		Retry: retryOf{c.Retry}, Log: c.Logger.With(slog.String("subscriber", c.Name)),
+		Pool: ob.pool, Queries: ob.queries, Hubs: &ob.hubs, Wake: ob.wakeSource(), HandoffChannel: ob.naming.HandoffChannel(),
 	}
+	if c.Metrics != nil {
+		s.Metrics = recorderOf{c.Metrics}
+	}
+	if c.Observer != nil {
+		s.Observer = observerOf{c.Observer}
+	}
+	return s
 }

@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -31,14 +31,14 @@ type handoffs struct {
 // publisher whose commit (or rollback) frees the key.
 const handoffRetryMin = 5 * time.Millisecond
 
-// Each call of <table>_hand_off locks at most handoffMaxKeys keys, in a
+// Each call of <table>_hand_off locks at most HandoffMaxKeys keys, in a
 // transaction of its own: each lock holds a slot of PostgreSQL's shared
 // lock table (about max_locks_per_transaction × max_connections slots for
 // the whole server) until the call ends. A run of the hand-overs makes at
 // most handoffCalls calls, so a backlog of recorded keys delays the next
 // claim by little; the rest is taken up again before the claim after.
 const (
-	handoffMaxKeys = 128
+	HandoffMaxKeys = 128
 	handoffCalls   = 8
 )
 
@@ -51,7 +51,7 @@ func (r *run) handOff(ctx context.Context, q *db.Queries) {
 	h := &r.handoffs
 	now := time.Now()
 	if !h.pending.Swap(false) && (h.retryAt.IsZero() || now.Before(h.retryAt)) &&
-		now.Sub(h.swept) < r.s.cfg.MaxFetchInterval {
+		now.Sub(h.swept) < r.s.MaxFetchInterval {
 		return
 	}
 	h.retryAt, h.swept = time.Time{}, now
@@ -62,7 +62,7 @@ func (r *run) handOff(ctx context.Context, q *db.Queries) {
 	)
 	for range handoffCalls {
 		var res db.HandOffRow
-		res, err = q.HandOff(ctx, db.HandOffParams{Queues: r.s.queues, MaxKeys: handoffMaxKeys})
+		res, err = q.HandOff(ctx, db.HandOffParams{Queues: r.s.Queues, MaxKeys: HandoffMaxKeys})
 		if err != nil {
 			break
 		}
@@ -76,7 +76,7 @@ func (r *run) handOff(ctx context.Context, q *db.Queries) {
 		h.pending.Store(true)
 		return
 	case err != nil:
-		r.s.log.WarnContext(ctx, "outbox: completing ordering-key hand-overs failed; retrying", slog.Any("error", err))
+		r.s.Log.WarnContext(ctx, "outbox: completing ordering-key hand-overs failed; retrying", slog.Any("error", err))
 	case more:
 		// Keys are left that no call has tried yet: go on after the
 		// next claim.
@@ -86,7 +86,7 @@ func (r *run) handOff(ctx context.Context, q *db.Queries) {
 		h.delay = 0
 		return
 	}
-	h.delay = min(max(2*h.delay, handoffRetryMin), r.s.cfg.MaxFetchInterval)
+	h.delay = min(max(2*h.delay, handoffRetryMin), r.s.MaxFetchInterval)
 	h.retryAt = time.Now().Add(h.delay)
 }
 

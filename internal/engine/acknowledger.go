@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -47,7 +47,7 @@ type outcome struct {
 // are counted in the result. Their rows keep their leases and are
 // delivered again when the leases expire.
 func (r *run) acknowledge(ctx context.Context) (unwritten int) {
-	cfg := &r.s.cfg
+	cfg := r.s
 	var (
 		batch  []outcome
 		linger *time.Timer
@@ -117,7 +117,7 @@ func (r *run) takeQueued(batch []outcome, max int) (_ []outcome, closed bool) {
 // flushRetrying writes batch, retrying failed statements with backoff
 // while ctx lives; it returns what could not be written.
 func (r *run) flushRetrying(ctx context.Context, batch []outcome) []outcome {
-	errs := dbx.Backoff{Base: 50 * time.Millisecond, Max: min(5*time.Second, r.s.cfg.MaxFetchInterval)}
+	errs := dbx.Backoff{Base: 50 * time.Millisecond, Max: min(5*time.Second, r.s.MaxFetchInterval)}
 	for len(batch) > 0 {
 		var err error
 		if batch, err = r.flush(ctx, batch); err == nil {
@@ -127,7 +127,7 @@ func (r *run) flushRetrying(ctx context.Context, batch []outcome) []outcome {
 			return batch
 		}
 		wait := errs.Next()
-		r.s.log.ErrorContext(ctx, "outbox: writing outcomes failed; retrying",
+		r.s.Log.ErrorContext(ctx, "outbox: writing outcomes failed; retrying",
 			slog.Int("outcomes", len(batch)), slog.Any("error", err), slog.Duration("backoff", wait))
 		dbx.Sleep(ctx, wait)
 	}
@@ -255,7 +255,7 @@ func (r *run) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, error
 // refused gives up an outcome the database will not store: its row keeps
 // its lease and is delivered again when the lease expires.
 func (r *run) refused(ctx context.Context, o outcome, err error) {
-	r.s.log.ErrorContext(o.d.context(), "outbox: the database refused an outcome; the row is left to lease expiry",
+	r.s.Log.ErrorContext(o.d.context(), "outbox: the database refused an outcome; the row is left to lease expiry",
 		append(rowAttrs(o.d), slog.String("write", outcomeWrites[o.kind]), slog.String("sqlstate", dbx.SQLState(err)), slog.Any("error", err))...)
 	r.emit(MetricEvent{Name: EventWriteRefused, Queue: o.d.row.Queue, ID: o.d.row.ID, Deliveries: int(o.d.row.DeliveriesCount),
 		Reason: outcomeWrites[o.kind]})
@@ -285,7 +285,7 @@ func (r *run) report(os []outcome, matched map[lease]bool) {
 		ev := MetricEvent{Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Duration: o.ran, Reason: o.reason}
 		if matched != nil && !matched[d.lease()] {
 			ev.Name, ev.Reason = EventLeaseLost, outcomeWrites[o.kind]
-			r.s.log.WarnContext(d.context(), "outbox: lease lost before the outcome was written; the newer delivery decides",
+			r.s.Log.WarnContext(d.context(), "outbox: lease lost before the outcome was written; the newer delivery decides",
 				append(rowAttrs(d), slog.String("write", ev.Reason))...)
 			r.emit(ev)
 			continue

@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 // past the earliest scheduled row's due time. Before it waits, it records
 // that it sleeps, so that writers notify (see sleeper).
 func (r *run) fetch(ctx context.Context) {
-	cfg := &r.s.cfg
+	cfg := r.s
 	q := r.queries()
 	// A failed claim is retried at least every MaxFetchInterval, as an
 	// idle subscriber polls: after an outage or a failover the subscriber
@@ -59,11 +59,11 @@ func (r *run) fetch(ctx context.Context) {
 				continue
 			}
 			wait := errs.Next()
-			r.s.log.ErrorContext(ctx, "outbox: claim failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+			r.s.Log.ErrorContext(ctx, "outbox: claim failed; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
 			dbx.Sleep(ctx, wait)
 			continue
 		}
-		r.emit(MetricEvent{Name: EventFetched, Queue: r.s.queues[0], Count: n})
+		r.emit(MetricEvent{Name: EventFetched, Queue: r.s.Queues[0], Count: n})
 		if n > 0 {
 			idle = 0
 			r.found(ctx, q)
@@ -88,13 +88,13 @@ func newLeaseToken() (pgtype.UUID, error) {
 
 // idle waits after an empty claim, sent at claimed: the n-th in a row.
 func (r *run) idle(ctx context.Context, q *db.Queries, n int, claimed time.Time) {
-	cfg := &r.s.cfg
+	cfg := r.s
 	wait := float64(cfg.MinFetchInterval) * float64(uint64(1)<<(n-1)) * (0.75 + rand.Float64()/2)
 	d := min(time.Duration(wait), cfg.MaxFetchInterval)
-	if dueIn, err := q.NextDueIn(ctx, db.NextDueInParams{Queues: r.s.queues, SinceClaimSeconds: time.Since(claimed).Seconds()}); err == nil {
-		d = min(d, max(seconds(dueIn), 0))
+	if dueIn, err := q.NextDueIn(ctx, db.NextDueInParams{Queues: r.s.Queues, SinceClaimSeconds: time.Since(claimed).Seconds()}); err == nil {
+		d = min(d, max(dbx.Seconds(dueIn), 0))
 	} else if !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
-		r.s.log.WarnContext(ctx, "outbox: next due time unknown", slog.Any("error", err))
+		r.s.Log.WarnContext(ctx, "outbox: next due time unknown", slog.Any("error", err))
 	}
 	d = r.sleepWait(r.untilHandOff(d))
 	t := time.NewTimer(d)
@@ -120,17 +120,7 @@ func (r *run) wakeFetcher() {
 }
 
 // wants reports whether a notification payload names one of our queues.
-func (r *run) wants(queue string) bool { return slices.Contains(r.s.queues, queue) }
-
-// claimRows converts ClaimQueue's rows of queue, which have Claim's
-// columns but the queue.
-func claimRows(rows []db.ClaimQueueRow, queue string) []db.ClaimRow {
-	out := make([]db.ClaimRow, len(rows))
-	for i := range rows {
-		fillClaimRow(&out[i], &rows[i], queue)
-	}
-	return out
-}
+func (r *run) wants(queue string) bool { return slices.Contains(r.s.Queues, queue) }
 
 // fillClaimRow writes r, a row of queue, as Claim returns it.
 func fillClaimRow(c *db.ClaimRow, r *db.ClaimQueueRow, queue string) {

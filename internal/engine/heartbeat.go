@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // cause ErrLeaseLost.
 func (r *run) heartbeat(ctx context.Context) {
 	q := r.queries()
-	t := time.NewTicker(r.s.cfg.HeartbeatInterval)
+	t := time.NewTicker(r.s.HeartbeatInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -29,16 +29,16 @@ func (r *run) heartbeat(ctx context.Context) {
 			continue
 		}
 		sent := time.Now()
-		extended, err := q.ExtendLeases(ctx, db.ExtendLeasesParams{Ids: ids, Tokens: tokens, LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
+		extended, err := q.ExtendLeases(ctx, db.ExtendLeasesParams{Ids: ids, Tokens: tokens, LeaseTtlSeconds: r.s.LeaseTTL.Seconds()})
 		if err != nil {
 			if ctx.Err() == nil {
-				r.s.log.WarnContext(ctx, "outbox: heartbeat failed; leases run on", slog.Int("rows", len(ids)), slog.Any("error", err))
+				r.s.Log.WarnContext(ctx, "outbox: heartbeat failed; leases run on", slog.Int("rows", len(ids)), slog.Any("error", err))
 			}
 			continue
 		}
 		held := leasesOf(extended, func(e db.ExtendLeasesRow) (int64, pgtype.UUID) { return e.ID, e.Token })
 		for _, d := range r.leases.extended(held, ds, sent) {
-			r.s.log.WarnContext(ctx, "outbox: heartbeat found the lease taken; cancelling the handler", rowAttrs(d)...)
+			r.s.Log.WarnContext(ctx, "outbox: heartbeat found the lease taken; cancelling the handler", rowAttrs(d)...)
 			r.emit(MetricEvent{Name: EventLeaseLost, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Reason: "heartbeat"})
 		}
 	}

@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -38,16 +38,16 @@ func newClaimer(r *run) claimer {
 		return lease
 	}
 	lock := &byLock{r: r, lease: lease}
-	if r.s.cfg.minLockedClaim <= 0 {
+	if r.s.MinLockedClaim <= 0 {
 		return lock
 	}
-	return &mixed{lock: lock, lease: lease, min: r.s.cfg.minLockedClaim, last: r.s.cfg.FetchBatchSize}
+	return &mixed{lock: lock, lease: lease, min: r.s.MinLockedClaim, last: r.s.FetchBatchSize}
 }
 
-// locksRows reports whether a subscriber with cfg, on a pool of
+// locksRows reports whether a subscriber with lockWindow, on a pool of
 // maxConns connections, claims by lock at all.
-func locksRows(cfg *settings, maxConns int32) bool {
-	return cfg.LockWindow > 0 && maxConns >= minLockingPoolConns
+func locksRows(lockWindow time.Duration, maxConns int32) bool {
+	return lockWindow > 0 && maxConns >= MinLockingPoolConns
 }
 
 // mixed claims by lock while claims find many rows, else by lease.
@@ -85,18 +85,18 @@ type byLease struct {
 // the other unstarted rows.
 func (c *byLease) claim(_ context.Context, n int32) (int, error) {
 	r, sctx := c.r, c.r.writes
-	ttl := r.s.cfg.LeaseTTL.Seconds()
+	ttl := r.s.LeaseTTL.Seconds()
 	token, err := newLeaseToken()
 	if err != nil {
 		return 0, err
 	}
 	sent := time.Now()
-	if len(r.s.queues) > 1 {
-		rows, err := c.q.Claim(sctx, db.ClaimParams{Token: token, Queues: r.s.queues, MaxRows: n, LeaseTtlSeconds: ttl})
+	if len(r.s.Queues) > 1 {
+		rows, err := c.q.Claim(sctx, db.ClaimParams{Token: token, Queues: r.s.Queues, MaxRows: n, LeaseTtlSeconds: ttl})
 		r.hand(r.leases.add(r.handlerCtx, rows, token, sent))
 		return len(rows), err
 	}
-	queue := r.s.queues[0]
+	queue := r.s.Queues[0]
 	rows, err := c.q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
 	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
 	r.hand(r.leases.addEach(r.handlerCtx, len(rows), fill, token, sent))
@@ -112,8 +112,8 @@ func (c *byLease) claimExpired(n int32) (int, error) {
 		return 0, err
 	}
 	sent := time.Now()
-	rows, err := c.q.ClaimExpired(r.writes, db.ClaimExpiredParams{Queues: r.s.queues, MaxRows: n, Token: token,
-		LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
+	rows, err := c.q.ClaimExpired(r.writes, db.ClaimExpiredParams{Queues: r.s.Queues, MaxRows: n, Token: token,
+		LeaseTtlSeconds: r.s.LeaseTTL.Seconds()})
 	claimed := make([]db.ClaimRow, len(rows))
 	for i := range rows {
 		claimed[i] = db.ClaimRow(rows[i])
@@ -145,7 +145,7 @@ type byLock struct {
 }
 
 func (c *byLock) claim(ctx context.Context, n int32) (int, error) {
-	if time.Since(c.expiredTaken) >= c.r.s.cfg.MaxFetchInterval {
+	if time.Since(c.expiredTaken) >= c.r.s.MaxFetchInterval {
 		c.expiredTaken = time.Now()
 		if got, err := c.lease.claimExpired(n); err != nil || got > 0 {
 			return got, err

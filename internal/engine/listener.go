@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -12,7 +12,7 @@ func (r *run) Notified(channel, payload string) {
 	if !r.wants(payload) {
 		return
 	}
-	if channel == r.s.ob.naming.handoffChannel() {
+	if channel == r.s.HandoffChannel {
 		r.handoffs.pending.Store(true)
 	}
 	r.wakeFetcher()
@@ -26,26 +26,26 @@ func (r *run) Listening() {
 func (r *run) SetDeaf(ctx context.Context, deaf bool, waited time.Duration) {
 	if !deaf {
 		if r.deaf.Swap(false) {
-			r.s.log.InfoContext(ctx, "outbox: NOTIFY reaches the LISTEN connection again")
+			r.s.Log.InfoContext(ctx, "outbox: NOTIFY reaches the LISTEN connection again")
 		}
 		return
 	}
 	if !r.deaf.Swap(true) {
-		r.s.log.WarnContext(ctx, "outbox: a NOTIFY sent through the pool did not reach the LISTEN connection; "+
+		r.s.Log.WarnContext(ctx, "outbox: a NOTIFY sent through the pool did not reach the LISTEN connection; "+
 			"polling every MinFetchInterval to MaxFetchInterval instead. Through a pooler in transaction mode (PgBouncer) "+
 			"LISTEN never hears: give the subscriber a direct session connection (SubscriberConfig.ListenDSN)",
-			slog.Duration("waited", waited), slog.Duration("max_fetch_interval", r.s.cfg.MaxFetchInterval))
+			slog.Duration("waited", waited), slog.Duration("max_fetch_interval", r.s.MaxFetchInterval))
 	}
 }
 
 func (r *run) Lost(ctx context.Context, err error, wait time.Duration) {
-	r.s.log.WarnContext(ctx, "outbox: LISTEN connection lost; polling until it is back",
+	r.s.Log.WarnContext(ctx, "outbox: LISTEN connection lost; polling until it is back",
 		slog.Any("error", err), slog.Duration("backoff", wait))
 }
 
 func (r *run) ListenSettings() (interval, timeout, maxFetch time.Duration) {
-	c := &r.s.cfg
+	c := r.s
 	return c.ListenProbeInterval, c.ListenProbeTimeout, c.MaxFetchInterval
 }
 
-func (r *run) Logger() *slog.Logger { return r.s.log }
+func (r *run) Logger() *slog.Logger { return r.s.Log }

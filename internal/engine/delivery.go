@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // delivery is one claim of a row, from claim to outcome. The rows of one
@@ -80,16 +81,16 @@ func (d *delivery) sinceFirstAttempt() time.Duration {
 	if s == 0 {
 		return 0
 	}
-	elapsed, more := seconds(s), time.Since(d.claimed)
+	elapsed, more := dbx.Seconds(s), time.Since(d.claimed)
 	if elapsed > math.MaxInt64-more {
 		return math.MaxInt64
 	}
 	return elapsed + more
 }
 
-// attempts reads an attempt count: a negative one, written by another
+// Attempts reads an attempt count: a negative one, written by another
 // client, is 0.
-func attempts(n int32) int { return max(int(n), 0) }
+func Attempts(n int32) int { return max(int(n), 0) }
 
 // leases tracks every delivery this run holds, batch by batch, for
 // heartbeats and expiry.

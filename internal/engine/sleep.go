@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -70,7 +70,7 @@ func (r *run) found(ctx context.Context, q *db.Queries) {
 	s.until = time.Time{}
 	if err := q.Wake(ctx, s.id); err != nil && ctx.Err() == nil {
 		// The record may still hold: writers notify until it lapses.
-		r.s.log.DebugContext(ctx, "outbox: could not end the sleep record", slog.Any("error", err))
+		r.s.Log.DebugContext(ctx, "outbox: could not end the sleep record", slog.Any("error", err))
 	}
 }
 
@@ -101,17 +101,17 @@ func (r *run) asleep(ctx context.Context, q *db.Queries) bool {
 		s.xids = still
 		return ended
 	}
-	cfg := &r.s.cfg
+	cfg := r.s
 	now := time.Now()
 	if s.until.After(now.Add(cfg.MaxFetchInterval + sleepRecordSlack)) {
 		return false
 	}
 	held := s.until.After(now)
 	d := 2*cfg.MaxFetchInterval + sleepRecordSlack
-	if err := q.Sleep(ctx, db.SleepParams{ID: s.id, Queues: r.s.queues, ForSeconds: d.Seconds()}); err != nil {
+	if err := q.Sleep(ctx, db.SleepParams{ID: s.id, Queues: r.s.Queues, ForSeconds: d.Seconds()}); err != nil {
 		s.until = time.Time{}
 		if ctx.Err() == nil {
-			r.s.log.DebugContext(ctx, "outbox: could not record the subscriber's sleep; polling", slog.Any("error", err))
+			r.s.Log.DebugContext(ctx, "outbox: could not record the subscriber's sleep; polling", slog.Any("error", err))
 		}
 		return false
 	}
@@ -136,13 +136,13 @@ func (r *run) sleepWait(d time.Duration) time.Duration {
 		return d
 	}
 	d = min(d, s.poll)
-	s.poll = min(2*s.poll, r.s.cfg.MaxFetchInterval)
+	s.poll = min(2*s.poll, r.s.MaxFetchInterval)
 	return d
 }
 
 // leave removes the record when the run stops.
 func (r *run) leave() {
 	if err := r.queries().Leave(r.writes, r.sleeper.id); err != nil {
-		r.s.log.Debug("outbox: could not remove the sleep record; it lapses on its own", slog.Any("error", err))
+		r.s.Log.Debug("outbox: could not remove the sleep record; it lapses on its own", slog.Any("error", err))
 	}
 }

@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -39,10 +39,10 @@ import (
 // once: each holds a pool connection while its handlers run.
 const lockedClaimsInFlight = 2
 
-// minLockingPoolConns is the smallest pool a subscriber claims by lock
+// MinLockingPoolConns is the smallest pool a subscriber claims by lock
 // from: its claims in flight, their records and the lease path's writes
 // must not starve each other or the handlers.
-const minLockingPoolConns = 4
+const MinLockingPoolConns = 4
 
 // errClaimEnded reports that a locked claim's transaction ended (its
 // connection died) before the claim was recorded: its rows are not held.
@@ -211,9 +211,9 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 			<-r.locks
 		}
 	}()
-	timeout := r.s.cfg.QueryTimeout
+	timeout := r.s.QueryTimeout
 	bctx, cancel := context.WithTimeout(ctx, timeout)
-	tx, err := r.s.ob.pool.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	tx, err := r.s.Pool.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	cancel()
 	if err != nil {
 		return 0, err
@@ -223,8 +223,8 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 		defer cancel()
 		_ = tx.Rollback(rctx)
 	}
-	q := r.s.ob.queries(dbx.Bounded{Inner: tx, Timeout: timeout})
-	idle := r.s.cfg.LeaseTTL.Milliseconds()
+	q := r.s.Queries(dbx.Bounded{Inner: tx, Timeout: timeout})
+	idle := r.s.LeaseTTL.Milliseconds()
 	sent := time.Now()
 	got, err := c.lockRows(ctx, q, n, idle)
 	ids := make([]int64, len(got))
@@ -246,7 +246,7 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 	}
 	lower, upper := runs(ids)
 	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Lower: lower, Upper: upper,
-		LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
+		LeaseTtlSeconds: r.s.LeaseTTL.Seconds()})
 	if err == nil && !counted.Recorded {
 		err = errClaimEnded
 	}
@@ -294,11 +294,11 @@ func (r *run) endLocked(b *claimBatch, c *lockedClaim) {
 	if b == nil {
 		// Nothing was handed to a handler.
 		if _, err := r.endLockTx(c, &lockEnd{}, nil, pgtype.UUID{}); err != nil && r.ends.Err() == nil {
-			r.s.log.Warn("outbox: ending a locked claim failed", slog.Any("error", err))
+			r.s.Log.Warn("outbox: ending a locked claim failed", slog.Any("error", err))
 		}
 		return
 	}
-	window := time.NewTimer(r.s.cfg.LockWindow)
+	window := time.NewTimer(r.s.LockWindow)
 	select {
 	case <-c.settled:
 	case <-window.C:
@@ -365,7 +365,7 @@ func (r *run) endLocked(b *claimBatch, c *lockedClaim) {
 		if r.ends.Err() != nil {
 			r.lockUnwritten.Add(int64(len(kept)))
 		} else {
-			r.s.log.Warn("outbox: ending a locked claim failed; its rows are delivered again",
+			r.s.Log.Warn("outbox: ending a locked claim failed; its rows are delivered again",
 				slog.Int("rows", len(b.rows)), slog.Any("error", err))
 			r.report(kept, map[lease]bool{})
 		}
@@ -417,10 +417,10 @@ func (e *lockEnd) lease(d *delivery) {
 // transaction is rolled back: nothing was written.
 func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype.UUID) (fellBack bool, err error) {
 	ctx := r.ends
-	q := r.s.ob.queries(dbx.Bounded{Inner: c.tx, Timeout: r.s.cfg.QueryTimeout})
+	q := r.s.Queries(dbx.Bounded{Inner: c.tx, Timeout: r.s.QueryTimeout})
 	defer func() {
 		if err != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.s.cfg.QueryTimeout)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.s.QueryTimeout)
 			defer cancel()
 			_ = c.tx.Rollback(rctx)
 		}
@@ -428,7 +428,7 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype
 	if err := q.SavepointLockEnd(ctx); err != nil {
 		return false, err
 	}
-	errs := dbx.Backoff{Base: 50 * time.Millisecond, Max: min(5*time.Second, r.s.cfg.MaxFetchInterval)}
+	errs := dbx.Backoff{Base: 50 * time.Millisecond, Max: min(5*time.Second, r.s.MaxFetchInterval)}
 	for {
 		err = r.writeLockEnd(ctx, q, c, e, token)
 		if err == nil {
@@ -456,7 +456,7 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype
 			continue
 		}
 		wait := errs.Next()
-		r.s.log.ErrorContext(ctx, "outbox: ending a locked claim failed; retrying",
+		r.s.Log.ErrorContext(ctx, "outbox: ending a locked claim failed; retrying",
 			slog.Int("rows", len(e.deleted)+len(e.leased)), slog.Any("error", err), slog.Duration("backoff", wait))
 		dbx.Sleep(ctx, wait)
 	}
@@ -479,7 +479,7 @@ func (r *run) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e
 	}
 	if len(e.leased) > 0 {
 		n, err := q.LeaseLocked(ctx, db.LeaseLockedParams{Ids: e.leased, Deliveries: e.deliveries, Token: token,
-			LeaseTtlSeconds: r.s.cfg.LeaseTTL.Seconds()})
+			LeaseTtlSeconds: r.s.LeaseTTL.Seconds()})
 		if err != nil {
 			return err
 		}
@@ -517,7 +517,7 @@ const lockRounds = 4
 func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockRow, error) {
 	r := c.r
 	var past map[string]lockCursor
-	if c.lockedUpTo != nil && len(r.locks) > 1 && time.Since(c.frontLocked) < r.s.cfg.LockWindow {
+	if c.lockedUpTo != nil && len(r.locks) > 1 && time.Since(c.frontLocked) < r.s.LockWindow {
 		past = c.lockedUpTo
 	}
 	c.lockedUpTo = nil
@@ -533,7 +533,7 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 		c.frontLocked = time.Now()
 	}
 	if len(got) == int(n) {
-		c.lockedUpTo = make(map[string]lockCursor, len(r.s.queues))
+		c.lockedUpTo = make(map[string]lockCursor, len(r.s.Queues))
 		for i := range got {
 			// Within a queue the rows come in its order, so its last row is
 			// its position.
@@ -551,8 +551,8 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 // past what the claim has, in the queues that filled their share.
 func (r *run) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor) ([]db.LockRow, error) {
 	got := make([]db.LockRow, 0, n)
-	if len(r.s.queues) == 1 {
-		p := db.LockQueueParams{Queue: r.s.queues[0], MaxRows: n, IdleTimeoutMs: idle}
+	if len(r.s.Queues) == 1 {
+		p := db.LockQueueParams{Queue: r.s.Queues[0], MaxRows: n, IdleTimeoutMs: idle}
 		if c, ok := past[p.Queue]; ok {
 			p.AfterAt, p.AfterID = &c.at, &c.id
 		}
@@ -560,9 +560,9 @@ func (r *run) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, 
 	}
 	pos := maps.Clone(past)
 	if pos == nil {
-		pos = make(map[string]lockCursor, len(r.s.queues))
+		pos = make(map[string]lockCursor, len(r.s.Queues))
 	}
-	active := r.s.queues
+	active := r.s.Queues
 	for round := 0; round < lockRounds && len(active) > 0 && len(got) < int(n); round++ {
 		left := n - int32(len(got))
 		share := max(left/int32(len(active)), 1)
@@ -626,11 +626,11 @@ func deliveriesOf(os []outcome) []*delivery {
 // too: their claims read the records, which other subscribers (or a
 // restored dump) may have left.
 func (r *run) sweepLocks(ctx context.Context, q *db.Queries) {
-	if time.Since(r.locksSwept) < r.s.cfg.MaxFetchInterval {
+	if time.Since(r.locksSwept) < r.s.MaxFetchInterval {
 		return
 	}
 	r.locksSwept = time.Now()
 	if _, err := q.SweepLocks(ctx); err != nil && ctx.Err() == nil {
-		r.s.log.WarnContext(ctx, "outbox: sweeping the records of locked claims failed", slog.Any("error", err))
+		r.s.Log.WarnContext(ctx, "outbox: sweeping the records of locked claims failed", slog.Any("error", err))
 	}
 }

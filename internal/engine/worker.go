@@ -1,4 +1,4 @@
-package outbox
+package engine
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 // work hands claimed rows to the handler until ctx is done, or until
 // the forced stop abandons w inside a handler.
 func (r *run) work(ctx context.Context, w *crew.Worker) {
-	decode := r.s.calls()
+	decode := r.s.Calls()
 	for {
 		select {
 		case <-ctx.Done():
@@ -40,8 +40,8 @@ func (r *run) work(ctx context.Context, w *crew.Worker) {
 // handle runs one delivery and hands its outcome to the acknowledger. It
 // reports false when the forced stop abandoned w while the handler ran:
 // the worker must exit without a further word.
-func (r *run) handle(d *delivery, w *crew.Worker, decode func(*db.ClaimRow) (call, error)) bool {
-	cfg := &r.s.cfg
+func (r *run) handle(d *delivery, w *crew.Worker, decode func(*db.ClaimRow) (Call, error)) bool {
+	cfg := r.s
 	if !r.leases.start(d) {
 		// The lease ran out while the row waited for a worker; another
 		// claim may own it now, so leave it be.
@@ -72,10 +72,10 @@ func (r *run) handle(d *delivery, w *crew.Worker, decode func(*db.ClaimRow) (cal
 		// would.
 		return false
 	}
-	hctx, observed := d.ctx, r.s.cfg.Observer != nil
+	hctx, observed := d.ctx, r.s.Observer != nil
 	var info DeliveryInfo
 	if observed {
-		info = r.deliveryInfo(d, msg.headers())
+		info = r.deliveryInfo(d, msg.Headers())
 		hctx = r.observeStart(d.ctx, info)
 	}
 	start := time.Now()
@@ -83,10 +83,10 @@ func (r *run) handle(d *delivery, w *crew.Worker, decode func(*db.ClaimRow) (cal
 		herr error
 		res  txResult
 	)
-	if r.s.tx {
+	if r.s.Tx {
 		res, herr = r.handleInTx(hctx, d, msg)
 	} else {
-		herr = safeHandle(hctx, msg.handle)
+		herr = safeHandle(hctx, msg.Handle)
 	}
 	ran := time.Since(start)
 	if !w.Leave() {
@@ -156,7 +156,7 @@ func (r *run) decide(d *delivery, err error) outcome {
 	if rejected {
 		return outcome{kind: r.terminalKind(), reason: ReasonRejected, text: text}
 	}
-	attempt := attempts(d.row.AttemptsCount) + 1
+	attempt := Attempts(d.row.AttemptsCount) + 1
 	elapsed := d.sinceFirstAttempt()
 	var (
 		delay   time.Duration
@@ -167,12 +167,12 @@ func (r *run) decide(d *delivery, err error) outcome {
 		// RetryAfter chooses the delay; the strategy's caps still end
 		// the delivery.
 		delay = retryAfter
-		ok, problem = allowRetry(r.s.cfg.Retry, attempt, elapsed, delay, err)
+		ok, problem = r.s.Retry.Allow(attempt, elapsed, delay, err)
 	} else {
-		delay, ok, problem = nextDelay(r.s.cfg.Retry, attempt, elapsed, err)
+		delay, ok, problem = r.s.Retry.NextDelay(attempt, elapsed, err)
 	}
 	if problem != nil {
-		r.s.log.ErrorContext(d.context(), "outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
+		r.s.Log.ErrorContext(d.context(), "outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
 		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, text: dbx.StorableText(text + " (" + problem.Error() + ")")}
 	}
 	if !ok {
@@ -201,7 +201,7 @@ func classify(err error) (rejected bool, retryAfter time.Duration, forced bool) 
 }
 
 func (r *run) terminalKind() outcomeKind {
-	if r.s.cfg.DisableDeadLetter {
+	if r.s.DisableDeadLetter {
 		return kindDrop
 	}
 	return kindDeadLetter

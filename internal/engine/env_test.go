@@ -1,0 +1,140 @@
+package engine
+
+import (
+	"context"
+	"io"
+	"io/fs"
+	"log/slog"
+	"path"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/outboxgen/outboxgen"
+	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/naming"
+	"github.com/outboxgen/outboxgen/internal/pgtest"
+	"github.com/outboxgen/outboxgen/internal/wakeup"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// env is one test's outbox: the shipped migrations, as written (a table
+// named outbox), applied in a schema of its own.
+type env struct {
+	t   *testing.T
+	ctx context.Context
+	db  *pgtest.DB
+	q   *db.Queries
+	// names are the outbox's names; queries runs its statements.
+	names   naming.Names
+	queries func(db.DBTX) *db.Queries
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	d := pgtest.New(t)
+	names := naming.Names{Schema: d.Schema, Table: naming.DefaultTable}
+	files, err := fs.Glob(outboxgen.Migrations, outboxgen.MigrationsDir+"/*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := fstest.MapFS{}
+	for _, f := range files {
+		src, err := fs.ReadFile(outboxgen.Migrations, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _, err := names.Render(string(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir[path.Base(f)] = &fstest.MapFile{Data: []byte(out)}
+	}
+	sqlDB := stdlib.OpenDBFromPool(d.Pool)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(t.Context()); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	cache := naming.NewCache(names)
+	e := &env{t: t, ctx: t.Context(), db: d, names: names}
+	e.queries = func(c db.DBTX) *db.Queries { return db.New(naming.DBTX{Inner: c, Cache: cache}) }
+	e.q = e.queries(d.Pool)
+	return e
+}
+
+// publish inserts a row of queue and returns its id.
+func (e *env) publish(queue string) int64 {
+	e.t.Helper()
+	id, err := e.q.Publish(e.ctx, db.PublishParams{Queue: queue, Payload: []byte(`{}`)})
+	if err != nil {
+		e.t.Fatalf("Publish: %v", err)
+	}
+	return id
+}
+
+// subscriber returns a subscriber of queues on e's pool, with the public
+// defaults but a discarded log, a handler that succeeds and claims by
+// lock only (MinLockedClaim 0).
+func (e *env) subscriber(queues ...string) *Subscriber {
+	return &Subscriber{
+		Name: "test", Queues: queues, Workers: 4, FetchBatchSize: 100,
+		MinFetchInterval: 50 * time.Millisecond, MaxFetchInterval: 5 * time.Second,
+		LeaseTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second, LockWindow: time.Second,
+		MaxDeliveries: 25, GracefulTimeout: 30 * time.Second, AckBatchSize: 1000, AckLinger: 5 * time.Millisecond,
+		QueryTimeout: 30 * time.Second, ListenProbeInterval: 30 * time.Second, ListenProbeTimeout: 5 * time.Second,
+		Retry: noRetry{}, Log: discard(),
+		Pool: e.db.Pool, Queries: e.queries,
+		Hubs: &wakeup.Hubs{}, HandoffChannel: e.names.HandoffChannel(),
+		Wake: &wakeup.Source{
+			Dial: func(ctx context.Context, _ string, _ func(context.Context) (*pgx.Conn, error)) (*pgx.Conn, error) {
+				return pgx.ConnectConfig(ctx, e.db.Pool.Config().ConnConfig.Copy())
+			},
+			Queries: e.queries, ProbeChannel: e.names.ProbeChannel(),
+			SendProbe: func(ctx context.Context) (string, error) { return "p", e.q.NotifyProbe(ctx, "p") },
+		},
+		Calls: func() func(*db.ClaimRow) (Call, error) {
+			return func(*db.ClaimRow) (Call, error) { return okCall{}, nil }
+		},
+	}
+}
+
+// pool returns a pool of e's database with maxConns connections.
+func (e *env) pool(maxConns int32) *pgxpool.Pool {
+	e.t.Helper()
+	cfg := e.db.Pool.Config()
+	cfg.MaxConns = maxConns
+	p, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(p.Close)
+	return p
+}
+
+// noRetry ends every failed delivery.
+type noRetry struct{}
+
+func (noRetry) NextDelay(int, time.Duration, error) (time.Duration, bool, error) {
+	return 0, false, nil
+}
+func (noRetry) Allow(int, time.Duration, time.Duration, error) (bool, error) { return false, nil }
+
+// okCall is a delivery whose handler succeeds.
+type okCall struct{}
+
+func (okCall) Headers() map[string]string             { return nil }
+func (okCall) Handle(context.Context) error           { return nil }
+func (okCall) HandleTx(context.Context, pgx.Tx) error { return nil }
+func testToken(b byte) pgtype.UUID                    { return pgtype.UUID{Bytes: [16]byte{b}, Valid: true} }
+func discard() *slog.Logger                           { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
