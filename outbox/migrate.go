@@ -14,13 +14,13 @@ import (
 	"testing/fstest"
 	"time"
 
-	"github.com/outboxgen/outboxgen/db"
-	"github.com/outboxgen/outboxgen/internal/dbx"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // MigrationState is one migration and whether it is applied.

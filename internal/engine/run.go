@@ -4,15 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/outboxgen/outboxgen/internal/dbx"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/crew"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // idleLift returns the idle_in_transaction_session_timeout, in

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/outboxgen/outboxgen/internal/dbx"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // ErrTxEnded fails a transactional delivery whose [TxHandler] ended the
