@@ -7,10 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"path"
 	"slices"
-	"strconv"
-	"strings"
 	"testing/fstest"
 	"time"
 
@@ -191,16 +188,6 @@ func (o *Outbox) schemaState(ctx context.Context) (version int64, history bool, 
 		version = 1
 	}
 	return version, objs.HasHistory, nil
-}
-
-// migrationVersion parses the number a migration file name starts with.
-func migrationVersion(name string) (int64, bool) {
-	num, _, ok := strings.Cut(path.Base(name), "_")
-	if !ok {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(num, 10, 64)
-	return v, err == nil
 }
 
 // MigrateDown rolls back every applied migration, dropping the trigger, the

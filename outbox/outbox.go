@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
+	"strconv"
+	"strings"
 	"sync"
 	"testing/fstest"
 
@@ -142,4 +144,24 @@ func (o *Outbox) ScheduledChannel() string { return o.naming.ScheduledChannel() 
 // connection or a transaction) and to this outbox's table.
 func (o *Outbox) queries(conn db.DBTX) *db.Queries {
 	return db.New(naming.DBTX{Inner: conn, Cache: o.sql})
+}
+
+// poolUse is what the running subscribers of an Outbox need of its pool.
+type poolUse struct {
+	subscribers int
+	// txWorkers is the connections transactional handlers hold.
+	txWorkers int
+	// peak is the connections the subscribers use at their busiest:
+	// txWorkers, and every subscriber's claims, outcomes and heartbeats.
+	peak int
+}
+
+// migrationVersion parses the number a migration file name starts with.
+func migrationVersion(name string) (int64, bool) {
+	num, _, ok := strings.Cut(path.Base(name), "_")
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(num, 10, 64)
+	return v, err == nil
 }

@@ -86,30 +86,6 @@ type Publisher[T any] struct {
 // for queue names: 1 to QueueMaxBytes bytes of printable UTF-8.
 func ValidateQueue(name string) error { return checkQueue("queue", name) }
 
-// checkQueue enforces the queue name rule: 1 to QueueMaxBytes bytes of
-// printable UTF-8.
-func checkQueue(field, q string) error {
-	if q == "" || len(q) > QueueMaxBytes {
-		return &ConfigError{Field: field, Value: q, Rule: fmt.Sprintf("must be 1 to %d bytes; is %d", QueueMaxBytes, len(q))}
-	}
-	if !msgtype.Printable(q, true) {
-		return &ConfigError{Field: field, Value: q, Rule: "must be printable UTF-8"}
-	}
-	return nil
-}
-
-// checkQueueToRead enforces what reads of a queue need: a name the table
-// can hold, 1 to QueueMaxBytes bytes. Other clients may have written rows
-// to queues whose names break the rule for publishing and subscribing
-// (control characters, say), and an operator must still be able to look
-// at them.
-func checkQueueToRead(field, q string) error {
-	if q == "" || len(q) > QueueMaxBytes {
-		return &ConfigError{Field: field, Value: q, Rule: fmt.Sprintf("must be 1 to %d bytes; is %d", QueueMaxBytes, len(q))}
-	}
-	return nil
-}
-
 // NewPublisher returns a publisher of T messages to queue. It validates its
 // arguments and returns a *[ConfigError] naming the first one that breaks a
 // rule; it does not touch the database.
@@ -369,4 +345,28 @@ func correlationID(o *PublishOpts) string {
 		return id
 	}
 	return uuid.NewString()
+}
+
+// checkQueue enforces the queue name rule: 1 to QueueMaxBytes bytes of
+// printable UTF-8.
+func checkQueue(field, q string) error {
+	if q == "" || len(q) > QueueMaxBytes {
+		return &ConfigError{Field: field, Value: q, Rule: fmt.Sprintf("must be 1 to %d bytes; is %d", QueueMaxBytes, len(q))}
+	}
+	if !msgtype.Printable(q, true) {
+		return &ConfigError{Field: field, Value: q, Rule: "must be printable UTF-8"}
+	}
+	return nil
+}
+
+// checkQueueToRead enforces what reads of a queue need: a name the table
+// can hold, 1 to QueueMaxBytes bytes. Other clients may have written rows
+// to queues whose names break the rule for publishing and subscribing
+// (control characters, say), and an operator must still be able to look
+// at them.
+func checkQueueToRead(field, q string) error {
+	if q == "" || len(q) > QueueMaxBytes {
+		return &ConfigError{Field: field, Value: q, Rule: fmt.Sprintf("must be 1 to %d bytes; is %d", QueueMaxBytes, len(q))}
+	}
+	return nil
 }

@@ -4,14 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
-	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/engine"
 )
 
@@ -38,16 +34,6 @@ type Subscriber[T any] struct {
 	txHandler   TxHandler[T] // set by NewTxSubscriber, instead of handler
 	cfg         SubscriberConfig[T]
 	contentType string
-}
-
-// core is the untyped part of a subscriber: what the engine runs.
-type core struct {
-	ob  *Outbox
-	eng engine.Subscriber
-	// running is set while Run runs.
-	running atomic.Bool
-	// poolWarned is set once the subscriber warned that its pool is small.
-	poolWarned atomic.Bool
 }
 
 // typedCall is a decoded message and the subscriber whose handler takes
@@ -169,42 +155,6 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 	return s.core.run(ctx)
 }
 
-// run is Run once the subscriber is marked running.
-func (s *core) run(ctx context.Context) error {
-	release, err := s.takePool()
-	if err != nil {
-		return err
-	}
-	defer release()
-	if err := s.checkSchema(ctx); err != nil {
-		return err
-	}
-	return engine.Run(ctx, &s.eng)
-}
-
-// checkSchema waits until the schema can be checked, and returns a
-// *SchemaError when it is not usable. A stop while waiting returns nil.
-func (s *core) checkSchema(ctx context.Context) error {
-	errs := dbx.Backoff{Base: 100 * time.Millisecond, Max: min(30*time.Second, s.eng.MaxFetchInterval)}
-	for {
-		cctx, cancel := context.WithTimeout(ctx, s.eng.QueryTimeout)
-		err := s.ob.Check(cctx)
-		cancel()
-		var se *SchemaError
-		switch {
-		case err == nil:
-			return nil
-		case errors.As(err, &se):
-			return err
-		case ctx.Err() != nil:
-			return nil
-		}
-		wait := errs.Next()
-		s.eng.Log.ErrorContext(ctx, "outbox: cannot check the outbox schema; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
-		dbx.Sleep(ctx, wait)
-	}
-}
-
 // StopSlack is how much longer than its GracefulTimeout [Subscriber.Run]
 // may take to return after its context ends: the time to close its
 // connections and hand the last metric events to the recorder.
@@ -215,3 +165,36 @@ const StopSlack = engine.StopSlack
 // every outcome was written. Rows it counts keep their leases and are
 // delivered again when the leases expire.
 var ErrGracefulTimeout = engine.ErrGracefulTimeout
+
+// TxHandler handles one delivery inside a transaction the subscriber
+// began on the outbox's pool. Returning nil acknowledges the message in
+// that same transaction: the row is deleted (filtered by its lease, as
+// every outcome is) and the transaction commits, so the handler's writes,
+// any messages it published through tx, and the acknowledgement commit
+// together or not at all. An error, or a panic, rolls the transaction
+// back, and the retry or dead letter is recorded afterwards as for a
+// [Handler].
+//
+// The handler must not commit or roll back tx, by its methods or with SQL:
+// its Commit and Rollback return [ErrTxOwned], and a handler that ends
+// the transaction itself (tx.Exec(ctx, "ROLLBACK") or "COMMIT", directly
+// or in code it calls) is never acknowledged: its delivery fails, with
+// [ErrTxEnded] when it returned nil, else with its own error. Nested transactions (tx.Begin, savepoints) are fine, and are
+// how a handler carries on after a statement that failed: returning nil
+// from a transaction left failed fails the delivery with [ErrTxAborted].
+// ctx is cancelled as a Handler's is, with cause ErrLeaseLost when the
+// lease is lost; tx's statements then fail and nothing commits.
+type TxHandler[T any] func(ctx context.Context, tx pgx.Tx, m *Message[T]) error
+
+// ErrTxOwned is returned by Commit and Rollback of the transaction a
+// [TxHandler] is given: the subscriber ends it.
+var ErrTxOwned = errors.New("outbox: the subscriber commits or rolls back a TxHandler's transaction")
+
+// ownedTx is the transaction a TxHandler gets: the subscriber ends it.
+type ownedTx struct{ pgx.Tx }
+
+// Commit returns ErrTxOwned.
+func (ownedTx) Commit(context.Context) error { return ErrTxOwned }
+
+// Rollback returns ErrTxOwned.
+func (ownedTx) Rollback(context.Context) error { return ErrTxOwned }

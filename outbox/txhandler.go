@@ -1,39 +1,11 @@
 package outbox
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outboxgen/outboxgen/internal/engine"
 )
-
-// TxHandler handles one delivery inside a transaction the subscriber
-// began on the outbox's pool. Returning nil acknowledges the message in
-// that same transaction: the row is deleted (filtered by its lease, as
-// every outcome is) and the transaction commits, so the handler's writes,
-// any messages it published through tx, and the acknowledgement commit
-// together or not at all. An error, or a panic, rolls the transaction
-// back, and the retry or dead letter is recorded afterwards as for a
-// [Handler].
-//
-// The handler must not commit or roll back tx, by its methods or with SQL:
-// its Commit and Rollback return [ErrTxOwned], and a handler that ends
-// the transaction itself (tx.Exec(ctx, "ROLLBACK") or "COMMIT", directly
-// or in code it calls) is never acknowledged: its delivery fails, with
-// [ErrTxEnded] when it returned nil, else with its own error. Nested transactions (tx.Begin, savepoints) are fine, and are
-// how a handler carries on after a statement that failed: returning nil
-// from a transaction left failed fails the delivery with [ErrTxAborted].
-// ctx is cancelled as a Handler's is, with cause ErrLeaseLost when the
-// lease is lost; tx's statements then fail and nothing commits.
-type TxHandler[T any] func(ctx context.Context, tx pgx.Tx, m *Message[T]) error
-
-// ErrTxOwned is returned by Commit and Rollback of the transaction a
-// [TxHandler] is given: the subscriber ends it.
-var ErrTxOwned = errors.New("outbox: the subscriber commits or rolls back a TxHandler's transaction")
 
 // ErrTxEnded fails a transactional delivery whose [TxHandler] ended the
 // subscriber's transaction with SQL (ROLLBACK, COMMIT, END, ABORT): the
@@ -131,17 +103,3 @@ func NewTxSubscriber[T any](ob *Outbox, queues []string, handler TxHandler[T], c
 	s.eng.Tx = true
 	return s, nil
 }
-
-// txPoolReserve is the pool connections a transactional subscriber keeps
-// beside its handlers' transactions: a claim, a heartbeat and an outcome
-// write.
-const txPoolReserve = 3
-
-// ownedTx is the transaction a TxHandler gets: the subscriber ends it.
-type ownedTx struct{ pgx.Tx }
-
-// Commit returns ErrTxOwned.
-func (ownedTx) Commit(context.Context) error { return ErrTxOwned }
-
-// Rollback returns ErrTxOwned.
-func (ownedTx) Rollback(context.Context) error { return ErrTxOwned }

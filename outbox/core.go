@@ -1,11 +1,67 @@
 package outbox
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
+	"time"
 
+	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/engine"
 )
+
+// core is the untyped part of a subscriber: what the engine runs.
+type core struct {
+	ob  *Outbox
+	eng engine.Subscriber
+	// running is set while Run runs.
+	running atomic.Bool
+	// poolWarned is set once the subscriber warned that its pool is small.
+	poolWarned atomic.Bool
+}
+
+// run is Run once the subscriber is marked running.
+func (s *core) run(ctx context.Context) error {
+	release, err := s.takePool()
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := s.checkSchema(ctx); err != nil {
+		return err
+	}
+	return engine.Run(ctx, &s.eng)
+}
+
+// checkSchema waits until the schema can be checked, and returns a
+// *SchemaError when it is not usable. A stop while waiting returns nil.
+func (s *core) checkSchema(ctx context.Context) error {
+	errs := dbx.Backoff{Base: 100 * time.Millisecond, Max: min(30*time.Second, s.eng.MaxFetchInterval)}
+	for {
+		cctx, cancel := context.WithTimeout(ctx, s.eng.QueryTimeout)
+		err := s.ob.Check(cctx)
+		cancel()
+		var se *SchemaError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &se):
+			return err
+		case ctx.Err() != nil:
+			return nil
+		}
+		wait := errs.Next()
+		s.eng.Log.ErrorContext(ctx, "outbox: cannot check the outbox schema; retrying", slog.Any("error", err), slog.Duration("backoff", wait))
+		dbx.Sleep(ctx, wait)
+	}
+}
+
+// txPoolReserve is the pool connections a transactional subscriber keeps
+// beside its handlers' transactions: a claim, a heartbeat and an outcome
+// write.
+const txPoolReserve = 3
 
 // What subscribers need of the outbox's pool.
 //
@@ -20,16 +76,6 @@ import (
 // When those leave fewer connections than its workers, handlers that use
 // the pool (and publishers on it) wait for one: that works, slower, and
 // is logged once as a warning. The LISTEN connection is not the pool's.
-
-// poolUse is what the running subscribers of an Outbox need of its pool.
-type poolUse struct {
-	subscribers int
-	// txWorkers is the connections transactional handlers hold.
-	txWorkers int
-	// peak is the connections the subscribers use at their busiest:
-	// txWorkers, and every subscriber's claims, outcomes and heartbeats.
-	peak int
-}
 
 // poolNeed is what s needs of its pool while it runs: connections held
 // by its handlers' transactions, and at its busiest.
