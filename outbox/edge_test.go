@@ -9,8 +9,8 @@ import (
 )
 
 // The engine names its metric events, observed outcomes and terminal
-// reasons with its own constants; they are the public ones, value for
-// value. (MetricEvent, DeliveryInfo and DeliveryOutcome are converted
+// reasons, and keeps its StopSlack, with its own constants; they are the
+// public ones, value for value. (MetricEvent, DeliveryInfo and DeliveryOutcome are converted
 // from the engine's, which the compiler holds field for field.)
 func TestEngineSpeaksThePublicNames(t *testing.T) {
 	t.Parallel()
@@ -28,5 +28,8 @@ func TestEngineSpeaksThePublicNames(t *testing.T) {
 	}
 	if diff := cmp.Diff(public, internal); diff != "" {
 		t.Errorf("engine names (-public +engine):\n%s", diff)
+	}
+	if StopSlack != engine.StopSlack {
+		t.Errorf("StopSlack %v; the engine's %v", StopSlack, engine.StopSlack)
 	}
 }

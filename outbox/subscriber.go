@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -158,7 +159,7 @@ func (s *Subscriber[T]) Run(ctx context.Context) error {
 // StopSlack is how much longer than its GracefulTimeout [Subscriber.Run]
 // may take to return after its context ends: the time to close its
 // connections and hand the last metric events to the recorder.
-const StopSlack = engine.StopSlack
+const StopSlack = time.Second
 
 // ErrGracefulTimeout is wrapped by the error [Subscriber.Run] returns when
 // the graceful timeout passed before every running handler finished and
