@@ -33,12 +33,12 @@ func (s *Subscriber) idleLift(ctx context.Context) int64 {
 	return lease
 }
 
-// StopSlack is how much longer than its GracefulTimeout [Subscriber.Run]
+// StopSlack is how much longer than its GracefulTimeout outbox.Subscriber.Run
 // may take to return after its context ends: the time to close its
 // connections and hand the last metric events to the recorder.
 const StopSlack = time.Second
 
-// ErrGracefulTimeout is wrapped by the error [Subscriber.Run] returns when
+// ErrGracefulTimeout is wrapped by the error outbox.Subscriber.Run returns when
 // the graceful timeout passed before every running handler finished and
 // every outcome was written. Rows it counts keep their leases and are
 // delivered again when the leases expire.

@@ -13,7 +13,7 @@ import (
 	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
-// ErrTxEnded fails a transactional delivery whose [TxHandler] ended the
+// ErrTxEnded fails a transactional delivery whose outbox.TxHandler ended the
 // subscriber's transaction with SQL (ROLLBACK, COMMIT, END, ABORT): the
 // message is not acknowledged, since the acknowledgement could no longer
 // commit with the handler's writes, and the delivery is retried as a
@@ -23,7 +23,7 @@ import (
 // subscriber logs as an error.
 var ErrTxEnded = errors.New("outbox: the TxHandler ended its transaction with SQL; the message was not acknowledged")
 
-// ErrTxAborted fails a transactional delivery whose [TxHandler] returned
+// ErrTxAborted fails a transactional delivery whose outbox.TxHandler returned
 // nil from a transaction a failed statement had aborted: nothing of it can
 // commit, so the message is not acknowledged and the delivery is retried
 // as a handler's error is. A handler that means to carry on after a
