@@ -6,8 +6,12 @@ import (
 	"time"
 )
 
-// The run of a subscriber is its listener's member.
+// The run of a subscriber is a member of its outbox's LISTEN hub
+// (internal/wakeup): the hub tells it of notifications, reconnects and
+// deafness.
 
+// Notified wakes the fetcher for a notification about one of its queues,
+// and runs the hand-overs first when it announces one.
 func (r *run) Notified(channel, payload string) {
 	if !r.wants(payload) {
 		return
@@ -18,11 +22,15 @@ func (r *run) Notified(channel, payload string) {
 	r.wakeFetcher()
 }
 
+// Listening runs the hand-overs and claims at once after a (re)connect:
+// notifications sent while the hub was down are lost.
 func (r *run) Listening() {
 	r.handoffs.pending.Store(true)
 	r.wakeFetcher()
 }
 
+// SetDeaf records whether notifications sent through the pool reach the
+// hub, and logs when that changes.
 func (r *run) SetDeaf(ctx context.Context, deaf bool, waited time.Duration) {
 	if !deaf {
 		if r.deaf.Swap(false) {
@@ -38,14 +46,18 @@ func (r *run) SetDeaf(ctx context.Context, deaf bool, waited time.Duration) {
 	}
 }
 
+// Lost logs that the hub's connection failed.
 func (r *run) Lost(ctx context.Context, err error, wait time.Duration) {
 	r.s.Log.WarnContext(ctx, "outbox: LISTEN connection lost; polling until it is back",
 		slog.Any("error", err), slog.Duration("backoff", wait))
 }
 
+// ListenSettings are the subscriber's probe interval and timeout, and
+// its MaxFetchInterval.
 func (r *run) ListenSettings() (interval, timeout, maxFetch time.Duration) {
 	c := r.s
 	return c.ListenProbeInterval, c.ListenProbeTimeout, c.MaxFetchInterval
 }
 
+// Logger is the subscriber's logger.
 func (r *run) Logger() *slog.Logger { return r.s.Log }
