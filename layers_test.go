@@ -14,7 +14,7 @@ import (
 var layers = [][]string{
 	{"db"},
 	{"internal/dbx", "internal/crew", "internal/naming", "internal/msgtype"},
-	{"internal/wakeup"},
+	{"internal/wakeup", "internal/lease"},
 	{"internal/engine"},
 	{"outbox"},
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
 // leased publishes n rows to queue q and claims them.
@@ -69,7 +70,7 @@ func TestDeleteBatchReturnsOnlyDeletedIDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := leasesOf(got, func(r db.DeleteBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token })
+	done := lease.LeasesOf(got, func(r db.DeleteBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token })
 	if !sameLeases(done, leasesOfRows(rows[0], rows[2])) {
 		t.Errorf("deleted %v, want the leases of rows %d and %d", done, rows[0].ID, rows[2].ID)
 	}
@@ -125,7 +126,7 @@ func TestMarkPendingBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := leasesOf(got, func(r db.MarkPendingBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token })
+	done := lease.LeasesOf(got, func(r db.MarkPendingBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token })
 	if !sameLeases(done, leasesOfRows(rows[0], rows[2])) {
 		t.Errorf("updated %v, want the leases of rows %d and %d", done, rows[0].ID, rows[2].ID)
 	}
@@ -152,8 +153,8 @@ func TestExtendLeases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := leasesOf(got, func(r db.ExtendLeasesRow) (int64, pgtype.UUID) { return r.ID, r.Token })
-	if diff := cmp.Diff(leasesOfRows(rows[0]), done, cmp.AllowUnexported(lease{})); diff != "" {
+	done := lease.LeasesOf(got, func(r db.ExtendLeasesRow) (int64, pgtype.UUID) { return r.ID, r.Token })
+	if diff := cmp.Diff(leasesOfRows(rows[0]), done); diff != "" {
 		t.Errorf("extended (-want +got):\n%s", diff)
 	}
 	// 15 s later by the lease's clock, only the unextended row has expired.

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
-	"github.com/outboxgen/outboxgen/internal/engine"
+	"github.com/outboxgen/outboxgen/internal/lease"
 	"github.com/outboxgen/outboxgen/internal/msgtype"
 )
 
@@ -146,7 +146,7 @@ func readHeaders(hc *headerCache, raw []byte) (map[string]string, json.RawMessag
 // published as another type than T.
 func decodeMessage[T any](m *Message[T], c Codec[T], contentType string, row *db.ClaimRow, hc *headerCache) error {
 	*m = Message[T]{
-		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: engine.Attempts(row.AttemptsCount),
+		ID: row.ID, Queue: row.Queue, Deliveries: int(row.DeliveriesCount), Attempts: lease.Attempts(row.AttemptsCount),
 		CreatedAt: row.CreatedAt,
 	}
 	if row.OrderingKey != nil {

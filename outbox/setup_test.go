@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/dbx"
+	"github.com/outboxgen/outboxgen/internal/lease"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -294,18 +295,18 @@ func tokens(rows ...claimed) []pgtype.UUID {
 }
 
 // leasesOfRows returns the leases of rows, in order.
-func leasesOfRows(rows ...claimed) []lease {
-	out := make([]lease, len(rows))
+func leasesOfRows(rows ...claimed) []lease.Lease {
+	out := make([]lease.Lease, len(rows))
 	for i, r := range rows {
-		out[i] = lease{r.ID, r.AcquiredToken}
+		out[i] = lease.Lease{ID: r.ID, Token: r.AcquiredToken}
 	}
 	return out
 }
 
 // sameLeases reports whether got and want hold the same leases in any
 // order.
-func sameLeases(got, want []lease) bool {
-	return cmp.Equal(got, want, cmp.AllowUnexported(lease{}), cmpopts.SortSlices(func(a, b lease) bool { return a.id < b.id }))
+func sameLeases(got, want []lease.Lease) bool {
+	return cmp.Equal(got, want, cmpopts.SortSlices(func(a, b lease.Lease) bool { return a.ID < b.ID }))
 }
 
 func token(t *testing.T, r claimed) pgtype.UUID {
@@ -329,21 +330,6 @@ func claimRows(rows []db.ClaimQueueRow, queue string) []db.ClaimRow {
 			CreatedAt: r.CreatedAt, AttemptsCount: r.AttemptsCount, DeliveriesCount: r.DeliveriesCount,
 			SinceFirstAttemptSeconds: r.SinceFirstAttemptSeconds,
 		}
-	}
-	return out
-}
-
-// lease names one delivery: its row and its claim's token.
-type lease struct {
-	id    int64
-	token pgtype.UUID
-}
-
-// leasesOf reads the leases a batch write returns.
-func leasesOf[R any](rows []R, pair func(R) (int64, pgtype.UUID)) []lease {
-	out := make([]lease, len(rows))
-	for i, r := range rows {
-		out[i].id, out[i].token = pair(r)
 	}
 	return out
 }

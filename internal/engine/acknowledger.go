@@ -10,30 +10,8 @@ import (
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/dbx"
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
-
-type outcomeKind int
-
-const (
-	kindAck        outcomeKind = iota // delete: the handler succeeded
-	kindRetry                         // reschedule after delay
-	kindDeadLetter                    // move to the dead-letter table
-	kindDrop                          // delete a terminal row (no DLQ)
-)
-
-// outcomeWrites names each kind's write in logs and lease_lost events.
-var outcomeWrites = [...]string{"ack", "retry", "dead_letter", "delete"}
-
-// outcome is what became of one delivery.
-type outcome struct {
-	d         *delivery
-	kind      outcomeKind
-	delay     time.Duration // kindRetry
-	reason    string        // kindDeadLetter, kindDrop
-	text      string        // the error's storable text (errorText)
-	attempted bool          // the handler ran
-	ran       time.Duration // how long it ran
-}
 
 // acknowledge writes outcomes in batches, flushing when a batch holds
 // AckBatchSize outcomes or its oldest is AckLinger old, until outcomes is
@@ -49,7 +27,7 @@ type outcome struct {
 func (r *run) acknowledge(ctx context.Context) (unwritten int) {
 	cfg := r.s
 	var (
-		batch  []outcome
+		batch  []lease.Outcome
 		linger *time.Timer
 		due    <-chan time.Time
 	)
@@ -73,7 +51,7 @@ func (r *run) acknowledge(ctx context.Context) (unwritten int) {
 				continue
 			}
 			batch = append(batch, o)
-			if o.d.row.OrderingKey != nil {
+			if o.D.Row.OrderingKey != nil {
 				// The row's key waits for this write: take what is
 				// already queued and write without lingering.
 				closed := false
@@ -99,7 +77,7 @@ func (r *run) acknowledge(ctx context.Context) (unwritten int) {
 // takeQueued appends the outcomes already waiting in r.outcomes to batch,
 // without blocking, until it holds max; closed reports that the channel
 // was closed (the run is ending).
-func (r *run) takeQueued(batch []outcome, max int) (_ []outcome, closed bool) {
+func (r *run) takeQueued(batch []lease.Outcome, max int) (_ []lease.Outcome, closed bool) {
 	for len(batch) < max {
 		select {
 		case o, ok := <-r.outcomes:
@@ -116,7 +94,7 @@ func (r *run) takeQueued(batch []outcome, max int) (_ []outcome, closed bool) {
 
 // flushRetrying writes batch, retrying failed statements with backoff
 // while ctx lives; it returns what could not be written.
-func (r *run) flushRetrying(ctx context.Context, batch []outcome) []outcome {
+func (r *run) flushRetrying(ctx context.Context, batch []lease.Outcome) []lease.Outcome {
 	errs := dbx.Backoff{Base: 50 * time.Millisecond, Max: min(5*time.Second, r.s.MaxFetchInterval)}
 	for len(batch) > 0 {
 		var err error
@@ -136,13 +114,13 @@ func (r *run) flushRetrying(ctx context.Context, batch []outcome) []outcome {
 
 // flush writes batch: deletes, retries and dead letters. It returns the
 // outcomes still unwritten when a statement fails.
-func (r *run) flush(ctx context.Context, batch []outcome) ([]outcome, error) {
-	var deletes, retries, dead []outcome
+func (r *run) flush(ctx context.Context, batch []lease.Outcome) ([]lease.Outcome, error) {
+	var deletes, retries, dead []lease.Outcome
 	for _, o := range batch {
-		switch o.kind {
-		case kindAck, kindDrop:
+		switch o.Kind {
+		case lease.Ack, lease.Drop:
 			deletes = append(deletes, o)
-		case kindRetry:
+		case lease.Retry:
 			retries = append(retries, o)
 		default:
 			dead = append(dead, o)
@@ -175,9 +153,9 @@ func (r *run) flush(ctx context.Context, batch []outcome) ([]outcome, error) {
 }
 
 // keyed reports whether any of os is a row with an ordering key.
-func keyed(os []outcome) bool {
+func keyed(os []lease.Outcome) bool {
 	for _, o := range os {
-		if o.d.row.OrderingKey != nil {
+		if o.D.Row.OrderingKey != nil {
 			return true
 		}
 	}
@@ -186,14 +164,14 @@ func keyed(os []outcome) bool {
 
 // writeFunc writes outcomes in one statement and returns the leases it
 // matched.
-type writeFunc func(ctx context.Context, os []outcome) ([]lease, error)
+type writeFunc func(ctx context.Context, os []lease.Outcome) ([]lease.Lease, error)
 
 // write writes os with w. When the database refuses the statement for its
 // values (isPermanent: writing them again fails the same way) it writes the
 // outcomes one by one and gives up only those it refuses, so one bad
 // outcome never holds back the others. Any other error returns os
 // unwritten.
-func (r *run) write(ctx context.Context, os []outcome, w writeFunc) ([]outcome, error) {
+func (r *run) write(ctx context.Context, os []lease.Outcome, w writeFunc) ([]lease.Outcome, error) {
 	if len(os) == 0 {
 		return nil, nil
 	}
@@ -216,30 +194,30 @@ func (r *run) write(ctx context.Context, os []outcome, w writeFunc) ([]outcome, 
 	return nil, nil
 }
 
-func (r *run) writeDeletes(ctx context.Context, os []outcome) ([]lease, error) {
+func (r *run) writeDeletes(ctx context.Context, os []lease.Outcome) ([]lease.Lease, error) {
 	ids, tokens := leaseArgs(os)
 	rows, err := r.queries().DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids, Tokens: tokens})
-	return leasesOf(rows, func(r db.DeleteBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token }), err
+	return lease.LeasesOf(rows, func(r db.DeleteBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token }), err
 }
 
-func (r *run) writeRetries(ctx context.Context, os []outcome) ([]lease, error) {
+func (r *run) writeRetries(ctx context.Context, os []lease.Outcome) ([]lease.Lease, error) {
 	ids, tokens := leaseArgs(os)
 	delays := make([]float64, len(os))
 	texts := make([]string, len(os))
 	for i, o := range os {
-		delays[i], texts[i] = o.delay.Seconds(), o.text
+		delays[i], texts[i] = o.Delay.Seconds(), o.Text
 	}
 	rows, err := r.queries().MarkPendingBatchWithLease(ctx, db.MarkPendingBatchWithLeaseParams{
 		Ids: ids, Tokens: tokens, DelaySeconds: delays, LastErrors: texts})
-	return leasesOf(rows, func(r db.MarkPendingBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token }), err
+	return lease.LeasesOf(rows, func(r db.MarkPendingBatchWithLeaseRow) (int64, pgtype.UUID) { return r.ID, r.Token }), err
 }
 
 // writeDeadLetter moves one row to the dead-letter table. Should the
 // database refuse the error text, the row goes with a placeholder instead.
-func (r *run) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, error) {
+func (r *run) writeDeadLetter(ctx context.Context, os []lease.Outcome) ([]lease.Lease, error) {
 	o := os[0]
 	q := r.queries()
-	p := db.DeadLetterWithLeaseParams{ID: o.d.row.ID, Token: o.d.token, Attempted: o.attempted, Reason: o.reason, LastError: &o.text}
+	p := db.DeadLetterWithLeaseParams{ID: o.D.Row.ID, Token: o.D.Token, Attempted: o.Attempted, Reason: o.Reason, LastError: &o.Text}
 	n, err := q.DeadLetterWithLease(ctx, p)
 	if dbx.IsPermanent(err) {
 		placeholder := fmt.Sprintf("(the error text could not be stored: SQLSTATE %s)", dbx.SQLState(err))
@@ -249,26 +227,26 @@ func (r *run) writeDeadLetter(ctx context.Context, os []outcome) ([]lease, error
 	if err != nil || n == 0 {
 		return nil, err
 	}
-	return []lease{o.d.lease()}, nil
+	return []lease.Lease{o.D.Lease()}, nil
 }
 
 // refused gives up an outcome the database will not store: its row keeps
 // its lease and is delivered again when the lease expires.
-func (r *run) refused(ctx context.Context, o outcome, err error) {
-	r.s.Log.ErrorContext(o.d.context(), "outbox: the database refused an outcome; the row is left to lease expiry",
-		append(rowAttrs(o.d), slog.String("write", outcomeWrites[o.kind]), slog.String("sqlstate", dbx.SQLState(err)), slog.Any("error", err))...)
-	r.emit(MetricEvent{Name: EventWriteRefused, Queue: o.d.row.Queue, ID: o.d.row.ID, Deliveries: int(o.d.row.DeliveriesCount),
-		Reason: outcomeWrites[o.kind]})
+func (r *run) refused(ctx context.Context, o lease.Outcome, err error) {
+	r.s.Log.ErrorContext(o.D.Context(), "outbox: the database refused an outcome; the row is left to lease expiry",
+		append(rowAttrs(o.D), slog.String("write", lease.Writes[o.Kind]), slog.String("sqlstate", dbx.SQLState(err)), slog.Any("error", err))...)
+	r.emit(MetricEvent{Name: EventWriteRefused, Queue: o.D.Row.Queue, ID: o.D.Row.ID, Deliveries: int(o.D.Row.DeliveriesCount),
+		Reason: lease.Writes[o.Kind]})
 }
 
 // landed emits the metrics and logs of written outcomes; done are the
 // leases the write matched, and any other delivery lost its lease.
-func (r *run) landed(os []outcome, done []lease) {
+func (r *run) landed(os []lease.Outcome, done []lease.Lease) {
 	// A write returns only leases it was given, and the deliveries of os
 	// are distinct: when it returns as many as it was given, all matched.
-	var matched map[lease]bool
+	var matched map[lease.Lease]bool
 	if len(done) < len(os) {
-		matched = make(map[lease]bool, len(done))
+		matched = make(map[lease.Lease]bool, len(done))
 		for _, l := range done {
 			matched[l] = true
 		}
@@ -279,39 +257,39 @@ func (r *run) landed(os []outcome, done []lease) {
 // report emits the metrics and logs of outcomes whose writes landed: all
 // of os when matched is nil, else those whose lease it holds; any other
 // lost its lease.
-func (r *run) report(os []outcome, matched map[lease]bool) {
+func (r *run) report(os []lease.Outcome, matched map[lease.Lease]bool) {
 	for _, o := range os {
-		d := o.d
-		ev := MetricEvent{Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Duration: o.ran, Reason: o.reason}
-		if matched != nil && !matched[d.lease()] {
-			ev.Name, ev.Reason = EventLeaseLost, outcomeWrites[o.kind]
-			r.s.Log.WarnContext(d.context(), "outbox: lease lost before the outcome was written; the newer delivery decides",
+		d := o.D
+		ev := MetricEvent{Queue: d.Row.Queue, ID: d.Row.ID, Deliveries: int(d.Row.DeliveriesCount), Duration: o.Ran, Reason: o.Reason}
+		if matched != nil && !matched[d.Lease()] {
+			ev.Name, ev.Reason = EventLeaseLost, lease.Writes[o.Kind]
+			r.s.Log.WarnContext(d.Context(), "outbox: lease lost before the outcome was written; the newer delivery decides",
 				append(rowAttrs(d), slog.String("write", ev.Reason))...)
 			r.emit(ev)
 			continue
 		}
-		switch o.kind {
-		case kindAck:
+		switch o.Kind {
+		case lease.Ack:
 			ev.Name = EventAcked
-		case kindRetry:
-			ev.Name, ev.Delay = EventRetried, o.delay
-			r.logs.note(d, "retried", o.text)
-		case kindDeadLetter:
+		case lease.Retry:
+			ev.Name, ev.Delay = EventRetried, o.Delay
+			r.logs.note(d, "retried", o.Text)
+		case lease.DeadLetter:
 			ev.Name = EventDeadLettered
-			r.logs.note(d, "dead_lettered:"+o.reason, o.text)
-		case kindDrop:
+			r.logs.note(d, "dead_lettered:"+o.Reason, o.Text)
+		case lease.Drop:
 			ev.Name = EventTerminal
-			r.logs.note(d, "deleted:"+o.reason, o.text)
+			r.logs.note(d, "deleted:"+o.Reason, o.Text)
 		}
 		r.emit(ev)
 	}
 }
 
-func leaseArgs(os []outcome) ([]int64, []pgtype.UUID) {
+func leaseArgs(os []lease.Outcome) ([]int64, []pgtype.UUID) {
 	ids := make([]int64, len(os))
 	tokens := make([]pgtype.UUID, len(os))
 	for i, o := range os {
-		ids[i], tokens[i] = o.d.row.ID, o.d.token
+		ids[i], tokens[i] = o.D.Row.ID, o.D.Token
 	}
 	return ids, tokens
 }

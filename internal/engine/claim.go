@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
 // claimer takes rows of the run's queues for its workers. claim puts up
@@ -93,13 +94,13 @@ func (c *byLease) claim(_ context.Context, n int32) (int, error) {
 	sent := time.Now()
 	if len(r.s.Queues) > 1 {
 		rows, err := c.q.Claim(sctx, db.ClaimParams{Token: token, Queues: r.s.Queues, MaxRows: n, LeaseTtlSeconds: ttl})
-		r.hand(r.leases.add(r.handlerCtx, rows, token, sent))
+		r.hand(r.leases.Add(r.handlerCtx, rows, token, sent))
 		return len(rows), err
 	}
 	queue := r.s.Queues[0]
 	rows, err := c.q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
 	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
-	r.hand(r.leases.addEach(r.handlerCtx, len(rows), fill, token, sent))
+	r.hand(r.leases.AddEach(r.handlerCtx, len(rows), fill, token, sent))
 	return len(rows), err
 }
 
@@ -118,12 +119,12 @@ func (c *byLease) claimExpired(n int32) (int, error) {
 	for i := range rows {
 		claimed[i] = db.ClaimRow(rows[i])
 	}
-	r.hand(r.leases.add(r.handlerCtx, claimed, token, sent))
+	r.hand(r.leases.Add(r.handlerCtx, claimed, token, sent))
 	return len(rows), err
 }
 
 // hand puts claimed rows in buf for the workers.
-func (r *run) hand(ds []*delivery) {
+func (r *run) hand(ds []*lease.Delivery) {
 	for _, d := range ds {
 		r.buf <- d
 	}

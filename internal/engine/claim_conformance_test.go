@@ -58,7 +58,7 @@ func heldIDs(r *run) []int64 {
 	for {
 		select {
 		case d := <-r.buf:
-			ids = append(ids, d.row.ID)
+			ids = append(ids, d.Row.ID)
 		default:
 			slices.Sort(ids)
 			return ids

@@ -8,12 +8,13 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
 // heartbeat moves, every HeartbeatInterval, the expiry of every lease this
 // run holds to LeaseTTL from now, in one statement. A delivery the
 // statement misses lost its lease: its handler's context is cancelled with
-// cause ErrLeaseLost.
+// cause lease.ErrLeaseLost.
 func (r *run) heartbeat(ctx context.Context) {
 	q := r.queries()
 	t := time.NewTicker(r.s.HeartbeatInterval)
@@ -24,7 +25,7 @@ func (r *run) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		ds, ids, tokens := r.leases.snapshot()
+		ds, ids, tokens := r.leases.Snapshot()
 		if len(ids) == 0 {
 			continue
 		}
@@ -36,10 +37,10 @@ func (r *run) heartbeat(ctx context.Context) {
 			}
 			continue
 		}
-		held := leasesOf(extended, func(e db.ExtendLeasesRow) (int64, pgtype.UUID) { return e.ID, e.Token })
-		for _, d := range r.leases.extended(held, ds, sent) {
+		held := lease.LeasesOf(extended, func(e db.ExtendLeasesRow) (int64, pgtype.UUID) { return e.ID, e.Token })
+		for _, d := range r.leases.Extended(held, ds, sent) {
 			r.s.Log.WarnContext(ctx, "outbox: heartbeat found the lease taken; cancelling the handler", rowAttrs(d)...)
-			r.emit(MetricEvent{Name: EventLeaseLost, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Reason: "heartbeat"})
+			r.emit(MetricEvent{Name: EventLeaseLost, Queue: d.Row.Queue, ID: d.Row.ID, Deliveries: int(d.Row.DeliveriesCount), Reason: "heartbeat"})
 		}
 	}
 }

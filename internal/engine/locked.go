@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/dbx"
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
 // Claims by row lock (SubscriberConfig.LockWindow, migration 7).
@@ -67,23 +68,23 @@ type lockedClaim struct {
 	stopWatching func()
 
 	mu   sync.Mutex
-	open bool      // outcomes are kept here, to be written at the end
-	left int       // rows not settled
-	kept []outcome // outcomes of settled rows
+	open bool            // outcomes are kept here, to be written at the end
+	left int             // rows not settled
+	kept []lease.Outcome // outcomes of settled rows
 	// late are the outcomes of rows settled while the end was written:
 	// they go the lease path's way once its transaction has ended, as a
 	// write that ran before the commit would not see the end's lease.
-	late  []outcome
+	late  []lease.Outcome
 	ended bool // the end's transaction has ended: outcomes go at once
 	// settled is closed when every row has an outcome or was given up.
 	settled chan struct{}
 }
 
-// keep keeps o, the outcome of a row of the claim, for the claim's end,
+// Keep keeps o, the outcome of a row of the claim, for the claim's end,
 // or, while the end is being written, for after it (see ended); false
 // means the claim has ended and o goes the lease path's way (its row was
-// leased by then: o.d.token is the lease's).
-func (c *lockedClaim) keep(o outcome) bool {
+// leased by then: o.D.Token is the lease's).
+func (c *lockedClaim) Keep(o lease.Outcome) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ended {
@@ -94,28 +95,28 @@ func (c *lockedClaim) keep(o outcome) bool {
 		return true
 	}
 	c.kept = append(c.kept, o)
-	o.d.settled = true
+	o.D.Settled = true
 	c.settle()
 	return true
 }
 
-// giveUp gives up d, a row no handler started (the subscriber is
+// GiveUp gives up d, a row no handler started (the subscriber is
 // stopping): the claim's end leaves it unwritten, so its lock is released
 // at commit. False means the claim has ended and d holds a written lease.
-func (c *lockedClaim) giveUp(d *delivery) bool {
+func (c *lockedClaim) GiveUp(d *lease.Delivery) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.open {
 		return false
 	}
-	d.settled = true
+	d.Settled = true
 	c.settle()
 	return true
 }
 
 // endWritten marks the end's transaction ended (committed or rolled
 // back) and returns the outcomes kept meanwhile, for the lease path.
-func (c *lockedClaim) endWritten() []outcome {
+func (c *lockedClaim) endWritten() []lease.Outcome {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.ended = true
@@ -165,7 +166,7 @@ func (c *lockedClaim) countAborted(ids []int64, counted db.RecordLockRow) (hande
 // cut), the claim's locks are gone, so b's handlers are cancelled at once
 // and its rows that have not started never do. stopWatching ends it
 // before the connection is used again.
-func (c *lockedClaim) watch(b *claimBatch) {
+func (c *lockedClaim) watch(b *lease.Batch) {
 	ctx, stop := context.WithCancel(context.Background())
 	watched := make(chan struct{})
 	c.stopWatching = func() {
@@ -181,7 +182,7 @@ func (c *lockedClaim) watch(b *claimBatch) {
 				return
 			}
 			if err != nil {
-				b.cancel(ErrLeaseLost)
+				b.Cancel(lease.ErrLeaseLost)
 				close(c.dead)
 				return
 			}
@@ -266,7 +267,7 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 		}
 	}
 	lc.left = handed
-	lc.kept = make([]outcome, 0, handed)
+	lc.kept = make([]lease.Outcome, 0, handed)
 	if handed == 0 {
 		// Every row is still held by an aborted claim whose handlers may
 		// run: give them all back.
@@ -275,12 +276,12 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 		go r.endLocked(nil, lc)
 		return 0, nil
 	}
-	ds := r.leases.addEach(r.handlerCtx, handed, fill, pgtype.UUID{}, sent)
-	ds[0].batch.locked = lc
+	ds := r.leases.AddEach(r.handlerCtx, handed, fill, pgtype.UUID{}, sent)
+	ds[0].Batch.Hold = lc
 	started = true
-	lc.watch(ds[0].batch)
+	lc.watch(ds[0].Batch)
 	r.lockEnds.Add(1)
-	go r.endLocked(ds[0].batch, lc)
+	go r.endLocked(ds[0].Batch, lc)
 	r.hand(ds)
 	return len(ds), nil
 }
@@ -288,7 +289,7 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 // endLocked ends the locked claim c of batch b when every row is settled,
 // LockWindow has passed, or the subscriber stops, and frees its place
 // among the claims in flight.
-func (r *run) endLocked(b *claimBatch, c *lockedClaim) {
+func (r *run) endLocked(b *lease.Batch, c *lockedClaim) {
 	defer r.lockEnds.Done()
 	defer func() { <-r.locks }()
 	if b == nil {
@@ -314,22 +315,22 @@ func (r *run) endLocked(b *claimBatch, c *lockedClaim) {
 	kept := c.kept
 	var (
 		e     = lockEnd{deleted: make([]int64, 0, len(kept))}
-		later []outcome                       // failures the lease path writes
-		done  = make([]outcome, 0, len(kept)) // acknowledgements and terminal deletes
+		later []lease.Outcome                       // failures the lease path writes
+		done  = make([]lease.Outcome, 0, len(kept)) // acknowledgements and terminal deletes
 	)
 	for _, o := range kept {
-		switch o.kind {
-		case kindAck, kindDrop:
-			e.deleted = append(e.deleted, o.d.row.ID)
+		switch o.Kind {
+		case lease.Ack, lease.Drop:
+			e.deleted = append(e.deleted, o.D.Row.ID)
 			done = append(done, o)
 		default:
-			e.lease(o.d)
+			e.lease(o.D)
 			later = append(later, o)
 		}
 	}
-	var unsettled []*delivery
-	for _, d := range b.rows {
-		if !d.settled {
+	var unsettled []*lease.Delivery
+	for _, d := range b.Rows {
+		if !d.Settled {
 			unsettled = append(unsettled, d)
 		}
 	}
@@ -339,7 +340,7 @@ func (r *run) endLocked(b *claimBatch, c *lockedClaim) {
 	// it, and before the claim's handlers learn it has ended: should the
 	// end fall back to leasing every row, the acknowledged ones are
 	// written with it too.
-	running := r.leases.leaseStarted(unsettled, deliveriesOf(kept), token)
+	running := r.leases.LeaseStarted(unsettled, deliveriesOf(kept), token)
 	for _, d := range running {
 		e.lease(d)
 	}
@@ -348,10 +349,10 @@ func (r *run) endLocked(b *claimBatch, c *lockedClaim) {
 	// keeps its count there, for the claim that takes it next.
 	handed := make(map[int64]bool, len(kept)+len(running))
 	for _, o := range kept {
-		handed[o.d.row.ID] = true
+		handed[o.D.Row.ID] = true
 	}
 	for _, d := range running {
-		handed[d.row.ID] = true
+		handed[d.Row.ID] = true
 	}
 	c.aborted = slices.DeleteFunc(c.aborted, func(id int64) bool { return !handed[id] })
 	c.mu.Unlock()
@@ -366,18 +367,18 @@ func (r *run) endLocked(b *claimBatch, c *lockedClaim) {
 			r.lockUnwritten.Add(int64(len(kept)))
 		} else {
 			r.s.Log.Warn("outbox: ending a locked claim failed; its rows are delivered again",
-				slog.Int("rows", len(b.rows)), slog.Any("error", err))
-			r.report(kept, map[lease]bool{})
+				slog.Int("rows", len(b.Rows)), slog.Any("error", err))
+			r.report(kept, map[lease.Lease]bool{})
 		}
 		// Nothing was written: the rows are free again, and the handlers
 		// still running hold no lease.
-		b.cancel(ErrLeaseLost)
+		b.Cancel(lease.ErrLeaseLost)
 		for _, o := range c.endWritten() {
 			r.outcomes <- o
 		}
 		return
 	}
-	r.leases.renew(b, sent)
+	r.leases.Renew(b, sent)
 	if fellBack {
 		later = kept
 	} else {
@@ -399,9 +400,9 @@ type lockEnd struct {
 }
 
 // lease adds d's row to the rows the end leases.
-func (e *lockEnd) lease(d *delivery) {
-	e.leased = append(e.leased, d.row.ID)
-	e.deliveries = append(e.deliveries, d.row.DeliveriesCount)
+func (e *lockEnd) lease(d *lease.Delivery) {
+	e.leased = append(e.leased, d.Row.ID)
+	e.deliveries = append(e.deliveries, d.Row.DeliveriesCount)
 }
 
 // endLockTx writes e, the end of locked claim c, in its transaction and
@@ -415,7 +416,7 @@ func (e *lockEnd) lease(d *delivery) {
 // outcomes the database refuses. An error that dooms the transaction, or
 // a refused fallback, ends the claim without writing. On error the
 // transaction is rolled back: nothing was written.
-func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype.UUID) (fellBack bool, err error) {
+func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []lease.Outcome, token pgtype.UUID) (fellBack bool, err error) {
 	ctx := r.ends
 	q := r.s.Queries(dbx.Bounded{Inner: c.tx, Timeout: r.s.QueryTimeout})
 	defer func() {
@@ -450,7 +451,7 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []outcome, token pgtype
 		if class == dbx.Permanent {
 			fellBack = true
 			for _, o := range done {
-				e.lease(o.d)
+				e.lease(o.D)
 			}
 			e.deleted = nil
 			continue
@@ -613,10 +614,10 @@ func runs(ids []int64) (lower, upper []int64) {
 }
 
 // deliveriesOf returns the deliveries of os.
-func deliveriesOf(os []outcome) []*delivery {
-	ds := make([]*delivery, len(os))
+func deliveriesOf(os []lease.Outcome) []*lease.Delivery {
+	ds := make([]*lease.Delivery, len(os))
 	for i, o := range os {
-		ds[i] = o.d
+		ds[i] = o.D
 	}
 	return ds
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
 // logSummaryInterval is how long per-row outcome logs of one kind are
@@ -41,8 +43,8 @@ func newLogSummary(log *slog.Logger, interval time.Duration) *logSummary {
 
 // note records one outcome of kind ("retried", "dead_lettered:<reason>",
 // "deleted:<reason>") of delivery d, with its error text.
-func (s *logSummary) note(d *delivery, kind, errText string) {
-	k := summaryKey{d.row.Queue, kind}
+func (s *logSummary) note(d *lease.Delivery, kind, errText string) {
+	k := summaryKey{d.Row.Queue, kind}
 	s.mu.Lock()
 	c, ok := s.seen[k]
 	if !ok {
@@ -57,7 +59,7 @@ func (s *logSummary) note(d *delivery, kind, errText string) {
 	s.mu.Unlock()
 	if !ok {
 		level, msg := summaryLevel(kind)
-		s.log.Log(d.context(), level, msg, append(rowAttrs(d), slog.String("outcome", kind), slog.String("error", errText))...)
+		s.log.Log(d.Context(), level, msg, append(rowAttrs(d), slog.String("outcome", kind), slog.String("error", errText))...)
 	}
 }
 

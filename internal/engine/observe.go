@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
 // DeliveryObserver is outbox.DeliveryObserver, with this package's
@@ -45,13 +47,13 @@ const (
 )
 
 // deliveryInfo describes d for an observer.
-func (r *run) deliveryInfo(d *delivery, headers map[string]string) DeliveryInfo {
+func (r *run) deliveryInfo(d *lease.Delivery, headers map[string]string) DeliveryInfo {
 	info := DeliveryInfo{
-		Subscriber: r.s.Name, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount),
-		Attempts: Attempts(d.row.AttemptsCount), Headers: headers,
+		Subscriber: r.s.Name, Queue: d.Row.Queue, ID: d.Row.ID, Deliveries: int(d.Row.DeliveriesCount),
+		Attempts: lease.Attempts(d.Row.AttemptsCount), Headers: headers,
 	}
-	if d.row.OrderingKey != nil {
-		info.OrderingKey = *d.row.OrderingKey
+	if d.Row.OrderingKey != nil {
+		info.OrderingKey = *d.Row.OrderingKey
 	}
 	return info
 }
@@ -83,19 +85,19 @@ func (r *run) observeEnd(ctx context.Context, info DeliveryInfo, o DeliveryOutco
 }
 
 // deliveryOutcome describes a decided outcome for an observer.
-func deliveryOutcome(o outcome, herr error) DeliveryOutcome {
-	out := DeliveryOutcome{Err: herr, Delay: o.delay, Reason: o.reason, Ran: o.ran}
-	switch o.kind {
-	case kindAck:
+func deliveryOutcome(o lease.Outcome, herr error) DeliveryOutcome {
+	out := DeliveryOutcome{Err: herr, Delay: o.Delay, Reason: o.Reason, Ran: o.Ran}
+	switch o.Kind {
+	case lease.Ack:
 		out.Outcome = OutcomeAcked
-	case kindRetry:
+	case lease.Retry:
 		out.Outcome = OutcomeRetried
-	case kindDeadLetter:
+	case lease.DeadLetter:
 		out.Outcome = OutcomeDeadLettered
-	case kindDrop:
+	case lease.Drop:
 		out.Outcome = OutcomeDropped
 	default:
-		out.Outcome = fmt.Sprint("kind ", int(o.kind))
+		out.Outcome = fmt.Sprint("kind ", int(o.Kind))
 	}
 	return out
 }

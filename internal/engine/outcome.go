@@ -4,13 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
-// ErrLeaseLost is the cause of a handler's context cancellation when the
-// row's lease expired or was taken by a newer claim: the handler's outcome
-// will not be recorded, the newer delivery decides. Check it with
-// context.Cause(ctx).
-var ErrLeaseLost = errors.New("outbox: lease lost")
+// lease.ErrLeaseLost is lease.ErrLeaseLost: see outbox.ErrLeaseLost.
+var ErrLeaseLost = lease.ErrLeaseLost
 
 // ErrSubscriberStopped is the cause of a handler's context cancellation
 // when the subscriber stops and the graceful timeout has passed. The row

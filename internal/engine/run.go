@@ -14,6 +14,7 @@ import (
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/crew"
 	"github.com/outboxgen/outboxgen/internal/dbx"
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
 // idleLift returns the idle_in_transaction_session_timeout, in
@@ -56,15 +57,15 @@ type run struct {
 	liftIdle int64
 
 	// buf holds claimed rows not yet handed to a worker.
-	buf chan *delivery
+	buf chan *lease.Delivery
 	// wake tells the fetcher to claim now (a NOTIFY, a reconnect, a retry).
 	wake chan struct{}
 	// taken tells the fetcher a worker took a row, so there is room.
 	taken chan struct{}
 	// outcomes carries handler outcomes to the acknowledger.
-	outcomes chan outcome
+	outcomes chan lease.Outcome
 
-	leases   leases
+	leases   lease.Tracker
 	handoffs handoffs
 	sleeper  sleeper // fetcher only
 	// deaf is set while a notification sent through the pool did not
@@ -76,7 +77,7 @@ type run struct {
 	logs    *logSummary
 	// unstarted holds rows a worker took after the stop began.
 	unstartedMu sync.Mutex
-	unstarted   []*delivery
+	unstarted   []*lease.Delivery
 	// handlerCtx parents every handler's context; forceStop cancels it.
 	handlerCtx context.Context
 	forceStop  context.CancelCauseFunc
@@ -131,11 +132,11 @@ func newRun(ctx context.Context, s *Subscriber) *run {
 		stopEnds:   stopEnds,
 		locks:      locks,
 		s:          s,
-		buf:        make(chan *delivery, s.FetchBatchSize),
+		buf:        make(chan *lease.Delivery, s.FetchBatchSize),
 		wake:       make(chan struct{}, 1),
 		taken:      make(chan struct{}, 1),
-		outcomes:   make(chan outcome, s.AckBatchSize*2),
-		leases:     newLeases(s.LeaseTTL),
+		outcomes:   make(chan lease.Outcome, s.AckBatchSize*2),
+		leases:     lease.NewTracker(s.LeaseTTL),
 		sleeper:    newSleeper(),
 		metrics:    newMetricsSink(s.Metrics, s.Log, s.FetchBatchSize),
 		logs:       newLogSummary(s.Log, logSummaryInterval),
@@ -207,7 +208,7 @@ func (r *run) drain(deadline time.Time) {
 		return
 	case <-t.C:
 	}
-	running := r.leases.held()
+	running := r.leases.Held()
 	r.s.Log.Warn("outbox: graceful timeout passed with handlers running; abandoning them, their rows keep their leases",
 		slog.Int("running", running), slog.Duration("graceful_timeout", r.s.GracefulTimeout))
 	r.emit(MetricEvent{Name: EventDrainTimeout, Queue: r.s.Queues[0], Count: running})
@@ -237,11 +238,11 @@ func (r *run) release() {
 	ids := make([]int64, 0, len(ds))
 	tokens := make([]pgtype.UUID, 0, len(ds))
 	for _, d := range ds {
-		r.leases.remove(d)
-		if c := d.batch.locked; c != nil && (c.giveUp(d) || r.leases.isLost(d)) {
+		r.leases.Remove(d)
+		if c := d.Batch.Hold; c != nil && (c.GiveUp(d) || r.leases.IsLost(d)) {
 			continue // its lock is released when its claim ends
 		}
-		ids, tokens = append(ids, d.row.ID), append(tokens, d.token)
+		ids, tokens = append(ids, d.Row.ID), append(tokens, d.Token)
 	}
 	if len(ids) == 0 {
 		return
@@ -262,6 +263,6 @@ func (r *run) emit(ev MetricEvent) {
 }
 
 // rowAttrs are the log attributes of every line about a row.
-func rowAttrs(d *delivery) []any {
-	return []any{slog.String("queue", d.row.Queue), slog.Int64("id", d.row.ID), slog.Int("deliveries", int(d.row.DeliveriesCount))}
+func rowAttrs(d *lease.Delivery) []any {
+	return []any{slog.String("queue", d.Row.Queue), slog.Int64("id", d.Row.ID), slog.Int("deliveries", int(d.Row.DeliveriesCount))}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/dbx"
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
 // ErrTxEnded fails a transactional delivery whose outbox.TxHandler ended the
@@ -46,7 +47,7 @@ const (
 // handleInTx runs the transactional handler for d and, when it returns
 // nil, deletes d's row in its transaction and commits. herr is the error
 // that decides the outcome of a rolled-back delivery.
-func (r *run) handleInTx(ctx context.Context, d *delivery, msg Call) (res txResult, herr error) {
+func (r *run) handleInTx(ctx context.Context, d *lease.Delivery, msg Call) (res txResult, herr error) {
 	tx, err := r.s.Pool.Begin(ctx)
 	if err != nil {
 		return txRolledBack, fmt.Errorf("outbox: beginning the handler's transaction: %w", err)
@@ -76,7 +77,7 @@ func (r *run) handleInTx(ctx context.Context, d *delivery, msg Call) (res txResu
 		} else {
 			herr = misuse
 		}
-		r.s.Log.ErrorContext(d.context(), "outbox: a transactional handler misused its transaction; the message was not acknowledged", attrs...)
+		r.s.Log.ErrorContext(d.Context(), "outbox: a transactional handler misused its transaction; the message was not acknowledged", attrs...)
 		return txRolledBack, herr
 	}
 	if herr != nil {
@@ -84,9 +85,9 @@ func (r *run) handleInTx(ctx context.Context, d *delivery, msg Call) (res txResu
 	}
 	// From here the row is ours to delete: the heartbeat lets it be, so
 	// its statement never waits on the row lock the delete takes.
-	r.leases.settle(d)
+	r.leases.Settle(d)
 	n, err := r.s.Queries(dbx.Bounded{Inner: tx, Timeout: r.s.QueryTimeout}).DeleteWithLease(ctx,
-		db.DeleteWithLeaseParams{ID: d.row.ID, Token: d.token})
+		db.DeleteWithLeaseParams{ID: d.Row.ID, Token: d.Token})
 	switch {
 	case err != nil:
 		return txRolledBack, fmt.Errorf("outbox: acknowledging in the handler's transaction: %w", err)
@@ -124,19 +125,19 @@ func txMisuse(tx pgx.Tx, herr error) error {
 // txEnded reports what became of a transactional delivery that committed
 // or lost its lease: there is no outcome left to write, so its event is
 // reported as a landed acknowledgement's, or a lost one's, would be.
-func (r *run) txEnded(hctx context.Context, d *delivery, res txResult, ran time.Duration, observed bool, info DeliveryInfo) {
-	r.leases.remove(d)
-	o := outcome{d: d, kind: kindAck, attempted: true, ran: ran}
-	var matched map[lease]bool // nil: the acknowledgement landed
+func (r *run) txEnded(hctx context.Context, d *lease.Delivery, res txResult, ran time.Duration, observed bool, info DeliveryInfo) {
+	r.leases.Remove(d)
+	o := lease.Outcome{D: d, Kind: lease.Ack, Attempted: true, Ran: ran}
+	var matched map[lease.Lease]bool // nil: the acknowledgement landed
 	out := deliveryOutcome(o, nil)
 	if res == txLeaseLost {
-		matched = map[lease]bool{}
+		matched = map[lease.Lease]bool{}
 		out = DeliveryOutcome{Outcome: OutcomeAbandoned, Err: errTxLeaseLost, Ran: ran}
-	} else if d.row.OrderingKey != nil {
+	} else if d.Row.OrderingKey != nil {
 		r.wakeFetcher() // the delete handed the key to its next row
 	}
 	if observed {
 		r.observeEnd(hctx, info, out)
 	}
-	r.report([]outcome{o}, matched)
+	r.report([]lease.Outcome{o}, matched)
 }

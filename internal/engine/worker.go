@@ -11,6 +11,7 @@ import (
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/crew"
 	"github.com/outboxgen/outboxgen/internal/dbx"
+	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
 // work hands claimed rows to the handler until ctx is done, or until
@@ -40,26 +41,26 @@ func (r *run) work(ctx context.Context, w *crew.Worker) {
 // handle runs one delivery and hands its outcome to the acknowledger. It
 // reports false when the forced stop abandoned w while the handler ran:
 // the worker must exit without a further word.
-func (r *run) handle(d *delivery, w *crew.Worker, decode func(*db.ClaimRow) (Call, error)) bool {
+func (r *run) handle(d *lease.Delivery, w *crew.Worker, decode func(*db.ClaimRow) (Call, error)) bool {
 	cfg := r.s
-	if !r.leases.start(d) {
+	if !r.leases.Start(d) {
 		// The lease ran out while the row waited for a worker; another
 		// claim may own it now, so leave it be.
-		r.leases.remove(d)
+		r.leases.Remove(d)
 		return true
 	}
-	if cfg.MaxDeliveries > 0 && int(d.row.DeliveriesCount) > cfg.MaxDeliveries {
-		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonMaxDeliveries,
-			text: fmt.Sprintf("claimed %d times; MaxDeliveries is %d", d.row.DeliveriesCount, cfg.MaxDeliveries)})
+	if cfg.MaxDeliveries > 0 && int(d.Row.DeliveriesCount) > cfg.MaxDeliveries {
+		r.finish(d, lease.Outcome{Kind: r.terminalKind(), Reason: ReasonMaxDeliveries,
+			Text: fmt.Sprintf("claimed %d times; MaxDeliveries is %d", d.Row.DeliveriesCount, cfg.MaxDeliveries)})
 		return true
 	}
-	msg, err := decode(&d.row)
+	msg, err := decode(&d.Row)
 	if err != nil {
-		r.finish(d, outcome{kind: r.terminalKind(), reason: ReasonDecodeError, text: dbx.ErrorText(err)})
+		r.finish(d, lease.Outcome{Kind: r.terminalKind(), Reason: ReasonDecodeError, Text: dbx.ErrorText(err)})
 		return true
 	}
-	r.emit(MetricEvent{Name: EventDispatched, Queue: d.row.Queue, ID: d.row.ID, Deliveries: int(d.row.DeliveriesCount), Bytes: len(d.row.Payload),
-		Age: max(time.Since(d.row.CreatedAt), 0)})
+	r.emit(MetricEvent{Name: EventDispatched, Queue: d.Row.Queue, ID: d.Row.ID, Deliveries: int(d.Row.DeliveriesCount), Bytes: len(d.Row.Payload),
+		Age: max(time.Since(d.Row.CreatedAt), 0)})
 	switch w.Enter() {
 	case crew.Stopped:
 		// The forced stop came before the handler started: the row goes
@@ -72,11 +73,11 @@ func (r *run) handle(d *delivery, w *crew.Worker, decode func(*db.ClaimRow) (Cal
 		// would.
 		return false
 	}
-	hctx, observed := d.ctx, r.s.Observer != nil
+	hctx, observed := d.Ctx, r.s.Observer != nil
 	var info DeliveryInfo
 	if observed {
 		info = r.deliveryInfo(d, msg.Headers())
-		hctx = r.observeStart(d.ctx, info)
+		hctx = r.observeStart(d.Ctx, info)
 	}
 	start := time.Now()
 	var (
@@ -104,7 +105,7 @@ func (r *run) handle(d *delivery, w *crew.Worker, decode func(*db.ClaimRow) (Cal
 		return true
 	}
 	stopped := r.handlerCtx.Err() != nil
-	lost := !stopped && r.leases.isLost(d)
+	lost := !stopped && r.leases.IsLost(d)
 	if observed && (stopped || lost) {
 		r.observeEnd(hctx, info, DeliveryOutcome{Outcome: OutcomeAbandoned, Err: herr, Ran: ran})
 	}
@@ -115,18 +116,18 @@ func (r *run) handle(d *delivery, w *crew.Worker, decode func(*db.ClaimRow) (Cal
 		// may not have reached d's context yet (a parent cancels its
 		// children one by one); hand it over first.
 		r.abandoned.Add(1)
-		d.cancel(context.Cause(r.handlerCtx))
-		r.leases.remove(d)
+		d.Cancel(context.Cause(r.handlerCtx))
+		r.leases.Remove(d)
 		return true
 	case lost:
 		// A heartbeat found the lease gone and reported it; the newer
 		// delivery decides.
-		r.leases.remove(d)
+		r.leases.Remove(d)
 		return true
 	}
 	o := r.decide(d, herr)
-	o.ran = ran
-	o.attempted = true
+	o.Ran = ran
+	o.Attempted = true
 	if observed {
 		r.observeEnd(hctx, info, deliveryOutcome(o, herr))
 	}
@@ -147,17 +148,17 @@ func safeHandle(ctx context.Context, h func(context.Context) error) (err error) 
 // decide turns a handler's result into an outcome. The error is the
 // handler's: its methods may panic (a typed nil pointer), so its text is
 // taken once, safely, and its wrappers are inspected under recover.
-func (r *run) decide(d *delivery, err error) outcome {
+func (r *run) decide(d *lease.Delivery, err error) lease.Outcome {
 	if err == nil {
-		return outcome{kind: kindAck}
+		return lease.Outcome{Kind: lease.Ack}
 	}
 	text := dbx.ErrorText(err)
 	rejected, retryAfter, forced := classify(err)
 	if rejected {
-		return outcome{kind: r.terminalKind(), reason: ReasonRejected, text: text}
+		return lease.Outcome{Kind: r.terminalKind(), Reason: ReasonRejected, Text: text}
 	}
-	attempt := Attempts(d.row.AttemptsCount) + 1
-	elapsed := d.sinceFirstAttempt()
+	attempt := lease.Attempts(d.Row.AttemptsCount) + 1
+	elapsed := d.SinceFirstAttempt()
 	var (
 		delay   time.Duration
 		ok      bool
@@ -172,13 +173,13 @@ func (r *run) decide(d *delivery, err error) outcome {
 		delay, ok, problem = r.s.Retry.NextDelay(attempt, elapsed, err)
 	}
 	if problem != nil {
-		r.s.Log.ErrorContext(d.context(), "outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
-		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, text: dbx.StorableText(text + " (" + problem.Error() + ")")}
+		r.s.Log.ErrorContext(d.Context(), "outbox: retry strategy failed; ending the delivery", append(rowAttrs(d), slog.Any("error", problem))...)
+		return lease.Outcome{Kind: r.terminalKind(), Reason: ReasonRetryExhausted, Text: dbx.StorableText(text + " (" + problem.Error() + ")")}
 	}
 	if !ok {
-		return outcome{kind: r.terminalKind(), reason: ReasonRetryExhausted, text: text}
+		return lease.Outcome{Kind: r.terminalKind(), Reason: ReasonRetryExhausted, Text: text}
 	}
-	return outcome{kind: kindRetry, delay: delay, text: text}
+	return lease.Outcome{Kind: lease.Retry, Delay: delay, Text: text}
 }
 
 // classify reports whether err wraps Reject or RetryAfter. An error whose
@@ -200,25 +201,25 @@ func classify(err error) (rejected bool, retryAfter time.Duration, forced bool) 
 	return false, 0, false
 }
 
-func (r *run) terminalKind() outcomeKind {
+func (r *run) terminalKind() lease.Kind {
 	if r.s.DisableDeadLetter {
-		return kindDrop
+		return lease.Drop
 	}
-	return kindDeadLetter
+	return lease.DeadLetter
 }
 
 // finish stops tracking d and queues its outcome.
-func (r *run) finish(d *delivery, o outcome) {
-	o.d = d
-	r.leases.remove(d)
-	if c := d.batch.locked; c != nil && c.keep(o) {
+func (r *run) finish(d *lease.Delivery, o lease.Outcome) {
+	o.D = d
+	r.leases.Remove(d)
+	if c := d.Batch.Hold; c != nil && c.Keep(o) {
 		return
 	}
 	r.outcomes <- o
 }
 
 // unstart keeps a row a worker took after the stop, for release.
-func (r *run) unstart(d *delivery) {
+func (r *run) unstart(d *lease.Delivery) {
 	r.unstartedMu.Lock()
 	r.unstarted = append(r.unstarted, d)
 	r.unstartedMu.Unlock()
