@@ -15,6 +15,7 @@ var layers = [][]string{
 	{"db"},
 	{"internal/dbx", "internal/crew", "internal/naming", "internal/msgtype"},
 	{"internal/wakeup", "internal/lease"},
+	{"internal/claim"},
 	{"internal/engine"},
 	{"outbox"},
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
-	"github.com/outboxgen/outboxgen/internal/engine"
+	"github.com/outboxgen/outboxgen/internal/claim"
 )
 
 // lockingConfig is fastConfig with a lease and a lock window long enough
@@ -301,7 +301,7 @@ func TestStalledLockedClaimFreesItsRowsAfterTheLease(t *testing.T) {
 	}
 }
 
-// A pool of fewer than engine.MinLockingPoolConns connections, or a negative
+// A pool of fewer than claim.MinLockingPoolConns connections, or a negative
 // LockWindow, makes every claim write its lease.
 func TestClaimsWriteLeasesWithoutLocking(t *testing.T) {
 	t.Parallel()
@@ -310,7 +310,7 @@ func TestClaimsWriteLeasesWithoutLocking(t *testing.T) {
 		maxConns int32
 		window   time.Duration
 	}{
-		{"small pool", engine.MinLockingPoolConns - 1, 0},
+		{"small pool", claim.MinLockingPoolConns - 1, 0},
 		{"negative LockWindow", 0, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

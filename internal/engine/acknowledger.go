@@ -138,7 +138,7 @@ func (r *run) flush(ctx context.Context, batch []lease.Outcome) ([]lease.Outcome
 	if left, err := r.write(ctx, deletes, r.writeDeletes); err != nil {
 		return append(append(left, retries...), dead...), err
 	}
-	wake = keyed(deletes)
+	wake = lease.Keyed(deletes)
 	if left, err := r.write(ctx, retries, r.writeRetries); err != nil {
 		return append(left, dead...), err
 	}
@@ -148,18 +148,8 @@ func (r *run) flush(ctx context.Context, batch []lease.Outcome) ([]lease.Outcome
 			return append(left, dead[i+1:]...), err
 		}
 	}
-	wake = wake || keyed(dead)
+	wake = wake || lease.Keyed(dead)
 	return nil, nil
-}
-
-// keyed reports whether any of os is a row with an ordering key.
-func keyed(os []lease.Outcome) bool {
-	for _, o := range os {
-		if o.D.Row.OrderingKey != nil {
-			return true
-		}
-	}
-	return false
 }
 
 // writeFunc writes outcomes in one statement and returns the leases it

@@ -13,22 +13,23 @@ import (
 	"github.com/outboxgen/outboxgen/db"
 )
 
-// The claim conformance suite at the claimer interface: each promise a
-// claim keeps, checked for each implementation (byLease, byLock) and for
-// the default mixture of them (mixed), as newClaimer chooses them. The
-// outbox package's conformance suite checks the same promises through the
-// public API, with kills, half-open connections and crashes.
+// The claim conformance suite through the engine's run: each promise a
+// claim keeps, checked for each claim.Claimer (byLease, byLock) and for
+// the default mixture of them (mixed), as claim.New chooses them from the
+// subscriber's settings. Package claim checks the promises a Claimer
+// keeps alone; the outbox package's conformance suite checks them
+// through the public API, with kills, half-open connections and crashes.
 
 // claimerKind is one claimer a subscriber can run, and how to choose it.
 type claimerKind struct {
-	name string // the claimer's type, as newClaimer returns it
+	name string // the claimer's type, as claim.New returns it
 	set  func(s *Subscriber)
 }
 
 var claimerKinds = []claimerKind{
-	{"*engine.byLease", func(s *Subscriber) { s.LockWindow = -1 }},
-	{"*engine.byLock", func(s *Subscriber) { s.MinLockedClaim = 0 }},
-	{"*engine.mixed", func(s *Subscriber) { s.MinLockedClaim = 32 }},
+	{"*claim.byLease", func(s *Subscriber) { s.LockWindow = -1 }},
+	{"*claim.byLock", func(s *Subscriber) { s.MinLockedClaim = 0 }},
+	{"*claim.mixed", func(s *Subscriber) { s.MinLockedClaim = 32 }},
 }
 
 // forEachClaimer runs test as a parallel subtest for every claimer kind,
@@ -50,46 +51,6 @@ func forEachClaimer(t *testing.T, test func(t *testing.T, e *env, sub func() *Su
 			test(t, e, sub)
 		})
 	}
-}
-
-// heldIDs returns the ids of the rows r's claims put in its buffer.
-func heldIDs(r *run) []int64 {
-	var ids []int64
-	for {
-		select {
-		case d := <-r.buf:
-			ids = append(ids, d.Row.ID)
-		default:
-			slices.Sort(ids)
-			return ids
-		}
-	}
-}
-
-// A row goes to one live claim at a time: while one claim holds rows,
-// another claimer's claim takes none of them, and takes the rest.
-func TestClaimerHandsARowToOneClaimAtATime(t *testing.T) {
-	t.Parallel()
-	forEachClaimer(t, func(t *testing.T, e *env, sub func() *Subscriber) {
-		var rows []int64
-		for range 40 {
-			rows = append(rows, e.publish("q"))
-		}
-		a, b := newRun(e.ctx, sub()), newRun(e.ctx, sub())
-		defer a.stopWrites()
-		defer b.stopWrites()
-		if n, err := a.claims.claim(e.ctx, 25); err != nil || n != 25 {
-			t.Fatalf("first claim: %d rows, %v; want 25", n, err)
-		}
-		if n, err := b.claims.claim(e.ctx, 25); err != nil || n != 15 {
-			t.Fatalf("second claim: %d rows, %v; want the 15 the first left", n, err)
-		}
-		got := append(heldIDs(a), heldIDs(b)...)
-		slices.Sort(got)
-		if !slices.Equal(got, rows) {
-			t.Errorf("the two claims hold %v; want each row once: %v", got, rows)
-		}
-	})
 }
 
 // handling records which handler ran which row when.
@@ -248,7 +209,8 @@ func TestClaimerStopGivesBackUnstartedRows(t *testing.T) {
 		}
 		other := newRun(e.ctx, sub())
 		defer other.stopWrites()
-		if n, err := other.claims.claim(e.ctx, 10); err != nil || n != 10 {
+		defer close(other.stopping)
+		if n, err := other.claims.Claim(e.ctx, 10); err != nil || n != 10 {
 			t.Errorf("after the stop another claim took %d rows, %v; want all 10", n, err)
 		}
 	})

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/claim"
 	"github.com/outboxgen/outboxgen/internal/wakeup"
 )
 
@@ -115,8 +116,8 @@ func Run(ctx context.Context, s *Subscriber) error {
 // outcome writes and its heartbeats hold at their busiest.
 func PoolNeed(s *Subscriber) int {
 	claims := 1
-	if locksRows(s.LockWindow, s.Pool.Config().MaxConns) {
-		claims = lockedClaimsInFlight
+	if claim.LocksRows(s.LockWindow, s.Pool.Config().MaxConns) {
+		claims = claim.InFlight
 	}
 	peak := claims + 1 // and the acknowledger
 	if s.HeartbeatInterval > 0 {

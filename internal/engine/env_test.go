@@ -3,20 +3,14 @@ package engine
 import (
 	"context"
 	"io"
-	"io/fs"
 	"log/slog"
-	"path"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 
-	"github.com/outboxgen/outboxgen"
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/naming"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
@@ -25,62 +19,28 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// env is one test's outbox: the shipped migrations, as written (a table
-// named outbox), applied in a schema of its own.
+// env is one test's outbox (pgtest.NewOutbox).
 type env struct {
 	t   *testing.T
 	ctx context.Context
-	db  *pgtest.DB
-	q   *db.Queries
+	*pgtest.Outbox
+	q *db.Queries
 	// names are the outbox's names; queries runs its statements.
 	names   naming.Names
 	queries func(db.DBTX) *db.Queries
+	db      *pgtest.DB
 }
 
 func setup(t *testing.T) *env {
 	t.Helper()
-	d := pgtest.New(t)
-	names := naming.Names{Schema: d.Schema, Table: naming.DefaultTable}
-	files, err := fs.Glob(outboxgen.Migrations, outboxgen.MigrationsDir+"/*.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := fstest.MapFS{}
-	for _, f := range files {
-		src, err := fs.ReadFile(outboxgen.Migrations, f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, _, err := names.Render(string(src))
-		if err != nil {
-			t.Fatal(err)
-		}
-		dir[path.Base(f)] = &fstest.MapFile{Data: []byte(out)}
-	}
-	sqlDB := stdlib.OpenDBFromPool(d.Pool)
-	t.Cleanup(func() { _ = sqlDB.Close() })
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.Up(t.Context()); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	cache := naming.NewCache(names)
-	e := &env{t: t, ctx: t.Context(), db: d, names: names}
-	e.queries = func(c db.DBTX) *db.Queries { return db.New(naming.DBTX{Inner: c, Cache: cache}) }
-	e.q = e.queries(d.Pool)
-	return e
+	o := pgtest.NewOutbox(t)
+	return &env{t: t, ctx: t.Context(), Outbox: o, q: o.Q, names: o.Names, queries: o.Queries, db: o.DB}
 }
 
 // publish inserts a row of queue and returns its id.
 func (e *env) publish(queue string) int64 {
 	e.t.Helper()
-	id, err := e.q.Publish(e.ctx, db.PublishParams{Queue: queue, Payload: []byte(`{}`)})
-	if err != nil {
-		e.t.Fatalf("Publish: %v", err)
-	}
-	return id
+	return e.Publish(e.t, queue)
 }
 
 // subscriber returns a subscriber of queues on e's pool, with the public

@@ -3,15 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/dbx"
@@ -45,7 +42,7 @@ func (r *run) fetch(ctx context.Context) {
 		r.handOff(ctx, q)
 		r.sweepLocks(ctx, q)
 		sent := time.Now()
-		n, err := r.claims.claim(ctx, int32(min(free, cfg.FetchBatchSize)))
+		n, err := r.claims.Claim(ctx, int32(min(free, cfg.FetchBatchSize)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -75,15 +72,6 @@ func (r *run) fetch(ctx context.Context) {
 		idle = min(idle+1, 30)
 		r.idle(ctx, q, idle, sent)
 	}
-}
-
-// newLeaseToken draws the lease token of one claim statement.
-func newLeaseToken() (pgtype.UUID, error) {
-	id, err := uuid.NewRandom()
-	if err != nil {
-		return pgtype.UUID{}, fmt.Errorf("drawing a lease token: %w", err)
-	}
-	return pgtype.UUID{Bytes: id, Valid: true}, nil
 }
 
 // idle waits after an empty claim, sent at claimed: the n-th in a row.
@@ -121,12 +109,3 @@ func (r *run) wakeFetcher() {
 
 // wants reports whether a notification payload names one of our queues.
 func (r *run) wants(queue string) bool { return slices.Contains(r.s.Queues, queue) }
-
-// fillClaimRow writes r, a row of queue, as Claim returns it.
-func fillClaimRow(c *db.ClaimRow, r *db.ClaimQueueRow, queue string) {
-	*c = db.ClaimRow{
-		ID: r.ID, Queue: queue, Payload: r.Payload, Headers: r.Headers, OrderingKey: r.OrderingKey, TimerID: r.TimerID,
-		CreatedAt: r.CreatedAt, AttemptsCount: r.AttemptsCount, DeliveriesCount: r.DeliveriesCount,
-		SinceFirstAttemptSeconds: r.SinceFirstAttemptSeconds,
-	}
-}

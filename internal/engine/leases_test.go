@@ -56,21 +56,3 @@ func TestOutcomesOfOneRowAreMatchedByToken(t *testing.T) {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
-
-func TestRunsCoverExactlyTheIDs(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		ids          []int64
-		lower, upper []int64
-	}{
-		{nil, nil, nil},
-		{[]int64{5}, []int64{5}, []int64{5}},
-		{[]int64{3, 1, 2, 7, 9, 8, 8}, []int64{1, 7}, []int64{3, 9}},
-		{[]int64{10, 12, 14}, []int64{10, 12, 14}, []int64{10, 12, 14}},
-	} {
-		lower, upper := runs(tc.ids)
-		if diff := cmp.Diff([][]int64{tc.lower, tc.upper}, [][]int64{lower, upper}); diff != "" {
-			t.Errorf("runs(%v) (-want +got):\n%s", tc.ids, diff)
-		}
-	}
-}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/claim"
 	"github.com/outboxgen/outboxgen/internal/crew"
 	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/lease"
@@ -88,16 +89,11 @@ type run struct {
 	// crew is the workers; drain waits for them.
 	crew crew.Crew
 
-	// claims takes rows for the workers. Fetcher only.
-	claims claimer
-	// locks admits locked claims (one slot each, lockedClaimsInFlight);
-	// nil when every claim writes leases.
-	locks chan struct{}
+	// claims takes rows for the workers (Claim: fetcher only).
+	claims claim.Claimer
 	// stopping is closed when the run's context is done: open locked
 	// claims end at once, so their unstarted rows go back.
 	stopping chan struct{}
-	// lockEnds counts the locked claims not yet ended.
-	lockEnds sync.WaitGroup
 	// locksSwept is when the fetcher last swept lock records. Fetcher only.
 	locksSwept time.Time
 	// ends bounds the ends of locked claims: done StopSlack/2 after the
@@ -105,9 +101,6 @@ type run struct {
 	// still lease their rows.
 	ends     context.Context
 	stopEnds context.CancelFunc
-	// lockUnwritten counts the outcomes of locked claims whose end could
-	// not be written before ends was done.
-	lockUnwritten atomic.Int64
 	// abandoned counts handlers the forced stop gave up on.
 	abandoned atomic.Int64
 }
@@ -121,16 +114,11 @@ func (r *run) queries() *db.Queries {
 func newRun(ctx context.Context, s *Subscriber) *run {
 	hctx, force := context.WithCancelCause(context.WithoutCancel(ctx))
 	writes, stopWrites := context.WithCancel(context.WithoutCancel(ctx))
-	var locks chan struct{}
-	if locksRows(s.LockWindow, s.Pool.Config().MaxConns) {
-		locks = make(chan struct{}, lockedClaimsInFlight)
-	}
 	ends, stopEnds := context.WithCancel(context.WithoutCancel(ctx))
 	r := &run{
 		ends:       ends,
 		stopping:   make(chan struct{}),
 		stopEnds:   stopEnds,
-		locks:      locks,
 		s:          s,
 		buf:        make(chan *lease.Delivery, s.FetchBatchSize),
 		wake:       make(chan struct{}, 1),
@@ -145,7 +133,12 @@ func newRun(ctx context.Context, s *Subscriber) *run {
 		writes:     writes,
 		stopWrites: stopWrites,
 	}
-	r.claims = newClaimer(r)
+	r.claims = claim.New(&claim.Env{
+		Queues: s.Queues, LeaseTTL: s.LeaseTTL, LockWindow: s.LockWindow, QueryTimeout: s.QueryTimeout,
+		MaxFetchInterval: s.MaxFetchInterval, FetchBatchSize: s.FetchBatchSize, MinLockedClaim: s.MinLockedClaim, Log: s.Log,
+		Pool: s.Pool, Queries: s.Queries, Leases: &r.leases, HandlerCtx: hctx, Writes: writes, Ends: ends, Stopping: r.stopping,
+		Hand: r.hand, Outcomes: r.outcomes, Report: r.report, Wake: r.wakeFetcher,
+	})
 	return r
 }
 
@@ -182,9 +175,9 @@ func (r *run) run(ctx context.Context) error {
 	r.release() // rows no worker started go back at once
 	r.drain(deadline)
 	r.release() // rows a worker took after the stop began
-	r.lockEnds.Wait()
+	lockUnwritten := r.claims.Ended()
 	close(r.outcomes)
-	unwritten := <-ackDone + int(r.lockUnwritten.Load())
+	unwritten := <-ackDone + lockUnwritten
 	r.stopWrites()
 	side.Wait()
 	r.logs.close()
@@ -265,4 +258,11 @@ func (r *run) emit(ev MetricEvent) {
 // rowAttrs are the log attributes of every line about a row.
 func rowAttrs(d *lease.Delivery) []any {
 	return []any{slog.String("queue", d.Row.Queue), slog.Int64("id", d.Row.ID), slog.Int("deliveries", int(d.Row.DeliveriesCount))}
+}
+
+// hand puts claimed rows in buf for the workers.
+func (r *run) hand(ds []*lease.Delivery) {
+	for _, d := range ds {
+		r.buf <- d
+	}
 }

@@ -379,3 +379,13 @@ func LeasesOf[R any](rows []R, pair func(R) (int64, pgtype.UUID)) []Lease {
 	}
 	return out
 }
+
+// Keyed reports whether any of os is a row with an ordering key.
+func Keyed(os []Outcome) bool {
+	for _, o := range os {
+		if o.D.Row.OrderingKey != nil {
+			return true
+		}
+	}
+	return false
+}

@@ -1,8 +1,9 @@
-package engine
+package claim
 
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ func (e *env) lockRows(c *byLock, n int32) (locked []int64, end func()) {
 	}
 	end = func() { _ = tx.Rollback(context.Background()) }
 	e.t.Cleanup(end)
-	got, err := c.lockRows(e.ctx, e.queries(tx), n, 30000)
+	got, err := c.lockRows(e.ctx, e.Queries(tx), n, 30000)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -41,9 +42,8 @@ func (e *env) lockRows(c *byLock, n int32) (locked []int64, end func()) {
 func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	cfg := e.subscriber("q")
-	r := newRun(e.ctx, cfg)
-	c := r.claims.(*byLock)
+	env := e.env("q")
+	c := New(env).(*byLock)
 	var rows []int64
 	for range 6 {
 		rows = append(rows, e.publish("q"))
@@ -56,16 +56,16 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 		}
 		return end
 	}
-	r.locks <- struct{}{} // the claim being made
+	c.locks <- struct{}{} // the claim being made
 	end1 := want("first claim, none open", rows[0:2])
-	r.locks <- struct{}{} // the last claim stays open
+	c.locks <- struct{}{} // the last claim stays open
 	var early int64
 	if err := e.db.Pool.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, next_attempt_at)
 		VALUES ('q', '"early"', now() - interval '1 hour') RETURNING id`).Scan(&early); err != nil {
 		t.Fatal(err)
 	}
 	end2 := want("claim while the last is open", rows[2:4])
-	c.frontLocked = time.Now().Add(-cfg.LockWindow)
+	c.frontLocked = time.Now().Add(-env.LockWindow)
 	end3 := want("claim a window after the last look from the start", []int64{early, rows[4]})
 	end1()
 	end2()
@@ -77,7 +77,7 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 	c.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
 	c.frontLocked = time.Now()
 	want("claim that found nothing past the position", []int64{early, rows[0]})()
-	<-r.locks
+	<-c.locks
 	c.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
 	want("claim while no other is open", []int64{early, rows[0]})()
 }
@@ -89,7 +89,7 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	c := newRun(e.ctx, e.subscriber("a", "b")).claims.(*byLock)
+	c := New(e.env("a", "b")).(*byLock)
 	var a, b []int64
 	for range 10 {
 		a = append(a, e.publish("a"))
@@ -116,7 +116,7 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 		}
 		return n
 	}
-	c.r.locks <- struct{}{} // the claim being made
+	c.locks <- struct{}{} // the claim being made
 	want := []int64{a[0], b[0], a[1], b[1], a[2], a[3]}
 	if d := cmp.Diff(want, lock(6)); d != "" {
 		t.Errorf("first claim (-want +got):\n%s", d)
@@ -124,34 +124,104 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 	if n := free(); n != 6 {
 		t.Errorf("%d rows free after a claim that handed out 6 of 12; want 6", n)
 	}
-	c.r.locks <- struct{}{} // the first claim stays open
+	c.locks <- struct{}{} // the first claim stays open
 	if d := cmp.Diff([]int64{a[4], a[5]}, lock(2)); d != "" {
 		t.Errorf("claim while the first is open (-want +got):\n%s", d)
 	}
 }
 
-// newClaimer is the one place that chooses how a run claims: the
-// default mixes claims by lock and by lease, a negative LockWindow (and
-// so a transactional subscriber) or a pool too small to lock claims by
+// New is the one place that chooses how a run claims: the default
+// mixes claims by lock and by lease, a negative LockWindow (a
+// transactional subscriber's too) or a pool too small to lock claims by
 // lease, and MinLockedClaim 0 by lock only.
-func TestNewClaimerChoosesInOnePlace(t *testing.T) {
+func TestNewChoosesInOnePlace(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	for _, tc := range []struct {
 		name string
-		set  func(s *Subscriber)
+		set  func(env *Env)
 		want string
 	}{
-		{"defaults", func(s *Subscriber) { s.MinLockedClaim = 32 }, "*engine.mixed"},
-		{"negative LockWindow", func(s *Subscriber) { s.MinLockedClaim, s.LockWindow = 32, -1 }, "*engine.byLease"},
-		{"transactional", func(s *Subscriber) { s.MinLockedClaim, s.LockWindow, s.Tx = 32, -1, true }, "*engine.byLease"},
-		{"small pool", func(s *Subscriber) { s.MinLockedClaim, s.Pool = 32, e.pool(MinLockingPoolConns-1) }, "*engine.byLease"},
-		{"by lock only", func(s *Subscriber) { s.MinLockedClaim = 0 }, "*engine.byLock"},
+		{"defaults", func(env *Env) { env.MinLockedClaim = 32 }, "*claim.mixed"},
+		{"negative LockWindow", func(env *Env) { env.MinLockedClaim, env.LockWindow = 32, -1 }, "*claim.byLease"},
+		{"small pool", func(env *Env) { env.MinLockedClaim, env.Pool = 32, e.pool(MinLockingPoolConns-1) }, "*claim.byLease"},
+		{"by lock only", func(env *Env) { env.MinLockedClaim = 0 }, "*claim.byLock"},
 	} {
-		s := e.subscriber("q")
-		tc.set(s)
-		if got := fmt.Sprintf("%T", newRun(e.ctx, s).claims); got != tc.want {
+		env := e.env("q")
+		tc.set(env)
+		if got := fmt.Sprintf("%T", New(env)); got != tc.want {
 			t.Errorf("%s: claims with %s; want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A row goes to one live claim at a time: while one claim holds rows,
+// another claimer's claim takes none of them, and takes the rest.
+func TestClaimerHandsARowToOneClaimAtATime(t *testing.T) {
+	t.Parallel()
+	forEachKind(t, func(t *testing.T, e *env, set func(*Env)) {
+		var rows []int64
+		for range 40 {
+			rows = append(rows, e.publish("q"))
+		}
+		a, b := e.harness(set, "q"), e.harness(set, "q")
+		if n, err := a.Claim(e.ctx, 25); err != nil || n != 25 {
+			t.Fatalf("first claim: %d rows, %v; want 25", n, err)
+		}
+		if n, err := b.Claim(e.ctx, 25); err != nil || n != 15 {
+			t.Fatalf("second claim: %d rows, %v; want the 15 the first left", n, err)
+		}
+		got := append(a.ids(), b.ids()...)
+		slices.Sort(got)
+		if !slices.Equal(got, rows) {
+			t.Errorf("the two claims hold %v; want each row once: %v", got, rows)
+		}
+	})
+}
+
+// A claim by lock that ends with no handler started (its window passed)
+// gives its rows back at once, and another claimer takes them; a claim by
+// lease keeps them until its lease expires.
+func TestClaimerGivesBackUnstartedRowsOnlyByLock(t *testing.T) {
+	t.Parallel()
+	forEachKind(t, func(t *testing.T, e *env, set func(*Env)) {
+		for range 5 {
+			e.publish("q")
+		}
+		a := e.harness(set, "q")
+		if n, err := a.Claim(e.ctx, 5); err != nil || n != 5 {
+			t.Fatalf("claim: %d rows, %v; want 5", n, err)
+		}
+		a.stop()
+		b := e.harness(set, "q")
+		n, err := b.Claim(e.ctx, 5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 5
+		if fmt.Sprintf("%T", a.Claimer) == "*claim.byLease" {
+			want = 0
+		}
+		if n != want {
+			t.Errorf("after the first claimer stopped, another took %d rows; want %d", n, want)
+		}
+	})
+}
+
+func TestRunsCoverExactlyTheIDs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ids          []int64
+		lower, upper []int64
+	}{
+		{nil, nil, nil},
+		{[]int64{5}, []int64{5}, []int64{5}},
+		{[]int64{3, 1, 2, 7, 9, 8, 8}, []int64{1, 7}, []int64{3, 9}},
+		{[]int64{10, 12, 14}, []int64{10, 12, 14}, []int64{10, 12, 14}},
+	} {
+		lower, upper := runs(tc.ids)
+		if diff := cmp.Diff([][]int64{tc.lower, tc.upper}, [][]int64{lower, upper}); diff != "" {
+			t.Errorf("runs(%v) (-want +got):\n%s", tc.ids, diff)
 		}
 	}
 }

@@ -1,4 +1,16 @@
-package engine
+// Package claim takes the rows of a subscriber's queues for its workers.
+// A Claimer claims by lease (one statement stamps each row with a fresh
+// token and the holder's expiry) or by row lock (a transaction of the
+// claim's own holds the rows, recorded so that a claim that dies still
+// counts, and ends by deleting the handled rows and leasing the rest);
+// the default mixes the two. New is the one place that chooses. Claims
+// hand their rows to the run as lease.Deliveries, and a claim by lock
+// writes its rows' outcomes in its own transaction when it ends.
+//
+// It imports the generated queries, dbx and lease; what it needs of the
+// run that uses it (where rows go, where outcomes go, its contexts) comes
+// in an Env.
+package claim
 
 import (
 	"context"
@@ -9,15 +21,255 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/lease"
 )
+
+// Claimer takes rows of the run's queues for its workers.
+//
+// Every Claimer keeps the claim promises: a row goes to one live claim at
+// a time; every write of an outcome is filtered by the claim that made it
+// (its lease token, or its transaction's row locks); a claim that dies
+// counts as a delivery; a key's rows go one at a time, in order. The
+// conformance suites (this package's, the engine's and outbox's) hold
+// each implementation, and the default mixture of them, to these
+// promises.
+type Claimer interface {
+	// Claim puts up to n rows into the run's buffer (Env.Hand), which has
+	// room for them, each tracked in Env.Leases, and returns how many it
+	// put there. ctx ends a wait for a place to claim; the claim's
+	// statements are bounded by Env.Writes, not ctx (see byLease.Claim),
+	// so rows a claim took when the stop came are released with the
+	// other unstarted rows.
+	Claim(ctx context.Context, n int32) (int, error)
+	// Ended waits until every claim by lock this Claimer made has ended
+	// (the stop, Env.Stopping, ends them at once), and returns how many
+	// of their outcomes could not be written before Env.Ends.
+	Ended() int
+}
+
+// Env is what a Claimer needs of the run that uses it.
+type Env struct {
+	// The subscriber's queues and settings (see outbox.SubscriberConfig).
+	Queues                                               []string
+	LeaseTTL, LockWindow, QueryTimeout, MaxFetchInterval time.Duration
+	FetchBatchSize                                       int
+	// MinLockedClaim is the fewest rows a claim must have found for the
+	// next one to claim by lock; 0 or negative: every claim by lock.
+	MinLockedClaim int
+	Log            *slog.Logger
+
+	// Pool is the outbox's pool; Queries runs its statements on a
+	// connection, a transaction or the pool.
+	Pool    *pgxpool.Pool
+	Queries func(db.DBTX) *db.Queries
+
+	// Leases tracks the rows the run holds.
+	Leases *lease.Tracker
+	// HandlerCtx parents the deliveries' contexts.
+	HandlerCtx context.Context
+	// Writes bounds the claims' statements: it ends GracefulTimeout after
+	// the stop. Ends bounds the ends of claims by lock, a little later.
+	Writes, Ends context.Context
+	// Stopping is closed when the run stops: open claims by lock end at
+	// once, so their unstarted rows go back.
+	Stopping <-chan struct{}
+
+	// Hand puts claimed rows in the run's buffer.
+	Hand func([]*lease.Delivery)
+	// Outcomes takes the outcomes a claim by lock leaves to the lease
+	// path: failures, and outcomes that came while its end was written.
+	Outcomes chan<- lease.Outcome
+	// Report emits the metrics and logs of outcomes whose writes landed:
+	// all of os when matched is nil, else those whose lease it holds.
+	Report func(os []lease.Outcome, matched map[lease.Lease]bool)
+	// Wake asks the run's fetcher to claim now.
+	Wake func()
+}
+
+// bounded returns the queries on the pool, each bounded by QueryTimeout.
+func (e *Env) bounded() *db.Queries {
+	return e.Queries(dbx.Bounded{Inner: e.Pool, Timeout: e.QueryTimeout})
+}
+
+// New returns how a run with env claims; it is the one place that
+// chooses.
+//   - By lease, when the subscriber claims by lease (LockWindow negative,
+//     a transactional handler) or the pool is too small to lock
+//     (LocksRows).
+//   - Else by lock after a claim that found MinLockedClaim rows or more,
+//     and by lease after a smaller one: a claim by lock pays a
+//     transaction and a record, which only claims of many rows amortise.
+//     A MinLockedClaim of 0 (a test's) claims by lock only.
+func New(env *Env) Claimer {
+	byL := &byLease{env: env, q: env.bounded()}
+	if !LocksRows(env.LockWindow, env.Pool.Config().MaxConns) {
+		return byL
+	}
+	lock := &byLock{env: env, lease: byL, locks: make(chan struct{}, InFlight)}
+	if env.MinLockedClaim <= 0 {
+		return lock
+	}
+	return &mixed{lock: lock, lease: byL, min: env.MinLockedClaim, last: env.FetchBatchSize}
+}
+
+// LocksRows reports whether a subscriber with lockWindow, on a pool of
+// maxConns connections, claims by lock at all.
+func LocksRows(lockWindow time.Duration, maxConns int32) bool {
+	return lockWindow > 0 && maxConns >= MinLockingPoolConns
+}
+
+// mixed claims by lock while claims find many rows, else by lease.
+type mixed struct {
+	lock  *byLock
+	lease *byLease
+	min   int
+	// last is how many rows the last claim took.
+	last int
+}
+
+// Claim claims by lock when the last claim found at least min rows.
+func (m *mixed) Claim(ctx context.Context, n int32) (got int, err error) {
+	var c Claimer = m.lease
+	if m.last >= m.min {
+		c = m.lock
+	}
+	got, err = c.Claim(ctx, n)
+	m.last = got
+	return got, err
+}
+
+// Ended waits for the claims by lock.
+func (m *mixed) Ended() int { return m.lock.Ended() }
+
+// byLease claims by writing a lease on its rows, in one statement.
+type byLease struct {
+	env *Env
+	q   *db.Queries
+}
+
+// Ended returns at once: a claim by lease ends with its statement.
+func (c *byLease) Ended() int { return 0 }
+
+// Claim leases up to n rows of the subscriber's queues. A subscriber of
+// one queue uses the claim without the ranking across queues.
+//
+// Its statements are not cancelled when ctx ends, only GracefulTimeout
+// later (r.Writes), and each is bounded by QueryTimeout: a statement the
+// client gives up on may still take rows on the server after the client
+// went away, leaving them leased to nobody until their lease expires. The
+// stop waits for the claim instead, and releases the rows it took with
+// the other unstarted rows.
+func (c *byLease) Claim(_ context.Context, n int32) (int, error) {
+	r, sctx := c.env, c.env.Writes
+	ttl := r.LeaseTTL.Seconds()
+	token, err := newLeaseToken()
+	if err != nil {
+		return 0, err
+	}
+	sent := time.Now()
+	if len(r.Queues) > 1 {
+		rows, err := c.q.Claim(sctx, db.ClaimParams{Token: token, Queues: r.Queues, MaxRows: n, LeaseTtlSeconds: ttl})
+		r.Hand(r.Leases.Add(r.HandlerCtx, rows, token, sent))
+		return len(rows), err
+	}
+	queue := r.Queues[0]
+	rows, err := c.q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
+	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
+	r.Hand(r.Leases.AddEach(r.HandlerCtx, len(rows), fill, token, sent))
+	return len(rows), err
+}
+
+// claimExpired leases up to n rows of the subscriber's queues whose lease
+// expired, and returns how many it claimed.
+func (c *byLease) claimExpired(n int32) (int, error) {
+	r := c.env
+	token, err := newLeaseToken()
+	if err != nil {
+		return 0, err
+	}
+	sent := time.Now()
+	rows, err := c.q.ClaimExpired(r.Writes, db.ClaimExpiredParams{Queues: r.Queues, MaxRows: n, Token: token,
+		LeaseTtlSeconds: r.LeaseTTL.Seconds()})
+	claimed := make([]db.ClaimRow, len(rows))
+	for i := range rows {
+		claimed[i] = db.ClaimRow(rows[i])
+	}
+	r.Hand(r.Leases.Add(r.HandlerCtx, claimed, token, sent))
+	return len(rows), err
+}
+
+// newLeaseToken draws the lease token of one claim statement.
+func newLeaseToken() (pgtype.UUID, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return pgtype.UUID{}, fmt.Errorf("drawing a lease token: %w", err)
+	}
+	return pgtype.UUID{Bytes: id, Valid: true}, nil
+}
+
+// fillClaimRow writes r, a row of queue, as Claim returns it.
+func fillClaimRow(c *db.ClaimRow, r *db.ClaimQueueRow, queue string) {
+	*c = db.ClaimRow{
+		ID: r.ID, Queue: queue, Payload: r.Payload, Headers: r.Headers, OrderingKey: r.OrderingKey, TimerID: r.TimerID,
+		CreatedAt: r.CreatedAt, AttemptsCount: r.AttemptsCount, DeliveriesCount: r.DeliveriesCount,
+		SinceFirstAttemptSeconds: r.SinceFirstAttemptSeconds,
+	}
+}
+
+// byLock claims by row lock (see lockedClaim), and by lease the rows
+// whose lease expired (a holder stopped extending it), which it takes
+// over every MaxFetchInterval and whenever a claim by lock finds nothing.
+type byLock struct {
+	env   *Env
+	lease *byLease
+	// locks admits claims by lock: one slot each, InFlight at most.
+	locks chan struct{}
+	// lockEnds counts the claims by lock not yet ended.
+	lockEnds sync.WaitGroup
+	// lockUnwritten counts the outcomes of claims by lock whose end could
+	// not be written before Env.Ends was done.
+	lockUnwritten atomic.Int64
+	// expiredTaken is when the claimer last took over expired leases.
+	expiredTaken time.Time
+	// lockedUpTo is where, in each queue, the last locked claim stopped,
+	// set when it found as many rows as it asked for; frontLocked is when
+	// a locked claim last looked from the queues' start.
+	lockedUpTo  map[string]lockCursor
+	frontLocked time.Time
+}
+
+// Ended waits for the ends of the claims by lock.
+func (c *byLock) Ended() int {
+	c.lockEnds.Wait()
+	return int(c.lockUnwritten.Load())
+}
+
+// Claim claims by lock, and takes over expired leases every
+// MaxFetchInterval and when a claim by lock finds nothing.
+func (c *byLock) Claim(ctx context.Context, n int32) (int, error) {
+	if time.Since(c.expiredTaken) >= c.env.MaxFetchInterval {
+		c.expiredTaken = time.Now()
+		if got, err := c.lease.claimExpired(n); err != nil || got > 0 {
+			return got, err
+		}
+	}
+	got, err := c.claimLocked(ctx, n)
+	if got > 0 || err != nil {
+		return got, err
+	}
+	c.expiredTaken = time.Now()
+	return c.lease.claimExpired(n)
+}
 
 // Claims by row lock (SubscriberConfig.LockWindow, migration 7).
 //
@@ -36,9 +288,9 @@ import (
 // wait for its commit: a lease-filtered write that ran before it would
 // not see the lease, and would take the row for lost.
 
-// lockedClaimsInFlight caps the locked claims of one subscriber open at
+// InFlight caps the locked claims of one subscriber open at
 // once: each holds a pool connection while its handlers run.
-const lockedClaimsInFlight = 2
+const InFlight = 2
 
 // MinLockingPoolConns is the smallest pool a subscriber claims by lock
 // from: its claims in flight, their records and the lease path's writes
@@ -199,9 +451,9 @@ func (c *lockedClaim) watch(b *lease.Batch) {
 // row another transaction changed since the claim began fails with a
 // serialization failure, which no retry in the same transaction cures.
 func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
-	r, sctx := c.r, c.r.writes
+	r, sctx := c.env, c.env.Writes
 	select {
-	case r.locks <- struct{}{}:
+	case c.locks <- struct{}{}:
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
@@ -209,12 +461,12 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 	started := false
 	defer func() {
 		if !started {
-			<-r.locks
+			<-c.locks
 		}
 	}()
-	timeout := r.s.QueryTimeout
+	timeout := r.QueryTimeout
 	bctx, cancel := context.WithTimeout(ctx, timeout)
-	tx, err := r.s.Pool.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	tx, err := r.Pool.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	cancel()
 	if err != nil {
 		return 0, err
@@ -224,8 +476,8 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 		defer cancel()
 		_ = tx.Rollback(rctx)
 	}
-	q := r.s.Queries(dbx.Bounded{Inner: tx, Timeout: timeout})
-	idle := r.s.LeaseTTL.Milliseconds()
+	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: timeout})
+	idle := r.LeaseTTL.Milliseconds()
 	sent := time.Now()
 	got, err := c.lockRows(ctx, q, n, idle)
 	ids := make([]int64, len(got))
@@ -246,8 +498,8 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 		return 0, err
 	}
 	lower, upper := runs(ids)
-	counted, err := r.queries().RecordLock(ctx, db.RecordLockParams{Xid: xid, Lower: lower, Upper: upper,
-		LeaseTtlSeconds: r.s.LeaseTTL.Seconds()})
+	counted, err := r.bounded().RecordLock(ctx, db.RecordLockParams{Xid: xid, Lower: lower, Upper: upper,
+		LeaseTtlSeconds: r.LeaseTTL.Seconds()})
 	if err == nil && !counted.Recorded {
 		err = errClaimEnded
 	}
@@ -271,39 +523,40 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 	if handed == 0 {
 		// Every row is still held by an aborted claim whose handlers may
 		// run: give them all back.
-		r.lockEnds.Add(1)
+		c.lockEnds.Add(1)
 		started = true
-		go r.endLocked(nil, lc)
+		go c.endLocked(nil, lc)
 		return 0, nil
 	}
-	ds := r.leases.AddEach(r.handlerCtx, handed, fill, pgtype.UUID{}, sent)
+	ds := r.Leases.AddEach(r.HandlerCtx, handed, fill, pgtype.UUID{}, sent)
 	ds[0].Batch.Hold = lc
 	started = true
 	lc.watch(ds[0].Batch)
-	r.lockEnds.Add(1)
-	go r.endLocked(ds[0].Batch, lc)
-	r.hand(ds)
+	c.lockEnds.Add(1)
+	go c.endLocked(ds[0].Batch, lc)
+	r.Hand(ds)
 	return len(ds), nil
 }
 
 // endLocked ends the locked claim c of batch b when every row is settled,
 // LockWindow has passed, or the subscriber stops, and frees its place
 // among the claims in flight.
-func (r *run) endLocked(b *lease.Batch, c *lockedClaim) {
-	defer r.lockEnds.Done()
-	defer func() { <-r.locks }()
+func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
+	r := k.env
+	defer k.lockEnds.Done()
+	defer func() { <-k.locks }()
 	if b == nil {
 		// Nothing was handed to a handler.
-		if _, err := r.endLockTx(c, &lockEnd{}, nil, pgtype.UUID{}); err != nil && r.ends.Err() == nil {
-			r.s.Log.Warn("outbox: ending a locked claim failed", slog.Any("error", err))
+		if _, err := k.endLockTx(c, &lockEnd{}, nil, pgtype.UUID{}); err != nil && r.Ends.Err() == nil {
+			r.Log.Warn("outbox: ending a locked claim failed", slog.Any("error", err))
 		}
 		return
 	}
-	window := time.NewTimer(r.s.LockWindow)
+	window := time.NewTimer(r.LockWindow)
 	select {
 	case <-c.settled:
 	case <-window.C:
-	case <-r.stopping:
+	case <-r.Stopping:
 	case <-c.dead:
 	}
 	window.Stop()
@@ -340,7 +593,7 @@ func (r *run) endLocked(b *lease.Batch, c *lockedClaim) {
 	// it, and before the claim's handlers learn it has ended: should the
 	// end fall back to leasing every row, the acknowledged ones are
 	// written with it too.
-	running := r.leases.LeaseStarted(unsettled, deliveriesOf(kept), token)
+	running := r.Leases.LeaseStarted(unsettled, deliveriesOf(kept), token)
 	for _, d := range running {
 		e.lease(d)
 	}
@@ -360,36 +613,36 @@ func (r *run) endLocked(b *lease.Batch, c *lockedClaim) {
 	sent := time.Now()
 	fellBack := false
 	if err == nil {
-		fellBack, err = r.endLockTx(c, &e, done, token)
+		fellBack, err = k.endLockTx(c, &e, done, token)
 	}
 	if err != nil {
-		if r.ends.Err() != nil {
-			r.lockUnwritten.Add(int64(len(kept)))
+		if r.Ends.Err() != nil {
+			k.lockUnwritten.Add(int64(len(kept)))
 		} else {
-			r.s.Log.Warn("outbox: ending a locked claim failed; its rows are delivered again",
+			r.Log.Warn("outbox: ending a locked claim failed; its rows are delivered again",
 				slog.Int("rows", len(b.Rows)), slog.Any("error", err))
-			r.report(kept, map[lease.Lease]bool{})
+			r.Report(kept, map[lease.Lease]bool{})
 		}
 		// Nothing was written: the rows are free again, and the handlers
 		// still running hold no lease.
 		b.Cancel(lease.ErrLeaseLost)
 		for _, o := range c.endWritten() {
-			r.outcomes <- o
+			r.Outcomes <- o
 		}
 		return
 	}
-	r.leases.Renew(b, sent)
+	r.Leases.Renew(b, sent)
 	if fellBack {
 		later = kept
 	} else {
-		r.report(done, nil)
+		r.Report(done, nil)
 	}
 	later = append(later, c.endWritten()...)
 	for _, o := range later {
-		r.outcomes <- o
+		r.Outcomes <- o
 	}
-	if len(later) > 0 || keyed(done) {
-		r.wakeFetcher()
+	if len(later) > 0 || lease.Keyed(done) {
+		r.Wake()
 	}
 }
 
@@ -407,7 +660,7 @@ func (e *lockEnd) lease(d *lease.Delivery) {
 
 // endLockTx writes e, the end of locked claim c, in its transaction and
 // commits it. A statement that fails is rolled back to a savepoint and
-// retried with backoff until r.ends is done, as the lease path retries
+// retried with backoff until r.Ends is done, as the lease path retries
 // its writes, while the transaction keeps the rows. When the database
 // refuses the deletes for their values, whatever the SQLSTATE (a trigger
 // refusing one row, say: dbx.Permanent), the end leases the rows of done
@@ -416,12 +669,13 @@ func (e *lockEnd) lease(d *lease.Delivery) {
 // outcomes the database refuses. An error that dooms the transaction, or
 // a refused fallback, ends the claim without writing. On error the
 // transaction is rolled back: nothing was written.
-func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []lease.Outcome, token pgtype.UUID) (fellBack bool, err error) {
-	ctx := r.ends
-	q := r.s.Queries(dbx.Bounded{Inner: c.tx, Timeout: r.s.QueryTimeout})
+func (k *byLock) endLockTx(c *lockedClaim, e *lockEnd, done []lease.Outcome, token pgtype.UUID) (fellBack bool, err error) {
+	r := k.env
+	ctx := r.Ends
+	q := r.Queries(dbx.Bounded{Inner: c.tx, Timeout: r.QueryTimeout})
 	defer func() {
 		if err != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.s.QueryTimeout)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.QueryTimeout)
 			defer cancel()
 			_ = c.tx.Rollback(rctx)
 		}
@@ -429,9 +683,9 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []lease.Outcome, token 
 	if err := q.SavepointLockEnd(ctx); err != nil {
 		return false, err
 	}
-	errs := dbx.Backoff{Base: 50 * time.Millisecond, Max: min(5*time.Second, r.s.MaxFetchInterval)}
+	errs := dbx.Backoff{Base: 50 * time.Millisecond, Max: min(5*time.Second, r.MaxFetchInterval)}
 	for {
-		err = r.writeLockEnd(ctx, q, c, e, token)
+		err = k.writeLockEnd(ctx, q, c, e, token)
 		if err == nil {
 			return fellBack, c.tx.Commit(ctx)
 		}
@@ -457,7 +711,7 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []lease.Outcome, token 
 			continue
 		}
 		wait := errs.Next()
-		r.s.Log.ErrorContext(ctx, "outbox: ending a locked claim failed; retrying",
+		r.Log.ErrorContext(ctx, "outbox: ending a locked claim failed; retrying",
 			slog.Int("rows", len(e.deleted)+len(e.leased)), slog.Any("error", err), slog.Duration("backoff", wait))
 		dbx.Sleep(ctx, wait)
 	}
@@ -467,7 +721,8 @@ func (r *run) endLockTx(c *lockedClaim, e *lockEnd, done []lease.Outcome, token 
 // the leases, and the end of the claim's record. Each is a statement of
 // its own: one statement that did all three cost the server twice as
 // much per row.
-func (r *run) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e *lockEnd, token pgtype.UUID) error {
+func (k *byLock) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e *lockEnd, token pgtype.UUID) error {
+	r := k.env
 	if len(e.deleted) > 0 {
 		lower, upper := runs(e.deleted)
 		n, err := q.DeleteLocked(ctx, db.DeleteLockedParams{Lower: lower, Upper: upper})
@@ -480,7 +735,7 @@ func (r *run) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e
 	}
 	if len(e.leased) > 0 {
 		n, err := q.LeaseLocked(ctx, db.LeaseLockedParams{Ids: e.leased, Deliveries: e.deliveries, Token: token,
-			LeaseTtlSeconds: r.s.LeaseTTL.Seconds()})
+			LeaseTtlSeconds: r.LeaseTTL.Seconds()})
 		if err != nil {
 			return err
 		}
@@ -516,16 +771,16 @@ const lockRounds = 4
 // other is open, one that found nothing past the positions, and one at
 // least every LockWindow.
 func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int64) ([]db.LockRow, error) {
-	r := c.r
+	r := c.env
 	var past map[string]lockCursor
-	if c.lockedUpTo != nil && len(r.locks) > 1 && time.Since(c.frontLocked) < r.s.LockWindow {
+	if c.lockedUpTo != nil && len(c.locks) > 1 && time.Since(c.frontLocked) < r.LockWindow {
 		past = c.lockedUpTo
 	}
 	c.lockedUpTo = nil
-	got, err := r.lockFrom(ctx, q, n, idle, past)
+	got, err := c.lockFrom(ctx, q, n, idle, past)
 	if err == nil && len(got) == 0 && past != nil {
 		past = nil
-		got, err = r.lockFrom(ctx, q, n, idle, nil)
+		got, err = c.lockFrom(ctx, q, n, idle, nil)
 	}
 	if err != nil {
 		return nil, err
@@ -534,7 +789,7 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 		c.frontLocked = time.Now()
 	}
 	if len(got) == int(n) {
-		c.lockedUpTo = make(map[string]lockCursor, len(r.s.Queues))
+		c.lockedUpTo = make(map[string]lockCursor, len(r.Queues))
 		for i := range got {
 			// Within a queue the rows come in its order, so its last row is
 			// its position.
@@ -550,10 +805,11 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 // not hand out: each statement (at most lockRounds) locks at most an
 // equal share of what is left in each queue, and the next looks again,
 // past what the claim has, in the queues that filled their share.
-func (r *run) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor) ([]db.LockRow, error) {
+func (k *byLock) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor) ([]db.LockRow, error) {
+	r := k.env
 	got := make([]db.LockRow, 0, n)
-	if len(r.s.Queues) == 1 {
-		p := db.LockQueueParams{Queue: r.s.Queues[0], MaxRows: n, IdleTimeoutMs: idle}
+	if len(r.Queues) == 1 {
+		p := db.LockQueueParams{Queue: r.Queues[0], MaxRows: n, IdleTimeoutMs: idle}
 		if c, ok := past[p.Queue]; ok {
 			p.AfterAt, p.AfterID = &c.at, &c.id
 		}
@@ -561,9 +817,9 @@ func (r *run) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, 
 	}
 	pos := maps.Clone(past)
 	if pos == nil {
-		pos = make(map[string]lockCursor, len(r.s.Queues))
+		pos = make(map[string]lockCursor, len(r.Queues))
 	}
-	active := r.s.Queues
+	active := r.Queues
 	for round := 0; round < lockRounds && len(active) > 0 && len(got) < int(n); round++ {
 		left := n - int32(len(got))
 		share := max(left/int32(len(active)), 1)
@@ -620,18 +876,4 @@ func deliveriesOf(os []lease.Outcome) []*lease.Delivery {
 		ds[i] = o.D
 	}
 	return ds
-}
-
-// sweepLocks deletes, every MaxFetchInterval, the records of locked
-// claims no claim needs any more. Subscribers that claim by lease sweep
-// too: their claims read the records, which other subscribers (or a
-// restored dump) may have left.
-func (r *run) sweepLocks(ctx context.Context, q *db.Queries) {
-	if time.Since(r.locksSwept) < r.s.MaxFetchInterval {
-		return
-	}
-	r.locksSwept = time.Now()
-	if _, err := q.SweepLocks(ctx); err != nil && ctx.Err() == nil {
-		r.s.Log.WarnContext(ctx, "outbox: sweeping the records of locked claims failed", slog.Any("error", err))
-	}
 }

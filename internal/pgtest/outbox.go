@@ -1,0 +1,74 @@
+package pgtest
+
+import (
+	"io/fs"
+	"path"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/outboxgen/outboxgen"
+	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/naming"
+)
+
+// Outbox is a test's outbox for the packages below outbox (which cannot
+// import it): the shipped migrations, rendered for a table named outbox
+// in the test's schema, applied with goose.
+type Outbox struct {
+	*DB
+	Names naming.Names
+	// Queries runs the outbox's statements on a connection, a
+	// transaction or a pool; Q runs them on the DB's pool.
+	Queries func(db.DBTX) *db.Queries
+	Q       *db.Queries
+}
+
+// NewOutbox creates a fresh schema for tb (see New) and migrates an
+// outbox into it.
+func NewOutbox(tb testing.TB) *Outbox {
+	tb.Helper()
+	d := New(tb)
+	names := naming.Names{Schema: d.Schema, Table: naming.DefaultTable}
+	files, err := fs.Glob(outboxgen.Migrations, outboxgen.MigrationsDir+"/*.sql")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dir := fstest.MapFS{}
+	for _, f := range files {
+		src, err := fs.ReadFile(outboxgen.Migrations, f)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out, _, err := names.Render(string(src))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		dir[path.Base(f)] = &fstest.MapFile{Data: []byte(out)}
+	}
+	sqlDB := stdlib.OpenDBFromPool(d.Pool)
+	defer sqlDB.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := p.Up(tb.Context()); err != nil {
+		tb.Fatalf("pgtest: migrate: %v", err)
+	}
+	cache := naming.NewCache(names)
+	o := &Outbox{DB: d, Names: names, Queries: func(c db.DBTX) *db.Queries { return db.New(naming.DBTX{Inner: c, Cache: cache}) }}
+	o.Q = o.Queries(d.Pool)
+	return o
+}
+
+// Publish inserts a row of queue and returns its id.
+func (o *Outbox) Publish(tb testing.TB, queue string) int64 {
+	tb.Helper()
+	id, err := o.Q.Publish(tb.Context(), db.PublishParams{Queue: queue, Payload: []byte(`{}`)})
+	if err != nil {
+		tb.Fatalf("Publish: %v", err)
+	}
+	return id
+}
