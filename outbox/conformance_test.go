@@ -21,14 +21,14 @@ import (
 )
 
 // The promises of README "What it promises" that concern claims, each run
-// against the claimer interface three ways: with the public defaults,
-// whose claimer (mixed) mixes claims by lock (for a backlog of
-// minLockedClaimDefault rows or more) with claims by lease; by lease only
-// (byLease: LockWindow < 0, a public setting); and by lock only (byLock:
-// an unexported switch, for this suite only). The run with the public
-// defaults is the proof of each promise; the other two show that each
-// implementation keeps it alone. TestClaimPathsRunTheirClaimer checks
-// that each way runs the claimer it names.
+// three ways, one per claim.Claimer that claim.New chooses: with the
+// public defaults, whose claimer (mixed) mixes claims by lock (for a
+// backlog of minLockedClaimDefault rows or more) with claims by lease; by
+// lease only (byLease: LockWindow < 0, a public setting); and by lock
+// only (byLock: an unexported switch, for this suite only). The run with
+// the public defaults is the proof of each promise; the other two show
+// that each implementation keeps it alone. The claim package's tests
+// check that these settings choose those claimers.
 
 // claimPath is one way a subscriber claims rows.
 type claimPath string

@@ -1,16 +1,16 @@
 // Package engine delivers an outbox's rows to a subscriber's handler, at
 // least once, without knowing the message type. It owns a subscriber's
-// run from its first claim to its stop: the fetcher and its claims (by
-// lease and by row lock, behind the claimer interface), the deliveries
-// and their leases, the workers, heartbeats, the outcomes and their
-// batched, lease-filtered writes, per-key hand-overs, sleep records, and
-// the run's metric events and log summaries.
+// run from its first claim to its stop: the fetcher, which asks its
+// claim.Claimer for rows; the workers' deliveries and the decision of
+// each outcome; the acknowledger's batched, lease-filtered writes;
+// heartbeats; per-key hand-overs; sleep records; the stop; and the run's
+// metric events and log summaries.
 //
 // It moves rows: an id, payload bytes, headers, a key, counts and a
 // lease. The typed layer (package outbox) gives it, per worker, a
 // function that decodes a claimed row into a Call of the typed handler,
 // and it decides and writes each outcome. It imports the generated
-// queries (db), dbx, crew and wakeup; it never imports package outbox,
+// queries (db), dbx, crew, lease, claim and wakeup; it never imports package outbox,
 // whose public types it mirrors (MetricEvent, DeliveryInfo,
 // DeliveryOutcome) so the outbox package converts them without copying
 // field by field.
