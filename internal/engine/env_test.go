@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/naming"
@@ -67,19 +66,6 @@ func (e *env) subscriber(queues ...string) *Subscriber {
 			return func(*db.ClaimRow) (Call, error) { return okCall{}, nil }
 		},
 	}
-}
-
-// pool returns a pool of e's database with maxConns connections.
-func (e *env) pool(maxConns int32) *pgxpool.Pool {
-	e.t.Helper()
-	cfg := e.db.Pool.Config()
-	cfg.MaxConns = maxConns
-	p, err := pgxpool.NewWithConfig(e.ctx, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(p.Close)
-	return p
 }
 
 // noRetry ends every failed delivery.
