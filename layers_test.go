@@ -2,7 +2,6 @@ package outboxgen
 
 import (
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -32,8 +31,7 @@ func TestPackagesImportOnlyBelowThem(t *testing.T) {
 			pkgs = append(pkgs, "./"+p)
 		}
 	}
-	goTool := runtime.GOROOT() + "/bin/go"
-	out, err := exec.Command(goTool, append([]string{"list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}"}, pkgs...)...).Output()
+	out, err := exec.Command("go", append([]string{"list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}"}, pkgs...)...).Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}

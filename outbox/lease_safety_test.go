@@ -3,8 +3,6 @@ package outbox
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -92,5 +90,3 @@ func TestHeartbeatIntervalIsAtMostHalfTheLease(t *testing.T) {
 		t.Errorf("LeaseTTL/2: %v", err)
 	}
 }
-
-func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
