@@ -94,25 +94,11 @@ func Migrations(cfg *Config) (fs.FS, error) {
 // renderMigrations renders the embedded migrations for n and checks that
 // every identifier they derive fits PostgreSQL's limit.
 func renderMigrations(n naming.Names) (fstest.MapFS, error) {
-	files, err := fs.Glob(outboxgen.Migrations, path.Join(outboxgen.MigrationsDir, "*.sql"))
+	out, idents, err := n.RenderMigrations(outboxgen.Migrations, outboxgen.MigrationsDir)
 	if err != nil {
-		return nil, wrapOp("list migrations", err)
+		return nil, fmt.Errorf("outbox: %w", err)
 	}
-	out := make(fstest.MapFS, len(files))
-	idents := []string{n.VersionTable()}
-	for _, f := range files {
-		src, err := fs.ReadFile(outboxgen.Migrations, f)
-		if err != nil {
-			return nil, wrapOp("read migration", err)
-		}
-		text, names, err := n.Render(string(src))
-		if err != nil {
-			return nil, wrapOp(fmt.Sprintf("render %s", f), err)
-		}
-		idents = append(idents, names...)
-		out[path.Base(f)] = &fstest.MapFile{Data: []byte(text), Mode: 0o444}
-	}
-	for _, id := range idents {
+	for _, id := range append([]string{n.VersionTable()}, idents...) {
 		if len(id) > naming.MaxIdentifierBytes {
 			return nil, &ConfigError{Field: "Config.Table", Value: n.Table,
 				Rule: fmt.Sprintf("derived name %q is %d bytes; PostgreSQL identifiers are at most %d",

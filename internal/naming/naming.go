@@ -8,9 +8,12 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"io/fs"
+	"path"
 	"regexp"
 	"strings"
 	"sync"
+	"testing/fstest"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -241,3 +244,30 @@ func (d DBTX) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string,
 type errRow struct{ err error }
 
 func (r errRow) Scan(...any) error { return r.err }
+
+// RenderMigrations renders every .sql file of dir in fsys (the shipped
+// migrations) for n, keyed by base name, and returns the identifiers the
+// rendering produced, so the caller can check their length. An error
+// names the step that failed: "list migrations", "read migration" or
+// "render <file>".
+func (n Names) RenderMigrations(fsys fs.FS, dir string) (fstest.MapFS, []string, error) {
+	files, err := fs.Glob(fsys, path.Join(dir, "*.sql"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("list migrations: %w", err)
+	}
+	out := make(fstest.MapFS, len(files))
+	var idents []string
+	for _, f := range files {
+		src, err := fs.ReadFile(fsys, f)
+		if err != nil {
+			return nil, nil, fmt.Errorf("read migration: %w", err)
+		}
+		text, names, err := n.Render(string(src))
+		if err != nil {
+			return nil, nil, fmt.Errorf("render %s: %w", f, err)
+		}
+		idents = append(idents, names...)
+		out[path.Base(f)] = &fstest.MapFile{Data: []byte(text), Mode: 0o444}
+	}
+	return out, idents, nil
+}

@@ -1,10 +1,7 @@
 package pgtest
 
 import (
-	"io/fs"
-	"path"
 	"testing"
-	"testing/fstest"
 
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -32,21 +29,9 @@ func NewOutbox(tb testing.TB) *Outbox {
 	tb.Helper()
 	d := New(tb)
 	names := naming.Names{Schema: d.Schema, Table: naming.DefaultTable}
-	files, err := fs.Glob(outboxgen.Migrations, outboxgen.MigrationsDir+"/*.sql")
+	dir, _, err := names.RenderMigrations(outboxgen.Migrations, outboxgen.MigrationsDir)
 	if err != nil {
-		tb.Fatal(err)
-	}
-	dir := fstest.MapFS{}
-	for _, f := range files {
-		src, err := fs.ReadFile(outboxgen.Migrations, f)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		out, _, err := names.Render(string(src))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		dir[path.Base(f)] = &fstest.MapFile{Data: []byte(out)}
+		tb.Fatalf("pgtest: %v", err)
 	}
 	sqlDB := stdlib.OpenDBFromPool(d.Pool)
 	defer sqlDB.Close()
