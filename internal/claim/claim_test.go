@@ -16,7 +16,7 @@ import (
 // few connections).
 func (e *env) lockRows(c *byLock, n int32) (locked []int64, end func()) {
 	e.t.Helper()
-	tx, err := e.db.Pool.Begin(e.ctx)
+	tx, err := e.DB.Pool.Begin(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 	end1 := want("first claim, none open", rows[0:2])
 	c.locks <- struct{}{} // the last claim stays open
 	var early int64
-	if err := e.db.Pool.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, next_attempt_at)
+	if err := e.DB.Pool.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, next_attempt_at)
 		VALUES ('q', '"early"', now() - interval '1 hour') RETURNING id`).Scan(&early); err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 	// free counts the rows of both queues no transaction has locked.
 	free := func() int {
 		t.Helper()
-		tx, err := e.db.Pool.Begin(e.ctx)
+		tx, err := e.DB.Pool.Begin(e.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

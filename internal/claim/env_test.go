@@ -23,13 +23,12 @@ type env struct {
 	t   *testing.T
 	ctx context.Context
 	*pgtest.Outbox
-	db *pgtest.DB
 }
 
 func setup(t *testing.T) *env {
 	t.Helper()
 	o := pgtest.NewOutbox(t)
-	return &env{t: t, ctx: t.Context(), Outbox: o, db: o.DB}
+	return &env{t: t, ctx: t.Context(), Outbox: o}
 }
 
 // publish inserts a row of queue and returns its id.
@@ -46,7 +45,7 @@ func (e *env) env(queues ...string) *Env {
 	return &Env{
 		Queues: queues, LeaseTTL: 30 * time.Second, LockWindow: time.Second, QueryTimeout: 30 * time.Second,
 		MaxFetchInterval: 5 * time.Second, FetchBatchSize: 100, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Pool: e.db.Pool, Queries: e.Queries, Leases: &tracker,
+		Pool: e.DB.Pool, Queries: e.Queries, Leases: &tracker,
 		HandlerCtx: e.ctx, Writes: e.ctx, Ends: e.ctx, Stopping: make(chan struct{}),
 		Hand: func([]*lease.Delivery) {}, Outcomes: make(chan lease.Outcome, 100),
 		Report: func([]lease.Outcome, map[lease.Lease]bool) {}, Wake: func() {},
@@ -56,7 +55,7 @@ func (e *env) env(queues ...string) *Env {
 // pool returns a pool of e's database with maxConns connections.
 func (e *env) pool(maxConns int32) *pgxpool.Pool {
 	e.t.Helper()
-	cfg := e.db.Pool.Config()
+	cfg := e.DB.Pool.Config()
 	cfg.MaxConns = maxConns
 	p, err := pgxpool.NewWithConfig(e.ctx, cfg)
 	if err != nil {

@@ -128,7 +128,7 @@ func TestClaimersDrainAQueueKeepingEachRowAndKeyToOneHandler(t *testing.T) {
 				k := fmt.Sprint(i % keys)
 				p.OrderingKey = &k
 			}
-			id, err := e.q.Publish(e.ctx, p)
+			id, err := e.Q.Publish(e.ctx, p)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -151,7 +151,7 @@ func TestClaimersDrainAQueueKeepingEachRowAndKeyToOneHandler(t *testing.T) {
 		deadline := time.Now().Add(time.Minute)
 		for {
 			var left int
-			if err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox").Scan(&left); err != nil {
+			if err := e.DB.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox").Scan(&left); err != nil {
 				t.Fatal(err)
 			}
 			if left == 0 {

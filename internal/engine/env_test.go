@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
-	"github.com/outboxgen/outboxgen/internal/naming"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/internal/wakeup"
 )
@@ -23,17 +22,12 @@ type env struct {
 	t   *testing.T
 	ctx context.Context
 	*pgtest.Outbox
-	q *db.Queries
-	// names are the outbox's names; queries runs its statements.
-	names   naming.Names
-	queries func(db.DBTX) *db.Queries
-	db      *pgtest.DB
 }
 
 func setup(t *testing.T) *env {
 	t.Helper()
 	o := pgtest.NewOutbox(t)
-	return &env{t: t, ctx: t.Context(), Outbox: o, q: o.Q, names: o.Names, queries: o.Queries, db: o.DB}
+	return &env{t: t, ctx: t.Context(), Outbox: o}
 }
 
 // publish inserts a row of queue and returns its id.
@@ -53,14 +47,14 @@ func (e *env) subscriber(queues ...string) *Subscriber {
 		MaxDeliveries: 25, GracefulTimeout: 30 * time.Second, AckBatchSize: 1000, AckLinger: 5 * time.Millisecond,
 		QueryTimeout: 30 * time.Second, ListenProbeInterval: 30 * time.Second, ListenProbeTimeout: 5 * time.Second,
 		Retry: noRetry{}, Log: discard(),
-		Pool: e.db.Pool, Queries: e.queries,
-		Hubs: &wakeup.Hubs{}, HandoffChannel: e.names.HandoffChannel(),
+		Pool: e.DB.Pool, Queries: e.Queries,
+		Hubs: &wakeup.Hubs{}, HandoffChannel: e.Names.HandoffChannel(),
 		Wake: &wakeup.Source{
 			Dial: func(ctx context.Context, _ string, _ func(context.Context) (*pgx.Conn, error)) (*pgx.Conn, error) {
-				return pgx.ConnectConfig(ctx, e.db.Pool.Config().ConnConfig.Copy())
+				return pgx.ConnectConfig(ctx, e.DB.Pool.Config().ConnConfig.Copy())
 			},
-			Queries: e.queries, ProbeChannel: e.names.ProbeChannel(),
-			SendProbe: func(ctx context.Context) (string, error) { return "p", e.q.NotifyProbe(ctx, "p") },
+			Queries: e.Queries, ProbeChannel: e.Names.ProbeChannel(),
+			SendProbe: func(ctx context.Context) (string, error) { return "p", e.Q.NotifyProbe(ctx, "p") },
 		},
 		Calls: func() func(*db.ClaimRow) (Call, error) {
 			return func(*db.ClaimRow) (Call, error) { return okCall{}, nil }
