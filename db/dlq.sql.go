@@ -17,12 +17,14 @@ SELECT count(*)::bigint AS total, coalesce(max(x.id), 0)::bigint AS max_id
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($1::text IS NULL OR x.queue = $1::text)
   AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND ($3::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $3::float8))
+  AND ($3::bigint[] IS NULL OR x.id = ANY($3::bigint[]))
+  AND ($4::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $4::float8))
 `
 
 type CountDeadLettersParams struct {
 	Queue            *string
 	Reason           *string
+	Ids              []int64
 	OlderThanSeconds float64
 }
 
@@ -34,7 +36,12 @@ type CountDeadLettersRow struct {
 // How many dead-lettered rows match the filters, and the highest id among
 // them (0 when none).
 func (q *Queries) CountDeadLetters(ctx context.Context, arg CountDeadLettersParams) (CountDeadLettersRow, error) {
-	row := q.db.QueryRow(ctx, countDeadLetters, arg.Queue, arg.Reason, arg.OlderThanSeconds)
+	row := q.db.QueryRow(ctx, countDeadLetters,
+		arg.Queue,
+		arg.Reason,
+		arg.Ids,
+		arg.OlderThanSeconds,
+	)
 	var i CountDeadLettersRow
 	err := row.Scan(&i.Total, &i.MaxID)
 	return i, err
@@ -88,6 +95,52 @@ func (q *Queries) DeadLetterWithLease(ctx context.Context, arg DeadLetterWithLea
 	return result.RowsAffected(), nil
 }
 
+const getDeadLetter = `-- name: GetDeadLetter :one
+SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+       x.deliveries_count, x.attempts_count,
+       least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
+       x.failure_reason, x.last_error
+FROM /*outbox:table*/outbox_dlq AS x
+WHERE x.id = $1::bigint
+`
+
+type GetDeadLetterRow struct {
+	ID              int64
+	Queue           string
+	Payload         []byte
+	Headers         []byte
+	OrderingKey     *string
+	TimerID         *string
+	DeliveriesCount int32
+	AttemptsCount   int32
+	CreatedAt       time.Time
+	FailedAt        time.Time
+	FailureReason   string
+	LastError       *string
+}
+
+// One dead-lettered row by its id, read as ListDeadLetters reads rows.
+func (q *Queries) GetDeadLetter(ctx context.Context, id int64) (GetDeadLetterRow, error) {
+	row := q.db.QueryRow(ctx, getDeadLetter, id)
+	var i GetDeadLetterRow
+	err := row.Scan(
+		&i.ID,
+		&i.Queue,
+		&i.Payload,
+		&i.Headers,
+		&i.OrderingKey,
+		&i.TimerID,
+		&i.DeliveriesCount,
+		&i.AttemptsCount,
+		&i.CreatedAt,
+		&i.FailedAt,
+		&i.FailureReason,
+		&i.LastError,
+	)
+	return i, err
+}
+
 const listDeadLetters = `-- name: ListDeadLetters :many
 SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
        x.deliveries_count, x.attempts_count,
@@ -97,15 +150,17 @@ SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($1::text IS NULL OR x.queue = $1::text)
   AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND ($3::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $3::float8))
-  AND x.id > $4::bigint
+  AND ($3::bigint[] IS NULL OR x.id = ANY($3::bigint[]))
+  AND ($4::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $4::float8))
+  AND x.id > $5::bigint
 ORDER BY x.id
-LIMIT $5::integer
+LIMIT $6::integer
 `
 
 type ListDeadLettersParams struct {
 	Queue            *string
 	Reason           *string
+	Ids              []int64
 	OlderThanSeconds float64
 	AfterID          int64
 	MaxRows          int32
@@ -126,7 +181,8 @@ type ListDeadLettersRow struct {
 	LastError       *string
 }
 
-// Dead-lettered rows matching the optional filters with ids above
+// Dead-lettered rows matching the optional filters (a queue, a reason, an
+// age, a set of ids) with ids above
 // @after_id, in id order. An @older_than_seconds of 0 selects rows of
 // every age, also one whose failed_at another client wrote in the future;
 // the statements below filter the same way. Timestamps are read within
@@ -136,6 +192,7 @@ func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams
 	rows, err := q.db.Query(ctx, listDeadLetters,
 		arg.Queue,
 		arg.Reason,
+		arg.Ids,
 		arg.OlderThanSeconds,
 		arg.AfterID,
 		arg.MaxRows,
@@ -171,22 +228,113 @@ func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams
 	return items, nil
 }
 
+const listDeadLettersNewest = `-- name: ListDeadLettersNewest :many
+SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+       x.deliveries_count, x.attempts_count,
+       least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
+       x.failure_reason, x.last_error
+FROM /*outbox:table*/outbox_dlq AS x
+WHERE ($1::text IS NULL OR x.queue = $1::text)
+  AND ($2::text IS NULL OR x.failure_reason = $2::text)
+  AND ($3::bigint[] IS NULL OR x.id = ANY($3::bigint[]))
+  AND ($4::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $4::float8))
+  AND x.id < $5::bigint
+ORDER BY x.id DESC
+LIMIT $6::integer
+`
+
+type ListDeadLettersNewestParams struct {
+	Queue            *string
+	Reason           *string
+	Ids              []int64
+	OlderThanSeconds float64
+	BeforeID         int64
+	MaxRows          int32
+}
+
+type ListDeadLettersNewestRow struct {
+	ID              int64
+	Queue           string
+	Payload         []byte
+	Headers         []byte
+	OrderingKey     *string
+	TimerID         *string
+	DeliveriesCount int32
+	AttemptsCount   int32
+	CreatedAt       time.Time
+	FailedAt        time.Time
+	FailureReason   string
+	LastError       *string
+}
+
+// Dead-lettered rows matching the filters of ListDeadLetters with ids below
+// @before_id, newest (highest id) first: a page of what failed last. It
+// walks the primary key backwards, or, for one queue, the queue index
+// ordered by failure time, and stops at @max_rows.
+func (q *Queries) ListDeadLettersNewest(ctx context.Context, arg ListDeadLettersNewestParams) ([]ListDeadLettersNewestRow, error) {
+	rows, err := q.db.Query(ctx, listDeadLettersNewest,
+		arg.Queue,
+		arg.Reason,
+		arg.Ids,
+		arg.OlderThanSeconds,
+		arg.BeforeID,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ListDeadLettersNewestRow{}
+	for rows.Next() {
+		var i ListDeadLettersNewestRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Payload,
+			&i.Headers,
+			&i.OrderingKey,
+			&i.TimerID,
+			&i.DeliveriesCount,
+			&i.AttemptsCount,
+			&i.CreatedAt,
+			&i.FailedAt,
+			&i.FailureReason,
+			&i.LastError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const purgeDeadLetters = `-- name: PurgeDeadLetters :execrows
 DELETE FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($1::text IS NULL OR x.queue = $1::text)
   AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND ($3::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $3::float8))
+  AND ($3::bigint[] IS NULL OR x.id = ANY($3::bigint[]))
+  AND ($4::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $4::float8))
 `
 
 type PurgeDeadLettersParams struct {
 	Queue            *string
 	Reason           *string
+	Ids              []int64
 	OlderThanSeconds float64
 }
 
 // Deletes the matching dead-lettered rows for good.
 func (q *Queries) PurgeDeadLetters(ctx context.Context, arg PurgeDeadLettersParams) (int64, error) {
-	result, err := q.db.Exec(ctx, purgeDeadLetters, arg.Queue, arg.Reason, arg.OlderThanSeconds)
+	result, err := q.db.Exec(ctx, purgeDeadLetters,
+		arg.Queue,
+		arg.Reason,
+		arg.Ids,
+		arg.OlderThanSeconds,
+	)
 	if err != nil {
 		return 0, err
 	}
@@ -199,11 +347,12 @@ WITH locked AS MATERIALIZED (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE ($1::text IS NULL OR y.queue = $1::text)
       AND ($2::text IS NULL OR y.failure_reason = $2::text)
-      AND ($3::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $3::float8))
-      AND y.id > $4::bigint
-      AND y.id <= $5::bigint
+      AND ($3::bigint[] IS NULL OR y.id = ANY($3::bigint[]))
+      AND ($4::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $4::float8))
+      AND y.id > $5::bigint
+      AND y.id <= $6::bigint
     ORDER BY y.id
-    LIMIT $6::integer
+    LIMIT $7::integer
     FOR UPDATE SKIP LOCKED
 ), picked AS MATERIALIZED (
     SELECT l.id, l.queue, l.timer_id,
@@ -218,13 +367,13 @@ WITH locked AS MATERIALIZED (
 ), moved AS (
     DELETE FROM /*outbox:table*/outbox_dlq AS x
     USING picked AS p
-    WHERE x.id = p.id AND (NOT p.conflict OR $7::boolean)
+    WHERE x.id = p.id AND (NOT p.conflict OR $8::boolean)
     RETURNING x.id, x.queue, x.payload,
               CASE WHEN x.headers IS NULL OR jsonb_typeof(x.headers) = 'object' THEN
                   coalesce(x.headers, '{}'::jsonb) || jsonb_build_object(
-                      $8::text, x.id::text,
-                      $9::text, coalesce(
-                          x.headers ->> $9::text,
+                      $9::text, x.id::text,
+                      $10::text, coalesce(
+                          x.headers ->> $10::text,
                           to_char(x.failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
               ELSE x.headers END AS headers,
               x.ordering_key,
@@ -245,6 +394,7 @@ ORDER BY p.id
 type ReplayDeadLettersParams struct {
 	Queue               *string
 	Reason              *string
+	Ids                 []int64
 	OlderThanSeconds    float64
 	AfterID             int64
 	UpToID              int64
@@ -280,6 +430,7 @@ func (q *Queries) ReplayDeadLetters(ctx context.Context, arg ReplayDeadLettersPa
 	rows, err := q.db.Query(ctx, replayDeadLetters,
 		arg.Queue,
 		arg.Reason,
+		arg.Ids,
 		arg.OlderThanSeconds,
 		arg.AfterID,
 		arg.UpToID,

@@ -8,6 +8,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxgen/outboxgen/db"
@@ -54,6 +55,17 @@ type DeadLetterFilter struct {
 	Reason string
 	// OlderThan selects rows dead-lettered at least this long ago.
 	OlderThan time.Duration
+	// IDs selects the rows with these ids (an operator's selection); empty
+	// selects by the other fields alone.
+	IDs []int64
+}
+
+// ids is IDs for the queries, where NULL (a nil slice) selects every id.
+func (f DeadLetterFilter) ids() []int64 {
+	if len(f.IDs) == 0 {
+		return nil
+	}
+	return f.IDs
 }
 
 func (f DeadLetterFilter) check() error {
@@ -87,15 +99,21 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID in
 		return nil, &InputError{Field: "limit", Rule: "must be positive"}
 	}
 	rows, err := o.queries(o.pool).ListDeadLetters(ctx, db.ListDeadLettersParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), OlderThanSeconds: f.OlderThan.Seconds(),
+		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
 		AfterID: afterID, MaxRows: int32(min(limit, 1<<30)),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: DeadLetters: %w", err)
 	}
+	return deadLettersOf(rows), nil
+}
+
+// deadLettersOf converts the rows the dead-letter reads return.
+func deadLettersOf[R db.ListDeadLettersRow | db.ListDeadLettersNewestRow | db.GetDeadLetterRow](rows []R) []DeadLetter {
 	var hc headerCache
 	out := make([]DeadLetter, len(rows))
-	for i, r := range rows {
+	for i, row := range rows {
+		r := db.ListDeadLettersRow(row)
 		d := DeadLetter{
 			ID: r.ID, Queue: r.Queue, Payload: r.Payload, Deliveries: int(r.DeliveriesCount), Attempts: int(r.AttemptsCount),
 			CreatedAt: r.CreatedAt, FailedAt: r.FailedAt, Reason: r.FailureReason,
@@ -112,7 +130,43 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID in
 		d.Headers, d.RawHeaders = readHeaders(&hc, r.Headers)
 		out[i] = d
 	}
-	return out, nil
+	return out
+}
+
+// NewestDeadLetters returns up to limit dead-lettered rows matching f with
+// ids below beforeID, newest (highest id) first: what failed last. Pass
+// math.MaxInt64 for the first page and the last id returned for the next.
+// It reads at most limit matching rows' worth of the primary key (or, for
+// one queue, of the queue index), so a page costs the same on a dead-letter
+// table of any size when the filter matches often.
+func (o *Outbox) NewestDeadLetters(ctx context.Context, f DeadLetterFilter, beforeID int64, limit int) ([]DeadLetter, error) {
+	if err := f.check(); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, &InputError{Field: "limit", Rule: "must be positive"}
+	}
+	rows, err := o.queries(o.pool).ListDeadLettersNewest(ctx, db.ListDeadLettersNewestParams{
+		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
+		BeforeID: beforeID, MaxRows: int32(min(limit, 1<<30)),
+	})
+	if err != nil {
+		return nil, wrapOp("NewestDeadLetters", err)
+	}
+	return deadLettersOf(rows), nil
+}
+
+// DeadLetter returns the dead-lettered row with the given id (its id in
+// the outbox), and false when the dead-letter table holds none.
+func (o *Outbox) DeadLetter(ctx context.Context, id int64) (DeadLetter, bool, error) {
+	row, err := o.queries(o.pool).GetDeadLetter(ctx, id)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return DeadLetter{}, false, nil
+	case err != nil:
+		return DeadLetter{}, false, wrapOp(fmt.Sprintf("DeadLetter %d", id), err)
+	}
+	return deadLettersOf([]db.GetDeadLetterRow{row})[0], true, nil
 }
 
 // replayBatch is how many rows one replay statement moves.
@@ -129,6 +183,12 @@ type ReplayOpts struct {
 	// outbox (a row of its queue holds the same timer id) without its timer
 	// id, instead of leaving it in the dead-letter table. Default false.
 	DropConflictingTimerIDs bool
+
+	// DryRun reports what the replay would do now, moving nothing: the
+	// same statements run in a transaction that is rolled back, so the
+	// result counts the rows it would replay and lists the timer
+	// conflicts it would meet, as of that moment.
+	DryRun bool
 
 	// Progress, when not nil, is called after each batch with the rows
 	// handled so far (replayed or skipped) and the total to handle.
@@ -189,8 +249,20 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 		opts = &ReplayOpts{}
 	}
 	q := o.queries(o.pool)
+	if opts.DryRun {
+		tx, err := o.pool.Begin(ctx)
+		if err != nil {
+			return res, wrapOp("ReplayDeadLetters (dry run)", err)
+		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = tx.Rollback(rctx)
+		}()
+		q = o.queries(tx)
+	}
 	count, err := q.CountDeadLetters(ctx, db.CountDeadLettersParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), OlderThanSeconds: f.OlderThan.Seconds()})
+		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds()})
 	if err != nil {
 		return res, fmt.Errorf("outbox: ReplayDeadLetters: %w", err)
 	}
@@ -202,7 +274,7 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 			return res, err
 		}
 		p := db.ReplayDeadLettersParams{
-			Queue: orNil(f.Queue), Reason: orNil(f.Reason), OlderThanSeconds: f.OlderThan.Seconds(),
+			Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
 			AfterID: after, UpToID: count.MaxID, MaxRows: replayBatch, DropTimerIds: opts.DropConflictingTimerIDs,
 			HeaderReplayedFrom: HeaderReplayedFrom, HeaderFirstFailedAt: HeaderFirstFailedAt,
 		}
@@ -210,7 +282,8 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 		// A publisher committed a timer id of this batch after the
 		// statement's snapshot was taken; the statement moved nothing, and
 		// run again it sees that row as a conflict.
-		for try := 0; isUniqueViolation(err) && try < replayRetries; try++ {
+		// A dry run's transaction is aborted by the failure: it reports it.
+		for try := 0; !opts.DryRun && isUniqueViolation(err) && try < replayRetries; try++ {
 			rows, err = q.ReplayDeadLetters(ctx, p)
 		}
 		if err != nil {
@@ -257,7 +330,7 @@ func (o *Outbox) CountDeadLetters(ctx context.Context, f DeadLetterFilter) (int6
 		return 0, err
 	}
 	count, err := o.queries(o.pool).CountDeadLetters(ctx, db.CountDeadLettersParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), OlderThanSeconds: f.OlderThan.Seconds()})
+		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds()})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: CountDeadLetters: %w", err)
 	}
@@ -271,7 +344,7 @@ func (o *Outbox) PurgeDeadLetters(ctx context.Context, f DeadLetterFilter) (int6
 		return 0, err
 	}
 	n, err := o.queries(o.pool).PurgeDeadLetters(ctx, db.PurgeDeadLettersParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), OlderThanSeconds: f.OlderThan.Seconds()})
+		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds()})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: PurgeDeadLetters: %w", err)
 	}

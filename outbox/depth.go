@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,6 +26,12 @@ type DepthOptions struct {
 	// per 10,000 on a vacuumed table, about 7 ms before vacuum. Default:
 	// DepthCapDefault; it must not be negative.
 	Cap int64
+	// Blocked also counts each queue's rows blocked behind their ordering
+	// key ([QueueDepth.Blocked]). No index holds them apart from the
+	// key's other rows, so the count reads the table: it looks at the
+	// queue's first Cap keyed rows, in key order, and counts the blocked
+	// ones among them. Default false.
+	Blocked bool
 }
 
 // QueueDepth is one queue's depth as [Outbox.QueueDepths] reads it: the
@@ -47,6 +54,10 @@ type QueueDepth struct {
 	Expired int64 `json:"expired"`
 	// DeadLettered counts the queue's rows in the dead-letter table.
 	DeadLettered int64 `json:"dead_lettered"`
+	// Blocked counts rows waiting behind their ordering key's head, among
+	// the first Cap keyed rows of the queue; zero unless
+	// [DepthOptions.Blocked] asked for it.
+	Blocked int64 `json:"blocked"`
 	// OldestReadyWait is how long the ready row that came due earliest has
 	// been due (now minus its next_attempt_at, on the server's clock): how
 	// long the longest-waiting due row has waited for a subscriber. Zero
@@ -82,8 +93,9 @@ type QueueDepth struct {
 // A missing outbox, or one at another schema version, gives a
 // *[SchemaError] naming the fix.
 func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDepth, error) {
-	limit := int64(DepthCapDefault)
+	limit, blocked := int64(DepthCapDefault), false
 	if opts != nil {
+		blocked = opts.Blocked
 		switch {
 		case opts.Cap < 0:
 			return nil, &InputError{Field: "DepthOptions.Cap", Rule: "must not be negative"}
@@ -91,7 +103,7 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 			limit = opts.Cap
 		}
 	}
-	rows, err := o.readDepths(ctx, limit)
+	rows, blockedRows, err := o.readDepths(ctx, limit, blocked)
 	if err != nil {
 		return nil, o.readError(ctx, "QueueDepths", err)
 	}
@@ -103,17 +115,31 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 			Capped: max(r.Ready, r.Scheduled, r.Leased, r.Expired, r.DeadLettered) >= limit,
 		}
 	}
+	// Both reads list queues by name.
+	for i, j := 0, 0; i < len(out) && j < len(blockedRows); {
+		switch b := blockedRows[j]; {
+		case out[i].Queue == b.Queue:
+			out[i].Blocked = b.Blocked
+			out[i].Capped = out[i].Capped || b.Scanned >= limit
+			i, j = i+1, j+1
+		case out[i].Queue < b.Queue:
+			i++
+		default:
+			j++
+		}
+	}
 	return out, nil
 }
 
-// readDepths runs the depth query in a read-only transaction of its own,
-// whose planner settings keep every read an index-only scan, however
-// recently the table was vacuumed, and skip JIT compilation, which would
-// cost more than the query (see DepthPlanSettings).
-func (o *Outbox) readDepths(ctx context.Context, limit int64) (rows []db.QueueDepthsRow, err error) {
+// readDepths runs the depth query, and with blocked the blocked count,
+// in a read-only transaction of its own, whose planner settings keep every
+// read an index scan, however recently the table was vacuumed, and skip
+// JIT compilation, which would cost more than the query (see
+// DepthPlanSettings).
+func (o *Outbox) readDepths(ctx context.Context, limit int64, blocked bool) (rows []db.QueueDepthsRow, blockedRows []db.BlockedDepthsRow, err error) {
 	tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() {
 		if err != nil {
@@ -124,10 +150,20 @@ func (o *Outbox) readDepths(ctx context.Context, limit int64) (rows []db.QueueDe
 	}()
 	q := o.queries(tx)
 	if err := q.DepthPlanSettings(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if rows, err = q.QueueDepths(ctx, limit); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return rows, tx.Commit(ctx)
+	if blocked && len(rows) > 0 {
+		queues := make([]string, len(rows))
+		for i, r := range rows {
+			queues[i] = r.Queue
+		}
+		scan := int32(min(limit, math.MaxInt32))
+		if blockedRows, err = q.BlockedDepths(ctx, db.BlockedDepthsParams{Queues: queues, ScanRows: scan}); err != nil {
+			return nil, nil, err
+		}
+	}
+	return rows, blockedRows, tx.Commit(ctx)
 }

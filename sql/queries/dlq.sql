@@ -24,7 +24,8 @@ SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
 FROM d;
 
 -- name: ListDeadLetters :many
--- Dead-lettered rows matching the optional filters with ids above
+-- Dead-lettered rows matching the optional filters (a queue, a reason, an
+-- age, a set of ids) with ids above
 -- @after_id, in id order. An @older_than_seconds of 0 selects rows of
 -- every age, also one whose failed_at another client wrote in the future;
 -- the statements below filter the same way. Timestamps are read within
@@ -38,6 +39,7 @@ SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND (sqlc.narg(ids)::bigint[] IS NULL OR x.id = ANY(sqlc.narg(ids)::bigint[]))
   AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
   AND x.id > @after_id::bigint
 ORDER BY x.id
@@ -63,6 +65,7 @@ WITH locked AS MATERIALIZED (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
       AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
+      AND (sqlc.narg(ids)::bigint[] IS NULL OR y.id = ANY(sqlc.narg(ids)::bigint[]))
       AND (@older_than_seconds::float8 = 0 OR y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
       AND y.id > @after_id::bigint
       AND y.id <= @up_to_id::bigint
@@ -110,6 +113,7 @@ ORDER BY p.id;
 DELETE FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND (sqlc.narg(ids)::bigint[] IS NULL OR x.id = ANY(sqlc.narg(ids)::bigint[]))
   AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8));
 
 -- name: CountDeadLetters :one
@@ -119,4 +123,34 @@ SELECT count(*)::bigint AS total, coalesce(max(x.id), 0)::bigint AS max_id
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND (sqlc.narg(ids)::bigint[] IS NULL OR x.id = ANY(sqlc.narg(ids)::bigint[]))
   AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8));
+
+-- name: ListDeadLettersNewest :many
+-- Dead-lettered rows matching the filters of ListDeadLetters with ids below
+-- @before_id, newest (highest id) first: a page of what failed last. It
+-- walks the primary key backwards, or, for one queue, the queue index
+-- ordered by failure time, and stops at @max_rows.
+SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+       x.deliveries_count, x.attempts_count,
+       least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
+       x.failure_reason, x.last_error
+FROM /*outbox:table*/outbox_dlq AS x
+WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
+  AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND (sqlc.narg(ids)::bigint[] IS NULL OR x.id = ANY(sqlc.narg(ids)::bigint[]))
+  AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
+  AND x.id < @before_id::bigint
+ORDER BY x.id DESC
+LIMIT @max_rows::integer;
+
+-- name: GetDeadLetter :one
+-- One dead-lettered row by its id, read as ListDeadLetters reads rows.
+SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+       x.deliveries_count, x.attempts_count,
+       least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
+       x.failure_reason, x.last_error
+FROM /*outbox:table*/outbox_dlq AS x
+WHERE x.id = @id::bigint;
