@@ -205,7 +205,9 @@ func timerState(ctx context.Context, rq *request, t target) (string, error) {
 var cancelTimer = actionKind{
 	name: "cancel timer", title: "Cancel a timer", path: "/timer/cancel",
 	parse: parseTimerTarget,
-	count: func(ctx context.Context, _ *Console, rq *request, t target) (string, error) { return timerState(ctx, rq, t) },
+	count: func(ctx context.Context, _ *Console, rq *request, t target) (string, error) {
+		return timerState(ctx, rq, t)
+	},
 	dryRun: func(ctx context.Context, _ *Console, rq *request, t target) (string, []string, error) {
 		s, err := timerState(ctx, rq, t)
 		return "Dry run: " + s, nil, err
