@@ -17,6 +17,7 @@ var layers = [][]string{
 	{"internal/claim"},
 	{"internal/engine"},
 	{"outbox"},
+	{"console"},
 }
 
 // TestPackagesImportOnlyBelowThem holds the packages of layers to their

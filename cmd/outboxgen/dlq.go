@@ -93,7 +93,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if sub == "purge" && *olderThan == 0 && !*yes {
 		return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
 	}
-	if sub == "replay" && filter == (outbox.DeadLetterFilter{}) && !*yes && !*dryRun {
+	if sub == "replay" && *queue == "" && *reason == "" && *olderThan == 0 && !*yes && !*dryRun {
 		return fmt.Errorf("%w: dlq replay: pass -queue, -reason or -older-than to choose rows, -dry-run to count them, or -yes to replay every dead-lettered row", errUsage)
 	}
 	if *dryRun && sub != "replay" {

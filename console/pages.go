@@ -1,0 +1,450 @@
+package console
+
+import (
+	"bytes"
+	"embed"
+	"errors"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outboxgen/outboxgen/outbox"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticRoot embed.FS
+
+// staticFS holds the style sheet and the script.
+var staticFS, _ = fs.Sub(staticRoot, "static")
+
+// pageNames are the pages, each a template of its own beside the layout.
+var pageNames = []string{"overview", "outbox", "queue", "keys", "dead", "deadletter", "row", "health", "action", "error"}
+
+// parsePages parses each page with the layout, its links built under
+// path.
+func parsePages(path string) (map[string]*template.Template, error) {
+	funcs := template.FuncMap{
+		"num":     num,
+		"count":   count,
+		"dur":     dur,
+		"stamp":   stamp,
+		"clip":    clip,
+		"preview": preview,
+		"root":    func() string { return path },
+		"q":       url.QueryEscape,
+		"neg":     func(d time.Duration) time.Duration { return -d },
+		"pct":     func(f float64) float64 { return f * 100 },
+		"size":    func(n int) string { return plural(int64(n), "byte", "bytes") },
+	}
+	out := map[string]*template.Template{}
+	for _, name := range pageNames {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
+		if err != nil {
+			return nil, err
+		}
+		out[name] = t
+	}
+	return out, nil
+}
+
+// view is what the layout renders around a page.
+type view struct {
+	Title   string
+	Root    string
+	Outbox  *outbox.OutboxName
+	Base    string
+	Nav     string
+	Refresh int
+	CSRF    string
+	Actions bool
+	// Took is the server time the page took to read and render.
+	Took string
+	Data any
+}
+
+// render writes page with v.
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, v view, start time.Time) {
+	v.Root = c.cfg.Path
+	v.Actions = c.cfg.Actions
+	if v.Took == "" {
+		v.Took = dur(time.Since(start))
+	}
+	var b bytes.Buffer
+	if err := c.pages[page].Execute(&b, v); err != nil {
+		slog.ErrorContext(r.Context(), "console: render", "page", page, "err", err)
+		http.Error(w, "the page could not be rendered", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(b.Bytes())
+}
+
+// fail renders an error page.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, rq *request, status int, err error) {
+	v := view{Title: http.StatusText(status), Data: err.Error()}
+	start := time.Now()
+	if rq != nil {
+		v.Outbox, v.Base, v.CSRF, start = &rq.name, rq.base, rq.csrf, rq.start
+	}
+	c.render(w, r, status, "error", v, start)
+}
+
+// statusOf is the status an error of a read gives: 400 for bad input.
+func statusOf(err error) int {
+	var in *outbox.InputError
+	var cf *outbox.ConfigError
+	if errors.As(err, &in) || errors.As(err, &cf) {
+		return http.StatusBadRequest
+	}
+	return http.StatusInternalServerError
+}
+
+func (rq *request) view(title, nav string, data any) view {
+	return view{Title: title, Outbox: &rq.name, Base: rq.base, Nav: nav, CSRF: rq.csrf, Data: data}
+}
+
+// overviewRow is one outbox on the overview.
+type overviewRow struct {
+	Name    outbox.OutboxName
+	Link    string
+	Version int64
+	Latest  int64
+	Err     string
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	names, err := c.list(r.Context())
+	if err != nil {
+		c.fail(w, r, nil, http.StatusInternalServerError, err)
+		return
+	}
+	rows := make([]overviewRow, len(names))
+	for i, n := range names {
+		rows[i] = overviewRow{Name: n, Link: c.outboxPath(n) + "/"}
+		st, err := c.state(r.Context(), n)
+		if err == nil {
+			rows[i].Latest = st.ob.LatestSchemaVersion()
+			rows[i].Version, err = st.ob.SchemaVersion(r.Context())
+		}
+		if err != nil {
+			rows[i].Err = err.Error()
+		}
+	}
+	c.render(w, r, http.StatusOK, "overview", view{Title: "Outboxes", Nav: "overview", CSRF: c.csrfToken(w, r), Data: rows}, start)
+}
+
+// depthRow is one queue's counts as the pages show them.
+type depthRow struct {
+	outbox.QueueDepth
+	Link string
+	Cap  int64
+}
+
+func (c *Console) depths(r *http.Request, rq *request) ([]depthRow, error) {
+	ds, err := rq.ob.QueueDepths(r.Context(), &outbox.DepthOptions{Cap: c.cfg.DepthCap, Blocked: true})
+	if err != nil {
+		return nil, err
+	}
+	rq.st.history.add(time.Now(), ds, c.refresh())
+	out := make([]depthRow, len(ds))
+	for i, d := range ds {
+		out[i] = depthRow{QueueDepth: d, Link: rq.base + "/queue?q=" + url.QueryEscape(d.Queue), Cap: c.cfg.DepthCap}
+	}
+	return out, nil
+}
+
+// refresh is the pages' refresh period, which paces the samples too.
+func (c *Console) refresh() time.Duration {
+	if c.cfg.Refresh < 0 {
+		return 5 * time.Second
+	}
+	return c.cfg.Refresh
+}
+
+func (c *Console) refreshSeconds() int {
+	if c.cfg.Refresh < 0 {
+		return 0
+	}
+	return max(1, int(c.cfg.Refresh.Round(time.Second)/time.Second))
+}
+
+type outboxData struct {
+	Queues []depthRow
+	Chart  chart
+	Cap    int64
+}
+
+func (c *Console) outboxPage(w http.ResponseWriter, r *http.Request, rq *request) {
+	ds, err := c.depths(r, rq)
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	v := rq.view(rq.name.String(), "queues", outboxData{Queues: ds, Chart: outboxChart(rq.st.history.snapshot()), Cap: c.cfg.DepthCap})
+	v.Refresh = c.refreshSeconds()
+	c.render(w, r, http.StatusOK, "outbox", v, rq.start)
+}
+
+type queueData struct {
+	Queue    string
+	Depth    depthRow
+	Found    bool
+	Chart    chart
+	Keys     []outbox.HeldKey
+	DeadLink string
+	KeysLink string
+}
+
+// keysOnQueuePage is how many held keys the queue page lists.
+const keysOnQueuePage = 20
+
+func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, rq *request) {
+	q := r.URL.Query().Get("q")
+	if q == "" {
+		c.fail(w, r, rq, http.StatusBadRequest, errors.New("name a queue: ?q=name"))
+		return
+	}
+	ds, err := c.depths(r, rq)
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	d := queueData{Queue: q, Chart: queueChart(rq.st.history.snapshot(), q),
+		DeadLink: rq.base + "/dead?q=" + url.QueryEscape(q), KeysLink: rq.base + "/keys?q=" + url.QueryEscape(q)}
+	for _, row := range ds {
+		if row.Queue == q {
+			d.Depth, d.Found = row, true
+		}
+	}
+	if d.Found {
+		if d.Keys, err = rq.ob.HeldKeys(r.Context(), &outbox.HeldKeyOptions{Queues: []string{q}, Limit: keysOnQueuePage}); err != nil {
+			c.fail(w, r, rq, statusOf(err), err)
+			return
+		}
+	}
+	v := rq.view("Queue "+q, "queues", d)
+	v.Refresh = c.refreshSeconds()
+	c.render(w, r, http.StatusOK, "queue", v, rq.start)
+}
+
+type keysData struct {
+	Queue string
+	Keys  []outbox.HeldKey
+	Limit int
+}
+
+// keysPerPage is how many held keys the keys page lists.
+const keysPerPage = 100
+
+func (c *Console) keysPage(w http.ResponseWriter, r *http.Request, rq *request) {
+	q := r.URL.Query().Get("q")
+	opts := &outbox.HeldKeyOptions{Limit: keysPerPage}
+	if q != "" {
+		opts.Queues = []string{q}
+	}
+	keys, err := rq.ob.HeldKeys(r.Context(), opts)
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "keys", rq.view("Held keys", "keys", keysData{Queue: q, Keys: keys, Limit: keysPerPage}), rq.start)
+}
+
+// deadPerPage is how many dead letters a page lists.
+const deadPerPage = 50
+
+// olderChoices are the ages the dead-letter filter offers.
+var olderChoices = []struct{ Value, Label string }{
+	{"", "any time"}, {"1h", "over an hour ago"}, {"24h", "over a day ago"}, {"168h", "over a week ago"},
+}
+
+// reasons are the dead-letter reasons the filter offers.
+var reasons = []string{outbox.ReasonMaxDeliveries, outbox.ReasonRetryExhausted, outbox.ReasonRejected, outbox.ReasonDecodeError}
+
+type deadData struct {
+	Filter  filterForm
+	Rows    []outbox.DeadLetter
+	Next    string
+	Older   []struct{ Value, Label string }
+	Reasons []string
+	Queues  []string
+	Link    func(int64) string
+}
+
+// filterForm is a dead-letter filter as its form fields hold it.
+type filterForm struct {
+	Queue, Reason, Older string
+	IDs                  []int64
+}
+
+// filter parses the form fields of a dead-letter filter.
+func parseFilter(v url.Values) (filterForm, outbox.DeadLetterFilter, error) {
+	ff := filterForm{Queue: v.Get("q"), Reason: v.Get("reason"), Older: v.Get("older")}
+	f := outbox.DeadLetterFilter{Queue: ff.Queue, Reason: ff.Reason}
+	if ff.Older != "" {
+		d, err := time.ParseDuration(ff.Older)
+		if err != nil || d < 0 {
+			return ff, f, &outbox.InputError{Field: "older", Rule: "must be a duration such as 24h"}
+		}
+		f.OlderThan = d
+	}
+	for _, s := range v["id"] {
+		id, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return ff, f, &outbox.InputError{Field: "id", Rule: "must be a whole number"}
+		}
+		ff.IDs = append(ff.IDs, id)
+	}
+	f.IDs = ff.IDs
+	return ff, f, nil
+}
+
+func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, rq *request) {
+	ff, f, err := parseFilter(r.URL.Query())
+	if err != nil {
+		c.fail(w, r, rq, http.StatusBadRequest, err)
+		return
+	}
+	before := int64(math.MaxInt64)
+	if s := r.URL.Query().Get("before"); s != "" {
+		if before, err = strconv.ParseInt(s, 10, 64); err != nil {
+			c.fail(w, r, rq, http.StatusBadRequest, &outbox.InputError{Field: "before", Rule: "must be a whole number"})
+			return
+		}
+	}
+	rows, err := rq.ob.NewestDeadLetters(r.Context(), f, before, deadPerPage+1)
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	d := deadData{Filter: ff, Older: olderChoices, Reasons: reasons,
+		Link: func(id int64) string { return rq.base + "/dead/" + strconv.FormatInt(id, 10) }}
+	if len(rows) > deadPerPage {
+		rows = rows[:deadPerPage]
+		next := r.URL.Query()
+		next.Set("before", strconv.FormatInt(rows[len(rows)-1].ID, 10))
+		d.Next = rq.base + "/dead?" + next.Encode()
+	}
+	d.Rows = rows
+	queues := map[string]bool{}
+	for _, row := range rows {
+		queues[row.Queue] = true
+	}
+	d.Queues = slices.Sorted(maps.Keys(queues))
+	c.render(w, r, http.StatusOK, "dead", rq.view("Dead letters", "dead", d), rq.start)
+}
+
+type deadLetterData struct {
+	DL      outbox.DeadLetter
+	Payload payloadView
+	Headers [][2]string
+	Raw     string
+	// QueueLink links the queue's page.
+	QueueLink string
+	// FirstFailed is when it first failed: when an earlier replay of it
+	// recorded that in a header, that time, else its FailedAt.
+	FirstFailed string
+}
+
+func (c *Console) deadLetterPage(w http.ResponseWriter, r *http.Request, rq *request) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		c.fail(w, r, rq, http.StatusBadRequest, &outbox.InputError{Field: "id", Rule: "must be a whole number"})
+		return
+	}
+	dl, ok, err := rq.ob.DeadLetter(r.Context(), id)
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	if !ok {
+		c.fail(w, r, rq, http.StatusNotFound, errors.New("the dead-letter table holds no row "+strconv.FormatInt(id, 10)+
+			" (it may have been replayed or deleted)"))
+		return
+	}
+	d := deadLetterData{DL: dl, Payload: formatPayload(dl.Payload), Headers: sortedHeaders(dl.Headers), Raw: string(dl.RawHeaders),
+		QueueLink: rq.base + "/queue?q=" + url.QueryEscape(dl.Queue), FirstFailed: stamp(dl.FailedAt)}
+	if t, err := time.Parse(time.RFC3339Nano, dl.Headers[outbox.HeaderFirstFailedAt]); err == nil {
+		d.FirstFailed = stamp(t)
+	}
+	c.render(w, r, http.StatusOK, "deadletter", rq.view("Dead letter "+strconv.FormatInt(id, 10), "dead", d), rq.start)
+}
+
+func sortedHeaders(h map[string]string) [][2]string {
+	out := make([][2]string, 0, len(h))
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		out = append(out, [2]string{k, h[k]})
+	}
+	return out
+}
+
+type rowData struct {
+	ID, Queue, Timer string
+	Asked            bool
+	Found            bool
+	Row              outbox.Row
+	Payload          payloadView
+	Headers          [][2]string
+	Raw              string
+	// DeadLink links the dead letter of the id asked for, when the
+	// dead-letter table holds it.
+	DeadLink string
+}
+
+func (c *Console) rowPage(w http.ResponseWriter, r *http.Request, rq *request) {
+	qv := r.URL.Query()
+	d := rowData{ID: strings.TrimSpace(qv.Get("id")), Queue: qv.Get("q"), Timer: qv.Get("timer")}
+	var err error
+	switch {
+	case d.ID != "":
+		d.Asked = true
+		id, perr := strconv.ParseInt(d.ID, 10, 64)
+		if perr != nil {
+			c.fail(w, r, rq, http.StatusBadRequest, &outbox.InputError{Field: "id", Rule: "must be a whole number"})
+			return
+		}
+		if d.Row, d.Found, err = rq.ob.Row(r.Context(), id); err == nil && !d.Found {
+			var dead bool
+			if _, dead, err = rq.ob.DeadLetter(r.Context(), id); dead {
+				d.DeadLink = rq.base + "/dead/" + strconv.FormatInt(id, 10)
+			}
+		}
+	case d.Timer != "":
+		d.Asked = true
+		d.Row, d.Found, err = rq.ob.RowByTimer(r.Context(), d.Queue, d.Timer)
+	}
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	if d.Found {
+		d.Payload, d.Headers, d.Raw = formatPayload(d.Row.Payload), sortedHeaders(d.Row.Headers), string(d.Row.RawHeaders)
+	}
+	c.render(w, r, http.StatusOK, "row", rq.view("Find a row", "row", d), rq.start)
+}
+
+type healthData struct {
+	H outbox.Health
+}
+
+func (c *Console) healthPage(w http.ResponseWriter, r *http.Request, rq *request) {
+	h, err := rq.ob.Health(r.Context(), nil)
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "health", rq.view("Health", "health", healthData{H: h}), rq.start)
+}
