@@ -185,9 +185,9 @@ func run[T any](p *page, what string, a chromedp.Action[T]) T {
 }
 
 // eval evaluates a JavaScript expression in the tab.
-func eval[T any](p *page, expr string) T {
+func eval[T any](p *page, expr string, opts ...chromedp.EvaluateOption) T {
 	p.t.Helper()
-	return run(p, "evaluating "+expr, chromedp.Evaluate[T](expr))
+	return run(p, "evaluating "+expr, chromedp.Evaluate[T](expr, opts...))
 }
 
 // location is the tab's URL, for failure messages; it does not fail.
@@ -348,4 +348,3 @@ func (l *lineLog) stop() {
 	}
 	l.done = true
 }
-

@@ -6,13 +6,13 @@ replace github.com/outboxgen/outboxgen => ../..
 
 require (
 	github.com/chromedp/chromedp v0.23.0
+	github.com/google/go-cmp v0.7.0
 	github.com/outboxgen/outboxgen v0.0.0-00010101000000-000000000000
 )
 
 require (
 	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
-	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect

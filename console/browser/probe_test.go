@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/chromedp/chromedp"
 )
 
 // The strings the XSS tests plant in user data: each runs script, or
@@ -63,12 +65,45 @@ func (p *page) requireNoInjection(where string) {
 	}
 }
 
+// inlineProbe adds an inline event handler and an inline script to the
+// page, as an injection that got past the escaping would, and evaluates
+// to whether either ran and which Content-Security-Policy directives
+// they violated.
+const inlineProbe = `new Promise(resolve => {
+	const violated = [];
+	const done = () => resolve({ran: typeof window.__inline !== 'undefined', violated: violated});
+	document.addEventListener('securitypolicyviolation', e => {
+		violated.push(e.violatedDirective);
+		if (violated.length === 2) done();
+	});
+	document.body.insertAdjacentHTML('beforeend', '<img id="inline-probe" src="x" onerror="window.__inline=1">');
+	const s = document.createElement('script');
+	s.textContent = 'window.__inline = 2';
+	document.body.appendChild(s);
+	if (typeof window.__inline !== 'undefined') done(); // the script ran at once
+	setTimeout(done, 3000);
+})`
+
+// inlineScript is what inlineProbe found.
+type inlineScript struct {
+	Ran      bool     `json:"ran"`
+	Violated []string `json:"violated"`
+}
+
+// tryInlineScript runs inlineProbe on the current page. It leaves an
+// img[src=x] in the page: run it last on a page.
+func (p *page) tryInlineScript() inlineScript {
+	p.t.Helper()
+	return eval[inlineScript](p, inlineProbe, chromedp.EvalAwaitPromise)
+}
+
 // TestInjectionProbe checks the browser harness: Chromium starts, loads a
 // page and takes a screenshot, and the probe the XSS tests rely on finds
 // each planted string on a page that renders it raw, and nothing on one
 // that escapes it.
 func TestInjectionProbe(t *testing.T) {
 	chromiumPath(t)
+	t.Parallel()
 	planted := []string{xssScript, xssImg, xssURL}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -101,6 +136,11 @@ func TestInjectionProbe(t *testing.T) {
 		if !strings.Contains(body, s) {
 			t.Errorf("escaped page does not show %q as text; body:\n%s", s, body)
 		}
+	}
+
+	// Without a Content-Security-Policy, inline script runs.
+	if got := p.tryInlineScript(); !got.Ran || len(got.Violated) > 0 {
+		t.Errorf("page without a Content-Security-Policy: inline script ran %v, violated %q; want it to run", got.Ran, got.Violated)
 	}
 
 	p.open("/raw")
