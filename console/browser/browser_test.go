@@ -204,10 +204,16 @@ func (p *page) location() string {
 // open navigates to path on the server and fails unless it answers 200.
 func (p *page) open(path string) {
 	p.t.Helper()
-	resp := run(p, "opening "+path, chromedp.NavigateResponse(p.base+path))
-	if resp.Status != 200 {
-		p.t.Fatalf("opening %s: status %d %s", path, resp.Status, resp.StatusText)
+	if status := p.openStatus(path); status != 200 {
+		p.t.Fatalf("opening %s: status %d", path, status)
 	}
+}
+
+// openStatus navigates to path on the server and returns the status of
+// the answer.
+func (p *page) openStatus(path string) int {
+	p.t.Helper()
+	return int(run(p, "opening "+path, chromedp.NavigateResponse(p.base+path)).Status)
 }
 
 // follow runs actions that navigate (a click on a link or a submit

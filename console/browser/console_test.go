@@ -317,23 +317,31 @@ func TestUserDataIsEscaped(t *testing.T) {
 	base := outboxPath(f)
 	shot := 0
 	seen := map[string]bool{}
-	// visit opens path, checks that nothing planted ran or became markup
-	// and that the page shows each of want as text, saves a screenshot
-	// and follows the links on the page built from planted data.
-	visit := func(name, path string, want ...string) {
+	// check checks that nothing planted ran or became markup on the
+	// current page and that it shows each of want as text, and saves a
+	// screenshot.
+	check := func(name string, want ...string) {
 		t.Helper()
-		p.open(path)
 		p.requireNoInjection(name)
 		body := eval[string](p, `document.body.textContent`)
 		for _, w := range want {
 			if !strings.Contains(body, w) {
-				t.Errorf("%s (%s) does not show %q as text", name, path, w)
+				t.Errorf("%s (%s) does not show %q as text", name, p.path(), w)
 			}
 		}
 		shot++
 		p.shot(fmt.Sprintf("%02d-%s.png", shot, name))
+	}
+	// visit opens path, checks it and follows the links on it built from
+	// planted data.
+	visit := func(name, path string, want ...string) {
+		t.Helper()
+		p.open(path)
+		check(name, want...)
 		p.followPlantedLinks(name, path, seen)
 	}
+	// quoted is s as the action pages quote it.
+	quoted := strconv.Quote
 
 	visit("overview", "/")
 	visit("outbox", base+"/", planted...)
@@ -352,6 +360,9 @@ func TestUserDataIsEscaped(t *testing.T) {
 	p.shot(fmt.Sprintf("%02d-outbox-refreshed.png", shot))
 	for i, q := range planted {
 		visit(fmt.Sprintf("queue-%d", i+1), base+"/queue?q="+url.QueryEscape(q), q)
+		if got := eval[string](p, `document.title`); !strings.Contains(got, q) {
+			t.Errorf("queue page of %q: title %q does not name it", q, got)
+		}
 		visit(fmt.Sprintf("keys-%d", i+1), base+"/keys?q="+url.QueryEscape(q), q)
 		if got := eval[[]string](p, `[...document.querySelectorAll('table#keys tr.key')].map(r => r.dataset.key)`); !cmp.Equal(got, []string{q}) {
 			t.Errorf("keys of queue %q: data-key %q, want [%q]", q, got, q)
@@ -376,6 +387,45 @@ func TestUserDataIsEscaped(t *testing.T) {
 		}
 	}
 	visit("health", base+"/health")
+
+	// The pages of the actions' first two steps (count, dry run; no
+	// confirmation) name what they act on: the dead letters of a planted
+	// queue, a planted timer of a planted queue.
+	for i, q := range planted {
+		p.open(base + "/dead?q=" + url.QueryEscape(q))
+		p.click("button#replay-filter")
+		check(fmt.Sprintf("replay-count-%d", i+1), quoted(q))
+		p.click("button#dry-run")
+		check(fmt.Sprintf("replay-dry-run-%d", i+1))
+		l := lives[i]
+		p.open(base + "/row?q=" + url.QueryEscape(l.queue) + "&timer=" + url.QueryEscape(l.timer))
+		p.click("button#cancel-timer")
+		check(fmt.Sprintf("cancel-count-%d", i+1), quoted(l.timer), quoted(l.queue))
+		p.click("button#dry-run")
+		check(fmt.Sprintf("cancel-dry-run-%d", i+1), quoted(l.timer), quoted(l.queue))
+	}
+	if n := countDeadLetters(t, ob, outbox.DeadLetterFilter{}); n != int64(len(planted)) {
+		t.Errorf("after the dry runs: %d dead letters, want %d", n, len(planted))
+	}
+
+	// Planted strings the database does not hold, sent in the URL, come
+	// back in the pages: an unknown outbox (404), an unknown queue, a
+	// lookup of an unknown timer (its form shows what was asked).
+	for i, s := range planted {
+		path := "/o/" + url.PathEscape(s) + "/outbox/"
+		if status := p.openStatus(path); status != http.StatusNotFound {
+			t.Errorf("GET %s: status %d, want 404", path, status)
+		}
+		check(fmt.Sprintf("no-outbox-%d", i+1), s)
+		visit(fmt.Sprintf("no-queue-%d", i+1), base+"/queue?q="+url.QueryEscape(s+" (none)"), s+" (none)")
+		visit(fmt.Sprintf("no-timer-%d", i+1), base+"/row?q="+url.QueryEscape(s)+"&timer="+url.QueryEscape(s+" (none)"))
+		if !p.has("p#not-found") {
+			t.Errorf("row lookup of timer %q found a row", s+" (none)")
+		}
+		if got := eval[[]string](p, `[...document.querySelectorAll('form#row-lookup input')].map(i => i.value)`); !slices.Contains(got, s+" (none)") {
+			t.Errorf("row lookup of timer %q: the form holds %q, not the timer asked for", s+" (none)", got)
+		}
+	}
 
 	// Had markup got through, the pages' Content-Security-Policy would
 	// still keep it from running: an inline handler and an inline script
