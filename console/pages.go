@@ -124,6 +124,16 @@ type overviewRow struct {
 	Err     string
 }
 
+// maxOverview is how many outboxes the overview lists (each costs it a
+// read of the outbox's schema version).
+const maxOverview = 200
+
+type overviewData struct {
+	Rows []overviewRow
+	// More counts the outboxes past maxOverview, not listed.
+	More int
+}
+
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	names, err := c.list(r.Context())
@@ -131,6 +141,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, nil, http.StatusInternalServerError, err)
 		return
 	}
+	more := max(0, len(names)-maxOverview)
+	names = names[:len(names)-more]
 	rows := make([]overviewRow, len(names))
 	for i, n := range names {
 		rows[i] = overviewRow{Name: n, Link: c.outboxPath(n) + "/"}
@@ -143,7 +155,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			rows[i].Err = err.Error()
 		}
 	}
-	c.render(w, r, http.StatusOK, "overview", view{Title: "Outboxes", Nav: "overview", CSRF: c.csrfToken(w, r), Data: rows}, start)
+	c.render(w, r, http.StatusOK, "overview", view{Title: "Outboxes", Nav: "overview", CSRF: c.csrfToken(w, r),
+		Data: overviewData{Rows: rows, More: more}}, start)
 }
 
 // depthRow is one queue's counts as the pages show them.
@@ -347,11 +360,21 @@ func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, rq *request) 
 	c.render(w, r, http.StatusOK, "dead", rq.view("Dead letters", "dead", d), rq.start)
 }
 
-type deadLetterData struct {
-	DL      outbox.DeadLetter
+// message is a row's payload and headers as a page shows them.
+type message struct {
 	Payload payloadView
 	Headers [][2]string
-	Raw     string
+	// Raw holds headers that are not an object of strings, as stored.
+	Raw string
+}
+
+func messageOf(payload []byte, headers map[string]string, raw []byte) message {
+	return message{Payload: formatPayload(payload), Headers: sortedHeaders(headers), Raw: string(raw)}
+}
+
+type deadLetterData struct {
+	DL      outbox.DeadLetter
+	Message message
 	// QueueLink links the queue's page.
 	QueueLink string
 	// FirstFailed is when it first failed: when an earlier replay of it
@@ -375,7 +398,7 @@ func (c *Console) deadLetterPage(w http.ResponseWriter, r *http.Request, rq *req
 			" (it may have been replayed or deleted)"))
 		return
 	}
-	d := deadLetterData{DL: dl, Payload: formatPayload(dl.Payload), Headers: sortedHeaders(dl.Headers), Raw: string(dl.RawHeaders),
+	d := deadLetterData{DL: dl, Message: messageOf(dl.Payload, dl.Headers, dl.RawHeaders),
 		QueueLink: rq.base + "/queue?q=" + url.QueryEscape(dl.Queue), FirstFailed: stamp(dl.FailedAt)}
 	if t, err := time.Parse(time.RFC3339Nano, dl.Headers[outbox.HeaderFirstFailedAt]); err == nil {
 		d.FirstFailed = stamp(t)
@@ -396,9 +419,7 @@ type rowData struct {
 	Asked            bool
 	Found            bool
 	Row              outbox.Row
-	Payload          payloadView
-	Headers          [][2]string
-	Raw              string
+	Message          message
 	// DeadLink links the dead letter of the id asked for, when the
 	// dead-letter table holds it.
 	DeadLink string
@@ -431,7 +452,7 @@ func (c *Console) rowPage(w http.ResponseWriter, r *http.Request, rq *request) {
 		return
 	}
 	if d.Found {
-		d.Payload, d.Headers, d.Raw = formatPayload(d.Row.Payload), sortedHeaders(d.Row.Headers), string(d.Row.RawHeaders)
+		d.Message = messageOf(d.Row.Payload, d.Row.Headers, d.Row.RawHeaders)
 	}
 	c.render(w, r, http.StatusOK, "row", rq.view("Find a row", "row", d), rq.start)
 }

@@ -11,6 +11,7 @@
 //	    [-drop-timer-ids] [-dry-run] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen grants [-publisher ROLE] [-subscriber ROLE] [-apply] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
+//	outboxgen console [-listen ADDR] [-actions] [-user NAME] [-dsn DSN]
 //
 // Flags may come before, between or after a command's arguments:
 // "migrate -schema s up" and "migrate up -schema s" are the same.
@@ -25,12 +26,14 @@
 // be granted. bind
 // writes typed constructors and an AsyncAPI document for the types
 // annotated //outbox:message queue=NAME [type=TYPENAME]; type= also
-// generates the type's OutboxMessageType method. Exit status is 2 for a
+// generates the type's OutboxMessageType method. console serves the web
+// console (package console) on loopback, read-only unless -actions; on
+// another address it needs -user and $OUTBOXGEN_CONSOLE_PASSWORD. Exit status is 2 for a
 // usage error and 1 when the command fails.
 //
 // Environment (a flag wins over its variable):
 //
-//	DATABASE_URL   database of migrate, inspect, health, dlq and grants -apply (-dsn);
+//	DATABASE_URL   database of migrate, inspect, health, dlq, console and grants -apply (-dsn);
 //	               when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
 //	               PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
 //	OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
@@ -132,12 +135,13 @@ Commands:
   dlq          list, show, replay or purge dead-lettered rows
   grants       print (or -apply) the GRANT statements of a publishing and a subscribing role
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
+  console      serve the web console: queues, held keys, dead letters, rows, health
 
 Flags may come before or after a command's arguments. Run
 "outboxgen COMMAND -h" for a command's flags and an example.
 
 Environment (a flag wins over its variable):
-  DATABASE_URL   database of migrate, inspect, health, dlq and grants -apply (-dsn);
+  DATABASE_URL   database of migrate, inspect, health, dlq, console and grants -apply (-dsn);
                  when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
                  PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
   OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
@@ -149,7 +153,7 @@ the outboxes the database holds.
 `
 
 // commands are the command names, for suggestions.
-var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "grants", "bind", "help"}
+var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "grants", "bind", "console", "help"}
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	if len(args) == 0 {
@@ -171,6 +175,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return grantsCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "bind":
 		return bindCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "console":
+		return consoleCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil

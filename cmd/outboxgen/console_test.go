@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// startConsole runs outboxgen console with args until the test ends and
+// returns the URL it serves.
+func startConsole(t *testing.T, env map[string]string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	var stderr strings.Builder
+	go func() {
+		done <- run(ctx, append([]string{"console", "-listen", "127.0.0.1:0"}, args...), pw, &stderr, func(k string) string { return env[k] })
+		_ = pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		cancel()
+		t.Fatalf("console printed %q, %v; stderr: %s", line, err, stderr.String())
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("console exited %d after its context ended; stderr: %s", code, stderr.String())
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("console did not stop within 10 s of its context ending")
+		}
+	})
+	url, _, ok := strings.Cut(strings.TrimPrefix(line, "outboxgen console on "), " ")
+	if !ok || !strings.HasPrefix(url, "http://127.0.0.1:") {
+		t.Fatalf("console's first line: %q", line)
+	}
+	return url
+}
+
+func get(t *testing.T, url, user, password string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+func TestConsoleServesTheOutboxesOnLoopback(t *testing.T) {
+	d, _, env, _ := migrated(t)
+	url := startConsole(t, env)
+	code, body := get(t, url, "", "")
+	if code != http.StatusOK || !strings.Contains(body, `data-outbox="`+d.Schema+`.outbox"`) {
+		t.Errorf("GET / = %d; body lists the outbox: %v", code, strings.Contains(body, d.Schema))
+	}
+	if !strings.Contains(body, "read-only") {
+		t.Error("the console without -actions does not say it is read-only")
+	}
+}
+
+func TestConsoleAsksForItsPassword(t *testing.T) {
+	_, _, env, _ := migrated(t)
+	env["OUTBOXGEN_CONSOLE_PASSWORD"] = "s3cret"
+	url := startConsole(t, env, "-user", "ops")
+	var got []int
+	for _, c := range [][2]string{{"", ""}, {"ops", "wrong"}, {"other", "s3cret"}, {"ops", "s3cret"}} {
+		code, _ := get(t, url, c[0], c[1])
+		got = append(got, code)
+	}
+	if diff := cmp.Diff([]int{401, 401, 401, 200}, got); diff != "" {
+		t.Errorf("status without, with wrong and with right credentials (-want +got):\n%s", diff)
+	}
+}
+
+func TestConsoleUsageErrors(t *testing.T) {
+	env := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"every interface without a password", env, []string{"-listen", ":8080"}, "reachable from other machines"},
+		{"another host without a password", env, []string{"-listen", "10.0.0.1:8080"}, "pass -user"},
+		{"user without password", env, []string{"-user", "ops"}, "OUTBOXGEN_CONSOLE_PASSWORD"},
+		{"password without user", map[string]string{"OUTBOXGEN_CONSOLE_PASSWORD": "x"}, nil, "pass -user too"},
+		{"bad address", env, []string{"-listen", "nowhere"}, `-listen "nowhere"`},
+		{"argument", env, []string{"extra"}, "console"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := runCLI(t, c.env, append([]string{"console"}, c.args...)...)
+			if r.code != 2 || !strings.Contains(r.stderr, c.want) {
+				t.Errorf("exit %d, stderr %q; want 2 and %q", r.code, r.stderr, c.want)
+			}
+		})
+	}
+}
