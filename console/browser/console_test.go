@@ -105,6 +105,9 @@ func TestOperatorReplaysADeadLetter(t *testing.T) {
 	p.open("/")
 	p.do("waiting for the outbox list", chromedp.WaitVisible(chromedp.CSS("table#outboxes")))
 	outboxRow := "table#outboxes tr.outbox[data-outbox=" + cssString(name) + "]"
+	if !p.has(outboxRow) {
+		t.Fatalf("the overview does not list %s; it says: %s", name, p.text("main"))
+	}
 	if got, want := strings.TrimSpace(p.text(outboxRow+" td.version")), strconv.FormatInt(ob.LatestSchemaVersion(), 10); got != want {
 		t.Errorf("overview: version of %s = %q, want %q", name, got, want)
 	}

@@ -2,6 +2,8 @@ package browser_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/outbox"
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
@@ -25,10 +29,33 @@ func TestMain(m *testing.M) { outboxtest.Main(m) }
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // newOutbox returns a migrated outbox in a schema of the test's own,
-// dropped when the test ends.
+// console_browser_ and random hex, dropped when the test ends. The name
+// sorts before the schemas other tests make (outboxtest_...), so the
+// console's overview, which lists the first outboxes by name, lists it
+// however many outboxes the test database holds.
 func newOutbox(t *testing.T) *outboxtest.Fixture {
 	t.Helper()
-	f := outboxtest.New(t, outboxtest.Connect(t), nil)
+	pool := outboxtest.Connect(t)
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	schema := "console_browser_" + hex.EncodeToString(b[:])
+	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f := &outboxtest.Fixture{Outbox: ob, Pool: pool, Schema: schema}
 	t.Logf("%s", f)
 	return f
 }
