@@ -260,8 +260,10 @@ func (c *Console) action(k actionKind) func(http.ResponseWriter, *http.Request, 
 		}
 		d := actionData{Title: k.title, Post: rq.base + k.path, Fields: t.fieldList(), Drop: t.drop,
 			Replay: k.name == replayDeadLetters.name, Back: rq.base + "/dead"}
+		nav := "dead"
 		if k.name == cancelTimer.name {
 			d.Back = rq.base + "/row?q=" + url.QueryEscape(t.queue) + "&timer=" + url.QueryEscape(t.timer)
+			nav = "row"
 		}
 		ctx := r.Context()
 		switch step := r.PostForm.Get("step"); step {
@@ -288,7 +290,7 @@ func (c *Console) action(k actionKind) func(http.ResponseWriter, *http.Request, 
 			c.fail(w, r, rq, statusOf(err), err)
 			return
 		}
-		c.render(w, r, http.StatusOK, "action", rq.view(k.title, "dead", d), rq.start)
+		c.render(w, r, http.StatusOK, "action", rq.view(k.title, nav, d), rq.start)
 	}
 }
 
