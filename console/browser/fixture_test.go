@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/outbox"
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
@@ -35,10 +36,15 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // however many outboxes the test database holds.
 func newOutbox(t *testing.T) *outboxtest.Fixture {
 	t.Helper()
-	pool := outboxtest.Connect(t)
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	schema := "console_browser_" + hex.EncodeToString(b[:])
+	return newOutboxIn(t, outboxtest.Connect(t), "console_browser_"+hex.EncodeToString(b[:]))
+}
+
+// newOutboxIn returns a migrated outbox in schema on pool, dropping the
+// schema when the test ends.
+func newOutboxIn(t *testing.T, pool *pgxpool.Pool, schema string) *outboxtest.Fixture {
+	t.Helper()
 	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
