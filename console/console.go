@@ -166,6 +166,7 @@ func (c *Console) routes() {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /{$}", c.overview)
 	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(staticFS)))
+	m.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	o := "/o/{schema}/{table}"
 	m.HandleFunc("GET "+o+"/{$}", c.withOutbox(c.outboxPage))
 	m.HandleFunc("GET "+o+"/queue", c.withOutbox(c.queuePage))
@@ -259,6 +260,9 @@ type request struct {
 	base  string // the outbox's URL path, without a trailing slash
 	csrf  string
 	start time.Time
+	// read is the depths the page read, at readAt.
+	read   []outbox.QueueDepth
+	readAt time.Time
 }
 
 func (c *Console) withOutbox(page func(http.ResponseWriter, *http.Request, *request)) http.HandlerFunc {

@@ -11,7 +11,9 @@ import (
 
 // operator is the service's own check that a request comes from an
 // operator, and who it is.
-func operator(r *http.Request) (string, bool) { return r.Header.Get("X-Operator"), r.Header.Get("X-Operator") != "" }
+func operator(r *http.Request) (string, bool) {
+	return r.Header.Get("X-Operator"), r.Header.Get("X-Operator") != ""
+}
 
 // Mount the console in a service, behind the service's own check of who
 // may see it.

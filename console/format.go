@@ -125,8 +125,8 @@ func dur(d time.Duration) string {
 	}
 	var s string
 	switch {
-	case d < time.Millisecond:
-		s = "0 ms"
+	case d < 10*time.Millisecond:
+		s = fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
 	case d < time.Second:
 		s = fmt.Sprintf("%d ms", d.Milliseconds())
 	case d < time.Minute:

@@ -33,10 +33,10 @@ func TestFormatPayload(t *testing.T) {
 
 func TestNumbersAndDurations(t *testing.T) {
 	got := []string{num(0), num(999), num(1000), num(-1234567), count(10, 10), count(9, 10), count(5, 0),
-		dur(0), dur(850 * time.Millisecond), dur(12400 * time.Millisecond), dur(200 * time.Second),
+		dur(0), dur(400 * time.Microsecond), dur(850 * time.Millisecond), dur(12400 * time.Millisecond), dur(200 * time.Second),
 		dur(125 * time.Minute), dur(99 * time.Hour), dur(-3 * time.Second), preview([]byte("a\n  b"), 10), clip("abcdef", 3)}
 	want := []string{"0", "999", "1,000", "-1,234,567", "≥ 10", "9", "5",
-		"0 ms", "850 ms", "12.4 s", "3 m 20 s", "2 h 5 m", "4 d 3 h", "−3.0 s", "a b", "abc…"}
+		"0.0 ms", "0.4 ms", "850 ms", "12.4 s", "3 m 20 s", "2 h 5 m", "4 d 3 h", "−3.0 s", "a b", "abc…"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
@@ -58,6 +58,13 @@ func TestHistoryKeepsOneSamplePerRefreshAndDrawsIt(t *testing.T) {
 	}
 	if diff := cmp.Diff([]int64{2, 3, 4}, got); diff != "" {
 		t.Errorf("samples kept (-want +got):\n%s", diff)
+	}
+	cur := h.withCurrent(t0.Add(17*time.Second), d(9))
+	if n := len(cur); n != 3 || cur[n-1].depths[0].Ready != 9 || cur[n-2].depths[0].Ready != 3 {
+		t.Errorf("withCurrent does not end at the page's read: %+v", cur)
+	}
+	if kept := h.withCurrent(t0.Add(15*time.Second), d(4)); len(kept) != 3 || kept[2].depths[0].Ready != 4 {
+		t.Errorf("withCurrent of the last sample changed it: %+v", kept)
 	}
 	c := queueChart(h.snapshot(), "q")
 	if c.Empty != "" || len(c.Lines) != 5 || c.Lines[0].Points != "0.0,80.0 360.0,40.0 720.0,0.0" || c.Max != "4" || c.Span != "10.0 s" {

@@ -45,6 +45,21 @@ func (h *history) snapshot() []sample {
 	return slices.Clone(h.samples)
 }
 
+// withCurrent returns the samples ending with the read a page shows: when
+// add kept it, as they are; otherwise with it in place of the last
+// sample, so that the chart ends at the page's counts.
+func (h *history) withCurrent(at time.Time, depths []outbox.QueueDepth) []sample {
+	s := h.snapshot()
+	if n := len(s); n > 0 && !s[n-1].at.Equal(at) {
+		if n > 1 {
+			s[n-1] = sample{at, depths}
+		} else {
+			s = append(s, sample{at, depths})
+		}
+	}
+	return s
+}
+
 // chart is a line chart drawn as SVG by the page template.
 type chart struct {
 	Width, Height int
@@ -91,8 +106,12 @@ func outboxChart(samples []sample) chart {
 	}
 	last := slices.Clone(samples[len(samples)-1].depths)
 	slices.SortStableFunc(last, func(a, b outbox.QueueDepth) int { return cmp.Compare(backlog(b), backlog(a)) })
+	// The deepest queues, in name order, so that a queue keeps its
+	// colour when lines cross.
+	top := last[:min(len(last), maxChartLines)]
+	slices.SortFunc(top, func(a, b outbox.QueueDepth) int { return cmp.Compare(a.Queue, b.Queue) })
 	var ss []series
-	for _, d := range last[:min(len(last), maxChartLines)] {
+	for _, d := range top {
 		ss = append(ss, series{label: d.Queue, value: backlog, queue: d.Queue})
 	}
 	return drawChart(samples, ss)

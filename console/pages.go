@@ -46,6 +46,7 @@ func parsePages(path string) (map[string]*template.Template, error) {
 		"neg":     func(d time.Duration) time.Duration { return -d },
 		"pct":     func(f float64) float64 { return f * 100 },
 		"size":    func(n int) string { return plural(int64(n), "byte", "bytes") },
+		"upper":   strings.ToUpper,
 	}
 	out := map[string]*template.Template{}
 	for _, name := range pageNames {
@@ -171,7 +172,8 @@ func (c *Console) depths(r *http.Request, rq *request) ([]depthRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	rq.st.history.add(time.Now(), ds, c.refresh())
+	rq.readAt, rq.read = time.Now(), ds
+	rq.st.history.add(rq.readAt, ds, c.refresh())
 	out := make([]depthRow, len(ds))
 	for i, d := range ds {
 		out[i] = depthRow{QueueDepth: d, Link: rq.base + "/queue?q=" + url.QueryEscape(d.Queue), Cap: c.cfg.DepthCap}
@@ -206,7 +208,7 @@ func (c *Console) outboxPage(w http.ResponseWriter, r *http.Request, rq *request
 		c.fail(w, r, rq, statusOf(err), err)
 		return
 	}
-	v := rq.view(rq.name.String(), "queues", outboxData{Queues: ds, Chart: outboxChart(rq.st.history.snapshot()), Cap: c.cfg.DepthCap})
+	v := rq.view(rq.name.String(), "queues", outboxData{Queues: ds, Chart: outboxChart(rq.st.history.withCurrent(rq.readAt, rq.read)), Cap: c.cfg.DepthCap})
 	v.Refresh = c.refreshSeconds()
 	c.render(w, r, http.StatusOK, "outbox", v, rq.start)
 }
@@ -235,7 +237,7 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, rq *request)
 		c.fail(w, r, rq, statusOf(err), err)
 		return
 	}
-	d := queueData{Queue: q, Chart: queueChart(rq.st.history.snapshot(), q),
+	d := queueData{Queue: q, Chart: queueChart(rq.st.history.withCurrent(rq.readAt, rq.read), q),
 		DeadLink: rq.base + "/dead?q=" + url.QueryEscape(q), KeysLink: rq.base + "/keys?q=" + url.QueryEscape(q)}
 	for _, row := range ds {
 		if row.Queue == q {
