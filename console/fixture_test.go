@@ -1,17 +1,25 @@
 package console
 
 import (
+	"bytes"
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/printer"
+	"go/token"
 	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
@@ -24,8 +32,9 @@ func TestMain(m *testing.M) {
 // The large outbox the console's quality bars are measured on: 1,000,000
 // outbox rows over four queues and 100,000 dead letters.
 //
-// bench/cmd/consoleload builds the same outbox with a copy of these
-// statements: a change here belongs there too.
+// bench/cmd/consoleload builds the same outbox from a copy of these
+// declarations, which TestConsoleloadBuildsTheSameOutbox holds equal to
+// them: a change here belongs there too.
 const (
 	fixtureRounds   = 10     // rounds of inserts, each a slice of the id range
 	fixturePlain    = 80_000 // rows without an ordering key, per round
@@ -276,4 +285,70 @@ func get(tb testing.TB, h http.Handler, target, want string) string {
 		tb.Fatalf("GET %s: %d, want 200 with %s:\n%s", target, rec.Code, want, body)
 	}
 	return string(body)
+}
+
+// consoleload is the program that measures the database's cost of a tab
+// left open on the console, on a copy of the fixture.
+const consoleload = "../bench/cmd/consoleload/main.go"
+
+// fixtureNames are the declarations that make the fixture's outbox.
+var fixtureNames = []string{"fixtureRounds", "fixturePlain", "fixtureKeys", "fixturePerKey", "fixtureDead",
+	"fixtureRows", "fixtureFirstRow", "fixtureQueue", "fixtureSQL", "fixtureStmt"}
+
+// fixtureDecls returns, by name, the source (without comments) of the
+// declarations of fixtureNames in the file at path.
+func fixtureDecls(t *testing.T, path string) map[string]string {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	keep := func(name string, node any) {
+		if !slices.Contains(fixtureNames, name) {
+			return
+		}
+		var b bytes.Buffer
+		if err := printer.Fprint(&b, fset, node); err != nil {
+			t.Fatal(err)
+		}
+		out[name] = b.String()
+	}
+	for _, d := range f.Decls {
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			if d.Recv == nil {
+				keep(d.Name.Name, d.Body)
+			}
+		case *ast.GenDecl:
+			for _, spec := range d.Specs {
+				switch s := spec.(type) {
+				case *ast.ValueSpec:
+					if len(s.Values) == 1 {
+						keep(s.Names[0].Name, s.Values[0])
+					}
+				case *ast.TypeSpec:
+					keep(s.Name.Name, s.Type)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// bench/cmd/consoleload measures on the same outbox as the plan test and
+// the page benchmark: its copy of the fixture's declarations is this
+// file's.
+func TestConsoleloadBuildsTheSameOutbox(t *testing.T) {
+	t.Parallel()
+	ours, theirs := fixtureDecls(t, "fixture_test.go"), fixtureDecls(t, consoleload)
+	for _, name := range fixtureNames {
+		if ours[name] == "" {
+			t.Errorf("fixture_test.go declares no %s", name)
+		}
+	}
+	if diff := cmp.Diff(ours, theirs); diff != "" {
+		t.Errorf("%s builds another outbox than fixture_test.go (-here +there):\n%s", consoleload, diff)
+	}
 }
