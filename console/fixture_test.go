@@ -25,10 +25,6 @@ import (
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
-func TestMain(m *testing.M) {
-	pgtest.Main(m)
-}
-
 // The large outbox the console's quality bars are measured on: 1,000,000
 // outbox rows over four queues and 100,000 dead letters.
 //
