@@ -78,9 +78,16 @@ type Config struct {
 	History int
 
 	// DepthCap is where each count stops ([outbox.DepthOptions.Cap]).
-	// Default outbox.DepthCapDefault.
+	// Default DepthCapDefault.
 	DepthCap int64
 }
+
+// DepthCapDefault is the default [Config.DepthCap]: each count the
+// Queues and Queue pages show stops at 5,000. A page reads at most that
+// many index entries per count and the first that many keyed rows of each
+// queue, about 40 ms on an outbox of 1,000,000 rows on a 2-core machine
+// (70 ms at outbox.DepthCapDefault, 10,000).
+const DepthCapDefault = 5_000
 
 // Console is the console's http.Handler.
 type Console struct {
@@ -129,7 +136,7 @@ func New(cfg Config) (*Console, error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg.Refresh = cmp.Or(cfg.Refresh, 5*time.Second)
 	cfg.History = cmp.Or(cfg.History, 720)
-	cfg.DepthCap = cmp.Or(cfg.DepthCap, outbox.DepthCapDefault)
+	cfg.DepthCap = cmp.Or(cfg.DepthCap, DepthCapDefault)
 	probe, err := outbox.New(cfg.Pool, nil)
 	if err != nil {
 		return nil, err
