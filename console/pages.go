@@ -259,14 +259,20 @@ type keysData struct {
 	Queue string
 	Keys  []outbox.HeldKey
 	Limit int
+	// Scan is how many heads of each state HeldKeys looks at per queue.
+	Scan int64
 }
 
 // keysPerPage is how many held keys the keys page lists.
 const keysPerPage = 100
 
+// heldKeysScan is how many heads of each state the keys page looks at
+// per queue (outbox.HeldKeyOptions.Scan).
+const heldKeysScan = 1000
+
 func (c *Console) keysPage(w http.ResponseWriter, r *http.Request, rq *request) {
 	q := r.URL.Query().Get("q")
-	opts := &outbox.HeldKeyOptions{Limit: keysPerPage}
+	opts := &outbox.HeldKeyOptions{Limit: keysPerPage, Scan: heldKeysScan}
 	if q != "" {
 		opts.Queues = []string{q}
 	}
@@ -275,7 +281,7 @@ func (c *Console) keysPage(w http.ResponseWriter, r *http.Request, rq *request) 
 		c.fail(w, r, rq, statusOf(err), err)
 		return
 	}
-	c.render(w, r, http.StatusOK, "keys", rq.view("Held keys", "keys", keysData{Queue: q, Keys: keys, Limit: keysPerPage}), rq.start)
+	c.render(w, r, http.StatusOK, "keys", rq.view("Held keys", "keys", keysData{Queue: q, Keys: keys, Limit: keysPerPage, Scan: heldKeysScan}), rq.start)
 }
 
 // deadPerPage is how many dead letters a page lists.

@@ -88,7 +88,8 @@ func (o *Outbox) HeldKeys(ctx context.Context, opts *HeldKeyOptions) ([]HeldKey,
 	}
 	queues := opt.Queues
 	if len(queues) == 0 {
-		depths, err := o.QueueDepths(ctx, nil)
+		// Only the names: a cap of 1 stops each count at its first entry.
+		depths, err := o.QueueDepths(ctx, &DepthOptions{Cap: 1})
 		if err != nil {
 			return nil, err
 		}
