@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/outboxgen/outboxgen/console"
@@ -20,6 +21,10 @@ with a chart, held ordering keys, dead letters, a row by id or timer id,
 and health. It reads only, unless -actions enables replaying and
 deleting dead letters and cancelling timers (each a form in three steps:
 count, dry run, confirm; each logged to stderr with who asked).
+
+It shows every outbox in the database; -schema and -table (or
+$OUTBOX_SCHEMA and $OUTBOX_TABLE) name the one whose page it prints the
+address of.
 
 It listens on loopback unless told otherwise. On any other address it
 needs -user, and the password in $OUTBOXGEN_CONSOLE_PASSWORD: browsers
@@ -85,6 +90,8 @@ func consoleCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		mode = "actions enabled"
 	}
 	fmt.Fprintf(stdout, "outboxgen console on http://%s/ (%s, database %s)\n", ln.Addr(), mode, t.db)
+	schema, table := conn.resolve(getenv)
+	fmt.Fprintf(stdout, "outbox %s.%s: http://%s/o/%s/%s/\n", schema, table, ln.Addr(), url.PathEscape(schema), url.PathEscape(table))
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {

@@ -13,8 +13,8 @@ import (
 )
 
 // startConsole runs outboxgen console with args until the test ends and
-// returns the URL it serves.
-func startConsole(t *testing.T, env map[string]string, args ...string) string {
+// returns the URL it serves and its second line (the chosen outbox's).
+func startConsole(t *testing.T, env map[string]string, args ...string) (string, string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	pr, pw := io.Pipe()
@@ -24,12 +24,14 @@ func startConsole(t *testing.T, env map[string]string, args ...string) string {
 		done <- run(ctx, append([]string{"console", "-listen", "127.0.0.1:0"}, args...), pw, &stderr, func(k string) string { return env[k] })
 		_ = pw.Close()
 	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	if err != nil {
+	out := bufio.NewReader(pr)
+	line, err := out.ReadString('\n')
+	second, err2 := out.ReadString('\n')
+	if err != nil || err2 != nil {
 		cancel()
-		t.Fatalf("console printed %q, %v; stderr: %s", line, err, stderr.String())
+		t.Fatalf("console printed %q %q, %v %v; stderr: %s", line, second, err, err2, stderr.String())
 	}
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	go func() { _, _ = io.Copy(io.Discard, out) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -45,7 +47,7 @@ func startConsole(t *testing.T, env map[string]string, args ...string) string {
 	if !ok || !strings.HasPrefix(url, "http://127.0.0.1:") {
 		t.Fatalf("console's first line: %q", line)
 	}
-	return url
+	return url, strings.TrimSuffix(second, "\n")
 }
 
 func get(t *testing.T, url, user, password string) (int, string) {
@@ -71,7 +73,11 @@ func get(t *testing.T, url, user, password string) (int, string) {
 
 func TestConsoleServesTheOutboxesOnLoopback(t *testing.T) {
 	d, _, env, _ := migrated(t)
-	url := startConsole(t, env)
+	env["OUTBOX_SCHEMA"] = d.Schema
+	url, second := startConsole(t, env)
+	if want := "outbox " + d.Schema + ".outbox: " + url + "o/" + d.Schema + "/outbox/"; second != want {
+		t.Errorf("second line %q, want %q", second, want)
+	}
 	code, body := get(t, url, "", "")
 	if code != http.StatusOK || !strings.Contains(body, `data-outbox="`+d.Schema+`.outbox"`) {
 		t.Errorf("GET / = %d; body lists the outbox: %v", code, strings.Contains(body, d.Schema))
@@ -84,7 +90,7 @@ func TestConsoleServesTheOutboxesOnLoopback(t *testing.T) {
 func TestConsoleAsksForItsPassword(t *testing.T) {
 	_, _, env, _ := migrated(t)
 	env["OUTBOXGEN_CONSOLE_PASSWORD"] = "s3cret"
-	url := startConsole(t, env, "-user", "ops")
+	url, _ := startConsole(t, env, "-user", "ops")
 	var got []int
 	for _, c := range [][2]string{{"", ""}, {"ops", "wrong"}, {"other", "s3cret"}, {"ops", "s3cret"}} {
 		code, _ := get(t, url, c[0], c[1])
