@@ -77,6 +77,10 @@ type Config struct {
 	// Refresh. Default 720 (an hour at 5 seconds).
 	History int
 
+	// Timeout bounds each request's reads and actions: past it, the
+	// page shows the error. Default 30 seconds.
+	Timeout time.Duration
+
 	// DepthCap is where each count stops ([outbox.DepthOptions.Cap]).
 	// Default DepthCapDefault.
 	DepthCap int64
@@ -126,9 +130,9 @@ func New(cfg Config) (*Console, error) {
 		return nil, &outbox.ConfigError{Field: "Config.Path", Value: cfg.Path,
 			Rule: `must start with "/" and not end with one (or be empty)`}
 	}
-	if cfg.History < 0 || cfg.DepthCap < 0 {
-		return nil, &outbox.ConfigError{Field: "Config.History/DepthCap",
-			Value: fmt.Sprint(cfg.History, cfg.DepthCap), Rule: "must not be negative"}
+	if cfg.History < 0 || cfg.DepthCap < 0 || cfg.Timeout < 0 {
+		return nil, &outbox.ConfigError{Field: "Config.History/DepthCap/Timeout",
+			Value: fmt.Sprint(cfg.History, cfg.DepthCap, cfg.Timeout), Rule: "must not be negative"}
 	}
 	if cfg.User == nil {
 		cfg.User = defaultUser
@@ -137,6 +141,7 @@ func New(cfg Config) (*Console, error) {
 	cfg.Refresh = cmp.Or(cfg.Refresh, 5*time.Second)
 	cfg.History = cmp.Or(cfg.History, 720)
 	cfg.DepthCap = cmp.Or(cfg.DepthCap, DepthCapDefault)
+	cfg.Timeout = cmp.Or(cfg.Timeout, 30*time.Second)
 	probe, err := outbox.New(cfg.Pool, nil)
 	if err != nil {
 		return nil, err
@@ -166,7 +171,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Cache-Control", "no-store")
-	c.mux.ServeHTTP(w, r)
+	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.Timeout)
+	defer cancel()
+	c.mux.ServeHTTP(w, r.WithContext(ctx))
 }
 
 func (c *Console) routes() {

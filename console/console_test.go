@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"html"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -339,4 +341,27 @@ func TestPagesEscapeWhatTheDatabaseHolds(t *testing.T) {
 func testPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	return pgtest.New(t).Pool
+}
+
+func TestPagesGiveUpAfterTheTimeout(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, Config{Timeout: 300 * time.Millisecond})
+	s.fixture()
+	s.page(s.base + "/") // the outbox is known
+	tx, err := s.d.Pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(t.Context(), "LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	code, body := s.get(s.base + "/")
+	if took := time.Since(start); code != http.StatusInternalServerError || took < 250*time.Millisecond || took > 10*time.Second {
+		t.Errorf("a page behind a lock: %d after %v: %s", code, took, errorText(body))
+	}
+	if !strings.Contains(body, `id="error"`) {
+		t.Error("the page does not say why it failed")
+	}
 }

@@ -73,7 +73,7 @@ func TestHistoryKeepsOneSamplePerRefreshAndDrawsIt(t *testing.T) {
 }
 
 func TestNewChecksItsConfig(t *testing.T) {
-	for _, cfg := range []Config{{}, {Pool: testPool(t), Path: "console"}, {Pool: testPool(t), Path: "/console/"}, {Pool: testPool(t), History: -1}} {
+	for _, cfg := range []Config{{}, {Pool: testPool(t), Path: "console"}, {Pool: testPool(t), Path: "/console/"}, {Pool: testPool(t), History: -1}, {Pool: testPool(t), Timeout: -time.Second}} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) accepted it", cfg)
 		}
