@@ -71,9 +71,16 @@ type PublisherConfig[T any] struct {
 // Publisher writes messages of type T to one queue of an outbox, inside the
 // caller's transaction. It is safe for concurrent use.
 type Publisher[T any] struct {
+	publisher
+	codec Codec[T]
+}
+
+// publisher is what a Publisher does that does not depend on its message
+// type: checks, headers, the statements, metrics. It is compiled once, not
+// once per message type.
+type publisher struct {
 	ob          *Outbox
 	queue       string
-	codec       Codec[T]
 	contentType string
 	messageType string
 	maxPayload  int
@@ -96,50 +103,71 @@ func ValidateQueue(name string) error { return checkQueue("queue", name) }
 // Subscribers of another type refuse the row. Interfaces and byte slices
 // record no type.
 func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Publisher[T], error) {
-	if ob == nil {
-		return nil, &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
-	}
-	if err := checkQueue("queue", queue); err != nil {
-		return nil, err
-	}
 	var c PublisherConfig[T]
 	if cfg != nil {
 		c = *cfg
 	}
 	if c.Codec == nil {
 		c.Codec = DefaultCodec[T]()
-	} else if v := reflect.ValueOf(c.Codec); v.Kind() == reflect.Pointer && v.IsNil() {
-		return nil, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T(nil)", c.Codec), Rule: "must not be a nil pointer"}
-	}
-	switch {
-	case c.MaxPayloadBytes == 0:
-		c.MaxPayloadBytes = PayloadMaxBytesDefault
-	case c.MaxPayloadBytes < 0 || c.MaxPayloadBytes > PayloadMaxBytesLimit:
-		return nil, &ConfigError{Field: "PublisherConfig.MaxPayloadBytes", Value: fmt.Sprint(c.MaxPayloadBytes),
-			Rule: fmt.Sprintf("must be between 1 and %d (PayloadMaxBytesLimit)", PayloadMaxBytesLimit)}
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	contentType := c.Codec.ContentType()
-	if contentType == "" || !msgtype.Printable(contentType, true) {
-		return nil, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T", c.Codec),
-			Rule: "ContentType() must return a non-empty printable string"}
 	}
 	messageType, err := messageTypeOf[T]()
 	if err != nil {
-		return nil, &ConfigError{Field: "T", Value: reflect.TypeFor[T]().String(), Rule: err.Error()}
+		err = &ConfigError{Field: "T", Value: reflect.TypeFor[T]().String(), Rule: err.Error()}
 	}
-	return &Publisher[T]{
-		ob:          ob,
-		queue:       queue,
-		codec:       c.Codec,
-		contentType: contentType,
-		messageType: messageType.Name,
-		maxPayload:  c.MaxPayloadBytes,
-		metrics:     c.Metrics,
-		headersFrom: c.HeadersFrom,
-		log:         c.Logger,
+	core, err := newPublisherCore(ob, queue, c.Codec, c.Codec.ContentType, messageType.Name, err, &publisherSettings{
+		maxPayload: c.MaxPayloadBytes, metrics: c.Metrics, log: c.Logger, headersFrom: c.HeadersFrom,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Publisher[T]{publisher: core, codec: c.Codec}, nil
+}
+
+// publisherSettings are the fields of a PublisherConfig that do not depend
+// on its message type.
+type publisherSettings struct {
+	maxPayload  int
+	metrics     MetricsRecorder
+	log         *slog.Logger
+	headersFrom func(ctx context.Context) map[string]string
+}
+
+// newPublisherCore validates what NewPublisher was given, in the order its
+// errors are reported: ob, queue, the codec (a nil pointer in codec; its
+// content type from contentType, called only once the codec is known not
+// to be one), the payload cap, then the message type's error typeErr.
+func newPublisherCore(ob *Outbox, queue string, codec any, contentType func() string, messageType string, typeErr error,
+	s *publisherSettings) (publisher, error) {
+	if ob == nil {
+		return publisher{}, &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
+	}
+	if err := checkQueue("queue", queue); err != nil {
+		return publisher{}, err
+	}
+	if v := reflect.ValueOf(codec); v.Kind() == reflect.Pointer && v.IsNil() {
+		return publisher{}, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T(nil)", codec), Rule: "must not be a nil pointer"}
+	}
+	switch {
+	case s.maxPayload == 0:
+		s.maxPayload = PayloadMaxBytesDefault
+	case s.maxPayload < 0 || s.maxPayload > PayloadMaxBytesLimit:
+		return publisher{}, &ConfigError{Field: "PublisherConfig.MaxPayloadBytes", Value: fmt.Sprint(s.maxPayload),
+			Rule: fmt.Sprintf("must be between 1 and %d (PayloadMaxBytesLimit)", PayloadMaxBytesLimit)}
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	ct := contentType()
+	if ct == "" || !msgtype.Printable(ct, true) {
+		return publisher{}, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T", codec),
+			Rule: "ContentType() must return a non-empty printable string"}
+	}
+	if typeErr != nil {
+		return publisher{}, typeErr
+	}
+	return publisher{
+		ob: ob, queue: queue, contentType: ct, messageType: messageType, maxPayload: s.maxPayload,
+		metrics: s.metrics, headersFrom: s.headersFrom, log: s.log,
 	}, nil
 }
 
@@ -162,26 +190,26 @@ func (p *Publisher[T]) Queue() string { return p.queue }
 // stays usable too.
 func (p *Publisher[T]) Publish(ctx context.Context, tx DBTX, msg T, opts *PublishOpts) (int64, error) {
 	start := time.Now()
-	id, size, err := p.publish(ctx, tx, msg, opts)
-	p.observe(start, 1, size, err)
+	var (
+		id      int64
+		payload []byte
+	)
+	opts, err := p.prepare(ctx, tx, opts, false)
+	if err == nil {
+		payload, err = p.encode(msg, "msg", -1)
+	}
+	if err == nil {
+		id, err = p.insert(ctx, tx, payload, opts)
+	}
+	p.observe(start, 1, len(payload), err)
 	return id, err
 }
 
-func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *PublishOpts) (int64, int, error) {
-	opts, err := p.contextHeaders(ctx, opts)
-	if err != nil {
-		return 0, 0, err
-	}
-	if err := p.check(tx, opts, false); err != nil {
-		return 0, 0, err
-	}
-	payload, err := p.encode(msg, "msg", -1)
-	if err != nil {
-		return 0, 0, err
-	}
+// insert writes one row of payload.
+func (p *publisher) insert(ctx context.Context, tx DBTX, payload []byte, opts *PublishOpts) (int64, error) {
 	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts), p.messageType)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	delay, notBefore := opts.schedule()
 	q := p.ob.queries(tx)
@@ -192,7 +220,7 @@ func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *Publis
 			TimerID: opts.TimerID, DelaySeconds: delay, NotBefore: notBefore,
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
-			return 0, len(payload), ErrTimerExists
+			return 0, ErrTimerExists
 		}
 	} else {
 		id, err = q.Publish(ctx, db.PublishParams{
@@ -201,9 +229,9 @@ func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *Publis
 		})
 	}
 	if err != nil {
-		return 0, len(payload), wrapOp(fmt.Sprintf("Publish to %q", p.queue), err)
+		return 0, wrapOp(fmt.Sprintf("Publish to %q", p.queue), err)
 	}
-	return id, len(payload), nil
+	return id, nil
 }
 
 // PublishBatch writes one row per message through tx in a single statement
@@ -216,35 +244,34 @@ func (p *Publisher[T]) publish(ctx context.Context, tx DBTX, msg T, opts *Publis
 // writes nothing.
 func (p *Publisher[T]) PublishBatch(ctx context.Context, tx DBTX, msgs []T, opts *PublishOpts) ([]int64, error) {
 	start := time.Now()
-	ids, size, err := p.publishBatch(ctx, tx, msgs, opts)
+	var (
+		ids  []int64
+		size int
+	)
+	opts, err := p.prepare(ctx, tx, opts, true)
+	if err == nil && len(msgs) > 0 {
+		payloads := make([][]byte, len(msgs))
+		for i, m := range msgs {
+			if payloads[i], err = p.encode(m, "msgs", i); err != nil {
+				break
+			}
+			size += len(payloads[i])
+		}
+		if err != nil {
+			size = 0
+		} else {
+			ids, err = p.insertBatch(ctx, tx, payloads, opts)
+		}
+	}
 	p.observe(start, len(msgs), size, err)
 	return ids, err
 }
 
-func (p *Publisher[T]) publishBatch(ctx context.Context, tx DBTX, msgs []T, opts *PublishOpts) ([]int64, int, error) {
-	opts, err := p.contextHeaders(ctx, opts)
-	if err != nil {
-		return nil, 0, err
-	}
-	if err := p.check(tx, opts, true); err != nil {
-		return nil, 0, err
-	}
-	if len(msgs) == 0 {
-		return nil, 0, nil
-	}
-	payloads := make([][]byte, len(msgs))
-	size := 0
-	for i, m := range msgs {
-		b, err := p.encode(m, "msgs", i)
-		if err != nil {
-			return nil, 0, err
-		}
-		payloads[i] = b
-		size += len(b)
-	}
+// insertBatch writes one row per payload in one statement.
+func (p *publisher) insertBatch(ctx context.Context, tx DBTX, payloads [][]byte, opts *PublishOpts) ([]int64, error) {
 	headers, err := encodeHeaders(opts.headers(), p.contentType, correlationID(opts), p.messageType)
 	if err != nil {
-		return nil, size, err
+		return nil, err
 	}
 	delay, notBefore := opts.schedule()
 	ids, err := p.ob.queries(tx).PublishBatch(ctx, db.PublishBatchParams{
@@ -252,18 +279,28 @@ func (p *Publisher[T]) publishBatch(ctx context.Context, tx DBTX, msgs []T, opts
 		DelaySeconds: delay, NotBefore: notBefore, Payloads: payloads,
 	})
 	if err != nil {
-		return nil, size, wrapOp(fmt.Sprintf("PublishBatch to %q", p.queue), err)
+		return nil, wrapOp(fmt.Sprintf("PublishBatch to %q", p.queue), err)
 	}
-	if len(ids) != len(msgs) {
-		return nil, size, fmt.Errorf("outbox: PublishBatch to %q: inserted %d rows for %d messages", p.queue, len(ids), len(msgs))
+	if len(ids) != len(payloads) {
+		return nil, fmt.Errorf("outbox: PublishBatch to %q: inserted %d rows for %d messages", p.queue, len(ids), len(payloads))
 	}
 	// Identity values are drawn in insertion order, which follows msgs.
 	slices.Sort(ids)
-	return ids, size, nil
+	return ids, nil
+}
+
+// prepare adds the headers HeadersFrom takes from ctx to opts and checks
+// what every publish call shares, before anything is encoded or sent.
+func (p *publisher) prepare(ctx context.Context, tx DBTX, opts *PublishOpts, batch bool) (*PublishOpts, error) {
+	opts, err := p.contextHeaders(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return opts, p.check(tx, opts, batch)
 }
 
 // check validates what every publish call shares.
-func (p *Publisher[T]) check(tx DBTX, opts *PublishOpts, batch bool) error {
+func (p *publisher) check(tx DBTX, opts *PublishOpts, batch bool) error {
 	if tx == nil {
 		return &InputError{Field: "tx", Rule: "must not be nil"}
 	}
@@ -279,7 +316,7 @@ func (p *Publisher[T]) check(tx DBTX, opts *PublishOpts, batch bool) error {
 
 // contextHeaders returns opts with the headers HeadersFrom takes from ctx
 // added under opts' own, or opts itself when there are none.
-func (p *Publisher[T]) contextHeaders(ctx context.Context, opts *PublishOpts) (_ *PublishOpts, err error) {
+func (p *publisher) contextHeaders(ctx context.Context, opts *PublishOpts) (_ *PublishOpts, err error) {
 	if p.headersFrom == nil {
 		return opts, nil
 	}
@@ -306,6 +343,11 @@ func (p *Publisher[T]) contextHeaders(ctx context.Context, opts *PublishOpts) (_
 // indexed by i unless i is negative; the name is built only on failure.
 func (p *Publisher[T]) encode(msg T, field string, i int) ([]byte, error) {
 	b, err := encode(p.codec, msg)
+	return p.payload(b, err, field, i)
+}
+
+// payload checks an encoded payload b (err: the codec's failure).
+func (p *publisher) payload(b []byte, err *InputError, field string, i int) ([]byte, error) {
 	if err == nil && b == nil {
 		// The payload column is NOT NULL, and pgx sends a nil slice as
 		// NULL: the violation would abort the caller's transaction.
@@ -325,7 +367,7 @@ func (p *Publisher[T]) encode(msg T, field string, i int) ([]byte, error) {
 	return b, nil
 }
 
-func (p *Publisher[T]) observe(start time.Time, count, size int, err error) {
+func (p *publisher) observe(start time.Time, count, size int, err error) {
 	record(p.metrics, p.log, MetricEvent{
 		Name: EventPublished, Queue: p.queue, Count: count, Bytes: size,
 		Duration: time.Since(start), ErrorType: errorClass(err),

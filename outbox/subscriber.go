@@ -108,8 +108,9 @@ func newSubscriber[T any](ob *Outbox, queues []string, noHandler bool, cfg *Subs
 	if err != nil {
 		return nil, err
 	}
+	set := c.settings()
 	s := &Subscriber[T]{
-		core:        core{ob: ob, eng: c.engine(ob, queues)},
+		core:        core{ob: ob, eng: set.engine(ob, queues)},
 		cfg:         c,
 		contentType: c.Codec.ContentType(),
 	}

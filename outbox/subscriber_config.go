@@ -201,6 +201,108 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 	if c != nil {
 		r = *c
 	}
+	set := r.settings()
+	if err := set.resolve(queues, c != nil); err != nil {
+		return r, err
+	}
+	r.set(&set)
+	if r.Codec == nil {
+		r.Codec = DefaultCodec[T]()
+	} else if v := reflect.ValueOf(r.Codec); v.Kind() == reflect.Pointer && v.IsNil() {
+		return r, &ConfigError{Field: "SubscriberConfig.Codec", Value: fmt.Sprintf("%T(nil)", r.Codec), Rule: "must not be a nil pointer"}
+	}
+	return r, nil
+}
+
+// subscriberSettings are the fields of a SubscriberConfig that do not
+// depend on its message type: what resolve checks and defaults, and what
+// the engine runs with, compiled once rather than once per message type.
+type subscriberSettings struct {
+	Name                string
+	Workers             int
+	FetchBatchSize      int
+	MinFetchInterval    time.Duration
+	MaxFetchInterval    time.Duration
+	LeaseTTL            time.Duration
+	HeartbeatInterval   time.Duration
+	LockWindow          time.Duration
+	MaxDeliveries       int
+	Retry               RetryStrategy
+	DisableDeadLetter   bool
+	GracefulTimeout     time.Duration
+	AckBatchSize        int
+	AckLinger           time.Duration
+	QueryTimeout        time.Duration
+	ListenProbeInterval time.Duration
+	ListenProbeTimeout  time.Duration
+	ListenDSN           string
+	ListenConnect       func(ctx context.Context) (*pgx.Conn, error)
+	Metrics             MetricsRecorder
+	Observer            DeliveryObserver
+	Logger              *slog.Logger
+	minLockedClaim      int
+}
+
+// settings copies c's fields but Codec.
+func (c *SubscriberConfig[T]) settings() subscriberSettings {
+	return subscriberSettings{
+		Name:                c.Name,
+		Workers:             c.Workers,
+		FetchBatchSize:      c.FetchBatchSize,
+		MinFetchInterval:    c.MinFetchInterval,
+		MaxFetchInterval:    c.MaxFetchInterval,
+		LeaseTTL:            c.LeaseTTL,
+		HeartbeatInterval:   c.HeartbeatInterval,
+		LockWindow:          c.LockWindow,
+		MaxDeliveries:       c.MaxDeliveries,
+		Retry:               c.Retry,
+		DisableDeadLetter:   c.DisableDeadLetter,
+		GracefulTimeout:     c.GracefulTimeout,
+		AckBatchSize:        c.AckBatchSize,
+		AckLinger:           c.AckLinger,
+		QueryTimeout:        c.QueryTimeout,
+		ListenProbeInterval: c.ListenProbeInterval,
+		ListenProbeTimeout:  c.ListenProbeTimeout,
+		ListenDSN:           c.ListenDSN,
+		ListenConnect:       c.ListenConnect,
+		Metrics:             c.Metrics,
+		Observer:            c.Observer,
+		Logger:              c.Logger,
+		minLockedClaim:      c.minLockedClaim,
+	}
+}
+
+// set copies r's fields into c, whose Codec it leaves.
+func (c *SubscriberConfig[T]) set(r *subscriberSettings) {
+	c.Name = r.Name
+	c.Workers = r.Workers
+	c.FetchBatchSize = r.FetchBatchSize
+	c.MinFetchInterval = r.MinFetchInterval
+	c.MaxFetchInterval = r.MaxFetchInterval
+	c.LeaseTTL = r.LeaseTTL
+	c.HeartbeatInterval = r.HeartbeatInterval
+	c.LockWindow = r.LockWindow
+	c.MaxDeliveries = r.MaxDeliveries
+	c.Retry = r.Retry
+	c.DisableDeadLetter = r.DisableDeadLetter
+	c.GracefulTimeout = r.GracefulTimeout
+	c.AckBatchSize = r.AckBatchSize
+	c.AckLinger = r.AckLinger
+	c.QueryTimeout = r.QueryTimeout
+	c.ListenProbeInterval = r.ListenProbeInterval
+	c.ListenProbeTimeout = r.ListenProbeTimeout
+	c.ListenDSN = r.ListenDSN
+	c.ListenConnect = r.ListenConnect
+	c.Metrics = r.Metrics
+	c.Observer = r.Observer
+	c.Logger = r.Logger
+	c.minLockedClaim = r.minLockedClaim
+}
+
+// resolve applies the defaults to r, and returns a *ConfigError naming
+// the first field that breaks a rule. given is whether the caller passed
+// a config at all.
+func (r *subscriberSettings) resolve(queues []string, given bool) error {
 	bad := func(field string, v any, rule string) error {
 		return &ConfigError{Field: "SubscriberConfig." + field, Value: fmt.Sprint(v), Rule: rule}
 	}
@@ -211,7 +313,7 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 		v    int
 	}{{"Workers", r.Workers}, {"FetchBatchSize", r.FetchBatchSize}, {"AckBatchSize", r.AckBatchSize}} {
 		if f.v < 0 {
-			return r, bad(f.name, f.v, "must not be negative")
+			return bad(f.name, f.v, "must not be negative")
 		}
 	}
 	for _, f := range []struct {
@@ -224,7 +326,7 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 		{"QueryTimeout", r.QueryTimeout},
 	} {
 		if f.v < 0 {
-			return r, bad(f.name, f.v, "must not be negative")
+			return bad(f.name, f.v, "must not be negative")
 		}
 	}
 	if r.Name == "" {
@@ -249,61 +351,56 @@ func (c *SubscriberConfig[T]) resolve(queues []string) (SubscriberConfig[T], err
 	setDur(&r.QueryTimeout, QueryTimeoutDefault)
 	setDur(&r.HeartbeatInterval, r.LeaseTTL/3)
 	setDur(&r.LockWindow, min(LockWindowDefault, r.LeaseTTL/2))
-	if c == nil || c.minLockedClaim == 0 {
+	if !given || r.minLockedClaim == 0 {
 		r.minLockedClaim = minLockedClaimDefault
 	} else {
-		r.minLockedClaim = max(c.minLockedClaim, 0)
+		r.minLockedClaim = max(r.minLockedClaim, 0)
 	}
 	if r.FetchBatchSize > 10000 {
-		return r, bad("FetchBatchSize", r.FetchBatchSize, "must be at most 10000")
+		return bad("FetchBatchSize", r.FetchBatchSize, "must be at most 10000")
 	}
 	if r.MinFetchInterval > r.MaxFetchInterval {
-		return r, bad("MinFetchInterval", r.MinFetchInterval, fmt.Sprintf("must not exceed MaxFetchInterval (%v)", r.MaxFetchInterval))
+		return bad("MinFetchInterval", r.MinFetchInterval, fmt.Sprintf("must not exceed MaxFetchInterval (%v)", r.MaxFetchInterval))
 	}
 	if r.LeaseTTL < time.Second/10 {
-		return r, bad("LeaseTTL", r.LeaseTTL, "must be at least 100ms")
+		return bad("LeaseTTL", r.LeaseTTL, "must be at least 100ms")
 	}
 	if r.HeartbeatInterval > 0 && r.HeartbeatInterval > r.LeaseTTL/2 {
-		return r, bad("HeartbeatInterval", r.HeartbeatInterval, fmt.Sprintf("must be at most LeaseTTL/2 (%v), or negative to disable heartbeats", r.LeaseTTL/2))
+		return bad("HeartbeatInterval", r.HeartbeatInterval, fmt.Sprintf("must be at most LeaseTTL/2 (%v), or negative to disable heartbeats", r.LeaseTTL/2))
 	}
 	if r.LockWindow > r.LeaseTTL/2 {
-		return r, bad("LockWindow", r.LockWindow, fmt.Sprintf("must be at most LeaseTTL/2 (%v), or negative to write leases at every claim", r.LeaseTTL/2))
+		return bad("LockWindow", r.LockWindow, fmt.Sprintf("must be at most LeaseTTL/2 (%v), or negative to write leases at every claim", r.LeaseTTL/2))
 	}
 	if r.ListenProbeTimeout >= r.ListenProbeInterval {
-		return r, bad("ListenProbeTimeout", r.ListenProbeTimeout, fmt.Sprintf("must be below ListenProbeInterval (%v)", r.ListenProbeInterval))
+		return bad("ListenProbeTimeout", r.ListenProbeTimeout, fmt.Sprintf("must be below ListenProbeInterval (%v)", r.ListenProbeInterval))
 	}
 	if r.ListenDSN != "" && r.ListenConnect != nil {
-		return r, bad("ListenDSN", r.ListenDSN, "set ListenDSN or ListenConnect, not both")
+		return bad("ListenDSN", r.ListenDSN, "set ListenDSN or ListenConnect, not both")
 	}
 	if r.ListenDSN != "" {
 		if _, err := pgx.ParseConfig(r.ListenDSN); err != nil {
-			return r, bad("ListenDSN", "(redacted)", "cannot be parsed: "+err.Error())
+			return bad("ListenDSN", "(redacted)", "cannot be parsed: "+err.Error())
 		}
 	}
 	if r.Retry == nil {
 		r.Retry = DefaultRetry()
 	} else if v := reflect.ValueOf(r.Retry); v.Kind() == reflect.Pointer && v.IsNil() {
-		return r, bad("Retry", fmt.Sprintf("%T(nil)", r.Retry), "must not be a nil pointer")
+		return bad("Retry", fmt.Sprintf("%T(nil)", r.Retry), "must not be a nil pointer")
 	} else if err := validateRetry(r.Retry, "SubscriberConfig.Retry"); err != nil {
-		return r, err
+		return err
 	} else if e, ok := r.Retry.(*ExponentialRetry); ok {
 		d := e.withDefaults() // so Config shows the waits it runs with
 		r.Retry = &d
 	}
-	if r.Codec == nil {
-		r.Codec = DefaultCodec[T]()
-	} else if v := reflect.ValueOf(r.Codec); v.Kind() == reflect.Pointer && v.IsNil() {
-		return r, bad("Codec", fmt.Sprintf("%T(nil)", r.Codec), "must not be a nil pointer")
-	}
 	if r.Logger == nil {
 		r.Logger = slog.Default()
 	}
-	return r, nil
+	return nil
 }
 
 // engine returns what the engine runs for a subscriber of queues on ob
 // with c, which is resolved.
-func (c *SubscriberConfig[T]) engine(ob *Outbox, queues []string) engine.Subscriber {
+func (c *subscriberSettings) engine(ob *Outbox, queues []string) engine.Subscriber {
 	s := engine.Subscriber{
 		Name: c.Name, Queues: slices.Clone(queues), Workers: c.Workers, FetchBatchSize: c.FetchBatchSize,
 		MinFetchInterval: c.MinFetchInterval, MaxFetchInterval: c.MaxFetchInterval,
