@@ -13,15 +13,15 @@ const blockedDepths = `-- name: BlockedDepths :many
 SELECT q.name::text AS queue,
        count(*) FILTER (WHERE k.blocked)::bigint AS blocked,
        count(k.blocked)::bigint AS scanned
-FROM unnest($1::text[]) AS q(name)
+FROM unnest($1::text[]) WITH ORDINALITY AS q(name, n)
 LEFT JOIN LATERAL (
     SELECT o.blocked
     FROM /*outbox:table*/outbox AS o
     WHERE o.queue = q.name AND o.ordering_key IS NOT NULL
     LIMIT $2::integer
 ) AS k ON true
-GROUP BY q.name
-ORDER BY q.name COLLATE "C"
+GROUP BY q.n, q.name
+ORDER BY q.n
 `
 
 type BlockedDepthsParams struct {
@@ -35,10 +35,10 @@ type BlockedDepthsRow struct {
 	Scanned int64
 }
 
-// Per given queue: how many of the first @scan_rows keyed rows (in key
-// order, from the ordering index) are blocked behind their key's head,
-// and how many keyed rows were looked at: when that reaches @scan_rows,
-// the count is a lower bound.
+// Per given queue, one row each in the order given: how many of the first
+// @scan_rows keyed rows (in key order, from the ordering index) are
+// blocked behind their key's head, and how many keyed rows were looked
+// at: when that reaches @scan_rows, the count is a lower bound.
 func (q *Queries) BlockedDepths(ctx context.Context, arg BlockedDepthsParams) ([]BlockedDepthsRow, error) {
 	rows, err := q.db.Query(ctx, blockedDepths, arg.Queues, arg.ScanRows)
 	if err != nil {

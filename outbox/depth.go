@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"time"
 
@@ -115,18 +116,10 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 			Capped: max(r.Ready, r.Scheduled, r.Leased, r.Expired, r.DeadLettered) >= limit,
 		}
 	}
-	// Both reads list queues by name.
-	for i, j := 0, 0; i < len(out) && j < len(blockedRows); {
-		switch b := blockedRows[j]; {
-		case out[i].Queue == b.Queue:
-			out[i].Blocked = b.Blocked
-			out[i].Capped = out[i].Capped || b.Scanned >= limit
-			i, j = i+1, j+1
-		case out[i].Queue < b.Queue:
-			i++
-		default:
-			j++
-		}
+	// With blocked, readDepths gives one blocked count per queue, in order.
+	for i, b := range blockedRows {
+		out[i].Blocked = b.Blocked
+		out[i].Capped = out[i].Capped || b.Scanned >= limit
 	}
 	return out, nil
 }
@@ -163,6 +156,9 @@ func (o *Outbox) readDepths(ctx context.Context, limit int64, blocked bool) (row
 		scan := int32(min(limit, math.MaxInt32))
 		if blockedRows, err = q.BlockedDepths(ctx, db.BlockedDepthsParams{Queues: queues, ScanRows: scan}); err != nil {
 			return nil, nil, err
+		}
+		if len(blockedRows) != len(rows) {
+			return nil, nil, fmt.Errorf("blocked counts of %d queues for %d queues", len(blockedRows), len(rows))
 		}
 	}
 	return rows, blockedRows, tx.Commit(ctx)

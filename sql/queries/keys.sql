@@ -62,19 +62,19 @@ CROSS JOIN LATERAL (
 ORDER BY h.waiting_since, h.queue, h.ordering_key;
 
 -- name: BlockedDepths :many
--- Per given queue: how many of the first @scan_rows keyed rows (in key
--- order, from the ordering index) are blocked behind their key's head,
--- and how many keyed rows were looked at: when that reaches @scan_rows,
--- the count is a lower bound.
+-- Per given queue, one row each in the order given: how many of the first
+-- @scan_rows keyed rows (in key order, from the ordering index) are
+-- blocked behind their key's head, and how many keyed rows were looked
+-- at: when that reaches @scan_rows, the count is a lower bound.
 SELECT q.name::text AS queue,
        count(*) FILTER (WHERE k.blocked)::bigint AS blocked,
        count(k.blocked)::bigint AS scanned
-FROM unnest(@queues::text[]) AS q(name)
+FROM unnest(@queues::text[]) WITH ORDINALITY AS q(name, n)
 LEFT JOIN LATERAL (
     SELECT o.blocked
     FROM /*outbox:table*/outbox AS o
     WHERE o.queue = q.name AND o.ordering_key IS NOT NULL
     LIMIT @scan_rows::integer
 ) AS k ON true
-GROUP BY q.name
-ORDER BY q.name COLLATE "C";
+GROUP BY q.n, q.name
+ORDER BY q.n;
