@@ -114,61 +114,45 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 	if err != nil {
 		err = &ConfigError{Field: "T", Value: reflect.TypeFor[T]().String(), Rule: err.Error()}
 	}
-	core, err := newPublisherCore(ob, queue, c.Codec, c.Codec.ContentType, messageType.Name, err, &publisherSettings{
-		maxPayload: c.MaxPayloadBytes, metrics: c.Metrics, log: c.Logger, headersFrom: c.HeadersFrom,
-	})
-	if err != nil {
+	core := publisher{ob: ob, queue: queue, messageType: messageType.Name, maxPayload: c.MaxPayloadBytes,
+		metrics: c.Metrics, log: c.Logger, headersFrom: c.HeadersFrom}
+	if err := core.resolve(c.Codec, c.Codec.ContentType, err); err != nil {
 		return nil, err
 	}
 	return &Publisher[T]{publisher: core, codec: c.Codec}, nil
 }
 
-// publisherSettings are the fields of a PublisherConfig that do not depend
-// on its message type.
-type publisherSettings struct {
-	maxPayload  int
-	metrics     MetricsRecorder
-	log         *slog.Logger
-	headersFrom func(ctx context.Context) map[string]string
-}
-
-// newPublisherCore validates what NewPublisher was given, in the order its
-// errors are reported: ob, queue, the codec (a nil pointer in codec; its
-// content type from contentType, called only once the codec is known not
-// to be one), the payload cap, then the message type's error typeErr.
-func newPublisherCore(ob *Outbox, queue string, codec any, contentType func() string, messageType string, typeErr error,
-	s *publisherSettings) (publisher, error) {
-	if ob == nil {
-		return publisher{}, &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
+// resolve checks p as NewPublisher filled it and applies its defaults,
+// reporting the first error in this order: ob, queue, the codec (a nil
+// pointer in codec; its content type from contentType, called only once
+// the codec is known not to be one), the payload cap, then the message
+// type's error typeErr.
+func (p *publisher) resolve(codec any, contentType func() string, typeErr error) error {
+	if p.ob == nil {
+		return &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
 	}
-	if err := checkQueue("queue", queue); err != nil {
-		return publisher{}, err
+	if err := checkQueue("queue", p.queue); err != nil {
+		return err
 	}
 	if v := reflect.ValueOf(codec); v.Kind() == reflect.Pointer && v.IsNil() {
-		return publisher{}, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T(nil)", codec), Rule: "must not be a nil pointer"}
+		return &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T(nil)", codec), Rule: "must not be a nil pointer"}
 	}
 	switch {
-	case s.maxPayload == 0:
-		s.maxPayload = PayloadMaxBytesDefault
-	case s.maxPayload < 0 || s.maxPayload > PayloadMaxBytesLimit:
-		return publisher{}, &ConfigError{Field: "PublisherConfig.MaxPayloadBytes", Value: fmt.Sprint(s.maxPayload),
+	case p.maxPayload == 0:
+		p.maxPayload = PayloadMaxBytesDefault
+	case p.maxPayload < 0 || p.maxPayload > PayloadMaxBytesLimit:
+		return &ConfigError{Field: "PublisherConfig.MaxPayloadBytes", Value: fmt.Sprint(p.maxPayload),
 			Rule: fmt.Sprintf("must be between 1 and %d (PayloadMaxBytesLimit)", PayloadMaxBytesLimit)}
 	}
-	if s.log == nil {
-		s.log = slog.Default()
+	if p.log == nil {
+		p.log = slog.Default()
 	}
-	ct := contentType()
-	if ct == "" || !msgtype.Printable(ct, true) {
-		return publisher{}, &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T", codec),
+	p.contentType = contentType()
+	if p.contentType == "" || !msgtype.Printable(p.contentType, true) {
+		return &ConfigError{Field: "PublisherConfig.Codec", Value: fmt.Sprintf("%T", codec),
 			Rule: "ContentType() must return a non-empty printable string"}
 	}
-	if typeErr != nil {
-		return publisher{}, typeErr
-	}
-	return publisher{
-		ob: ob, queue: queue, contentType: ct, messageType: messageType, maxPayload: s.maxPayload,
-		metrics: s.metrics, headersFrom: s.headersFrom, log: s.log,
-	}, nil
+	return typeErr
 }
 
 // Queue returns the queue this publisher writes to.
