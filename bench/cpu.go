@@ -3,13 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/outboxgen/outboxgen/bench/internal/procstat"
 )
 
 // cpuUse is the CPU time spent by this process (client) and by the local
@@ -27,35 +26,15 @@ func cpuClock() cpuUse {
 	return cpuUse{client: client, server: serverCPU()}
 }
 
-// clockTicks is the kernel's unit of /proc/PID/stat times (USER_HZ), 100
-// on every Linux this runs on.
-const clockTicks = 100
-
 func serverCPU() time.Duration {
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	var ticks int64
 	for _, p := range stats {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || end < open || s[open+1:end] != "postgres" {
-			continue
-		}
-		f := strings.Fields(s[end+1:])
-		// After the command: state is field 3 of the man page, utime 14,
-		// stime 15, cutime 16, cstime 17.
-		if len(f) < 15 {
-			continue
-		}
-		for _, i := range []int{11, 12, 13, 14} {
-			v, _ := strconv.ParseInt(f[i], 10, 64)
-			ticks += v
+		if t, ok := procstat.Read(p); ok && t.Command == "postgres" {
+			ticks += t.User + t.System + t.ChildUser + t.ChildSystem
 		}
 	}
-	return time.Duration(ticks) * time.Second / clockTicks
+	return procstat.Duration(ticks)
 }
 
 // cpuSamples holds, per contender, the CPU each round used.

@@ -45,6 +45,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxgen/outboxgen/bench/internal/procstat"
 	"github.com/outboxgen/outboxgen/console"
 	"github.com/outboxgen/outboxgen/internal/bigoutbox"
 	"github.com/outboxgen/outboxgen/internal/localpg"
@@ -58,8 +59,6 @@ const (
 	appName = "outboxgen-console"
 	// poolSize is the console pool's MinConns and MaxConns.
 	poolSize = 4
-	// clockTicks is the unit of /proc/PID/stat times (USER_HZ).
-	clockTicks = 100
 )
 
 func main() {
@@ -171,7 +170,7 @@ func run(ctx context.Context, duration, every time.Duration, chromium string, to
 	for pid, t := range cpu1 {
 		ticks += t - cpu0[pid]
 	}
-	backendCPU := time.Duration(ticks) * time.Second / clockTicks
+	backendCPU := procstat.Duration(ticks)
 	share := func(ms float64) string { return fmt.Sprintf("%.3f %%", ms/float64(wall.Milliseconds())*100) }
 
 	n, median, slowest := served.summary()
@@ -261,19 +260,9 @@ func backends(ctx context.Context, admin *pgx.Conn) ([]int, error) {
 func cpuTicks(pids []int) map[int]int64 {
 	out := map[int]int64{}
 	for _, pid := range pids {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-		if err != nil {
-			continue
+		if t, ok := procstat.Read(filepath.Join("/proc", strconv.Itoa(pid), "stat")); ok {
+			out[pid] = t.User + t.System
 		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		// After the command: state is field 3 of proc(5), utime 14, stime 15.
-		if len(f) < 13 {
-			continue
-		}
-		u, _ := strconv.ParseInt(f[11], 10, 64)
-		k, _ := strconv.ParseInt(f[12], 10, 64)
-		out[pid] = u + k
 	}
 	return out
 }
