@@ -67,17 +67,18 @@ func printable(b []byte) bool {
 	return true
 }
 
-// preview is the start of a payload's text form on one line, for lists.
+// preview is the start of a payload's text on one line, for lists: it
+// reads at most the bytes n characters can take, however long the payload.
 func preview(p []byte, n int) string {
-	v := formatPayload(p)
-	s := v.Text
-	if v.Kind == "json" {
-		s = string(p)
+	head := p[:min(len(p), n*utf8.UTFMax)]
+	if !printable(head) {
+		return fmt.Sprintf("(%d bytes of binary)", len(p))
 	}
-	if v.Kind == "binary" {
-		s = fmt.Sprintf("(%d bytes of binary)", len(p))
+	s := clip(strings.Join(strings.Fields(string(head)), " "), n)
+	if len(head) < len(p) && !strings.HasSuffix(s, "…") {
+		s += "…"
 	}
-	return clip(strings.Join(strings.Fields(s), " "), n)
+	return s
 }
 
 // clip cuts s to at most n runes, marking a cut with an ellipsis.

@@ -34,9 +34,12 @@ func TestFormatPayload(t *testing.T) {
 func TestNumbersAndDurations(t *testing.T) {
 	got := []string{num(0), num(999), num(1000), num(-1234567), count(10, 10), count(9, 10), count(5, 0),
 		dur(0), dur(400 * time.Microsecond), dur(850 * time.Millisecond), dur(12400 * time.Millisecond), dur(200 * time.Second),
-		dur(125 * time.Minute), dur(99 * time.Hour), dur(-3 * time.Second), preview([]byte("a\n  b"), 10), clip("abcdef", 3)}
+		dur(125 * time.Minute), dur(99 * time.Hour), dur(-3 * time.Second), preview([]byte("a\n  b"), 10), clip("abcdef", 3),
+		preview([]byte(`{"a": 1}`), 20), preview([]byte("\x00\x01"), 5), preview([]byte(strings.Repeat("ab ", 100)), 4),
+		preview([]byte(strings.Repeat(" ", 50)+"x"), 2)}
 	want := []string{"0", "999", "1,000", "-1,234,567", "≥ 10", "9", "5",
-		"0.0 ms", "0.4 ms", "850 ms", "12.4 s", "3 m 20 s", "2 h 5 m", "4 d 3 h", "−3.0 s", "a b", "abc…"}
+		"0.0 ms", "0.4 ms", "850 ms", "12.4 s", "3 m 20 s", "2 h 5 m", "4 d 3 h", "−3.0 s", "a b", "abc…",
+		`{"a": 1}`, "(2 bytes of binary)", "ab a…", "…"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
