@@ -186,7 +186,7 @@ func TestPagesShowTheOutbox(t *testing.T) {
 		`<tr class="queue" data-queue="mail">`, `<tr class="queue" data-queue="orders">`,
 		`<td class="ready num">1</td>`, `<td class="scheduled num">1</td>`, `<td class="leased num">1</td>`,
 		`<td class="blocked num">2</td>`, `<td class="expired num warn">1</td>`, `<td class="dead num warn">2</td>`,
-		`data-refresh="5"`, `<div id="live">`,
+		`data-refresh="5"`, `<div id="live">`, `Each count stops at 5,000`,
 	} {
 		if !strings.Contains(queues, want) {
 			t.Errorf("the outbox page lacks %s", want)
@@ -334,6 +334,12 @@ func TestPagesEscapeWhatTheDatabaseHolds(t *testing.T) {
 	resp.Body.Close()
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-inline") {
 		t.Errorf("Content-Security-Policy %q does not forbid inline script", csp)
+	}
+	for h, want := range map[string]string{"X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
+		"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"} {
+		if got := resp.Header.Get(h); got != want {
+			t.Errorf("%s: %q, want %q", h, got, want)
+		}
 	}
 }
 
