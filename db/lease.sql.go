@@ -263,9 +263,11 @@ type ReleaseBatchWithLeaseRow struct {
 }
 
 // Hands back rows that were claimed but never given to a handler (the
-// subscriber is stopping): clears their lease and takes back the delivery
-// the claim counted, so other subscribers take them at once instead of
-// after the lease expires. Returns the leases it released.
+// subscriber is stopping, or a record of a claim by lock names them: see
+// RecordedAmong): clears their lease and takes back the delivery the
+// claim counted, so other claims take them as soon as nothing holds
+// them, instead of after the lease expires. Returns the leases it
+// released.
 func (q *Queries) ReleaseBatchWithLease(ctx context.Context, arg ReleaseBatchWithLeaseParams) ([]ReleaseBatchWithLeaseRow, error) {
 	rows, err := q.db.Query(ctx, releaseBatchWithLease, arg.Ids, arg.Tokens)
 	if err != nil {

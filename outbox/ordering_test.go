@@ -719,3 +719,199 @@ func TestOnlyKeyedRowsCanBeBlocked(t *testing.T) {
 		}
 	}
 }
+
+// A claim's end deletes the heads of many keys at once, more than the
+// delete side may lock (half of max_locks_per_transaction). Each head
+// whose next row the deleting transaction sees hands its key on at once,
+// without the key's lock: no hand-over is left for the subscribers, and
+// every next row is claimable.
+func TestHeadsWithAVisibleNextRowAreHandedOnWithoutTheKeysLock(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var budget int
+	if err := e.db.Pool.QueryRow(e.ctx, "SELECT current_setting('max_locks_per_transaction')::integer / 2").Scan(&budget); err != nil {
+		t.Fatal(err)
+	}
+	keys := 4 * budget
+	e.exec(`INSERT INTO outbox (queue, payload, ordering_key)
+		SELECT 'q', convert_to(format('%s %s', k, n), 'UTF8'), 'k' || k
+		FROM generate_series(1, 2) AS n, generate_series(1, $1::integer) AS k
+		ORDER BY n, k`, keys)
+	heads := e.claim(int32(2*keys), "q")
+	if len(heads) != keys {
+		t.Fatalf("claimed %d heads, want %d", len(heads), keys)
+	}
+	e.ack(heads...) // one statement
+	if n := e.handOffs(); n != 0 {
+		t.Errorf("%d hand-overs recorded, want none", n)
+	}
+	next := e.claim(int32(2*keys), "q")
+	got := make([]string, len(next))
+	for i, r := range next {
+		got[i] = string(r.Payload)
+	}
+	slices.Sort(got)
+	want := make([]string, keys)
+	for k := range keys {
+		want[k] = fmt.Sprintf("%d 2", k+1)
+	}
+	slices.Sort(want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("claimable after the heads' delete (-want +got):\n%s", diff)
+	}
+}
+
+// While a publisher of a key has not committed, a delete of the key's
+// head that sees the key's next row hands the key on to it without
+// waiting; the publisher's row waits behind that row, and the key's rows
+// are delivered in order.
+func TestANextRowIsHandedOnWhileAPublisherOfItsKeyIsInFlight(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.publishKeyed("q", "k")
+	second := e.publishKeyed("q", "k")
+	head := e.claim(10, "q")
+	publisher, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = publisher.Rollback(context.Background()) }()
+	var third int64
+	if err := publisher.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, ordering_key) VALUES ('q', 'third', 'k') RETURNING id`).Scan(&third); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	defer cancel()
+	if _, err := e.ob.queries(e.db.Pool).DeleteBatchWithLease(ctx, db.DeleteBatchWithLeaseParams{Ids: ids(head), Tokens: tokens(head...)}); err != nil {
+		t.Fatalf("the acknowledgement waited for the publisher or failed: %v", err)
+	}
+	if n := e.handOffs(); n != 0 {
+		t.Errorf("%d hand-overs recorded, want none", n)
+	}
+	next := e.claim(10, "q")
+	if got := ids(next); !cmp.Equal(got, []int64{second}) {
+		t.Fatalf("claimed %v with the publisher in flight, want [%d]", got, second)
+	}
+	if err := publisher.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.claim(10, "q"); len(got) != 0 {
+		t.Fatalf("claimed %v while the key's head is leased", ids(got))
+	}
+	e.ack(next...)
+	if got := ids(e.claim(10, "q")); !cmp.Equal(got, []int64{third}) {
+		t.Fatalf("after the second row: claimed %v, want [%d]", got, third)
+	}
+}
+
+// A statement's rows of one key skip the key's insert trigger when they
+// arrive blocked behind the statement's earlier row of the key, which
+// arrived blocked too. What the statement remembers of its keys ends with
+// it, and with a savepoint rolled back; and a row that ON CONFLICT skipped
+// after its trigger ran holds no later row of its key back that arrives
+// unblocked.
+func TestAStatementsMemoryOfItsKeysEndsWithIt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.exec(`INSERT INTO outbox (queue, payload, timer_id, next_attempt_at) VALUES ('q', 'timer', 't1', now() + interval '1 hour')`)
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := tx.Exec(e.ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(`INSERT INTO outbox (queue, payload, ordering_key, blocked) VALUES ('q', 'a1', 'a', false), ('q', 'a2', 'a', true), ('q', 'b1', 'b', false), ('q', 'a3', 'a', true)`)
+	exec(`DELETE FROM outbox WHERE ordering_key = 'a'`)
+	exec(`INSERT INTO outbox (queue, payload, ordering_key, blocked) VALUES ('q', 'a4', 'a', true)`)
+	exec(`SAVEPOINT s`)
+	if _, err := tx.Exec(e.ctx, `INSERT INTO outbox (queue, payload, ordering_key, blocked) VALUES ('q', 'c1', 'c', true), ('q', NULL, 'c', true)`); err == nil {
+		t.Fatal("a row without a payload was inserted")
+	}
+	exec(`ROLLBACK TO SAVEPOINT s`)
+	exec(`INSERT INTO outbox (queue, payload, ordering_key, blocked) VALUES ('q', 'c2', 'c', true)`)
+	exec(`INSERT INTO outbox (queue, payload, ordering_key, timer_id, blocked) VALUES ('q', 'd1', 'd', 't1', true), ('q', 'd2', 'd', NULL, false)
+		ON CONFLICT DO NOTHING`)
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range e.claim(10, "q") {
+		got = append(got, string(r.Payload))
+	}
+	slices.Sort(got)
+	if diff := cmp.Diff([]string{"a4", "b1", "c2", "d2"}, got); diff != "" {
+		t.Errorf("claimable heads (-want +got):\n%s", diff)
+	}
+}
+
+// A row inserted already blocked skips the key's insert trigger only when
+// the statement's previous row is of its key; every other row is decided
+// by the trigger, whatever blocked it arrives with.
+func TestRowsArrivingBlockedSkipTheTriggerOnlyBehindTheirKeysPreviousRow(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rows, err := e.db.Pool.Query(e.ctx, `INSERT INTO outbox (queue, payload, ordering_key, blocked) VALUES
+		('q', 'a1', 'a', true), ('q', 'a2', 'a', false), ('q', 'b1', 'b', true), ('q', 'b2', 'b', true), ('r', 'b3', 'b', true)
+		RETURNING id, blocked`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		ID      int64
+		Blocked bool
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocked := make([]bool, len(got))
+	for i, r := range got {
+		blocked[i] = r.Blocked
+		if i > 0 && r.ID <= got[i-1].ID {
+			t.Errorf("ids %v do not rise in the statement's order", got)
+		}
+	}
+	if diff := cmp.Diff([]bool{false, true, false, true, false}, blocked); diff != "" {
+		t.Errorf("blocked (-want +got):\n%s", diff)
+	}
+}
+
+// A keyed PublishBatch in REPEATABLE READ inserts every row blocked and
+// records one hand-over; once completed, the rows are delivered in order.
+func TestKeyedPublishBatchAtRepeatableRead(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pub := newPublisher[int](t, e, "q", nil)
+	if err := pgx.BeginTxFunc(e.ctx, e.pubPool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		_, err := pub.PublishBatch(e.ctx, tx, []int{1, 2, 3}, &PublishOpts{OrderingKey: "k"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.handOffs(); n != 1 {
+		t.Errorf("%d hand-overs recorded, want 1", n)
+	}
+	if got := e.claim(10, "q"); len(got) != 0 {
+		t.Fatalf("claimed %v before the hand-over", ids(got))
+	}
+	var got []string
+	for range 3 {
+		if waiting, err := e.handOff("q"); err != nil || waiting != 0 {
+			t.Fatalf("HandOff = %d, %v", waiting, err)
+		}
+		rows := e.claim(10, "q")
+		if len(rows) != 1 {
+			t.Fatalf("claimed %d rows, want 1", len(rows))
+		}
+		got = append(got, string(rows[0].Payload))
+		e.ack(rows...)
+	}
+	if diff := cmp.Diff([]string{"1", "2", "3"}, got); diff != "" {
+		t.Errorf("order (-want +got):\n%s", diff)
+	}
+}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -344,6 +345,50 @@ func TestSubscriberSleepRecordFollowsItsWork(t *testing.T) {
 	}
 	if h, n := e.sleeping(); n != 0 {
 		t.Errorf("after the stop: %d records (%d holding), want none", n, h)
+	}
+}
+
+// A subscriber that keeps up with a stream of rows, each claim finding the
+// few published since the last, keeps its sleep record while the stream is
+// short (under the engine's wakeAfterBusy, 50 ms, and wakeAfterRows, 24
+// rows): at 1,000 messages/s such a
+// subscriber runs dry every few milliseconds, and ending its record at
+// every second claim and making it again at the next empty one cost it
+// four statements a cycle. A backlog (full batches) ends the record at
+// once, as TestSubscriberSleepRecordFollowsItsWork checks.
+func TestSubscriberKeepingUpWithAStreamKeepsItsSleepRecord(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	var handled atomic.Int64
+	cfg := fastConfig[string](nil)
+	cfg.MaxFetchInterval = 5 * time.Second // the record is not refreshed during the stream
+	s := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+		handled.Add(1)
+		return nil
+	}, cfg)
+	e.waitAsleep()
+	// The record's row version: Wake, Sleep and a refresh each write a new one.
+	record := func() string {
+		var xmin string
+		if err := e.db.Pool.QueryRow(e.ctx, "SELECT xmin::text FROM outbox_sleepers").Scan(&xmin); err != nil {
+			t.Fatal(err)
+		}
+		return xmin
+	}
+	before := record()
+	published := 0
+	for start := time.Now(); time.Since(start) < 15*time.Millisecond; published++ {
+		e.publish("q")
+	}
+	eventually(t, "the stream handled", func() bool { return handled.Load() == int64(published) })
+	if after := record(); after != before {
+		t.Errorf("the sleep record was written again (row version %s, was %s) while the subscriber kept up with %d rows in 15 ms", after, before, published)
+	}
+	if h, _ := e.sleeping(); h != 1 {
+		t.Errorf("%d sleep records hold after the stream, want 1", h)
+	}
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 

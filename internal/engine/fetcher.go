@@ -42,7 +42,8 @@ func (r *run) fetch(ctx context.Context) {
 		r.handOff(ctx, q)
 		r.sweepLocks(ctx, q)
 		sent := time.Now()
-		n, err := r.claims.Claim(ctx, int32(min(free, cfg.FetchBatchSize)))
+		want := int32(min(free, cfg.FetchBatchSize))
+		n, err := r.claims.Claim(ctx, want)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -63,7 +64,7 @@ func (r *run) fetch(ctx context.Context) {
 		r.emit(MetricEvent{Name: EventFetched, Queue: r.s.Queues[0], Count: n})
 		if n > 0 {
 			idle = 0
-			r.found(ctx, q)
+			r.found(ctx, q, n, n >= int(want))
 			continue
 		}
 		if r.asleep(ctx, q) {
@@ -77,6 +78,14 @@ func (r *run) fetch(ctx context.Context) {
 // idle waits after an empty claim, sent at claimed: the n-th in a row.
 func (r *run) idle(ctx context.Context, q *db.Queries, n int, claimed time.Time) {
 	cfg := r.s
+	select {
+	case <-r.wake:
+		// Notified while the claim ran: claim again at once, without
+		// asking when the next scheduled row comes due.
+		r.woken()
+		return
+	default:
+	}
 	wait := float64(cfg.MinFetchInterval) * float64(uint64(1)<<(n-1)) * (0.75 + rand.Float64()/2)
 	d := min(time.Duration(wait), cfg.MaxFetchInterval)
 	if dueIn, err := q.NextDueIn(ctx, db.NextDueInParams{Queues: r.s.Queues, SinceClaimSeconds: time.Since(claimed).Seconds()}); err == nil {
@@ -90,12 +99,17 @@ func (r *run) idle(ctx context.Context, q *db.Queries, n int, claimed time.Time)
 	select {
 	case <-ctx.Done():
 	case <-r.wake:
-		// A publisher holding a waiting hand-over's key notifies when it
-		// commits: try the hand-over again now.
-		if !r.handoffs.retryAt.IsZero() {
-			r.handoffs.pending.Store(true)
-		}
+		r.woken()
 	case <-t.C:
+	}
+}
+
+// woken handles a wake-up of the idle fetcher. A publisher holding a
+// waiting hand-over's key notifies when it commits: try the hand-over
+// again now.
+func (r *run) woken() {
+	if !r.handoffs.retryAt.IsZero() {
+		r.handoffs.pending.Store(true)
 	}
 }
 

@@ -66,9 +66,11 @@ RETURNING o.id, o.acquired_token AS token;
 
 -- name: ReleaseBatchWithLease :many
 -- Hands back rows that were claimed but never given to a handler (the
--- subscriber is stopping): clears their lease and takes back the delivery
--- the claim counted, so other subscribers take them at once instead of
--- after the lease expires. Returns the leases it released.
+-- subscriber is stopping, or a record of a claim by lock names them: see
+-- RecordedAmong): clears their lease and takes back the delivery the
+-- claim counted, so other claims take them as soon as nothing holds
+-- them, instead of after the lease expires. Returns the leases it
+-- released.
 WITH l AS (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token)
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = NULL,
