@@ -38,7 +38,8 @@ WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
-          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          false AS recheck
 `
 
 type ClaimExpiredParams struct {
@@ -59,11 +60,13 @@ type ClaimExpiredRow struct {
 	AttemptsCount            int32
 	DeliveriesCount          int32
 	SinceFirstAttemptSeconds float64
+	Recheck                  bool
 }
 
 // Leases, as Claim does, up to @max_rows rows of the given queues whose
 // lease expired: the takeover of rows whose holder stopped extending its
-// lease, for subscribers that claim new rows by lock.
+// lease, for subscribers that claim new rows by lock. No record of a
+// claim by lock names a leased row, so recheck is false.
 func (q *Queries) ClaimExpired(ctx context.Context, arg ClaimExpiredParams) ([]ClaimExpiredRow, error) {
 	rows, err := q.db.Query(ctx, claimExpired,
 		arg.Token,
@@ -89,6 +92,7 @@ func (q *Queries) ClaimExpired(ctx context.Context, arg ClaimExpiredParams) ([]C
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
 			&i.SinceFirstAttemptSeconds,
+			&i.Recheck,
 		); err != nil {
 			return nil, err
 		}
@@ -98,6 +102,21 @@ func (q *Queries) ClaimExpired(ctx context.Context, arg ClaimExpiredParams) ([]C
 		return nil, err
 	}
 	return items, nil
+}
+
+const confirmLocked = `-- name: ConfirmLocked :exec
+SELECT 1
+`
+
+// Runs in a claim by lock's transaction once its record (RecordLock) has
+// committed: that it succeeds shows the transaction, and so its rows'
+// locks, outlived the record's commit. RecordLock finds the transaction
+// in progress before it commits; a transaction that ended in between
+// freed its rows before the record could hold them, and another claim
+// may have taken them unseen by the record.
+func (q *Queries) ConfirmLocked(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, confirmLocked)
+	return err
 }
 
 const deleteLocked = `-- name: DeleteLocked :execrows

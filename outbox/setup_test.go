@@ -73,9 +73,23 @@ func setup(t *testing.T) *env {
 // what Grants gives them.
 func setupTable(t *testing.T, table string) *env {
 	t.Helper()
+	return setupAs(t, table, pgtest.RolesMode())
+}
+
+// setupOwned is setup as the roles mode does it, in either mode: a
+// migrator role, not a superuser, owns the outbox (and runs its SECURITY
+// DEFINER functions), and e.ob connects as the subscriber role.
+func setupOwned(t *testing.T) *env {
+	t.Helper()
+	return setupAs(t, TableDefault, true)
+}
+
+// setupAs is setupTable with the roles mode's roles when roles is set.
+func setupAs(t *testing.T, table string, roles bool) *env {
+	t.Helper()
 	d := pgtest.New(t)
 	cfg := &Config{Schema: d.Schema, Table: table}
-	if !pgtest.RolesMode() {
+	if !roles {
 		ob, err := New(d.Pool, cfg)
 		if err != nil {
 			t.Fatalf("New: %v", err)
@@ -145,11 +159,7 @@ func (e *env) outboxOn(set func(*pgxpool.Config)) *Outbox {
 // obRole is the role e.ob connects as.
 func (e *env) obRole() string {
 	e.t.Helper()
-	var role string
-	if err := e.ob.pool.QueryRow(e.ctx, "SELECT current_user").Scan(&role); err != nil {
-		e.t.Fatal(err)
-	}
-	return role
+	return roleOf(e.t, e.ob)
 }
 
 // fixtureTx begins a transaction as the test's own role, for fixtures and

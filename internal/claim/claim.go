@@ -179,15 +179,74 @@ func (c *byLease) Claim(_ context.Context, n int32) (int, error) {
 	sent := time.Now()
 	if len(r.Queues) > 1 {
 		rows, err := c.q.Claim(sctx, db.ClaimParams{Token: token, Queues: r.Queues, MaxRows: n, LeaseTtlSeconds: ttl})
+		rows = giveBackRecorded(c, rows, token, func(r *db.ClaimRow) (int64, bool) { return r.ID, r.Recheck })
 		r.Hand(r.Leases.Add(r.HandlerCtx, rows, token, sent))
 		return len(rows), err
 	}
 	queue := r.Queues[0]
 	rows, err := c.q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
+	rows = giveBackRecorded(c, rows, token, func(r *db.ClaimQueueRow) (int64, bool) { return r.ID, r.Recheck })
 	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
 	r.Hand(r.Leases.AddEach(r.HandlerCtx, len(rows), fill, token, sent))
 	return len(rows), err
 }
+
+// giveBackRecorded returns rows, which a claim by lease took with token,
+// without those that a record of a claim by lock names: of the rows whose
+// recheck is set, it reads which a record names (RecordedAmong), and
+// gives those back, which no handler may take yet. A read that fails
+// (a serialization failure on a SERIALIZABLE pool, say) is tried again,
+// up to recheckTries times; then every row to recheck is given back
+// unhandled, for the next claim. Rows it fails to give back stay leased
+// to no handler until their lease expires.
+func giveBackRecorded[R any](c *byLease, rows []R, token pgtype.UUID, row func(*R) (id int64, recheck bool)) []R {
+	var ids []int64
+	for i := range rows {
+		if id, recheck := row(&rows[i]); recheck {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return rows
+	}
+	r := c.env
+	var (
+		named []int64
+		err   error
+	)
+	errs := dbx.Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond}
+	for try := range recheckTries {
+		if named, err = c.q.RecordedAmong(r.Writes, ids); err == nil || try == recheckTries-1 || !dbx.Sleep(r.Writes, errs.Next()) {
+			break
+		}
+	}
+	if err != nil {
+		r.Log.Warn("outbox: checking claimed rows against the records of claims by lock failed; giving them back unhandled",
+			slog.Int("rows", len(ids)), slog.Any("error", err))
+		named = ids
+	}
+	if len(named) == 0 {
+		return rows
+	}
+	tokens := make([]pgtype.UUID, len(named))
+	for i := range tokens {
+		tokens[i] = token
+	}
+	if _, err := c.q.ReleaseBatchWithLease(r.Writes, db.ReleaseBatchWithLeaseParams{Ids: named, Tokens: tokens}); err != nil {
+		r.Log.Warn("outbox: giving back claimed rows failed; they are delivered again when their lease expires",
+			slog.Int("rows", len(named)), slog.Any("error", err))
+	} else {
+		r.Log.Debug("outbox: gave back claimed rows that a claim by lock's record may hold", slog.Int("rows", len(named)))
+	}
+	drop := make(map[int64]bool, len(named))
+	for _, id := range named {
+		drop[id] = true
+	}
+	return slices.DeleteFunc(rows, func(x R) bool { id, _ := row(&x); return drop[id] })
+}
+
+// recheckTries bounds the reads of giveBackRecorded.
+const recheckTries = 3
 
 // claimExpired leases up to n rows of the subscriber's queues whose lease
 // expired, and returns how many it claimed.
@@ -464,19 +523,11 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 			<-c.locks
 		}
 	}()
-	timeout := r.QueryTimeout
-	bctx, cancel := context.WithTimeout(ctx, timeout)
-	tx, err := r.Pool.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	cancel()
+	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.Pool, r.QueryTimeout)
 	if err != nil {
 		return 0, err
 	}
-	rollback := func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-		defer cancel()
-		_ = tx.Rollback(rctx)
-	}
-	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: timeout})
+	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
 	idle := r.LeaseTTL.Milliseconds()
 	sent := time.Now()
 	got, err := c.lockRows(ctx, q, n, idle)
@@ -497,11 +548,18 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 		rollback()
 		return 0, err
 	}
-	lower, upper := runs(ids)
+	lower, upper := Runs(ids)
 	counted, err := r.bounded().RecordLock(ctx, db.RecordLockParams{Xid: xid, Lower: lower, Upper: upper,
 		LeaseTtlSeconds: r.LeaseTTL.Seconds()})
 	if err == nil && !counted.Recorded {
 		err = errClaimEnded
+	}
+	if err == nil {
+		// RecordLock found the transaction in progress before it
+		// committed; one more statement in the transaction shows that it
+		// still is, after the commit, so the record held the rows before
+		// their locks could go.
+		err = q.ConfirmLocked(ctx)
 	}
 	if err != nil {
 		rollback()
@@ -724,7 +782,7 @@ func (k *byLock) endLockTx(c *lockedClaim, e *lockEnd, done []lease.Outcome, tok
 func (k *byLock) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e *lockEnd, token pgtype.UUID) error {
 	r := k.env
 	if len(e.deleted) > 0 {
-		lower, upper := runs(e.deleted)
+		lower, upper := Runs(e.deleted)
 		n, err := q.DeleteLocked(ctx, db.DeleteLockedParams{Lower: lower, Upper: upper})
 		if err != nil {
 			return err
@@ -852,9 +910,9 @@ func (k *byLock) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int6
 	return got, nil
 }
 
-// runs returns the runs of consecutive values in ids, as their first
+// Runs returns the runs of consecutive values in ids, as their first
 // and last values: the fewest inclusive ranges that cover exactly ids.
-func runs(ids []int64) (lower, upper []int64) {
+func Runs(ids []int64) (lower, upper []int64) {
 	sorted := slices.Clone(ids)
 	slices.Sort(sorted)
 	for i, id := range sorted {

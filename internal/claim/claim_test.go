@@ -219,9 +219,9 @@ func TestRunsCoverExactlyTheIDs(t *testing.T) {
 		{[]int64{3, 1, 2, 7, 9, 8, 8}, []int64{1, 7}, []int64{3, 9}},
 		{[]int64{10, 12, 14}, []int64{10, 12, 14}, []int64{10, 12, 14}},
 	} {
-		lower, upper := runs(tc.ids)
+		lower, upper := Runs(tc.ids)
 		if diff := cmp.Diff([][]int64{tc.lower, tc.upper}, [][]int64{lower, upper}); diff != "" {
-			t.Errorf("runs(%v) (-want +got):\n%s", tc.ids, diff)
+			t.Errorf("Runs(%v) (-want +got):\n%s", tc.ids, diff)
 		}
 	}
 }

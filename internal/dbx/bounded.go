@@ -78,3 +78,25 @@ func (r boundedRow) Scan(dest ...any) error {
 	defer r.cancel()
 	return r.row.Scan(dest...)
 }
+
+// Beginner begins transactions: a pgxpool.Pool, a pgx.Conn.
+type Beginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// BeginReadCommitted begins, within timeout, a transaction at READ
+// COMMITTED whatever the default isolation of b's sessions, and returns it
+// with what rolls it back: within timeout, and even once ctx has ended.
+func BeginReadCommitted(ctx context.Context, b Beginner, timeout time.Duration) (tx pgx.Tx, rollback func(), err error) {
+	bctx, cancel := context.WithTimeout(ctx, timeout)
+	tx, err = b.BeginTx(bctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	return tx, func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}, nil
+}

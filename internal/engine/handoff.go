@@ -2,11 +2,13 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
 // handoffs tracks the per-key hand-overs the fetcher completes. When a
@@ -24,6 +26,9 @@ type handoffs struct {
 	delay   time.Duration
 	// swept is when the fetcher last ran the hand-overs. Fetcher only.
 	swept time.Time
+	// inTx: the pool's sessions do not run at READ COMMITTED, so each
+	// call runs in a READ COMMITTED transaction of its own. Fetcher only.
+	inTx bool
 }
 
 // Hand-overs whose key another transaction holds are retried after
@@ -62,7 +67,7 @@ func (r *run) handOff(ctx context.Context, q *db.Queries) {
 	)
 	for range handoffCalls {
 		var res db.HandOffRow
-		res, err = q.HandOff(ctx, db.HandOffParams{Queues: r.s.Queues, MaxKeys: HandoffMaxKeys})
+		res, err = r.handOffOnce(ctx, q)
 		if err != nil {
 			break
 		}
@@ -88,6 +93,37 @@ func (r *run) handOff(ctx context.Context, q *db.Queries) {
 	}
 	h.delay = min(max(2*h.delay, handoffRetryMin), r.s.MaxFetchInterval)
 	h.retryAt = time.Now().Add(h.delay)
+}
+
+// handOffOnce makes one call of the hand-over function (HandOff), at READ
+// COMMITTED: in autocommit while the pool's sessions run at it, else (a
+// pool whose default is REPEATABLE READ or SERIALIZABLE, which HandOff
+// reports by doing nothing) in a READ COMMITTED transaction of its own,
+// from then on.
+func (r *run) handOffOnce(ctx context.Context, q *db.Queries) (db.HandOffRow, error) {
+	h, p := &r.handoffs, db.HandOffParams{Queues: r.s.Queues, MaxKeys: HandoffMaxKeys}
+	if !h.inTx {
+		res, err := q.HandOff(ctx, p)
+		if err != nil || res.ReadCommitted {
+			return res, err
+		}
+		h.inTx = true
+	}
+	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.s.Pool, r.s.QueryTimeout)
+	if err != nil {
+		return db.HandOffRow{}, err
+	}
+	res, err := r.s.Queries(dbx.Bounded{Inner: tx, Timeout: r.s.QueryTimeout}).HandOff(ctx, p)
+	if err == nil && !res.ReadCommitted {
+		err = errors.New("outbox: a READ COMMITTED transaction reports another isolation level")
+	}
+	if err != nil {
+		rollback()
+		return db.HandOffRow{}, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.s.QueryTimeout)
+	defer cancel()
+	return res, tx.Commit(cctx)
 }
 
 // untilHandOff bounds an idle wait by the next hand-over retry.

@@ -40,6 +40,12 @@
 -- concurrent claimers pass each other instead of queueing on row locks.
 -- Candidates that are locked but not picked are released when the
 -- statement's transaction ends, so run the claim in autocommit.
+--
+-- recheck marks a row whose version, as the statement read it, another
+-- transaction had locked or changed (its xmax is set): a claim by lock
+-- may have held it, and recorded it after this statement's snapshot. The
+-- caller reads the records again for those rows (RecordedAmong) before
+-- any handler gets them.
 WITH records AS MATERIALIZED (
     SELECT l.ids, l.until > now() AS holds FROM /*outbox:table*/outbox_locks AS l
 ), held AS MATERIALIZED (
@@ -47,10 +53,10 @@ WITH records AS MATERIALIZED (
     FROM records AS rec CROSS JOIN LATERAL unnest(rec.ids) AS r(ids)
     WHERE rec.holds
 ), candidates AS (
-    SELECT p.id, p.queue, p.next_attempt_at
+    SELECT p.id, p.queue, p.next_attempt_at, p.recheck
     FROM unnest(@queues::text[]) AS q(name)
     CROSS JOIN LATERAL (
-        SELECT o.id, o.queue, o.next_attempt_at
+        SELECT o.id, o.queue, o.next_attempt_at, NOT o.xmax = '0'::xid AS recheck
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = q.name
           AND o.acquired_token IS NULL
@@ -62,7 +68,7 @@ WITH records AS MATERIALIZED (
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
     UNION ALL
-    SELECT e.id, e.queue, e.next_attempt_at
+    SELECT e.id, e.queue, e.next_attempt_at, false
     FROM unnest(@queues::text[]) AS q(name)
     CROSS JOIN LATERAL (
         SELECT o.id, o.queue, o.next_attempt_at
@@ -75,13 +81,13 @@ WITH records AS MATERIALIZED (
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
 ), ranked AS (
-    SELECT c.id, c.next_attempt_at,
+    SELECT c.id, c.next_attempt_at, c.recheck,
            row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
     FROM candidates AS c
 ), picked AS MATERIALIZED (
-    SELECT r.id,
+    SELECT r.id, r.recheck,
            (SELECT count(*) FROM records AS e WHERE NOT e.holds AND e.ids @> r.id) AS aborted
-    FROM (SELECT r.id FROM ranked AS r
+    FROM (SELECT r.id, r.recheck FROM ranked AS r
           ORDER BY r.rank, r.next_attempt_at, r.id
           LIMIT @max_rows::integer) AS r
 ), forgotten AS (
@@ -102,12 +108,14 @@ WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
-          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds;
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          (picked.recheck IS TRUE)::boolean AS recheck;
 
 -- name: ClaimQueue :many
 -- Claim for a subscriber of one queue: the rows Claim would take, without
 -- the ranking that shares a batch across queues (one queue needs none),
--- and with Claim's columns but the queue, which the caller named.
+-- and with Claim's columns but the queue, which the caller named
+-- (recheck among them).
 WITH records AS MATERIALIZED (
     SELECT l.ids, l.until > now() AS holds FROM /*outbox:table*/outbox_locks AS l
 ), held AS MATERIALIZED (
@@ -115,9 +123,9 @@ WITH records AS MATERIALIZED (
     FROM records AS rec CROSS JOIN LATERAL unnest(rec.ids) AS r(ids)
     WHERE rec.holds
 ), candidates AS (
-    SELECT p.id, p.next_attempt_at
+    SELECT p.id, p.next_attempt_at, p.recheck
     FROM (
-        SELECT o.id, o.next_attempt_at
+        SELECT o.id, o.next_attempt_at, NOT o.xmax = '0'::xid AS recheck
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = @queue::text
           AND o.acquired_token IS NULL
@@ -129,7 +137,7 @@ WITH records AS MATERIALIZED (
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
     UNION ALL
-    SELECT e.id, e.next_attempt_at
+    SELECT e.id, e.next_attempt_at, false
     FROM (
         SELECT o.id, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
@@ -141,9 +149,9 @@ WITH records AS MATERIALIZED (
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
 ), picked AS MATERIALIZED (
-    SELECT c.id,
+    SELECT c.id, c.recheck,
            (SELECT count(*) FROM records AS e WHERE NOT e.holds AND e.ids @> c.id) AS aborted
-    FROM (SELECT c.id FROM candidates AS c
+    FROM (SELECT c.id, c.recheck FROM candidates AS c
           ORDER BY c.next_attempt_at, c.id
           LIMIT @max_rows::integer) AS c
 ), forgotten AS (
@@ -164,12 +172,49 @@ WHERE o.id = picked.id
 RETURNING o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
-          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds;
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          (picked.recheck IS TRUE)::boolean AS recheck;
+
+-- name: RecordedAmong :many
+-- Returns those of the rows @ids that a record of a claim by lock
+-- (<table>_locks) names. A claim by lease runs it for the rows Claim or
+-- ClaimQueue returned with recheck set, in a statement of its own, so
+-- that it reads the records as committed after the claim took the rows'
+-- locks; it hands the rows it returns to no handler and gives them back
+-- (ReleaseBatchWithLease). It only reads, so a SERIALIZABLE pool seldom
+-- fails it.
+--
+-- Why: a claim by lock's record commits in a transaction of its own
+-- while the claim holds its rows' locks. A claim statement whose snapshot
+-- is older than that commit does not see the record; if the claim by
+-- lock then ends (its connection died) before that statement reaches
+-- its rows, it finds them unlocked and leases them, though the record
+-- holds them and that claim's handlers may still run. Such a row still
+-- carries, as the statement read it, the lock of the claim that ended
+-- (recheck: a row version that another transaction locked or changed),
+-- so only those rows are read again. A row given back keeps every other
+-- count: the next claim that takes it counts the record's delivery, or
+-- passes the row while the record holds it.
+SELECT c.id::bigint AS id
+FROM unnest(@ids::bigint[]) AS c(id)
+WHERE EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> c.id);
 
 -- name: HandOff :one
 -- Completes the key hand-overs recorded for the given queues that no other
 -- transaction holds (see migration 5), locking at most @max_keys keys
 -- (migration 9), and returns how many it found still held, and whether
 -- keys remain that it left for another call.
-SELECT (h.r[1])::integer AS waiting, (h.r[2] > 0)::boolean AS more
-FROM (SELECT /*outbox:table*/outbox_hand_off(@queues::text[], @max_keys::integer) AS r) AS h;
+--
+-- Only at READ COMMITTED: the function looks a key's rows up after it
+-- took the key's lock, which must see every row the key's publishers
+-- committed before they let the lock go. At REPEATABLE READ or
+-- SERIALIZABLE its snapshot is the transaction's, taken before any lock,
+-- and a row committed in between would stay blocked behind a hand-over
+-- the call consumed. There (read_committed false) it does nothing, and
+-- the caller runs it again in a READ COMMITTED transaction of its own.
+SELECT coalesce(h.r[1], 0)::integer AS waiting, coalesce(h.r[2] > 0, false)::boolean AS more,
+       h.read_committed::boolean AS read_committed
+FROM (SELECT CASE WHEN i.read_committed
+                  THEN /*outbox:table*/outbox_hand_off(@queues::text[], @max_keys::integer) END AS r,
+             i.read_committed
+      FROM (SELECT current_setting('transaction_isolation') = 'read committed' AS read_committed) AS i) AS h;

@@ -108,7 +108,8 @@ FROM (
 -- name: ClaimExpired :many
 -- Leases, as Claim does, up to @max_rows rows of the given queues whose
 -- lease expired: the takeover of rows whose holder stopped extending its
--- lease, for subscribers that claim new rows by lock.
+-- lease, for subscribers that claim new rows by lock. No record of a
+-- claim by lock names a leased row, so recheck is false.
 WITH picked AS (
     SELECT e.id
     FROM unnest(@queues::text[]) AS q(name)
@@ -134,7 +135,8 @@ WHERE o.id = picked.id
 RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
-          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds;
+          coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          false AS recheck;
 
 -- name: RecordLock :one
 -- Records, in a transaction of its own (autocommit), that the claim of
@@ -188,6 +190,15 @@ SELECT EXISTS (SELECT FROM record) AS recorded,
        coalesce((SELECT array_agg(a.id ORDER BY a.id) FROM aborted AS a), '{}')::bigint[] AS aborted_ids,
        coalesce((SELECT array_agg(a.aborted ORDER BY a.id) FROM aborted AS a), '{}')::integer[] AS aborted_counts,
        coalesce((SELECT array_agg(a.held ORDER BY a.id) FROM aborted AS a), '{}')::boolean[] AS held;
+
+-- name: ConfirmLocked :exec
+-- Runs in a claim by lock's transaction once its record (RecordLock) has
+-- committed: that it succeeds shows the transaction, and so its rows'
+-- locks, outlived the record's commit. RecordLock finds the transaction
+-- in progress before it commits; a transaction that ended in between
+-- freed its rows before the record could hold them, and another claim
+-- may have taken them unseen by the record.
+SELECT 1;
 
 -- name: DeleteLocked :execrows
 -- Deletes, in the claim's transaction, its rows in the ranges @lower to
