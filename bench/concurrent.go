@@ -14,12 +14,12 @@ import (
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
-// concurrentPublishers is how many transactions publish at once in the
-// concurrent suite.
-const concurrentPublishers = 32
+// concurrentPublishers are how many transactions publish at once in the
+// concurrent suite's runs.
+var concurrentPublishers = []int{8, 32}
 
-// runConcurrentPublish measures commit throughput with 32 transactions
-// publishing at once, one row each: a NOTIFY serialises the commits of
+// runConcurrentPublish measures commit throughput with 8 and with 32
+// transactions publishing at once, one row each: a NOTIFY serialises the commits of
 // the transactions that issue it. The baseline inserts the same row into
 // a copy of the outbox table (same columns, defaults, constraints and
 // indexes) without any trigger; the same INSERT into the outbox table
@@ -27,9 +27,23 @@ const concurrentPublishers = 32
 // subscriber sleeps (schema 6), so it is measured both ways: with no
 // subscriber asleep, and with one asleep on the queue, where every
 // publish notifies as every publish did before schema 6.
+//
+// A second baseline is the one-row INSERT into a plain table with only
+// the outbox's identity primary key and pending-rows index. It runs at 8
+// and at 32 transactions; the contenders with a subscriber asleep, where
+// every publish notifies, run at 32 only.
 func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
+	for _, publishers := range concurrentPublishers {
+		if err := concurrentPublish(ctx, env, o, publishers); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers int) error {
 	cfg := env.pool.Config().Copy()
-	cfg.MaxConns, cfg.MinConns = concurrentPublishers, concurrentPublishers
+	cfg.MaxConns, cfg.MinConns = int32(publishers), int32(publishers)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -49,6 +63,18 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 	table := func(name string) string { return pgx.Identifier{schemaOurs, name}.Sanitize() }
 	plain := table("outbox_plain")
 	if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+plain+"; CREATE TABLE "+plain+" (LIKE "+table("outbox")+" INCLUDING ALL)"); err != nil {
+		return err
+	}
+	minimal := table("outbox_minimal")
+	if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+minimal+"; CREATE TABLE "+minimal+` (
+		id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		queue text COLLATE "C" NOT NULL,
+		payload bytea NOT NULL,
+		headers jsonb,
+		next_attempt_at timestamptz NOT NULL DEFAULT now(),
+		acquired_token uuid,
+		blocked boolean NOT NULL DEFAULT false);
+		CREATE INDEX ON `+minimal+` (queue, next_attempt_at, id) WHERE acquired_token IS NULL AND NOT blocked`); err != nil {
 		return err
 	}
 	insert := func(table string) string {
@@ -92,10 +118,10 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 			var (
 				next atomic.Int64
 				wg   sync.WaitGroup
-				errs = make(chan error, concurrentPublishers)
+				errs = make(chan error, publishers)
 			)
 			clock := startClock()
-			for range concurrentPublishers {
+			for range publishers {
 				wg.Go(func() {
 					for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
 						err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fn(tx, i) })
@@ -144,27 +170,37 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 	}
 	cs := []contender{
 		{"bare INSERT, no trigger", concurrently(plain, false, false, bare(plain))},
+		{"bare INSERT, plain table (primary key and pending index)", concurrently(minimal, false, false, bare(minimal))},
 		{"bare INSERT into the outbox, nobody asleep", concurrently(table("outbox"), false, false, bare(table("outbox")))},
 		{"outbox Publish, nobody asleep", concurrently(table("outbox"), false, false, publish)},
-		{"outbox Publish, a subscriber asleep", concurrently(table("outbox"), true, false, publish)},
 		{"outbox Publish, a subscriber handling", concurrently(table("outbox"), false, true, publish)},
-		{"outbox Publish, a subscriber handling, every publish notifying", concurrently(table("outbox"), true, true, publish)},
 	}
-	n := max(int(20000*o.scale), concurrentPublishers)
+	if publishers == 32 {
+		cs = append(cs,
+			contender{"outbox Publish, a subscriber asleep", concurrently(table("outbox"), true, false, publish)},
+			contender{"outbox Publish, a subscriber handling, every publish notifying", concurrently(table("outbox"), true, true, publish)})
+	}
+	n := max(int(20000*o.scale), publishers)
 	reset := func() error {
 		if err := env.reset(ctx); err != nil {
 			return err
 		}
-		_, err := pool.Exec(ctx, "TRUNCATE "+plain)
+		_, err := pool.Exec(ctx, "TRUNCATE "+plain+", "+minimal)
 		return err
 	}
 	s, err := measure(o.rounds, n, reset, cs)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(o.out, "%d transactions of one row, %d at a time\n", n, concurrentPublishers)
-	report(o.out, s, []string{"bare INSERT, no trigger", "bare INSERT into the outbox, nobody asleep",
-		"outbox Publish, nobody asleep", "outbox Publish, a subscriber asleep", "outbox Publish, a subscriber handling",
-		"outbox Publish, a subscriber handling, every publish notifying"}, n, "op", "bare INSERT, no trigger")
+	fmt.Fprintf(o.out, "%d transactions of one row, %d at a time\n", n, publishers)
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.name)
+	}
+	report(o.out, s, names, n, "op", "bare INSERT, no trigger")
+	base := "bare INSERT, plain table (primary key and pending index)"
+	for _, name := range []string{"outbox Publish, nobody asleep", "outbox Publish, a subscriber handling"} {
+		fmt.Fprintf(o.out, "%s / %s = %.2fx\n", name, base, rate(median(s[name]), n)/rate(median(s[base]), n))
+	}
 	return nil
 }

@@ -75,7 +75,10 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 			}})
 	}
 	cs = o.only(cs)
-	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, cs)
+	stats := o.statementStats(ctx, env)
+	clockStatements = stats
+	defer func() { clockStatements = nil }()
+	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, stats.wrap(ctx, cs))
 	if err != nil {
 		return err
 	}
@@ -95,6 +98,7 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 				rate(median(s[base]), n)/rate(median(s[best]), n))
 		}
 	}
+	stats.report(o.out, names, o.rounds, n)
 	return nil
 }
 
@@ -159,8 +163,7 @@ func outboxBacklog(ctx context.Context, env *benchEnv, n int, queues ...string) 
 	return nil
 }
 
-// drainConfig is the subscriber the latency, keyed and scale-out suites
-// run.
+// drainConfig is the subscriber the keyed suites run.
 func drainConfig[T any]() *outbox.SubscriberConfig[T] {
 	return &outbox.SubscriberConfig[T]{
 		Workers: 16, FetchBatchSize: 250, AckBatchSize: 250,

@@ -343,7 +343,7 @@ func (l *claimAckLoop) run(ctx context.Context, env *benchEnv, n int) (time.Dura
 		for rows.Next() {
 			var r db.ClaimQueueRow
 			if err := rows.Scan(&r.ID, &r.Payload, &r.Headers, &r.OrderingKey, &r.TimerID,
-				&r.CreatedAt, &r.AttemptsCount, &r.DeliveriesCount, &r.SinceFirstAttemptSeconds); err != nil {
+				&r.CreatedAt, &r.AttemptsCount, &r.DeliveriesCount, &r.SinceFirstAttemptSeconds, &r.Recheck); err != nil {
 				rows.Close()
 				return 0, err
 			}

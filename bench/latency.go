@@ -23,7 +23,8 @@ const (
 )
 
 // runLatency publishes one message per transaction at about 200/s to an
-// idle subscriber and measures from the publisher's commit to the handler.
+// idle subscriber at its default configuration and measures from the
+// publisher's commit to the handler.
 // Each round runs ours (at 200/s and at 1,000/s), then River at 200/s with
 // its default fetch settings and with its benchmarks' faster ones.
 func runLatency(ctx context.Context, env *benchEnv, o options) error {
@@ -142,7 +143,7 @@ func latencyOutbox(ctx context.Context, env *benchEnv, n, rate int) ([]time.Dura
 	sub, err := outbox.NewSubscriber(env.ob, []string{topic}, func(_ context.Context, m *outbox.Message[order]) error {
 		c.handled(m.Payload.Total)
 		return nil
-	}, drainConfig[order]())
+	}, defaultConfig[order]())
 	if err != nil {
 		return nil, err
 	}

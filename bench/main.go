@@ -28,6 +28,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outboxgen/outboxgen/internal/localpg"
 )
 
 type options struct {
@@ -37,6 +39,10 @@ type options struct {
 	out    io.Writer
 	// statements profiles some suites with pg_stat_statements.
 	statements bool
+	// cluster runs the suites on a throwaway cluster (-cluster).
+	cluster bool
+	// busy keeps one core busy with a second process throughout (-busy).
+	busy bool
 	// watermillBatch and river are the peers' configurations the drain
 	// suite runs, each as a contender of its own.
 	watermillBatch []int
@@ -84,6 +90,7 @@ var suites = []suite{
 	{"keyedpublish", runKeyedPublish},
 	{"keyedbatch", runKeyedBatch},
 	{"explain", runExplain},
+	{"designs", runDesigns},
 	{"relay", runRelay},
 }
 
@@ -98,7 +105,9 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 7, "rounds per suite; medians are taken over rounds")
 	flag.Float64Var(&o.scale, "scale", 1, "multiplies the work per round (0.1 for a smoke run)")
 	flag.BoolVar(&o.statements, "statements", false, "profile the keyed suites' statements with pg_stat_statements (it must be loaded)")
-	flag.BoolVar(&measureCPU, "cpu", false, "report the client's and the local PostgreSQL server's CPU time per operation of each timed run (reads /proc; a server on this machine only)")
+	flag.BoolVar(&measureCPU, "cpu", false, "report the client's and the local PostgreSQL server's CPU time (reads /proc; a server on this machine only) and the server's WAL bytes per operation of each timed run")
+	flag.BoolVar(&o.busy, "busy", false, "keep one core busy with a second process while the suites run, as another service on the machine would")
+	flag.BoolVar(&o.cluster, "cluster", false, "run on a throwaway cluster of this machine's PostgreSQL with pg_stat_statements loaded and autovacuum on, instead of -dsn")
 	flag.BoolVar(&showSamples, "samples", false, "print every round's figure after each table")
 	flag.StringVar(&which, "suite", "all", "comma-separated suites to run: "+suiteNames()+", or all")
 	flag.Func("watermill-batch", "comma-separated SubscribeBatchSize values the drain suite runs watermill-sql at (default "+
@@ -132,6 +141,9 @@ func main() {
 	}
 	if o.river == nil {
 		o.river, _ = parseRiverConfigs(defaultRiver)
+	}
+	if os.Getenv(busyEnv) != "" {
+		runBusy()
 	}
 	if subs := os.Getenv(childEnv); subs != "" {
 		n, err := strconv.Atoi(subs)
@@ -212,20 +224,48 @@ func suiteNames() string {
 }
 
 func run(o options, which string) error {
-	if o.dsn == "" {
-		return errors.New("no database: set DATABASE_URL or pass -dsn")
-	}
 	if o.rounds < 1 || o.scale <= 0 {
 		return errors.New("-rounds must be at least 1 and -scale positive")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if o.cluster {
+		srv, err := localpg.StartCluster(ctx,
+			"shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all",
+			"autovacuum=on", "max_connections=200")
+		if err != nil {
+			return fmt.Errorf("-cluster: %w", err)
+		}
+		defer srv.Stop()
+		o.dsn = srv.URL
+		fmt.Fprintf(o.out, "on %s\n", srv.How)
+	}
+	if o.dsn == "" {
+		return errors.New("no database: set DATABASE_URL or pass -dsn")
+	}
 	env, err := newBenchEnv(ctx, o.dsn)
 	if err != nil {
 		return err
 	}
 	defer env.close()
-	fmt.Fprintf(o.out, "outboxgen benchmarks, %s, %d rounds, scale %g\n", time.Now().UTC().Format(time.DateOnly), o.rounds, o.scale)
+	if o.cluster {
+		if _, err := env.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+			return err
+		}
+	}
+	if measureCPU {
+		walPool = env.pool
+	}
+	if o.busy {
+		stopBusy, err := startBusy()
+		if err != nil {
+			return err
+		}
+		defer stopBusy()
+		fmt.Fprintln(o.out, "a second process keeps one core busy throughout (-busy)")
+	}
+	fmt.Fprintf(o.out, "outboxgen benchmarks, %s, %d rounds, scale %g, load average %s\n",
+		time.Now().UTC().Format(time.DateOnly), o.rounds, o.scale, loadAverage())
 	for _, s := range suites {
 		if which != "all" && !slices.Contains(strings.Split(which, ","), s.name) {
 			continue
@@ -236,6 +276,16 @@ func run(o options, which string) error {
 		}
 	}
 	return nil
+}
+
+// loadAverage is the machine's 1-, 5- and 15-minute load averages, or
+// "unknown".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
 }
 
 func jsonOrder(i int) ([]byte, error) { return json.Marshal(sampleOrder(i)) }

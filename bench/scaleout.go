@@ -27,12 +27,17 @@ func runScaleOut(ctx context.Context, env *benchEnv, o options) error {
 		{"2 subscribers, 2 processes", shape(2, 1)},
 		{"4 subscribers, 2 processes", shape(2, 2)},
 	}
-	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, cs)
+	stats := o.statementStats(ctx, env)
+	clockStatements = stats
+	defer func() { clockStatements = nil }()
+	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, stats.wrap(ctx, cs))
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(o.out, "%d-row backlog, no-op handler, subscribers in child processes (%d deliveries in all)\n", n, reports)
-	report(o.out, s, []string{"1 subscriber, 1 process", "2 subscribers, 2 processes", "4 subscribers, 2 processes"}, n, "msg", "1 subscriber, 1 process")
+	fmt.Fprintf(o.out, "%d-row backlog, no-op handler, subscribers in child processes (%d deliveries in all; client CPU is this process's alone)\n", n, reports)
+	names := []string{"1 subscriber, 1 process", "2 subscribers, 2 processes", "4 subscribers, 2 processes"}
+	report(o.out, s, names, n, "msg", "1 subscriber, 1 process")
+	stats.report(o.out, names, o.rounds, n)
 	return nil
 }
 

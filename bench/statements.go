@@ -53,7 +53,7 @@ func (s *statementStats) wrap(ctx context.Context, cs []contender) []contender {
 	out := make([]contender, len(cs))
 	for i, c := range cs {
 		out[i] = contender{c.name, func(n int) (time.Duration, error) {
-			if _, err := s.pool.Exec(ctx, "SELECT pg_stat_statements_reset()"); err != nil {
+			if err := s.reset(ctx); err != nil {
 				return 0, err
 			}
 			d, err := c.round(n)
@@ -64,6 +64,12 @@ func (s *statementStats) wrap(ctx context.Context, cs []contender) []contender {
 		}}
 	}
 	return out
+}
+
+// reset clears the statistics.
+func (s *statementStats) reset(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, "SELECT pg_stat_statements_reset()")
+	return err
 }
 
 func (s *statementStats) collect(ctx context.Context, name string) error {
