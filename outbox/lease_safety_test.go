@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -88,5 +90,56 @@ func TestHeartbeatIntervalIsAtMostHalfTheLease(t *testing.T) {
 	if _, err := NewSubscriber(&Outbox{}, []string{"q"}, func(context.Context, *Message[string]) error { return nil },
 		&SubscriberConfig[string]{LeaseTTL: time.Second, HeartbeatInterval: 500 * time.Millisecond}); err != nil {
 		t.Errorf("LeaseTTL/2: %v", err)
+	}
+}
+
+// A claim whose answer comes after its lease has run out (its statement
+// waited longer than LeaseTTL) starts no handler on its rows: another
+// claim may own them by then. The row is handled once, by a later claim:
+// after a claim by lease, that claim counts the late one's delivery; a
+// claim by lock that gives up its rows unhandled wrote nothing, so it
+// counts none. The claim is paused mid-statement, as the snapshot tests
+// pause theirs (pauseWhen), for longer than its lease.
+func TestAClaimAnsweredAfterItsLeaseRanOutStartsNoHandler(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		lockWindow time.Duration
+		want       []int // Message.Deliveries of each handler call
+	}{
+		{"by lease", -1, []int{2}},
+		{"by lock", 0, []int{1}}, // the defaults: a subscriber's first claim is by lock
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setupOwned(t)
+			id := e.publish("q")
+			ob := e.outboxOn(nil)
+			role := roleOf(t, ob)
+			unlock := e.pauseWhen("pause(id bigint)", fmt.Sprintf("id = %d", id))
+			e.exec(`ALTER TABLE outbox ENABLE ROW LEVEL SECURITY`)
+			e.exec(`CREATE POLICY pause ON outbox USING (pause(id))`)
+
+			const ttl = time.Second
+			var deliveries []int
+			var mu sync.Mutex
+			cfg := fastConfig[string](nil)
+			cfg.LeaseTTL, cfg.LockWindow = ttl, tc.lockWindow
+			startSub(t, ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+				mu.Lock()
+				deliveries = append(deliveries, m.Deliveries)
+				mu.Unlock()
+				return nil
+			}, cfg)
+			eventually(t, "the claim paused at the row", func() bool { return e.paused(role, "Claim|ClaimQueue|Lock|LockQueue") })
+			time.Sleep(ttl + ttl/2)
+			unlock()
+			eventually(t, "the row handled", func() bool { _, ok := e.row(id); return !ok })
+			mu.Lock()
+			defer mu.Unlock()
+			if diff := cmp.Diff(tc.want, deliveries); diff != "" {
+				t.Errorf("Message.Deliveries of each handler call (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -179,13 +179,13 @@ func (c *byLease) Claim(_ context.Context, n int32) (int, error) {
 	sent := time.Now()
 	if len(r.Queues) > 1 {
 		rows, err := c.q.Claim(sctx, db.ClaimParams{Token: token, Queues: r.Queues, MaxRows: n, LeaseTtlSeconds: ttl})
-		rows = giveBackRecorded(c, rows, token, func(r *db.ClaimRow) (int64, bool) { return r.ID, r.Recheck })
+		rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimRow) (int64, bool) { return r.ID, r.Recheck })
 		r.Hand(r.Leases.Add(r.HandlerCtx, rows, token, sent))
 		return len(rows), err
 	}
 	queue := r.Queues[0]
 	rows, err := c.q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
-	rows = giveBackRecorded(c, rows, token, func(r *db.ClaimQueueRow) (int64, bool) { return r.ID, r.Recheck })
+	rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimQueueRow) (int64, bool) { return r.ID, r.Recheck })
 	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
 	r.Hand(r.Leases.AddEach(r.HandlerCtx, len(rows), fill, token, sent))
 	return len(rows), err
@@ -196,10 +196,12 @@ func (c *byLease) Claim(_ context.Context, n int32) (int, error) {
 // recheck is set, it reads which a record names (RecordedAmong), and
 // gives those back, which no handler may take yet. A read that fails
 // (a serialization failure on a SERIALIZABLE pool, say) is tried again,
-// up to recheckTries times; then every row to recheck is given back
-// unhandled, for the next claim. Rows it fails to give back stay leased
-// to no handler until their lease expires.
-func giveBackRecorded[R any](c *byLease, rows []R, token pgtype.UUID, row func(*R) (id int64, recheck bool)) []R {
+// up to recheckTries times while the claim's lease (stamped by a statement
+// sent at sent) lasts; then every row to recheck is given back unhandled,
+// for the next claim. Rows it fails to give back stay leased to no
+// handler until their lease expires. The reads end with the lease: a row
+// handed on after it would be another claim's (the tracker refuses it).
+func giveBackRecorded[R any](c *byLease, rows []R, token pgtype.UUID, sent time.Time, row func(*R) (id int64, recheck bool)) []R {
 	var ids []int64
 	for i := range rows {
 		if id, recheck := row(&rows[i]); recheck {
@@ -214,12 +216,14 @@ func giveBackRecorded[R any](c *byLease, rows []R, token pgtype.UUID, row func(*
 		named []int64
 		err   error
 	)
+	ctx, cancel := context.WithDeadline(r.Writes, sent.Add(r.LeaseTTL-lease.Margin(r.LeaseTTL)))
 	errs := dbx.Backoff{Base: 10 * time.Millisecond, Max: 50 * time.Millisecond}
 	for try := range recheckTries {
-		if named, err = c.q.RecordedAmong(r.Writes, ids); err == nil || try == recheckTries-1 || !dbx.Sleep(r.Writes, errs.Next()) {
+		if named, err = c.q.RecordedAmong(ctx, ids); err == nil || try == recheckTries-1 || !dbx.Sleep(ctx, errs.Next()) {
 			break
 		}
 	}
+	cancel()
 	if err != nil {
 		r.Log.Warn("outbox: checking claimed rows against the records of claims by lock failed; giving them back unhandled",
 			slog.Int("rows", len(ids)), slog.Any("error", err))

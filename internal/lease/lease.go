@@ -100,8 +100,12 @@ type Batch struct {
 	Ctx    context.Context
 	Cancel context.CancelCauseFunc
 	expiry *time.Timer
-	Rows   []*Delivery // guarded by Tracker.mu
-	held   int         // rows not done; guarded by Tracker.mu
+	// deadline is when expiry fires, on this process's monotonic clock:
+	// Start refuses a handler from then on, whether or not the timer's
+	// goroutine has run yet. Guarded by Tracker.mu.
+	deadline time.Time
+	Rows     []*Delivery // guarded by Tracker.mu
+	held     int         // rows not done; guarded by Tracker.mu
 	// Hold is the claim's transaction when the claim holds its rows by
 	// row lock, until it ends; nil for a leased claim.
 	Hold Hold
@@ -181,7 +185,15 @@ func (l *Tracker) AddEach(parent context.Context, n int, fill func(i int, r *db.
 		fill(i, &ds[i].Row)
 		b.Rows[i] = &ds[i]
 	}
-	b.expiry = time.AfterFunc(l.left(sent), func() { cancel(ErrLeaseLost) })
+	left := l.left(sent)
+	b.deadline = time.Now().Add(left)
+	b.expiry = time.AfterFunc(left, func() { cancel(ErrLeaseLost) })
+	if left == 0 {
+		// The answer came after the lease's end (a slow claim, or one
+		// whose rows were checked at length): no handler may start, and
+		// the batch ends now rather than when the timer's goroutine runs.
+		cancel(ErrLeaseLost)
+	}
 	l.mu.Lock()
 	l.batches[b] = struct{}{}
 	l.n += n
@@ -191,11 +203,14 @@ func (l *Tracker) AddEach(parent context.Context, n int, fill func(i int, r *db.
 
 // Start makes d's handler context, or reports false when d's lease is
 // already gone (expired, or found taken by a heartbeat): another claim may
-// own the row, so its handler must not run.
+// own the row, so its handler must not run. Expiry is read from the
+// clock, not only from the batch's context: the timer that cancels it
+// runs on a goroutine of its own, which a loaded scheduler may run after
+// a worker has taken the row.
 func (l *Tracker) Start(d *Delivery) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if d.lost || d.Batch.Ctx.Err() != nil {
+	if d.lost || d.Batch.Ctx.Err() != nil || !time.Now().Before(d.Batch.deadline) {
 		return false
 	}
 	d.Ctx, d.Cancel = context.WithCancelCause(d.Batch.Ctx)
@@ -260,7 +275,7 @@ func (l *Tracker) Renew(b *Batch, sent time.Time) {
 	defer l.mu.Unlock()
 	b.ending = false
 	if b.held > 0 {
-		b.expiry.Reset(l.left(sent))
+		l.restart(b, sent)
 	}
 }
 
@@ -295,6 +310,14 @@ const marginMax = 250 * time.Millisecond
 // the cancellation reach the handler before another claim can take the
 // row, not merely be issued before.
 func Margin(ttl time.Duration) time.Duration { return min(ttl/10, marginMax) }
+
+// restart restarts b's expiry for a lease stamped by a statement sent at
+// sent. Call with mu held.
+func (l *Tracker) restart(b *Batch, sent time.Time) {
+	left := l.left(sent)
+	b.deadline = time.Now().Add(left)
+	b.expiry.Reset(left)
+}
 
 // left is how much of a lease stamped by a statement sent at sent is
 // left, less the margin.
@@ -334,7 +357,7 @@ func (l *Tracker) Extended(extended []Lease, tried []*Delivery, sent time.Time) 
 	}
 	for b := range reset {
 		if b.held > 0 {
-			b.expiry.Reset(l.left(sent))
+			l.restart(b, sent)
 		}
 	}
 	return lost

@@ -24,6 +24,10 @@ func TestLocalLeaseCountsFromTheStatementsSending(t *testing.T) {
 	const ttl = time.Second
 	l := NewTracker(ttl)
 	late := l.Add(context.Background(), []db.ClaimRow{{ID: 1}}, testToken(1), time.Now().Add(-ttl))[0]
+	// At once, before the expiry timer's goroutine could have run.
+	if l.Start(late) {
+		t.Fatal("a handler started on a lease that had run out before its claim's answer came")
+	}
 	select {
 	case <-late.Batch.Ctx.Done():
 	case <-time.After(ttl / 2):
@@ -52,6 +56,20 @@ func TestLocalLeaseCountsFromTheStatementsSending(t *testing.T) {
 		t.Errorf("cause %v, want ErrLeaseLost", context.Cause(held.Ctx))
 	}
 	l.Remove(held)
+
+	// A lease renewed by a statement answered after the lease's end
+	// (a locked claim's end) lets no handler of its batch start, though
+	// the expiry timer's goroutine may not have run yet.
+	two := l.Add(context.Background(), []db.ClaimRow{{ID: 3}, {ID: 4}}, testToken(3), time.Now())
+	if !l.Start(two[0]) {
+		t.Fatal("a handler could not start on a fresh lease")
+	}
+	l.Renew(two[0].Batch, time.Now().Add(-ttl))
+	if l.Start(two[1]) {
+		t.Error("a handler started on a lease renewed by an answer that came after the lease's end")
+	}
+	l.Remove(two[0])
+	l.Remove(two[1])
 }
 
 // A handler's context is cancelled a margin before its lease ends, so the
