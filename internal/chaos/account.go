@@ -24,6 +24,8 @@ type accounting struct {
 	// duplicates are deliveries after one that ended the message (or never
 	// ended), by explanation; unexplained ones are bugs.
 	duplicates map[string]int64
+	// duplicateRows names some rows of the unexplained duplicates.
+	duplicateRows []int64
 	// overlaps: two deliveries of one row whose handlers ran at once,
 	// while both could still write an outcome (see live), by how the
 	// first one ended; overlapRows names some of their rows.
@@ -119,6 +121,15 @@ func (c *coordinator) account(ctx context.Context, p *publishers) (*accounting, 
 		              ORDER BY n.started LIMIT 1) AS d2 ON true
 		WHERE d1.outcome IS DISTINCT FROM 'fail'
 		GROUP BY 1`); err != nil {
+		return nil, err
+	}
+	if a.duplicateRows, err = ids(ctx, tx, `
+		SELECT DISTINCT d1.row_id
+		FROM deliveries AS d1
+		JOIN LATERAL (SELECT * FROM deliveries AS n WHERE n.msg_id = d1.msg_id AND n.started > d1.started
+		              ORDER BY n.started LIMIT 1) AS d2 ON true
+		WHERE d1.outcome IS DISTINCT FROM 'fail' AND `+explain+` = 'unexplained'
+		ORDER BY 1 LIMIT 10`); err != nil {
 		return nil, err
 	}
 	// Two deliveries of one row whose handlers ran at once while both
@@ -301,7 +312,7 @@ func (a *accounting) problems() []string {
 	check(a.both != 0, "%d messages both acknowledged and dead-lettered", a.both)
 	check(a.phantom != 0, "%d messages delivered that were never committed", a.phantom)
 	check(a.left != 0, "%d rows left in the outbox", a.left)
-	check(a.duplicates["unexplained"] != 0, "%d unexplained duplicates", a.duplicates["unexplained"])
+	check(a.duplicates["unexplained"] != 0, "%d unexplained duplicates, rows %v", a.duplicates["unexplained"], a.duplicateRows)
 	check(total(a.overlaps) != 0, "%d overlapping deliveries of one row (%s), rows %v",
 		total(a.overlaps), breakdown(a.overlaps), a.overlapRows)
 	check(a.countsNotIncreasing != 0, "%d deliveries whose Message.Deliveries did not exceed the previous delivery's, rows %v",
@@ -314,4 +325,61 @@ func (a *accounting) problems() []string {
 	check(a.orderViolations != 0, "%d per-key order violations", a.orderViolations)
 	check(a.committed == 0, "nothing was published")
 	return out
+}
+
+// suspects returns up to n rows that the failed checks name, first of
+// each check's.
+func (a *accounting) suspects(n int) []int64 {
+	var out []int64
+	for _, rows := range [][]int64{a.duplicateRows, a.overlapRows, a.countsNotIncreasingRows, a.countsBelowRows} {
+		for _, id := range rows {
+			if len(out) < n && !slices.Contains(out, id) {
+				out = append(out, id)
+			}
+		}
+	}
+	return out
+}
+
+// history prints every recorded delivery of rows, and every fault, with
+// times in milliseconds from the run's start: what CI keeps of a failed
+// run, whose scratch schema goes with its machine.
+func (c *coordinator) history(ctx context.Context, began time.Time, rows []int64) error {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{c.schema}.Sanitize()); err != nil {
+		return err
+	}
+	ms := func(col string) string {
+		return `coalesce(round(extract(epoch FROM ` + col + ` - $1::timestamptz) * 1000)::text, '-')`
+	}
+	out, err := tx.Query(ctx, `
+		SELECT format('chaos: row %s (msg %s, key %s, seq %s): worker %s %s claim %s deliveries %s attempt %s started %s lease_expires %s handler_end %s (%s) ended %s outcome %s',
+		              d.row_id, d.msg_id, coalesce(d.ordering_key, '-'), coalesce(d.seq::text, '-'), d.worker, d.sub,
+		              coalesce(d.claim, '-'), d.deliveries, d.attempt, `+ms("d.started")+`, `+ms("d.lease_expires")+`,
+		              `+ms("d.handler_end")+`, coalesce(d.end_kind, '-'), `+ms("d.ended")+`, coalesce(d.outcome, '-')) AS line,
+		       0 AS part, d.row_id AS row_id, d.started AS at
+		FROM deliveries AS d WHERE d.row_id = ANY ($2)
+		UNION ALL
+		SELECT format('chaos: fault %s worker %s from %s to %s', e.kind, coalesce(e.worker::text, 'all'), `+ms("e.at")+`, `+ms("e.until")+`),
+		       1, 0, e.at
+		FROM events AS e
+		ORDER BY part, row_id, at`, began, rows)
+	if err != nil {
+		return err
+	}
+	for out.Next() {
+		var (
+			line string
+			skip any
+		)
+		if err := out.Scan(&line, &skip, &skip, &skip); err != nil {
+			return err
+		}
+		fmt.Println(line)
+	}
+	return out.Err()
 }

@@ -223,6 +223,11 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 	for _, p := range problems {
 		fmt.Println("chaos: FAIL:", p)
 	}
+	if rows := a.suspects(3); len(rows) > 0 {
+		if err := c.history(context.WithoutCancel(ctx), began, rows); err != nil {
+			fmt.Println("chaos: the history of rows", rows, "could not be read:", err)
+		}
+	}
 	if len(problems) == 0 && !c.keep {
 		_, _ = c.pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{c.schema}.Sanitize()+" CASCADE")
 	} else {
