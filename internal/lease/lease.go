@@ -185,15 +185,7 @@ func (l *Tracker) AddEach(parent context.Context, n int, fill func(i int, r *db.
 		fill(i, &ds[i].Row)
 		b.Rows[i] = &ds[i]
 	}
-	left := l.left(sent)
-	b.deadline = time.Now().Add(left)
-	b.expiry = time.AfterFunc(left, func() { cancel(ErrLeaseLost) })
-	if left == 0 {
-		// The answer came after the lease's end (a slow claim, or one
-		// whose rows were checked at length): no handler may start, and
-		// the batch ends now rather than when the timer's goroutine runs.
-		cancel(ErrLeaseLost)
-	}
+	b.expiry = time.AfterFunc(l.until(b, sent), func() { cancel(ErrLeaseLost) })
 	l.mu.Lock()
 	l.batches[b] = struct{}{}
 	l.n += n
@@ -275,7 +267,7 @@ func (l *Tracker) Renew(b *Batch, sent time.Time) {
 	defer l.mu.Unlock()
 	b.ending = false
 	if b.held > 0 {
-		l.restart(b, sent)
+		b.expiry.Reset(l.until(b, sent))
 	}
 }
 
@@ -311,12 +303,13 @@ const marginMax = 250 * time.Millisecond
 // row, not merely be issued before.
 func Margin(ttl time.Duration) time.Duration { return min(ttl/10, marginMax) }
 
-// restart restarts b's expiry for a lease stamped by a statement sent at
-// sent. Call with mu held.
-func (l *Tracker) restart(b *Batch, sent time.Time) {
+// until sets b's deadline for a lease stamped by a statement sent at
+// sent, and returns the time left to it, for b's expiry timer. Call with
+// mu held, or before b is tracked.
+func (l *Tracker) until(b *Batch, sent time.Time) time.Duration {
 	left := l.left(sent)
 	b.deadline = time.Now().Add(left)
-	b.expiry.Reset(left)
+	return left
 }
 
 // left is how much of a lease stamped by a statement sent at sent is
@@ -357,7 +350,7 @@ func (l *Tracker) Extended(extended []Lease, tried []*Delivery, sent time.Time) 
 	}
 	for b := range reset {
 		if b.held > 0 {
-			l.restart(b, sent)
+			b.expiry.Reset(l.until(b, sent))
 		}
 	}
 	return lost
