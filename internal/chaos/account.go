@@ -112,24 +112,19 @@ func (c *coordinator) account(ctx context.Context, p *publishers) (*accounting, 
 	if err != nil {
 		return nil, fmt.Errorf("accounting: %w", err)
 	}
-	// Redeliveries: a delivery that follows one which succeeded, rejected
-	// or never ended. One after a failed attempt is a retry.
-	if err := collect(ctx, tx, a.duplicates, `
-		SELECT `+explain+`, count(*)
+	// Redeliveries: a delivery (d2) that follows one (d1) which
+	// succeeded, rejected or never ended. One after a failed attempt is a
+	// retry.
+	const redeliveries = `
 		FROM deliveries AS d1
 		JOIN LATERAL (SELECT * FROM deliveries AS n WHERE n.msg_id = d1.msg_id AND n.started > d1.started
 		              ORDER BY n.started LIMIT 1) AS d2 ON true
-		WHERE d1.outcome IS DISTINCT FROM 'fail'
-		GROUP BY 1`); err != nil {
+		WHERE d1.outcome IS DISTINCT FROM 'fail'`
+	if err := collect(ctx, tx, a.duplicates, `SELECT `+explain+`, count(*) `+redeliveries+` GROUP BY 1`); err != nil {
 		return nil, err
 	}
-	if a.duplicateRows, err = ids(ctx, tx, `
-		SELECT DISTINCT d1.row_id
-		FROM deliveries AS d1
-		JOIN LATERAL (SELECT * FROM deliveries AS n WHERE n.msg_id = d1.msg_id AND n.started > d1.started
-		              ORDER BY n.started LIMIT 1) AS d2 ON true
-		WHERE d1.outcome IS DISTINCT FROM 'fail' AND `+explain+` = 'unexplained'
-		ORDER BY 1 LIMIT 10`); err != nil {
+	if a.duplicateRows, err = ids(ctx, tx, `SELECT DISTINCT d1.row_id `+redeliveries+`
+		AND `+explain+` = 'unexplained' ORDER BY 1 LIMIT 10`); err != nil {
 		return nil, err
 	}
 	// Two deliveries of one row whose handlers ran at once while both
