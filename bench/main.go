@@ -126,7 +126,7 @@ func main() {
 		o.relayWatermillBatch, err = parseInts(v)
 		return err
 	})
-	flag.Func("contenders", "regular expression: the drain suite runs only the contenders whose names match", func(v string) (err error) {
+	flag.Func("contenders", "regular expression: the drain, relay and designs suites run only the contenders whose names match", func(v string) (err error) {
 		o.contenders, err = regexp.Compile(v)
 		return err
 	})
