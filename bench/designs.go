@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -118,6 +119,44 @@ CREATE TRIGGER outbox_notify_trg AFTER INSERT ON outbox REFERENCING NEW TABLE AS
 const bareTable = noChecks + noInsertTriggers + noDeleteTrigger + `
 DROP INDEX outbox_lease_expiry_idx, outbox_ordering_idx, outbox_timer_uidx;`
 
+// headsByLookup keeps no row blocked: a claim finds a key's head by
+// looking for an earlier row of its key (headsClaim), so a delete hands
+// nothing on and writes no next row. The triggers that block and unblock
+// rows go. Publishers of a key would still have to take turns (today's
+// insert trigger does, with the key's lock), or a row of a transaction
+// that commits late could be claimed after a later one: this measures
+// the claims and deletes of such a table, not a whole design.
+const headsByLookup = `DROP TRIGGER outbox_key_insert_trg ON outbox;
+DROP TRIGGER outbox_key_delete_trg ON outbox;
+DROP TRIGGER outbox_key_update_trg ON outbox;`
+
+// headsDesign names the design whose claims find a key's head by lookup.
+const headsDesign = "keys' heads found by lookup, no row blocked"
+
+// keyedDesigns are the designs that keep per-key order, which the keyed
+// drain measures.
+var keyedDesigns = map[string]bool{"schema 10": true, headsDesign: true}
+
+// headsClaim adds to the library's claim by lock the condition that a
+// keyed row is its key's head: no earlier row of its key exists.
+func headsClaim(sql string) string {
+	const order = "ORDER BY o.next_attempt_at, o.id"
+	if !strings.Contains(sql, "FOR UPDATE OF o SKIP LOCKED") {
+		return sql
+	}
+	table := claimedTable.FindStringSubmatch(sql)
+	if table == nil {
+		return sql
+	}
+	return strings.Replace(sql, order, `AND (o.ordering_key IS NULL OR NOT EXISTS (
+    SELECT 1 FROM `+table[1]+` AS e
+    WHERE e.queue = o.queue AND e.ordering_key = o.ordering_key AND e.id < o.id))
+`+order, 1)
+}
+
+// claimedTable finds the table a rendered claim reads, as it names it.
+var claimedTable = regexp.MustCompile(`FROM (\S+) AS o\b`)
+
 // headersAsJSON makes the library's statements write json headers.
 func headersAsJSON(sql string) string {
 	return strings.ReplaceAll(sql, "'UTF8')::jsonb", "'UTF8')::json")
@@ -137,6 +176,7 @@ var designs = []design{
 	{"insert triggers' lightest WHENs (lower bound)", lightestWhens, sameSQL, false},
 	{"domains and lightest WHENs (lower bound)", domainChecks + lightestWhens, sameSQL, false},
 	{"the bare INSERT's table (reference)", bareTable, sameSQL, false},
+	{headsDesign, headsByLookup, headsClaim, false},
 	{name: "watermill-sql's queue table (reference)", peer: true},
 }
 
@@ -194,14 +234,18 @@ func runDesigns(ctx context.Context, env *benchEnv, o options) error {
 	// A phase that drains first publishes its backlog, which is not part
 	// of its measure.
 	phases := []struct {
-		name   string
-		msgs   int
-		run    func(*designRun, *pgx.Conn, int) error
-		drains bool
+		name string
+		msgs int
+		run  func(*designRun, *pgx.Conn, int) error
+		// backlog, when set, writes the rows the phase drains first.
+		backlog func(*designRun, *pgx.Conn, int) error
+		// keyed phases run for the designs that keep per-key order.
+		keyed bool
 	}{
-		{"Publish, 1 row a transaction", singles, (*designRun).publish, false},
-		{"PublishBatch, 1,000 rows a call", n, (*designRun).publishBatch, false},
-		{fmt.Sprintf("drain, %d rows a claim", designBatch), n, (*designRun).drain, true},
+		{"Publish, 1 row a transaction", singles, (*designRun).publish, nil, false},
+		{"PublishBatch, 1,000 rows a call", n, (*designRun).publishBatch, nil, false},
+		{fmt.Sprintf("drain, %d rows a claim", designBatch), n, (*designRun).drain, (*designRun).publishBatch, false},
+		{fmt.Sprintf("keyed drain, %d keys", designKeys), n, (*designRun).drain, (*designRun).keyedBacklog, true},
 	}
 	cpu := map[string]map[string][]time.Duration{}
 	// Round -1 warms every design up (its relations' files, the plans of
@@ -211,11 +255,14 @@ func runDesigns(ctx context.Context, env *benchEnv, o options) error {
 		for i := range ds {
 			r := ds[(i+max(round, 0))%len(ds)]
 			for _, p := range phases {
+				if p.keyed && !keyedDesigns[r.name] {
+					continue
+				}
 				if err := r.empty(ctx, conn.Conn()); err != nil {
 					return err
 				}
-				if p.drains {
-					if err := r.publishBatch(conn.Conn(), p.msgs); err != nil {
+				if p.backlog != nil {
+					if err := p.backlog(r, conn.Conn(), p.msgs); err != nil {
 						return fmt.Errorf("%s: %w", r.name, err)
 					}
 				}
@@ -244,6 +291,10 @@ func runDesigns(ctx context.Context, env *benchEnv, o options) error {
 	for _, r := range ds {
 		fmt.Fprintf(tw, "%s\t", r.name)
 		for _, p := range phases {
+			if len(cpu[p.name][r.name]) == 0 {
+				fmt.Fprint(tw, "–\t\t")
+				continue
+			}
 			m := median(cpu[p.name][r.name]) / time.Duration(p.msgs)
 			base := median(cpu[p.name][designs[0].name]) / time.Duration(p.msgs)
 			fmt.Fprintf(tw, "%v\t%.2fx\t", m.Round(time.Microsecond/100), float64(m)/float64(base))
@@ -253,9 +304,21 @@ func runDesigns(ctx context.Context, env *benchEnv, o options) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	// The keyed drain against the same design's unkeyed one: what per-key
+	// order costs in that design (below 1: the keyed drain costs more).
+	unkeyed, keyed := phases[2].name, phases[3].name
+	for _, r := range ds {
+		if k := cpu[keyed][r.name]; len(k) > 0 {
+			fmt.Fprintf(o.out, "%s: unkeyed drain / keyed drain = %.2fx\n", r.name,
+				float64(median(cpu[unkeyed][r.name]))/float64(median(k)))
+		}
+	}
 	if showSamples {
 		for _, p := range phases {
 			for _, r := range ds {
+				if len(cpu[p.name][r.name]) == 0 {
+					continue
+				}
 				fmt.Fprintf(o.out, "  %s, %s, per message by round:", r.name, p.name)
 				for _, d := range cpu[p.name][r.name] {
 					fmt.Fprintf(o.out, " %v", (d / time.Duration(p.msgs)).Round(time.Microsecond/100))
@@ -447,6 +510,22 @@ func (r *designRun) publishBatch(conn *pgx.Conn, n int) error {
 		}
 	}
 	return nil
+}
+
+// designKeys is the keys the keyed drain's backlog spreads its rows over,
+// as the keyed suite's does: row i has key i mod designKeys.
+const designKeys = 10000
+
+// keyedBacklog writes n keyed rows in one plain SQL statement, as the
+// keyed suite's backlog does: the insert trigger, where the design keeps
+// it, blocks every row of a key but its first.
+func (r *designRun) keyedBacklog(conn *pgx.Conn, n int) error {
+	_, err := conn.Exec(context.Background(), "INSERT INTO "+pgx.Identifier{r.schema, "outbox"}.Sanitize()+
+		` (queue, payload, headers, ordering_key)
+		SELECT 'orders', $1::bytea, $2::jsonb, 'key-' || (g % $3)
+		FROM generate_series(0, $4 - 1) AS g ORDER BY g`,
+		r.payloads[0], r.headers, designKeys, n)
+	return err
 }
 
 // drain claims and deletes every row as the default subscriber's claims
