@@ -366,6 +366,7 @@ func (c *coordinator) history(ctx context.Context, began time.Time, rows []int64
 	if err != nil {
 		return err
 	}
+	defer out.Close()
 	for out.Next() {
 		var (
 			line string
