@@ -70,13 +70,14 @@ const domainChecks = `CREATE DOMAIN outbox_queue_name AS text COLLATE "C" CHECK 
 CREATE DOMAIN outbox_header_doc AS jsonb CHECK (VALUE IS NULL OR jsonb_typeof(VALUE) = 'object');
 DO $$
 DECLARE
-	defs text[];
+	defs text[] := '{}';
+	t record;
 	d text;
 BEGIN
-	SELECT array_agg(pg_get_triggerdef(t.oid)) INTO defs
-	FROM pg_trigger AS t WHERE t.tgrelid = 'outbox'::regclass AND NOT t.tgisinternal AND t.tgqual IS NOT NULL;
-	FOR d IN SELECT t.tgname FROM pg_trigger AS t WHERE t.tgrelid = 'outbox'::regclass AND NOT t.tgisinternal AND t.tgqual IS NOT NULL LOOP
-		EXECUTE format('DROP TRIGGER %I ON outbox', d);
+	FOR t IN SELECT g.tgname, pg_get_triggerdef(g.oid) AS def FROM pg_trigger AS g
+	         WHERE g.tgrelid = 'outbox'::regclass AND NOT g.tgisinternal AND g.tgqual IS NOT NULL LOOP
+		EXECUTE format('DROP TRIGGER %I ON outbox', t.tgname);
+		defs := defs || t.def;
 	END LOOP;
 	ALTER TABLE outbox DROP CONSTRAINT outbox_queue_chk, DROP CONSTRAINT outbox_headers_chk,
 		ALTER COLUMN queue TYPE outbox_queue_name, ALTER COLUMN headers TYPE outbox_header_doc;
@@ -93,25 +94,32 @@ $$;`
 // the sleep horizon, which every writing role would then need to read).
 // Neither keeps today's behaviour whole: a lower bound of what the triggers
 // could cost an unkeyed publish.
-const lightestWhens = `DROP TRIGGER outbox_key_insert_trg ON outbox;
+var lightestWhens = `DROP TRIGGER outbox_key_insert_trg ON outbox;
 CREATE TRIGGER outbox_key_insert_trg BEFORE INSERT ON outbox FOR EACH ROW
 	WHEN (NEW.ordering_key IS NOT NULL) EXECUTE FUNCTION outbox_key_insert();
-DROP TRIGGER outbox_notify_trg ON outbox;
+` + notifyTriggerWhen(horizonAhead)
+
+// horizonAhead holds while a subscriber may sleep: the test the notifying
+// trigger's function makes first.
+const horizonAhead = `pg_sequence_last_value('outbox_sleep_horizon') > date_part('epoch', now()) * 1000`
+
+// notifyTriggerWhen makes the notifying statement trigger again, run only
+// when cond holds.
+func notifyTriggerWhen(cond string) string {
+	return `DROP TRIGGER outbox_notify_trg ON outbox;
 CREATE TRIGGER outbox_notify_trg AFTER INSERT ON outbox REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
-	WHEN (pg_sequence_last_value('outbox_sleep_horizon') > date_part('epoch', now()) * 1000)
+	WHEN (` + cond + `)
 	EXECUTE FUNCTION outbox_notify();`
+}
 
 // notifyWhen puts the notifying statement trigger behind the test its
 // function makes first: it runs only while the sleep horizon lies ahead
 // (a subscriber may sleep) or a keyed PublishBatch's marker needs
 // clearing. A WHEN condition runs as the writing role, so every writer
 // must be allowed to read the horizon.
-const notifyWhen = `GRANT SELECT ON SEQUENCE outbox_sleep_horizon TO PUBLIC;
-DROP TRIGGER outbox_notify_trg ON outbox;
-CREATE TRIGGER outbox_notify_trg AFTER INSERT ON outbox REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
-	WHEN (pg_sequence_last_value('outbox_sleep_horizon') > date_part('epoch', now()) * 1000
-		OR coalesce(current_setting('outboxgen.insert_key', true), '') <> '')
-	EXECUTE FUNCTION outbox_notify();`
+var notifyWhen = `GRANT SELECT ON SEQUENCE outbox_sleep_horizon TO PUBLIC;
+` + notifyTriggerWhen(horizonAhead+`
+		OR coalesce(current_setting('outboxgen.insert_key', true), '') <> ''`)
 
 // bareTable is the table of the bare INSERT that Publish is measured
 // against (the concurrent suite): the outbox's columns with only its
@@ -133,9 +141,10 @@ DROP TRIGGER outbox_key_update_trg ON outbox;`
 // headsDesign names the design whose claims find a key's head by lookup.
 const headsDesign = "keys' heads found by lookup, no row blocked"
 
-// keyedDesigns are the designs that keep per-key order, which the keyed
-// drain measures.
-var keyedDesigns = map[string]bool{"schema 10": true, headsDesign: true}
+// keepsKeyOrder reports whether design name keeps per-key order, which
+// the keyed drain measures: the first design (the migrations' table) and
+// the one that finds heads by lookup.
+func keepsKeyOrder(name string) bool { return name == designs[0].name || name == headsDesign }
 
 // headsClaim adds to the library's claim by lock the condition that a
 // keyed row is its key's head: no earlier row of its key exists.
@@ -233,6 +242,8 @@ func runDesigns(ctx context.Context, env *benchEnv, o options) error {
 	}
 	// A phase that drains first publishes its backlog, which is not part
 	// of its measure.
+	unkeyed := fmt.Sprintf("drain, %d rows a claim", designBatch)
+	keyed := fmt.Sprintf("keyed drain, %d keys", designKeys)
 	phases := []struct {
 		name string
 		msgs int
@@ -244,8 +255,8 @@ func runDesigns(ctx context.Context, env *benchEnv, o options) error {
 	}{
 		{"Publish, 1 row a transaction", singles, (*designRun).publish, nil, false},
 		{"PublishBatch, 1,000 rows a call", n, (*designRun).publishBatch, nil, false},
-		{fmt.Sprintf("drain, %d rows a claim", designBatch), n, (*designRun).drain, (*designRun).publishBatch, false},
-		{fmt.Sprintf("keyed drain, %d keys", designKeys), n, (*designRun).drain, (*designRun).keyedBacklog, true},
+		{unkeyed, n, (*designRun).drain, (*designRun).publishBatch, false},
+		{keyed, n, (*designRun).drain, (*designRun).keyedBacklog, true},
 	}
 	cpu := map[string]map[string][]time.Duration{}
 	// Round -1 warms every design up (its relations' files, the plans of
@@ -255,7 +266,7 @@ func runDesigns(ctx context.Context, env *benchEnv, o options) error {
 		for i := range ds {
 			r := ds[(i+max(round, 0))%len(ds)]
 			for _, p := range phases {
-				if p.keyed && !keyedDesigns[r.name] {
+				if p.keyed && !keepsKeyOrder(r.name) {
 					continue
 				}
 				if err := r.empty(ctx, conn.Conn()); err != nil {
@@ -306,7 +317,6 @@ func runDesigns(ctx context.Context, env *benchEnv, o options) error {
 	}
 	// The keyed drain against the same design's unkeyed one: what per-key
 	// order costs in that design (below 1: the keyed drain costs more).
-	unkeyed, keyed := phases[2].name, phases[3].name
 	for _, r := range ds {
 		if k := cpu[keyed][r.name]; len(k) > 0 {
 			fmt.Fprintf(o.out, "%s: unkeyed drain / keyed drain = %.2fx\n", r.name,
@@ -516,16 +526,11 @@ func (r *designRun) publishBatch(conn *pgx.Conn, n int) error {
 // as the keyed suite's does: row i has key i mod designKeys.
 const designKeys = 10000
 
-// keyedBacklog writes n keyed rows in one plain SQL statement, as the
-// keyed suite's backlog does: the insert trigger, where the design keeps
-// it, blocks every row of a key but its first.
+// keyedBacklog writes n keyed rows in plain SQL, as the explain suite
+// does: the insert trigger, where the design keeps it, blocks every row
+// of a key but its first.
 func (r *designRun) keyedBacklog(conn *pgx.Conn, n int) error {
-	_, err := conn.Exec(context.Background(), "INSERT INTO "+pgx.Identifier{r.schema, "outbox"}.Sanitize()+
-		` (queue, payload, headers, ordering_key)
-		SELECT 'orders', $1::bytea, $2::jsonb, 'key-' || (g % $3)
-		FROM generate_series(0, $4 - 1) AS g ORDER BY g`,
-		r.payloads[0], r.headers, designKeys, n)
-	return err
+	return writeKeyedRows(context.Background(), conn, pgx.Identifier{r.schema, "outbox"}.Sanitize(), r.headers, designKeys, n)
 }
 
 // drain claims and deletes every row as the default subscriber's claims

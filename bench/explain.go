@@ -273,14 +273,21 @@ func (x *explainer) quiet(ctx context.Context, on bool) error {
 // payloadSQL builds a ~120-byte order like sampleOrder's from g.
 const payloadSQL = `convert_to('{"id":"order-' || lpad(g::text, 8, '0') || '","customer":"customer-42","total":' || (1999 + g % 100) || ',"items":["tea","cake","scones"]}', 'UTF8')`
 
-// fill writes keys*perKey rows, row g with key g mod keys, in statements
-// of at most 5,000 keys (each key's advisory lock is held until commit).
+// fill writes keys*perKey rows, row g with key g mod keys.
 func (x *explainer) fill(ctx context.Context, keys, perKey int) error {
+	return writeKeyedRows(ctx, x.conn, x.table, []byte(benchHeaders), keys, keys*perKey)
+}
+
+// writeKeyedRows writes n rows of the bench's topic into table, row g
+// with key g mod keys (after every existing row), in statements of at
+// most 5,000 keys: each key's advisory lock is held until its statement
+// commits.
+func writeKeyedRows(ctx context.Context, conn *pgx.Conn, table string, headers []byte, keys, n int) error {
 	chunk := min(keys, 5000)
-	for first := 0; first < keys*perKey; first += chunk {
-		if _, err := x.conn.Exec(ctx, "INSERT INTO "+x.table+" (queue, payload, headers, ordering_key)"+
+	for first := 0; first < n; first += chunk {
+		if _, err := conn.Exec(ctx, "INSERT INTO "+table+" (queue, payload, headers, ordering_key)"+
 			" SELECT $1, "+payloadSQL+", $2::jsonb, 'key-' || (g % $3::integer) FROM generate_series($4::integer, $5::integer) AS g",
-			topic, benchHeaders, keys, first, first+chunk-1); err != nil {
+			topic, headers, keys, first, min(first+chunk, n)-1); err != nil {
 			return err
 		}
 	}
@@ -300,15 +307,7 @@ func (x *explainer) fillHot(ctx context.Context, n int) error {
 
 // fillAfter writes n more rows over keys keys, after every existing row.
 func (x *explainer) fillAfter(ctx context.Context, keys, n int) error {
-	chunk := min(keys, 5000)
-	for first := 0; first < n; first += chunk {
-		if _, err := x.conn.Exec(ctx, "INSERT INTO "+x.table+" (queue, payload, headers, ordering_key)"+
-			" SELECT $1, "+payloadSQL+", $2::jsonb, 'key-' || (g % $3::integer) FROM generate_series($4::integer, $5::integer) AS g",
-			topic, benchHeaders, keys, first, min(first+chunk, n)-1); err != nil {
-			return err
-		}
-	}
-	return nil
+	return writeKeyedRows(ctx, x.conn, x.table, []byte(benchHeaders), keys, n)
 }
 
 func (x *explainer) analyze(ctx context.Context) error {
