@@ -140,3 +140,51 @@ func region(path, name string) ([]string, error) {
 	}
 	return lines, nil
 }
+
+// firstScreen is how many lines of README.md a newcomer reads before
+// scrolling: the commands to run and test the project must be there.
+const firstScreen = 40
+
+// TestReadmeFirstScreenGivesTheRunAndTestCommands keeps the two commands
+// a newcomer needs, make demo and make test, in a shell block within the
+// README's first screen, beside what they need (PostgreSQL), and keeps
+// CI running the same test command the README gives.
+func TestReadmeFirstScreenGivesTheRunAndTestCommands(t *testing.T) {
+	text, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(text), "\n")
+	if len(lines) > firstScreen {
+		lines = lines[:firstScreen]
+	}
+	var commands []string
+	inShell, needs := false, false
+	for _, l := range lines {
+		switch {
+		case l == "```sh":
+			inShell = true
+		case l == "```":
+			inShell = false
+		case inShell:
+			if cmd, _, _ := strings.Cut(l, "#"); strings.TrimSpace(cmd) != "" {
+				commands = append(commands, strings.TrimSpace(cmd))
+			}
+		case strings.Contains(l, "PostgreSQL"):
+			needs = true
+		}
+	}
+	if diff := cmp.Diff([]string{"make demo", "make test"}, commands); diff != "" {
+		t.Errorf("the shell commands in README.md's first %d lines (-want +got):\n%s", firstScreen, diff)
+	}
+	if !needs {
+		t.Errorf("README.md's first %d lines do not say that the commands need PostgreSQL", firstScreen)
+	}
+	ci, err := os.ReadFile(".ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^make test$`).Match(ci) {
+		t.Error(".ci/run does not run make test, the test command README.md gives")
+	}
+}
