@@ -7,12 +7,12 @@ import (
 	"io/fs"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/fstest"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -41,6 +41,26 @@ func cliMigrations(t *testing.T, outbox string, own map[string]string) fstest.Ma
 	for name, text := range own {
 		out["migrations/"+name] = &fstest.MapFile{Data: []byte(text)}
 	}
+	return out
+}
+
+// fileVersions returns the versions of the files in fsys's migrations
+// directory, in order.
+func fileVersions(t *testing.T, fsys fs.FS) []int64 {
+	t.Helper()
+	names, err := fs.Glob(fsys, "migrations/*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int64
+	for _, name := range names {
+		v, err := strconv.ParseInt(strings.TrimPrefix(name[:strings.Index(name, "_")], "migrations/"), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, v)
+	}
+	slices.Sort(out)
 	return out
 }
 
@@ -105,25 +125,21 @@ func TestWithMigrationsTakesTheFilesOutboxgenMigrationsWrote(t *testing.T) {
 		existing bool // public.outbox holds a row before the test
 		fsys     fs.FS
 		cfg      *outbox.Config
-		versions []int64
-		tables   []string // the outbox tables in the test's schema
+		tables   []string // outbox tables the test's schema holds
 	}{
 		"empty database": {
-			fsys:     cliMigrations(t, "public.outbox", map[string]string{"00100_orders.sql": ordersMigration}),
-			versions: []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 100},
-			tables:   []string{"outbox", "outbox_dlq"},
+			fsys:   cliMigrations(t, "public.outbox", map[string]string{"00100_orders.sql": ordersMigration}),
+			tables: []string{"outbox", "outbox_dlq"},
 		},
 		"public.outbox holding a row": {
 			existing: true,
 			fsys:     cliMigrations(t, "public.outbox", map[string]string{"00100_orders.sql": ordersMigration}),
-			versions: []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 100},
 			tables:   []string{"outbox", "outbox_dlq"},
 		},
 		"two outboxes": {
-			fsys:     two,
-			cfg:      &outbox.Config{Table: "events"},
-			versions: []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 200},
-			tables:   []string{"events", "events_dlq", "outbox", "outbox_dlq"},
+			fsys:   two,
+			cfg:    &outbox.Config{Table: "events"},
+			tables: []string{"events", "events_dlq", "outbox", "outbox_dlq"},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -162,14 +178,22 @@ func TestWithMigrationsTakesTheFilesOutboxgenMigrationsWrote(t *testing.T) {
 					t.Fatal(err)
 				}
 				outboxtest.RequirePublished(t, f.Outbox, "orders", Order{"o-1"})
-				tables := query[string](t, f.Pool, `SELECT relname::text FROM pg_class WHERE relnamespace = current_schema()::regnamespace
-AND relkind = 'r' AND relname NOT LIKE '%\_handoff' AND relname NOT LIKE '%\_locks' AND relname NOT LIKE '%\_sleepers%' AND relname NOT LIKE '%goose%'
-ORDER BY 1`)
-				if diff := cmp.Diff(append(slices.Clone(tt.tables), "orders"), tables, cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
-					t.Errorf("tables in the test's schema %s (-want +got):\n%s", f.Schema, diff)
+				var missing []string
+				for _, table := range append(slices.Clone(tt.tables), "orders") {
+					var there bool
+					if err := f.Pool.QueryRow(t.Context(), "SELECT to_regclass($1) IS NOT NULL",
+						pgx.Identifier{f.Schema, table}.Sanitize()).Scan(&there); err != nil {
+						t.Fatal(err)
+					}
+					if !there {
+						missing = append(missing, table)
+					}
+				}
+				if len(missing) > 0 {
+					t.Errorf("the test's schema %s lacks %v", f.Schema, missing)
 				}
 				versions := query[int64](t, f.Pool, "SELECT version_id FROM "+outboxtest.MigrationsVersionTable+" WHERE version_id > 0 ORDER BY id")
-				if diff := cmp.Diff(tt.versions, versions); diff != "" {
+				if diff := cmp.Diff(fileVersions(t, tt.fsys), versions); diff != "" {
 					t.Errorf("the service's goose versions (-want +got):\n%s", diff)
 				}
 				if diff := cmp.Diff(before, publicObjects(t, pool)); diff != "" {
