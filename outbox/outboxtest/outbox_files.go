@@ -13,7 +13,9 @@ import (
 
 // outboxFileTag begins the first line of every migration `outboxgen
 // migrations` writes: "-- outboxgen: <schema>.<table> <migration>", the
-// outbox it is for and the name of the library's migration it holds.
+// outbox it is for and the name of the library's migration it holds. The
+// CLI writes it (cmd/outboxgen, fileTag); its golden files are what the
+// tests of WithMigrations read.
 const outboxFileTag = "-- outboxgen: "
 
 // outboxFile is a migration `outboxgen migrations` wrote.
