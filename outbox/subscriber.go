@@ -135,7 +135,11 @@ func (s *Subscriber[T]) Config() SubscriberConfig[T] { return s.cfg }
 // not written by then are given up: those rows keep their leases and are
 // delivered again when the leases expire. Run then returns an error
 // wrapping [ErrGracefulTimeout] that counts them; otherwise it returns nil
-// after a stop.
+// after a stop. The stop logs at Info through the subscriber's Logger when
+// it begins ("outbox: stopping; waiting for running handlers until the
+// deadline", with the handlers running, the graceful timeout and the
+// deadline) and when it ends ("outbox: stopped", ended "drained" or
+// "forced", with the handlers abandoned and the outcomes not written).
 //
 // Run first counts what the subscribers running on the outbox need of its
 // pool. It returns a *[ConfigError] when transactional subscribers' handlers

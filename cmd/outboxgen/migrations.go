@@ -34,7 +34,8 @@ Flags:
 `
 
 // fileTag marks a written migration: which outbox and which of its
-// migrations the file holds, so a re-run recognises it whatever its number.
+// migrations the file holds, so a re-run recognises it whatever its number,
+// and so does outboxtest.WithMigrations, which reads the same line.
 const fileTag = "-- outboxgen: "
 
 var versionRE = regexp.MustCompile(`^(\d+)_.*\.(sql|go)$`)

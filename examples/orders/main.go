@@ -11,7 +11,8 @@
 // PostgreSQL server binaries, else, built with -tags container, a
 // testcontainers container where Docker runs. It works in
 // the schema outboxgen_demo, which it recreates, and drops it when it ends
-// (-keep keeps it).
+// (-keep keeps it). SIGINT or SIGTERM stops it; a second one ends it at
+// once.
 package main
 
 import (
@@ -25,6 +26,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,20 +52,62 @@ func main() {
 	writers := flag.Int("writers", 8, "concurrent publishing transactions")
 	keep := flag.Bool("keep", false, "keep the demo's schema when it ends, to look at it (outboxgen inspect)")
 	flag.Parse()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// The first SIGINT or SIGTERM ends ctx: the demo stops publishing and
+	// its subscriber waits for running handlers. A second ends it at once.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *n, *writers, *keep); err != nil {
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	var started stopOnce
+	go exitOnSecondSignal(signals, &started)
+	if err := run(ctx, *n, *writers, *keep, &started); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, n, writers int, keep bool) error {
+// exitOnSecondSignal says on the first signal that the demo stops, and
+// on the second ends the process at once, without waiting for the
+// subscriber's handlers or the demo's cleanup; it stops the database the
+// demo started, if it did.
+func exitOnSecondSignal(signals <-chan os.Signal, started *stopOnce) {
+	fmt.Fprintf(os.Stderr, "orders: %v: stopping; publishing ends and the subscriber waits for its running handlers (a second signal exits at once)\n", <-signals)
+	fmt.Fprintf(os.Stderr, "orders: %v again: exiting at once; schema %s is left (DROP SCHEMA %s CASCADE drops it)\n", <-signals, schema, schema)
+	started.do()
+	os.Exit(1)
+}
+
+// stopOnce stops what the demo started (a throwaway cluster or a
+// container) once, whether the demo ends or a second signal ends it.
+type stopOnce struct {
+	mu   sync.Mutex
+	stop func()
+}
+
+// set records stop.
+func (s *stopOnce) set(stop func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stop = stop
+}
+
+// do calls the stop recorded, the first time only.
+func (s *stopOnce) do() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stop != nil {
+		s.stop()
+		s.stop = nil
+	}
+}
+
+func run(ctx context.Context, n, writers int, keep bool, started *stopOnce) error {
 	dsn, cleanup, err := database(ctx)
 	if err != nil {
 		return err
 	}
-	defer cleanup()
+	started.set(cleanup)
+	defer started.do()
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		return err

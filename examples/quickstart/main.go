@@ -1,7 +1,7 @@
 // Command quickstart is the smallest complete outboxgen service: it
 // migrates the outbox, places an order (publishing its message in the
 // order's transaction), and handles the message until SIGINT or SIGTERM,
-// then drains.
+// then drains; a second signal ends it at once.
 //
 //	DATABASE_URL=postgres://postgres@127.0.0.1:5432/test go run ./examples/quickstart
 package main
@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -24,8 +25,17 @@ type OrderPlaced struct {
 }
 
 func main() {
+	// The first SIGINT or SIGTERM ends ctx: Run stops claiming and logs that it
+	// waits for running handlers. A second one ends the process at once.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-signals
+		slog.Error("a second signal: exiting without waiting for running handlers", "signal", <-signals)
+		os.Exit(1)
+	}()
 	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL")) // "": the PG* variables
 	if err != nil {
 		log.Fatal(err)

@@ -104,5 +104,16 @@ func (w *Worker) exit() {
 	}
 }
 
+// Busy returns how many workers are inside a handler now.
+func (c *Crew) Busy() int {
+	n := 0
+	for _, w := range c.workers {
+		if w.state.Load() == workerBusy {
+			n++
+		}
+	}
+	return n
+}
+
 // Done is closed when every worker has exited or was abandoned.
 func (c *Crew) Done() <-chan struct{} { return c.done }

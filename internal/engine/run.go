@@ -164,7 +164,10 @@ func (r *run) run(ctx context.Context) error {
 
 	<-ctx.Done()
 	close(r.stopping)
-	deadline := time.Now().Add(r.s.GracefulTimeout)
+	stopped := time.Now()
+	deadline := stopped.Add(r.s.GracefulTimeout)
+	r.s.Log.Info("outbox: stopping; waiting for running handlers until the deadline",
+		slog.Int("running", r.crew.Busy()), slog.Duration("graceful_timeout", r.s.GracefulTimeout), slog.Time("deadline", deadline))
 	stopTimer := time.AfterFunc(r.s.GracefulTimeout, r.stopWrites)
 	defer stopTimer.Stop()
 	endsTimer := time.AfterFunc(r.s.GracefulTimeout+StopSlack/2, r.stopEnds)
@@ -184,7 +187,14 @@ func (r *run) run(ctx context.Context) error {
 	// The recorder gets what is left of the slack, so a stuck one cannot
 	// hold Run past it.
 	r.metrics.close(max(time.Until(deadline.Add(StopSlack)), 10*time.Millisecond))
-	if abandoned := r.abandoned.Load(); abandoned+int64(unwritten) > 0 {
+	abandoned := r.abandoned.Load()
+	ended := "drained"
+	if abandoned+int64(unwritten) > 0 {
+		ended = "forced"
+	}
+	r.s.Log.Info("outbox: stopped", slog.String("ended", ended), slog.Int64("abandoned", abandoned),
+		slog.Int("unwritten", unwritten), slog.Duration("took", time.Since(stopped)))
+	if ended == "forced" {
 		return fmt.Errorf("%w: %d handler(s) abandoned, %d outcome(s) not written; their rows are delivered again when their leases expire",
 			ErrGracefulTimeout, abandoned, unwritten)
 	}

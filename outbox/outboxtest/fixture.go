@@ -77,7 +77,7 @@ func New(tb testing.TB, pool *pgxpool.Pool, cfg *outbox.Config, opts ...Option) 
 		tb.Fatalf("outboxtest: New: %v", err)
 	}
 	if o.migrate {
-		applyMigrations(tb, obPool, c.Schema, o)
+		applyMigrations(tb, obPool, c.Schema, ob.Table(), o)
 	}
 	return &Fixture{Outbox: ob, Pool: obPool, Schema: c.Schema}
 }

@@ -42,6 +42,18 @@ const MigrationsVersionTable = "goose_db_version"
 // test's copies. goose records the versions in MigrationsVersionTable.
 // Go migrations (goose.AddMigration) are not run.
 //
+// The outbox's own migrations, which `outboxgen migrations` wrote into
+// the directory beside the service's, are known by their first line
+// ("-- outboxgen: <schema>.<table> <migration>") and never run as
+// written, since they name their schema: those of the fixture's table
+// (cfg.Table of New) run as empty migrations, the fixture's outbox,
+// migrated to the latest version, standing in for them; those of the
+// service's other outboxes are rendered for the test's schema. goose
+// records every version, as in the service, and nothing is created
+// outside the test's schema. Files for a table other than the fixture's
+// and no file for it, one table in two schemas, or a migration this
+// release does not have fail the test with the fix.
+//
 // The search_path is given when connecting, as a startup parameter; a
 // pooler that drops it (PgBouncer's ignore_startup_parameters) fails the
 // test saying so. Connect the tests to PostgreSQL itself.
@@ -70,8 +82,9 @@ func searchPathPool(tb testing.TB, pool *pgxpool.Pool, schema string) *pgxpool.P
 }
 
 // applyMigrations runs goose up with o's migrations on pool, whose
-// search_path starts with schema, which exists.
-func applyMigrations(tb testing.TB, pool *pgxpool.Pool, schema string, o options) {
+// search_path starts with schema, which exists and holds the fixture's
+// outbox table.
+func applyMigrations(tb testing.TB, pool *pgxpool.Pool, schema, table string, o options) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -88,6 +101,9 @@ func applyMigrations(tb testing.TB, pool *pgxpool.Pool, schema string, o options
 		if fsys, err = fs.Sub(fsys, o.dir); err != nil {
 			tb.Fatalf("outboxtest: WithMigrations: directory %q: %v", o.dir, err)
 		}
+	}
+	if fsys, err = mapOutboxFiles(fsys, schema, table); err != nil {
+		tb.Fatalf("outboxtest: WithMigrations: directory %q: %v", o.dir, err)
 	}
 	sqlDB := stdlib.OpenDBFromPool(pool)
 	defer func() { _ = sqlDB.Close() }()
