@@ -31,6 +31,7 @@ type site struct {
 	t      *testing.T
 	d      *pgtest.DB
 	ob     *outbox.Outbox
+	h      http.Handler // the console, as mounted
 	srv    *httptest.Server
 	client *http.Client
 	base   string // the outbox's pages
@@ -77,6 +78,7 @@ func newSite(t *testing.T, cfg Config) *site {
 		mux.Handle(cfg.Path+"/", http.StripPrefix(cfg.Path, c))
 		h = mux
 	}
+	s.h = h
 	s.srv = httptest.NewServer(h)
 	t.Cleanup(s.srv.Close)
 	jar, err := cookiejar.New(nil)
@@ -87,6 +89,9 @@ func newSite(t *testing.T, cfg Config) *site {
 	s.base = cfg.Path + "/o/" + d.Schema + "/outbox"
 	return s
 }
+
+// quietLogger discards what it is given.
+func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // exec runs fixture SQL in the site's schema.
 func (s *site) exec(sql string, args ...any) {
