@@ -340,7 +340,7 @@ func TestPagesEscapeWhatTheDatabaseHolds(t *testing.T) {
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-inline") {
 		t.Errorf("Content-Security-Policy %q does not forbid inline script", csp)
 	}
-	for h, want := range map[string]string{"X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
+	for h, want := range map[string]string{"X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
 		"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"} {
 		if got := resp.Header.Get(h); got != want {
 			t.Errorf("%s: %q, want %q", h, got, want)
