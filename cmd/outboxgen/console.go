@@ -57,7 +57,7 @@ func consoleCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	actions := fs.Bool("actions", false, "enable replaying and deleting dead letters and cancelling timers")
 	user := fs.String("user", "", "user name of HTTP basic authentication (password: $OUTBOXGEN_CONSOLE_PASSWORD)")
 	var allowHosts []string
-	fs.Func("allow-host", "a host name to answer besides loopback ones, without scheme or port (repeat it, or separate names with commas)", func(v string) error {
+	fs.Func("allow-host", "a host `NAME` to answer besides loopback ones, without scheme or port (repeat it, or separate names with commas)", func(v string) error {
 		for h := range strings.SplitSeq(v, ",") {
 			if h = strings.TrimSpace(h); h != "" {
 				allowHosts = append(allowHosts, h)
