@@ -65,8 +65,8 @@ type Config struct {
 
 	// AllowedHosts are the host names (or IP addresses), besides loopback
 	// ones, that the console answers: a request whose Host header names
-	// another is refused with 421 Misdirected Request, and so is an
-	// action whose Origin is not its Host. Default none: only localhost,
+	// another is refused with 421 Misdirected Request (and an action
+	// whose Origin is not its Host, with 403). Default none: only localhost,
 	// names under .localhost, 127.0.0.0/8 and ::1, with any port. Name
 	// the host without a scheme or a port ("console.example.com"); it is
 	// matched case-insensitively with any port. [AnyHost] ("*") answers

@@ -242,7 +242,10 @@ func TestTheActionLogSaysWhoFromWhereAndWhichIDs(t *testing.T) {
 	}
 	got := s.logRecords("console action")
 	for _, r := range got {
-		delete(r, "remote") // the client's port
+		if remote, _ := r["remote"].(string); !strings.HasPrefix(remote, "127.0.0.1:") {
+			t.Errorf("the action log's remote address is %q, want the client's", remote)
+		}
+		delete(r, "remote") // the client's port varies
 	}
 	want := []map[string]any{
 		{"level": "INFO", "msg": "console action", "who": "unauthenticated loopback", "host": host, "origin": s.srv.URL,
