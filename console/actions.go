@@ -2,7 +2,6 @@ package console
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"maps"
@@ -241,7 +240,7 @@ const maxForm = 1 << 20
 func (c *Console) action(k actionKind) func(http.ResponseWriter, *http.Request, *request) {
 	return func(w http.ResponseWriter, r *http.Request, rq *request) {
 		if !c.cfg.Actions {
-			c.fail(w, r, rq, http.StatusForbidden, errors.New("actions are turned off in this console (Config.Actions, or -actions for outboxgen console)"))
+			c.refuse(w, r, rq, http.StatusForbidden, refusedActions, errors.New("actions are turned off in this console (Config.Actions, or -actions for outboxgen console)"))
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxForm)
@@ -249,8 +248,8 @@ func (c *Console) action(k actionKind) func(http.ResponseWriter, *http.Request, 
 			c.fail(w, r, rq, http.StatusBadRequest, err)
 			return
 		}
-		if err := c.checkOrigin(r); err != nil {
-			c.fail(w, r, rq, http.StatusForbidden, err)
+		if err := c.checkToken(r); err != nil {
+			c.refuse(w, r, rq, http.StatusForbidden, refusedToken, err)
 			return
 		}
 		t, err := k.parse(r.PostForm)
@@ -277,7 +276,8 @@ func (c *Console) action(k actionKind) func(http.ResponseWriter, *http.Request, 
 			var attrs []any
 			d.Step = stepConfirm
 			d.Message, d.Details, attrs, err = k.run(ctx, c, rq, t)
-			log := append([]any{"who", c.cfg.User(r), "action", k.name, "outbox", rq.name.String(), "target", t.desc}, attrs...)
+			log := append(c.attribution(r), "action", k.name, "outbox", rq.name.String(), "target", t.desc)
+			log = append(append(log, selectionAttrs(t.filter.IDs)...), attrs...)
 			if err != nil {
 				c.cfg.Logger.ErrorContext(ctx, "console action failed", append(log, "err", err)...)
 			} else {
@@ -292,26 +292,4 @@ func (c *Console) action(k actionKind) func(http.ResponseWriter, *http.Request, 
 		}
 		c.render(w, r, http.StatusOK, "action", rq.view(k.title, nav, d), rq.start)
 	}
-}
-
-// checkOrigin refuses a POST that does not come from the console's own
-// page: its form must repeat the token of the console's cookie, and a
-// browser that says where the request came from must say it came from the
-// same origin.
-func (c *Console) checkOrigin(r *http.Request) error {
-	ck, err := r.Cookie(csrfCookie)
-	tok := r.PostForm.Get("csrf")
-	if err != nil || tok == "" || subtle.ConstantTimeCompare([]byte(ck.Value), []byte(tok)) != 1 {
-		return errors.New("this form did not come from this console's page (its token is missing or stale): reload the page and try again")
-	}
-	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
-		return fmt.Errorf("refusing a request sent from another site (Sec-Fetch-Site: %s)", site)
-	}
-	if origin := r.Header.Get("Origin"); origin != "" && origin != "null" {
-		u, err := url.Parse(origin)
-		if err != nil || u.Host != r.Host {
-			return fmt.Errorf("refusing a request sent from another origin (%s)", origin)
-		}
-	}
-	return nil
 }

@@ -15,18 +15,23 @@
 // millions: counts stop at a cap and say so, and lists are pages of a
 // fixed size walked along an index.
 //
+// The console answers only requests that name a loopback host (localhost,
+// 127.0.0.1, [::1]) unless [Config.AllowedHosts] names others: a web page
+// that made a browser resolve its own name to the console's address (DNS
+// rebinding) is refused, reads as well as actions.
+//
 // Actions (replaying dead letters, deleting them, cancelling a timer)
 // are off unless [Config.Actions] is set. Each is a POST carrying a
-// token from the console's own page (a cookie the page's form must
-// repeat), goes through a count, a dry run and a confirmation, and is
-// logged with who asked for it and what it did.
+// token from the console's own page (a cookie, signed with a key of the
+// console's own, that the page's form must repeat) from the console's own
+// origin, goes through a count, a dry run and a confirmation, and is
+// logged with who asked for it, through which host and from which origin,
+// and what it did. Every refused request is logged as well.
 package console
 
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"html/template"
@@ -58,13 +63,28 @@ type Config struct {
 	// the handler with http.StripPrefix(Path, h).
 	Path string
 
+	// AllowedHosts are the host names (or IP addresses), besides loopback
+	// ones, that the console answers: a request whose Host header names
+	// another is refused with 421 Misdirected Request (and an action
+	// whose Origin is not its Host, with 403). Default none: only localhost,
+	// names under .localhost, 127.0.0.0/8 and ::1, with any port. Name
+	// the host without a scheme or a port ("console.example.com"); it is
+	// matched case-insensitively with any port. [AnyHost] ("*") answers
+	// every host: use it only behind a login (a service's own
+	// authentication, or [BasicAuth]), which a page that rebound its
+	// name to the console's address does not have.
+	AllowedHosts []string
+
 	// User names who made a request, for the action log. Default: the
-	// basic-auth user name when the request carries one, else its remote
-	// address.
+	// basic-auth user name when the request carries one, else
+	// "unauthenticated loopback" when it comes from a loopback address,
+	// else its remote address.
 	User func(*http.Request) string
 
-	// Logger receives one record per action: who, what, on which outbox,
-	// and the outcome. Default slog.Default().
+	// Logger receives one record per action (who, from which address,
+	// through which Host, from which Origin, what, on which outbox, the
+	// ids a selection named, and the outcome) and one per refused request
+	// (the same attribution, and why). Default slog.Default().
 	Logger *slog.Logger
 
 	// Refresh is how often the outbox and queue pages reload their
@@ -102,6 +122,12 @@ type Console struct {
 	// lists the outboxes in the database.
 	probe *outbox.Outbox
 
+	hosts hostRule
+	// tokenKey signs the forms' tokens: drawn at New, so a token is
+	// this console's only.
+	tokenKey    []byte
+	crossOrigin *http.CrossOriginProtection
+
 	mu       sync.Mutex
 	outboxes map[outbox.OutboxName]*outboxState
 	listed   []outbox.OutboxName
@@ -134,6 +160,10 @@ func New(cfg Config) (*Console, error) {
 		return nil, &outbox.ConfigError{Field: "Config.History/DepthCap/Timeout",
 			Value: fmt.Sprint(cfg.History, cfg.DepthCap, cfg.Timeout), Rule: "must not be negative"}
 	}
+	hosts, err := newHostRule(cfg.AllowedHosts)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.User == nil {
 		cfg.User = defaultUser
 	}
@@ -150,16 +180,10 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, pages: pages, probe: probe, outboxes: map[outbox.OutboxName]*outboxState{}}
+	c := &Console{cfg: cfg, pages: pages, probe: probe, outboxes: map[outbox.OutboxName]*outboxState{},
+		hosts: hosts, tokenKey: newTokenKey(), crossOrigin: http.NewCrossOriginProtection()}
 	c.routes()
 	return c, nil
-}
-
-func defaultUser(r *http.Request) string {
-	if u, _, ok := r.BasicAuth(); ok {
-		return u
-	}
-	return r.RemoteAddr
 }
 
 // ServeHTTP serves the console's pages.
@@ -168,9 +192,20 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "+
 		"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
+	// same-origin, not no-referrer: under no-referrer a browser sends
+	// the console's own forms with Origin: null, which checkOrigin
+	// refuses. Other sites still get neither the URL nor the origin.
+	h.Set("Referrer-Policy", "same-origin")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Cache-Control", "no-store")
+	if err := c.checkHost(r); err != nil {
+		c.refuse(w, r, nil, http.StatusMisdirectedRequest, refusedHost, err)
+		return
+	}
+	if err := c.checkOrigin(r); err != nil {
+		c.refuse(w, r, nil, http.StatusForbidden, refusedOrigin, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.Timeout)
 	defer cancel()
 	c.mux.ServeHTTP(w, r.WithContext(ctx))
@@ -302,24 +337,4 @@ func (c *Console) withOutbox(page func(http.ResponseWriter, *http.Request, *requ
 // outboxPath is the URL path of an outbox's pages.
 func (c *Console) outboxPath(n outbox.OutboxName) string {
 	return c.cfg.Path + "/o/" + url.PathEscape(n.Schema) + "/" + url.PathEscape(n.Table)
-}
-
-// csrfCookie names the cookie that holds the token every action's form
-// must repeat.
-const csrfCookie = "outboxgen_console_csrf"
-
-// csrfToken returns the request's token, setting a new one when it has
-// none.
-func (c *Console) csrfToken(w http.ResponseWriter, r *http.Request) string {
-	if ck, err := r.Cookie(csrfCookie); err == nil && len(ck.Value) >= 32 {
-		return ck.Value
-	}
-	b := make([]byte, 32)
-	_, _ = rand.Read(b)
-	tok := base64.RawURLEncoding.EncodeToString(b)
-	http.SetCookie(w, &http.Cookie{
-		Name: csrfCookie, Value: tok, Path: cmp.Or(c.cfg.Path, "/"),
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
-	})
-	return tok
 }

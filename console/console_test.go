@@ -31,6 +31,7 @@ type site struct {
 	t      *testing.T
 	d      *pgtest.DB
 	ob     *outbox.Outbox
+	h      http.Handler // the console, as mounted
 	srv    *httptest.Server
 	client *http.Client
 	base   string // the outbox's pages
@@ -77,6 +78,7 @@ func newSite(t *testing.T, cfg Config) *site {
 		mux.Handle(cfg.Path+"/", http.StripPrefix(cfg.Path, c))
 		h = mux
 	}
+	s.h = h
 	s.srv = httptest.NewServer(h)
 	t.Cleanup(s.srv.Close)
 	jar, err := cookiejar.New(nil)
@@ -87,6 +89,9 @@ func newSite(t *testing.T, cfg Config) *site {
 	s.base = cfg.Path + "/o/" + d.Schema + "/outbox"
 	return s
 }
+
+// quietLogger discards what it is given.
+func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // exec runs fixture SQL in the site's schema.
 func (s *site) exec(sql string, args ...any) {
@@ -335,7 +340,7 @@ func TestPagesEscapeWhatTheDatabaseHolds(t *testing.T) {
 	if csp := resp.Header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-inline") {
 		t.Errorf("Content-Security-Policy %q does not forbid inline script", csp)
 	}
-	for h, want := range map[string]string{"X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
+	for h, want := range map[string]string{"X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
 		"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"} {
 		if got := resp.Header.Get(h); got != want {
 			t.Errorf("%s: %q, want %q", h, got, want)

@@ -23,9 +23,10 @@ func Example_mount() {
 
 	// readme:begin console-mount
 	c, err := console.New(console.Config{
-		Pool:    pool,
-		Path:    "/ops/outbox", // where it is mounted: its links start there
-		Actions: true,          // replay, delete, cancel; off by default
+		Pool:         pool,
+		Path:         "/ops/outbox",               // where it is mounted: its links start there
+		Actions:      true,                        // replay, delete, cancel; off by default
+		AllowedHosts: []string{"ops.example.com"}, // the names it is reached by, besides localhost
 		User: func(r *http.Request) string { // who, in the action log
 			name, _ := operator(r)
 			return name

@@ -116,7 +116,9 @@ func (fx *fixture) pages(tb testing.TB, h http.Handler) []page {
 func get(tb testing.TB, h http.Handler, target, want string) string {
 	tb.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, target, nil))
+	req := httptest.NewRequest(http.MethodGet, target, nil)
+	req.Host = "localhost" // a name the console answers
+	h.ServeHTTP(rec, req)
 	body, _ := io.ReadAll(rec.Result().Body)
 	if rec.Code != http.StatusOK || !strings.Contains(string(body), want) {
 		tb.Fatalf("GET %s: %d, want 200 with %s:\n%s", target, rec.Code, want, body)

@@ -76,9 +76,16 @@ func TestHistoryKeepsOneSamplePerRefreshAndDrawsIt(t *testing.T) {
 }
 
 func TestNewChecksItsConfig(t *testing.T) {
-	for _, cfg := range []Config{{}, {Pool: testPool(t), Path: "console"}, {Pool: testPool(t), Path: "/console/"}, {Pool: testPool(t), History: -1}, {Pool: testPool(t), Timeout: -time.Second}} {
-		if _, err := New(cfg); err == nil {
+	for _, cfg := range []Config{{}, {Pool: testPool(t), Path: "console"}, {Pool: testPool(t), Path: "/console/"}, {Pool: testPool(t), History: -1}, {Pool: testPool(t), Timeout: -time.Second},
+		{Pool: testPool(t), AllowedHosts: []string{""}}, {Pool: testPool(t), AllowedHosts: []string{"https://console.example.com"}},
+		{Pool: testPool(t), AllowedHosts: []string{"console.example.com:443"}}, {Pool: testPool(t), AllowedHosts: []string{"console.example.com/ops"}},
+		{Pool: testPool(t), AllowedHosts: []string{"console example"}}, {Pool: testPool(t), AllowedHosts: []string{"*.example.com"}},
+		{Pool: testPool(t), AllowedHosts: []string{"console.example.com."}}, {Pool: testPool(t), AllowedHosts: []string{"[::1]:80"}}} {
+		_, err := New(cfg)
+		if err == nil {
 			t.Errorf("New(%+v) accepted it", cfg)
+		} else if cfg.AllowedHosts != nil && !strings.Contains(err.Error(), "Config.AllowedHosts") {
+			t.Errorf("New(%+v): %v does not name Config.AllowedHosts", cfg, err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"testing"
@@ -122,5 +123,68 @@ func TestConsoleUsageErrors(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want 2 and %q", r.code, r.stderr, c.want)
 			}
 		})
+	}
+}
+
+// getHost reads url with host as the request's Host, and a login when
+// user is set.
+func getHost(t *testing.T, url, host, user, password string) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	if user != "" {
+		req.SetBasicAuth(user, password)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// Without -user the console answers loopback names and those -allow-host
+// adds; with -user any name, unless -allow-host narrows it.
+func TestConsoleAnswersOnlyTheHostsItIsTold(t *testing.T) {
+	_, _, env, _ := migrated(t)
+	port := func(u string) string { return strings.TrimSuffix(u[strings.LastIndex(u, ":"):], "/") }
+	for _, c := range []struct {
+		name  string
+		user  bool
+		args  []string
+		hosts map[string]int
+	}{
+		{"no login", false, nil, map[string]int{"localhost": 200, "127.0.0.1": 200, "rebind.test": 421, "console.example.com": 421}},
+		{"no login, allowed names", false, []string{"-allow-host", "console.example.com,Other.Example.com", "-allow-host", "third.example.com"},
+			map[string]int{"localhost": 200, "console.example.com": 200, "other.example.com": 200, "third.example.com": 200, "rebind.test": 421}},
+		{"login", true, nil, map[string]int{"localhost": 200, "console.example.com": 200, "rebind.test": 200}},
+		{"login, allowed names", true, []string{"-allow-host", "console.example.com"},
+			map[string]int{"localhost": 200, "console.example.com": 200, "rebind.test": 421}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := maps.Clone(env)
+			user, password := "", ""
+			if c.user {
+				user, password = "ops", "s3cret"
+				env["OUTBOXGEN_CONSOLE_PASSWORD"] = password
+				c.args = append(c.args, "-user", user)
+			}
+			url, _ := startConsole(t, env, c.args...)
+			got := map[string]int{}
+			for host := range c.hosts {
+				got[host] = getHost(t, url, host+port(url), user, password)
+			}
+			if diff := cmp.Diff(c.hosts, got); diff != "" {
+				t.Errorf("status by Host (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if r := runCLI(t, env, "console", "-listen", "127.0.0.1:0", "-allow-host", "https://console.example.com"); r.code != 2 ||
+		!strings.Contains(r.stderr, `-allow-host "https://console.example.com"`) {
+		t.Errorf("-allow-host with a URL: exit %d, stderr %q; want 2 and the flag named", r.code, r.stderr)
 	}
 }

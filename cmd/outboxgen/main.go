@@ -11,7 +11,7 @@
 //	    [-drop-timer-ids] [-dry-run] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen grants [-publisher ROLE] [-subscriber ROLE] [-apply] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
-//	outboxgen console [-listen ADDR] [-actions] [-user NAME] [-dsn DSN]
+//	outboxgen console [-listen ADDR] [-actions] [-user NAME] [-allow-host NAME] [-dsn DSN]
 //
 // Flags may come before, between or after a command's arguments:
 // "migrate -schema s up" and "migrate up -schema s" are the same.
@@ -28,7 +28,8 @@
 // annotated //outbox:message queue=NAME [type=TYPENAME]; type= also
 // generates the type's OutboxMessageType method. console serves the web
 // console (package console) on loopback, read-only unless -actions; on
-// another address it needs -user and $OUTBOXGEN_CONSOLE_PASSWORD. Exit status is 2 for a
+// another address it needs -user and $OUTBOXGEN_CONSOLE_PASSWORD; without
+// -user it answers only loopback host names and those -allow-host adds. Exit status is 2 for a
 // usage error and 1 when the command fails.
 //
 // Environment (a flag wins over its variable):

@@ -68,12 +68,13 @@ type page struct {
 }
 
 // newPage starts Chromium in a fresh profile with a 1280x900 window and
-// returns its tab, on the server at base.
-func newPage(t *testing.T, base string) *page {
+// returns its tab, on the server at base; opts are more of Chromium's
+// options.
+func newPage(t *testing.T, base string, opts ...chromedp.ExecAllocatorOption) *page {
 	t.Helper()
 	path := chromiumPath(t)
 	logs := &lineLog{t: t, prefix: "chromium: "}
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append([]chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(path),
 		chromedp.Headless,
 		chromedp.NoSandbox,
@@ -92,7 +93,7 @@ func newPage(t *testing.T, base string) *page {
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1280, 900),
 		chromedp.CombinedOutput(logs),
-	)
+	}, opts...)...)
 	ctx, cancel := chromedp.NewContext(allocCtx)
 	// Cleanups run last first: the browser stops (and its profile
 	// directory is left alone) before t.TempDir is removed, and the log
