@@ -103,24 +103,18 @@ func (s *core) takePool() (release func(), err error) {
 	maxConns := int(ob.pool.Config().MaxConns)
 	tx, peak := s.poolNeed()
 	c := &poolClaim{who: claimName(s.eng.Queues, ob.naming.Qualified(ob.naming.Table)), txWorkers: tx, peak: peak}
-	pools.mu.Lock()
-	defer pools.mu.Unlock()
-	u := pools.use(ob.pool)
-	u.subscribers++
-	u.txWorkers += tx
-	u.peak += peak
-	if tx > 0 && u.txWorkers+txPoolReserve > maxConns {
+	u, holders, ok := pools.take(ob.pool, c, maxConns-txPoolReserve)
+	if !ok {
 		rule := fmt.Sprintf("needs %d pool connections, one per running handler's transaction plus %d for claims, heartbeats and outcomes, "+
 			"and the pool has MaxConns %d", tx+txPoolReserve, txPoolReserve, maxConns)
 		if u.txWorkers > tx {
 			rule = fmt.Sprintf("with the transactional subscribers already running on this pool (%d workers: %s) needs %d pool connections, "+
 				"one per running handler's transaction plus %d for claims, heartbeats and outcomes, and the pool has MaxConns %d",
-				u.txWorkers-tx, pools.txHolders(ob.pool), u.txWorkers+txPoolReserve, txPoolReserve, maxConns)
+				u.txWorkers-tx, holders, u.txWorkers+txPoolReserve, txPoolReserve, maxConns)
 		}
 		return nil, &ConfigError{Field: "SubscriberConfig.Workers", Value: fmt.Sprint(s.eng.Workers),
 			Rule: rule + ": " + poolFix(u.txWorkers+txPoolReserve) + ", or lower Workers"}
 	}
-	pools.add(ob.pool, c)
 	spare := maxConns - u.peak
 	want := u.peak
 	if !s.eng.Tx {

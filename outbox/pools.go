@@ -49,6 +49,24 @@ type poolUse struct {
 	peak int
 }
 
+// take counts c on p unless its transactional handlers, with those
+// already counted on p, would hold more than txRoom connections. It
+// returns what p's subscribers need with c counted (whether or not it
+// was), and when c is refused, the transactional subscribers that hold p.
+func (l *poolLedger) take(p *pgxpool.Pool, c *poolClaim, txRoom int) (u poolUse, holders string, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	u = l.use(p)
+	u.subscribers++
+	u.txWorkers += c.txWorkers
+	u.peak += c.peak
+	if c.txWorkers > 0 && u.txWorkers > txRoom {
+		return u, l.txHolders(p), false
+	}
+	l.running[p] = append(l.running[p], c)
+	return u, "", true
+}
+
 // use sums the claims on p. The caller holds l.mu.
 func (l *poolLedger) use(p *pgxpool.Pool) poolUse {
 	var u poolUse
@@ -78,11 +96,6 @@ func (l *poolLedger) txHolders(p *pgxpool.Pool) string {
 		}
 	}
 	return strings.Join(names, "; ")
-}
-
-// add counts c on p. The caller holds l.mu.
-func (l *poolLedger) add(p *pgxpool.Pool, c *poolClaim) {
-	l.running[p] = append(l.running[p], c)
 }
 
 // remove uncounts c from p, and forgets p when nothing runs on it.
