@@ -67,7 +67,7 @@ const txPoolReserve = 3
 //
 // A transactional subscriber's running handler holds a pool connection
 // for its whole transaction; txPoolReserve more are left to the short
-// statements of every subscriber on the pool (claims, heartbeats,
+// statements of every subscriber on the pool, of any Outbox (claims, heartbeats,
 // outcomes), or a heartbeat could wait for a handler to end and its
 // leases run out. A configuration that breaks this is refused with a
 // *ConfigError. A plain subscriber holds no connection while its handlers
@@ -91,35 +91,30 @@ func poolFix(want int) string {
 	return fmt.Sprintf("set pool_max_conns=%d in the pool's URL, or pgxpool.Config.MaxConns", want)
 }
 
-// takePool counts s among the running subscribers of its outbox, and
-// returns the function that uncounts it. It refuses, with a
-// *ConfigError, a transactional subscriber whose handlers, with those of
-// the transactional subscribers already running on the pool, would leave
-// fewer than txPoolReserve connections; and warns, once per subscriber,
-// when the subscribers' statements leave fewer connections than its
-// workers.
+// takePool counts s among the running subscribers of its pool, whatever
+// Outbox they were made on, and returns the function that uncounts it. It
+// refuses, with a *ConfigError, a transactional subscriber whose handlers,
+// with those of the transactional subscribers already running on the
+// pool, would leave fewer than txPoolReserve connections; and warns, once
+// per subscriber, when the subscribers' statements leave fewer
+// connections than its workers.
 func (s *core) takePool() (release func(), err error) {
 	ob := s.ob
 	maxConns := int(ob.pool.Config().MaxConns)
 	tx, peak := s.poolNeed()
-	ob.poolMu.Lock()
-	defer ob.poolMu.Unlock()
-	u := ob.poolUse
-	u.subscribers++
-	u.txWorkers += tx
-	u.peak += peak
-	if tx > 0 && u.txWorkers+txPoolReserve > maxConns {
+	c := &poolClaim{who: claimName(s.eng.Queues, ob.naming.Qualified(ob.naming.Table)), txWorkers: tx, peak: peak}
+	u, holders, ok := pools.take(ob.pool, c, maxConns-txPoolReserve)
+	if !ok {
 		rule := fmt.Sprintf("needs %d pool connections, one per running handler's transaction plus %d for claims, heartbeats and outcomes, "+
 			"and the pool has MaxConns %d", tx+txPoolReserve, txPoolReserve, maxConns)
 		if u.txWorkers > tx {
-			rule = fmt.Sprintf("with the transactional subscribers already running on this pool (%d workers) needs %d pool connections, "+
+			rule = fmt.Sprintf("with the transactional subscribers already running on this pool (%d workers: %s) needs %d pool connections, "+
 				"one per running handler's transaction plus %d for claims, heartbeats and outcomes, and the pool has MaxConns %d",
-				u.txWorkers-tx, u.txWorkers+txPoolReserve, txPoolReserve, maxConns)
+				u.txWorkers-tx, holders, u.txWorkers+txPoolReserve, txPoolReserve, maxConns)
 		}
 		return nil, &ConfigError{Field: "SubscriberConfig.Workers", Value: fmt.Sprint(s.eng.Workers),
 			Rule: rule + ": " + poolFix(u.txWorkers+txPoolReserve) + ", or lower Workers"}
 	}
-	ob.poolUse = u
 	spare := maxConns - u.peak
 	want := u.peak
 	if !s.eng.Tx {
@@ -132,11 +127,5 @@ func (s *core) takePool() (release func(), err error) {
 			slog.Int("pool_max_conns", maxConns), slog.Int("engine_conns", u.peak), slog.Int("spare_conns", max(spare, 0)),
 			slog.Int("workers", s.eng.Workers), slog.Int("running_subscribers", u.subscribers), slog.Int("want_max_conns", want))
 	}
-	return func() {
-		ob.poolMu.Lock()
-		defer ob.poolMu.Unlock()
-		ob.poolUse.subscribers--
-		ob.poolUse.txWorkers -= tx
-		ob.poolUse.peak -= peak
-	}, nil
+	return func() { pools.remove(ob.pool, c) }, nil
 }

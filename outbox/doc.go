@@ -66,8 +66,9 @@
 // row with reason decode_error. The message type is the Go type's name
 // without its package path ("OrderCreated"), so it survives moving the
 // type to another package, and a service that decodes the message into a
-// copy of the type with the same name reads the rows; [MessageTyper]
-// chooses another name. Subscribers of []byte, and rows written without
+// copy of the type with the same name reads the rows: types of one name
+// are one contract. [MessageTyper] chooses another name, to keep two
+// types of one name apart. Subscribers of []byte, and rows written without
 // the header, accept any row.
 //
 // [NewTxSubscriber] runs a [TxHandler] in a transaction the subscriber

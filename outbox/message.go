@@ -176,6 +176,9 @@ func decodeMessage[T any](m *Message[T], c Codec[T], contentType string, row *db
 		switch {
 		case hc.typeErr != nil:
 			return fmt.Errorf("message type %q; the subscriber's own type has no valid name: %w", mt, hc.typeErr)
+		case !hc.msgType.Reads(mt) && hc.msgType.Qualified != "" && msgtype.IsQualified(mt):
+			// A name of an earlier release names the packages of its types.
+			return fmt.Errorf("message type %q; this subscriber reads %q, or %q as earlier releases spelled it", mt, hc.msgType.Name, hc.msgType.Qualified)
 		case !hc.msgType.Reads(mt):
 			return fmt.Errorf("message type %q; this subscriber reads %q", mt, hc.msgType.Name)
 		}

@@ -22,18 +22,26 @@ import (
 // no type and read every row, and so do anonymous structs, functions,
 // channels and composites of them, which have no name to record.
 //
+// The default makes every type of one name one contract: a shop's Order
+// and a billing service's Order, published to one queue, decode each
+// other's rows. Choose a name for one of them to keep them apart.
+//
 // A subscriber reads a row when the row has no message-type header, when
 // its type records none, or when the header is its name. A default name
-// also reads the header with its package paths removed, as publishers of
-// earlier releases spelled it ("github.com/acme/shop.OrderPlaced" for
-// "OrderPlaced"), so rows written by them still decode; a name chosen by
-// OutboxMessageType reads only itself. Any other row ends with reason
+// also reads its package-qualified spelling, as publishers of earlier
+// releases wrote it ("github.com/acme/shop.OrderPlaced" for
+// "OrderPlaced"), so rows written by them still decode; such a header
+// names the package of each type in it, and a namesake in another package
+// ("github.com/acme/billing.OrderPlaced") does not read it. A name chosen
+// by OutboxMessageType reads only itself. Any other row ends with reason
 // decode_error.
 //
 // Choose a name when publisher and consumer name their Go types
 // differently, to rename a type while rows are in flight (return the old
-// name), to tell apart two messages whose Go types share a name, or to
-// version a contract ("shop.order_placed.v1").
+// name), to move a type while rows of earlier releases are in flight
+// (return their package-qualified spelling), to tell apart two messages
+// whose Go types share a name, or to version a contract
+// ("shop.order_placed.v1").
 //
 // OutboxMessageType is called once per publisher or worker, on the zero
 // value (through a pointer to it for a pointer receiver), so it must

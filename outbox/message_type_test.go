@@ -272,24 +272,26 @@ func TestMessageTypeSurvivesAMoveBetweenPackages(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	// Rows in flight when Order moved here from othertypes: published by
-	// this release, and by an earlier one that recorded the package path.
+	// this release, and by an earlier one, which recorded the old package
+	// path and so names the type that was there, not this one.
 	if _, err := newPublisher[othertypes.Order](t, e, "moved", nil).Publish(e.ctx, e.pubPool, othertypes.Order{ID: "o-1", Total: 5}, nil); err != nil {
 		t.Fatal(err)
 	}
-	e.insertTyped("moved", `{"id": "o-2", "total": 7}`, othertypesPath+".Order")
+	oldOrder := e.insertTyped("moved", `{"id": "o-2", "total": 7}`, othertypesPath+".Order")
 	// A message of another type, today's and an earlier release's, is
-	// still refused.
+	// refused.
 	ship, err := newPublisher[*othertypes.Shipment](t, e, "moved", nil).Publish(e.ctx, e.pubPool, &othertypes.Shipment{ID: "s-1"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	oldShip := e.insertTyped("moved", `{"id": "s-2"}`, othertypesPath+".Shipment")
 
-	got := readQueue(t, e, "moved", func(o Order) string { return o.ID }, 2, 2)
-	want := []string{"o-1 Order", "o-2 " + othertypesPath + ".Order"}
+	got := readQueue(t, e, "moved", func(o Order) string { return o.ID }, 1, 3)
+	want := []string{"o-1 Order"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Subscriber[Order] after the move (-want +got):\n%s", diff)
 	}
+	e.wantDecodeError(oldOrder, `message type "`+othertypesPath+`.Order"; this subscriber reads "Order", or "`+outboxPath+`.Order"`)
 	e.wantDecodeError(ship, `message type "Shipment"; this subscriber reads "Order"`)
 	e.wantDecodeError(oldShip, `message type "`+othertypesPath+`.Shipment"; this subscriber reads "Order"`)
 
@@ -297,9 +299,9 @@ func TestMessageTypeSurvivesAMoveBetweenPackages(t *testing.T) {
 	if _, err := newPublisher[Order](t, e, "moved.back", nil).Publish(e.ctx, e.pubPool, Order{ID: "o-3"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	e.insertTyped("moved.back", `{"id": "o-4"}`, "github.com/outboxgen/outboxgen/outbox.Order")
+	e.insertTyped("moved.back", `{"id": "o-4"}`, othertypesPath+".Order")
 	got = readQueue(t, e, "moved.back", func(o *othertypes.Order) string { return o.ID }, 2, 0)
-	want = []string{"o-3 Order", "o-4 github.com/outboxgen/outboxgen/outbox.Order"}
+	want = []string{"o-3 Order", "o-4 " + othertypesPath + ".Order"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Subscriber[*othertypes.Order] (-want +got):\n%s", diff)
 	}
@@ -312,18 +314,19 @@ func TestGenericMessageTypesSurviveAMoveBetweenPackages(t *testing.T) {
 	if _, err := pub.Publish(e.ctx, e.pubPool, othertypes.Envelope[*othertypes.Order]{Body: &othertypes.Order{ID: "o-1"}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	old := othertypesPath + ".Envelope[*" + othertypesPath + ".Order]"
-	e.insertTyped("envelopes", `{"body": {"id": "o-2"}}`, old)
+	// An earlier release's row names the package the type was in.
+	old := e.insertTyped("envelopes", `{"body": {"id": "o-2"}}`, othertypesPath+".Envelope[*"+othertypesPath+".Order]")
 	ship, err := newPublisher[othertypes.Envelope[othertypes.Shipment]](t, e, "envelopes", nil).
 		Publish(e.ctx, e.pubPool, othertypes.Envelope[othertypes.Shipment]{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := readQueue(t, e, "envelopes", func(m Envelope[Order]) string { return m.Body.ID }, 2, 1)
-	want := []string{"o-1 Envelope[Order]", "o-2 " + old}
+	got := readQueue(t, e, "envelopes", func(m Envelope[Order]) string { return m.Body.ID }, 1, 2)
+	want := []string{"o-1 Envelope[Order]"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Subscriber[Envelope[Order]] (-want +got):\n%s", diff)
 	}
+	e.wantDecodeError(old, `this subscriber reads "Envelope[Order]", or "`+outboxPath+`.Envelope[`+outboxPath+`.Order]"`)
 	e.wantDecodeError(ship, `message type "Envelope[Shipment]"; this subscriber reads "Envelope[Order]"`)
 }
 
@@ -341,4 +344,37 @@ func TestChosenMessageTypesMatchExactly(t *testing.T) {
 	}
 	e.wantDecodeError(bare, `message type "namedByValue"; this subscriber reads "shop.order.v1"`)
 	e.wantDecodeError(qualified, `this subscriber reads "shop.order.v1"`)
+}
+
+// outboxPath is the package path that publishers of earlier releases
+// recorded for this package's types.
+const outboxPath = "github.com/outboxgen/outboxgen/outbox"
+
+// A package-qualified message type, as earlier releases wrote it, names
+// the package of each type in it: a subscriber reads it only when its own
+// type is of those packages, and a row of another package's namesake of
+// the same JSON is dead-lettered, never decoded.
+func TestQualifiedMessageTypeIsReadOnlyByTheTypesOfItsPackages(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.insertTyped("orders", `{"id": "o-1", "total": 5}`, outboxPath+".Order")
+	billing := e.insertTyped("orders", `{"id": "o-2", "total": 7}`, othertypesPath+".Order")
+	got := readQueue(t, e, "orders", func(o Order) string { return o.ID }, 1, 1)
+	if diff := cmp.Diff([]string{"o-1 " + outboxPath + ".Order"}, got); diff != "" {
+		t.Errorf("Subscriber[Order] (-want +got):\n%s", diff)
+	}
+	e.wantDecodeError(billing, `message type "`+othertypesPath+`.Order"; this subscriber reads "Order", or "`+outboxPath+`.Order" as earlier releases spelled it`)
+
+	// A generic type's arguments name their packages too; pointer stars
+	// do not matter, as JSON encodes *T as T.
+	e.insertTyped("envelopes", `{"body": {"id": "e-1"}}`, outboxPath+".Envelope[*"+outboxPath+".Order]")
+	foreignBody := e.insertTyped("envelopes", `{"body": {"id": "e-2"}}`, outboxPath+".Envelope["+othertypesPath+".Order]")
+	foreign := e.insertTyped("envelopes", `{"body": {"id": "e-3"}}`, othertypesPath+".Envelope[*"+othertypesPath+".Order]")
+	got = readQueue(t, e, "envelopes", func(m Envelope[*Order]) string { return m.Body.ID }, 1, 2)
+	if diff := cmp.Diff([]string{"e-1 " + outboxPath + ".Envelope[*" + outboxPath + ".Order]"}, got); diff != "" {
+		t.Errorf("Subscriber[Envelope[*Order]] (-want +got):\n%s", diff)
+	}
+	for _, id := range []int64{foreignBody, foreign} {
+		e.wantDecodeError(id, `this subscriber reads "Envelope[Order]", or "`+outboxPath+`.Envelope[*`+outboxPath+`.Order]" as earlier releases spelled it`)
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"sync"
 	"testing/fstest"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,10 +29,6 @@ type Outbox struct {
 	// hubs are the LISTEN connections its running subscribers share, by
 	// SubscriberConfig.ListenDSN ("" for the pool's settings).
 	hubs wakeup.Hubs
-
-	// poolUse is what its running subscribers need of pool.
-	poolMu  sync.Mutex
-	poolUse poolUse
 }
 
 // New validates cfg and returns the outbox it describes. It does not touch
@@ -130,16 +125,6 @@ func (o *Outbox) ScheduledChannel() string { return o.naming.ScheduledChannel() 
 // connection or a transaction) and to this outbox's table.
 func (o *Outbox) queries(conn db.DBTX) *db.Queries {
 	return db.New(naming.DBTX{Inner: conn, Cache: o.sql})
-}
-
-// poolUse is what the running subscribers of an Outbox need of its pool.
-type poolUse struct {
-	subscribers int
-	// txWorkers is the connections transactional handlers hold.
-	txWorkers int
-	// peak is the connections the subscribers use at their busiest:
-	// txWorkers, and every subscriber's claims, outcomes and heartbeats.
-	peak int
 }
 
 // migrationVersion parses the number a migration file name starts with.

@@ -141,8 +141,8 @@ func (s *Subscriber[T]) Config() SubscriberConfig[T] { return s.cfg }
 // deadline) and when it ends ("outbox: stopped", ended "drained" or
 // "forced", with the handlers abandoned and the outcomes not written).
 //
-// Run first counts what the subscribers running on the outbox need of its
-// pool. It returns a *[ConfigError] when transactional subscribers' handlers
+// Run first counts what the subscribers running on the outbox's pool, of
+// every Outbox made on it, need of the pool. It returns a *[ConfigError] when transactional subscribers' handlers
 // would hold all but fewer than three of the pool's connections (see
 // [NewTxSubscriber]), and logs a warning, once per subscriber, when the
 // subscribers' claims, outcomes and heartbeats leave the pool fewer

@@ -41,8 +41,9 @@ var ErrTxAborted = engine.ErrTxAborted
 // Workers, or a pool of fewer than four connections, is refused with a
 // *[ConfigError] naming the MaxConns it needs (pool_max_conns in the
 // pool's URL, or pgxpool.Config.MaxConns). Transactional subscribers
-// running on one pool share the three: [Subscriber.Run] refuses one whose
-// workers, with theirs, would leave fewer. Acknowledgements are not
+// running on one pool share the three, whatever [Outbox] they were made
+// on: [Subscriber.Run] refuses one whose workers, with theirs, would leave
+// fewer. Acknowledgements are not
 // batched, one commit each; retries and dead letters still are.
 //
 // The transaction uses the pool's default isolation level; a handler that

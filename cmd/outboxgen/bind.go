@@ -44,6 +44,12 @@ and the document states TYPENAME. The type must not declare
 OutboxMessageType itself; a type without type= that does leaves the
 header out of the document.
 
+The default makes types of one name one message type, whatever their
+package: a subscriber of either decodes the other's rows. So bind refuses
+a type without type= when another package of the module annotates a type
+of the same name without type= (and without its own OutboxMessageType):
+set type= on one of them.
+
 Example, in the package that declares the messages:
   //go:generate go run github.com/outboxgen/outboxgen/cmd/outboxgen bind
 
@@ -98,6 +104,9 @@ func bindCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(
 	if len(bindings) == 0 {
 		return fmt.Errorf("bind: no type in %s is annotated //outbox:message queue=NAME", pkg.PkgPath)
 	}
+	if err := noNamesakes(pkg, bindings); err != nil {
+		return err
+	}
 	code, err := bindingsCode(pkg.Name, bindings)
 	if err != nil {
 		return err
@@ -142,7 +151,7 @@ func bindCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(
 // stale copy of them; only the annotated types must check.
 func loadPackage(dir string) (*packages.Package, error) {
 	cfg := &packages.Config{
-		Mode: packages.NeedName | packages.NeedTypes | packages.NeedSyntax | packages.NeedTypesInfo | packages.NeedFiles,
+		Mode: packages.NeedName | packages.NeedTypes | packages.NeedSyntax | packages.NeedTypesInfo | packages.NeedFiles | packages.NeedModule,
 		Dir:  dir,
 	}
 	pkgs, err := packages.Load(cfg, ".")

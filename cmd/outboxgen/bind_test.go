@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -280,5 +281,76 @@ func (OwnMethod) OutboxMessageType() string { return "own" }
 	want := map[string]string{"ByDefault": "ByDefault", "Named": "shop.Named", "OwnMethod": "<none>"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("message-type header in the document (-want +got):\n%s", diff)
+	}
+}
+
+// scratchModule writes files (paths relative to the module's root) into a
+// fresh module of its own, example.com/shop, and returns its directory.
+func scratchModule(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	files["go.mod"] = "module example.com/shop\n\ngo 1.26\n"
+	for name, src := range files {
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// Two annotated types of one name in a module would record one message
+// type by default, and each one's subscribers would decode the other's
+// rows: bind refuses either package, naming both types, their files and
+// the fix, and writes nothing, until one of them sets type= (or chooses
+// its name with its own OutboxMessageType method).
+func TestBindRefusesTwoAnnotatedTypesOfOneNameInAModule(t *testing.T) {
+	t.Parallel()
+	const (
+		orders  = "package orders\n\n//outbox:message queue=shop.orders\ntype Order struct{ ID string }\n"
+		billing = "package billing\n\n//outbox:message queue=billing.orders%s\ntype Order struct{ ID string }\n%s"
+	)
+	for _, tt := range []struct {
+		name, billing string
+		refused       bool
+	}{
+		{"neither sets type=", fmt.Sprintf(billing, "", ""), true},
+		{"one sets type=", fmt.Sprintf(billing, " type=billing.Order", ""), false},
+		{"one has its own OutboxMessageType", fmt.Sprintf(billing, "", "\nfunc (*Order) OutboxMessageType() string { return \"billing.Order\" }\n"), false},
+		{"the other is not annotated", "package billing\n\ntype Order struct{ ID string }\n", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			mod := scratchModule(t, map[string]string{"orders/messages.go": orders, "internal/billing/messages.go": tt.billing})
+			for _, pkg := range []struct{ dir, self, other, otherFile string }{
+				{"orders", "Order", "example.com/shop/internal/billing.Order", "internal/billing/messages.go"},
+				{"internal/billing", "Order", "example.com/shop/orders.Order", "orders/messages.go"},
+			} {
+				if !tt.refused && pkg.dir == "internal/billing" {
+					continue // not every variant annotates it without type=
+				}
+				dir := filepath.Join(mod, pkg.dir)
+				r := runCLI(t, nil, "bind", "-dir", dir)
+				if !tt.refused {
+					if r.code != 0 {
+						t.Errorf("bind in %s: exit %d: %s", pkg.dir, r.code, r.stderr)
+					}
+					continue
+				}
+				self := filepath.Join(dir, "messages.go") + ":3: Order and " + pkg.other + " (" + filepath.Join(mod, pkg.otherFile) + ":3)"
+				for _, want := range []string{self, `both annotated //outbox:message without type=, so both record message type "Order"`,
+					"a subscriber of either decodes the other's rows: set type= on one of them (type=" + filepath.Base(pkg.dir) + ".Order, say)"} {
+					if r.code != 1 || !strings.Contains(r.stderr, want) {
+						t.Errorf("bind in %s: exit %d, %q; want 1 and %q", pkg.dir, r.code, r.stderr, want)
+					}
+				}
+				if files := dirFiles(t, dir); len(files) != 1 {
+					t.Errorf("bind in %s wrote %v", pkg.dir, keys(files))
+				}
+			}
+		})
 	}
 }

@@ -30,6 +30,10 @@ type Type struct {
 	// Chosen says Name was returned by the type's OutboxMessageType
 	// method: an explicit contract, matched exactly.
 	Chosen bool
+	// Qualified is how publishers before the bare names spelled a default
+	// Name: with the package path of every named type in it
+	// ("github.com/acme/shop.OrderPlaced"). It is "" for a chosen name.
+	Qualified string
 }
 
 // Of returns the message type of t. A type that implements
@@ -56,11 +60,12 @@ func Of(t reflect.Type) (Type, error) {
 	case reflect.PointerTo(t).Implements(typerType):
 		v = reflect.New(t)
 	default:
-		name, _ := typeName(t)
+		name, _ := typeName(t, false)
 		if len(name) > MaxBytes {
 			return Type{}, fmt.Errorf("the name of %v is %d bytes; at most %d: implement MessageTyper to choose a shorter one", t, len(name), MaxBytes)
 		}
-		return Type{Name: name}, nil
+		qualified, _ := typeName(t, true)
+		return Type{Name: name, Qualified: qualified}, nil
 	}
 	name, err := call(v.Interface().(typer))
 	if err != nil {
@@ -75,18 +80,25 @@ func Of(t reflect.Type) (Type, error) {
 // Reads reports whether a row whose message-type header is header may be
 // decoded as t. Rows without the header, and types without a name, match
 // anything; a chosen name matches only itself; a default name also
-// matches the header with its package paths removed (Unqualified), which
-// is how publishers before the bare names spelled it
-// ("github.com/acme/shop.OrderPlaced" for "OrderPlaced").
+// matches its package-qualified spelling, as publishers before the bare
+// names wrote it ("github.com/acme/shop.OrderPlaced" for "OrderPlaced"),
+// and only that: a qualified header names the package of each type in
+// it, so it is read only by the types of those packages, never by a
+// namesake elsewhere ("github.com/acme/billing.OrderPlaced"). Pointer
+// stars are ignored in either spelling, as JSON encodes *T as T.
 func (t Type) Reads(header string) bool {
 	switch {
 	case header == "" || t.Name == "" || header == t.Name:
 		return true
-	case t.Chosen:
+	case t.Chosen || t.Qualified == "":
 		return false
 	}
-	return Unqualified(header) == t.Name
+	return Unstarred(header) == Unstarred(t.Qualified)
 }
+
+// IsQualified reports whether name spells a package path, as the default
+// names of publishers before the bare names did.
+func IsQualified(name string) bool { return Unqualified(name) != Unstarred(name) }
 
 // Unqualified removes the package paths from a Go type's spelling, and
 // its pointer stars: "github.com/acme/shop.Envelope[*github.com/acme/shop.Order]"
@@ -97,6 +109,23 @@ func Unqualified(name string) string {
 	if !strings.ContainsAny(name, "./*") {
 		return name
 	}
+	return strip(name, true)
+}
+
+// Unstarred removes the pointer stars from a Go type's spelling and keeps
+// its package paths: "github.com/acme/shop.Envelope[*github.com/acme/shop.Order]"
+// becomes "github.com/acme/shop.Envelope[github.com/acme/shop.Order]".
+// Quoted struct tags are copied as they are.
+func Unstarred(name string) string {
+	if !strings.Contains(name, "*") {
+		return name
+	}
+	return strip(name, false)
+}
+
+// strip removes the pointer stars from name outside quoted struct tags,
+// and with paths also the package paths.
+func strip(name string, paths bool) string {
 	var b strings.Builder
 	b.Grow(len(name))
 	for i := 0; i < len(name); {
@@ -114,7 +143,7 @@ func Unqualified(name string) string {
 			i = j
 		case c == '*':
 			i++
-		case pathByte(c):
+		case paths && pathByte(c):
 			j := i + 1
 			for j < len(name) && pathByte(name[j]) {
 				j++
@@ -138,13 +167,17 @@ func pathByte(c byte) bool {
 		strings.IndexByte("_./-~+", c) >= 0 || c >= utf8.RuneSelf
 }
 
-// typeName spells t as Of describes; ok is false when t, or a type it is
-// made of, has no stable name or is raw bytes.
-func typeName(t reflect.Type) (name string, ok bool) {
+// typeName spells t as Of describes, or with qualified as publishers
+// before the bare names did: each named type with its package path, the
+// type arguments of a generic type as reflect spells them; ok is false
+// when t, or a type it is made of, has no stable name or is raw bytes.
+func typeName(t reflect.Type, qualified bool) (name string, ok bool) {
 	switch {
 	case t.Kind() == reflect.Interface,
 		t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Uint8:
 		return "", false
+	case t.Name() != "" && qualified && t.PkgPath() != "":
+		return t.PkgPath() + "." + t.Name(), true
 	case t.Name() != "":
 		// Name spells the type arguments of a generic type with their
 		// package paths.
@@ -152,9 +185,9 @@ func typeName(t reflect.Type) (name string, ok bool) {
 	}
 	switch t.Kind() {
 	case reflect.Pointer:
-		return typeName(t.Elem())
+		return typeName(t.Elem(), qualified)
 	case reflect.Slice, reflect.Array:
-		elem, ok := typeName(t.Elem())
+		elem, ok := typeName(t.Elem(), qualified)
 		if !ok {
 			return "", false
 		}
@@ -163,8 +196,8 @@ func typeName(t reflect.Type) (name string, ok bool) {
 		}
 		return "[]" + elem, true
 	case reflect.Map:
-		key, ok := typeName(t.Key())
-		elem, ok2 := typeName(t.Elem())
+		key, ok := typeName(t.Key(), qualified)
+		elem, ok2 := typeName(t.Elem(), qualified)
 		if !ok || !ok2 {
 			return "", false
 		}

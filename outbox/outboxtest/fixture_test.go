@@ -141,12 +141,14 @@ func TestPublishedChecksTheMessageType(t *testing.T) {
 	if _, err := pub.Publish(t.Context(), f.Pool, Order{"a"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	// A row an earlier release published, with the package path.
+	// A row an earlier release published from othertypes, with its package
+	// path.
 	if _, err := f.Pool.Exec(t.Context(), `INSERT INTO `+pgx.Identifier{f.Schema, f.Outbox.Table()}.Sanitize()+
-		` (queue, payload, headers) VALUES ('orders', '{"id": "b"}', '{"message-type": "github.com/acme/shop.Order"}')`); err != nil {
+		` (queue, payload, headers) VALUES ('orders', '{"id": "b"}', '{"message-type": "github.com/outboxgen/outboxgen/internal/msgtype/othertypes.Order"}')`); err != nil {
 		t.Fatal(err)
 	}
-	// A copy of Order elsewhere reads them, and so do raw bytes.
+	// A copy of Order elsewhere reads the first by its bare name, and the
+	// second as a type of the package it names; raw bytes read both.
 	outboxtest.RequirePublished(t, f.Outbox, "orders", othertypes.Order{ID: "a"}, othertypes.Order{ID: "b"})
 	if got := outboxtest.Published[json.RawMessage](t, f.Outbox, "orders", nil); len(got) != 2 {
 		t.Errorf("Published[json.RawMessage]: %d rows, want 2", len(got))
