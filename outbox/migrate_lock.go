@@ -141,7 +141,7 @@ func (e *MigrationLockError) Error() string {
 		b.WriteString(", held by ")
 		b.WriteString(holderList(e.Holders))
 	}
-	b.WriteString(": end that transaction (or let it finish) and migrate again, or give the migration a longer retry budget (MigrateRetryBudget, outboxgen migrate -lock-retry-for)")
+	b.WriteString("; to proceed, end that transaction (or let it finish) and migrate again, or give the migration a longer retry budget (MigrateRetryBudget, outboxgen migrate -lock-retry-for)")
 	return b.String()
 }
 
@@ -240,8 +240,8 @@ func (t *stepTx) Rollback() error {
 	return t.Tx.Rollback()
 }
 
-// stepWatch reads, while a step's transaction is open and has run for
-// half the lock timeout, which sessions its lock request waits for, so
+// stepWatch reads, every quarter of the lock timeout while a step's
+// transaction is open, which sessions its lock request waits for, so
 // that a step that times out can say what held it. The wait is over by
 // the time the step fails, and pg_blocking_pids names only the sessions a
 // waiting request waits for, so it is read during the wait. It reads on
@@ -267,7 +267,8 @@ func (w *stepWatch) watch(ctx context.Context, pid int32) func() {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		t := time.NewTimer(w.lockTimeout / 2)
+		every := max(w.lockTimeout/4, time.Millisecond)
+		t := time.NewTimer(every)
 		defer t.Stop()
 		for {
 			select {
@@ -278,7 +279,7 @@ func (w *stepWatch) watch(ctx context.Context, pid int32) func() {
 			case <-t.C:
 			}
 			w.sample(ctx, pid)
-			t.Reset(max(w.lockTimeout/4, time.Millisecond))
+			t.Reset(every)
 		}
 	})
 	var once sync.Once
