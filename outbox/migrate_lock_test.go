@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
@@ -394,5 +395,25 @@ func TestMigrateLockTimeoutRoundsUpToWholeMilliseconds(t *testing.T) {
 		if err != nil || mo.lockTimeout != c.want {
 			t.Errorf("MigrateLockTimeout(%v): %v, %v; want %v", c.in, mo.lockTimeout, err, c.want)
 		}
+	}
+}
+
+// A pool of one connection, whose migrations hold their lock on goose's
+// own connection, bounds and retries its steps too; it has no connection
+// to spare for reading what holds the lock, and says so.
+func TestMigrateOnAPoolOfOneConnectionGivesUpSayingTheHolderWasNotSeen(t *testing.T) {
+	t.Parallel()
+	e := atVersion(t, libraryLatest(t)-1)
+	one := e.outboxOn(func(c *pgxpool.Config) { c.MaxConns = 1 })
+	holder := holdLocks(t, e.db, e.ob, "holds-a-pool-of-one")
+	err := one.Migrate(e.ctx, MigrateLockTimeout(100*time.Millisecond), MigrateRetryBudget(300*time.Millisecond),
+		MigrateLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	var le *MigrationLockError
+	if !errors.As(err, &le) || le.Name != latestStep(t, one) || len(le.Holders) != 0 || !strings.Contains(err.Error(), "what held it was not seen") {
+		t.Fatalf("Migrate on a pool of one behind a held lock: %v; want a *MigrationLockError for %s without holders", err, latestStep(t, one))
+	}
+	holder.release()
+	if err := one.Migrate(e.ctx); err != nil {
+		t.Fatalf("Migrate on a pool of one once the holder ended: %v", err)
 	}
 }
