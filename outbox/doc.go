@@ -26,7 +26,11 @@
 // its own version, so migrations applied by another tool (a repository's
 // own goose running the files of `outboxgen migrations`) count as applied:
 // Migrate then does nothing, and [Outbox.Check] tells a service at start
-// whether the schema is missing or behind, naming the fix.
+// whether the schema is missing or behind, naming the fix. Migrate can
+// run beside the live service: each step waits at most
+// [MigrateLockTimeout] for a lock before it is rolled back and retried,
+// so publishers never queue long behind a step that waits for a long
+// transaction, and the sessions holding the lock are logged.
 //
 // # Publishing
 //

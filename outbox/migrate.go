@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
@@ -46,7 +45,23 @@ type MigrationState struct {
 // history: migrations applied by another tool (the files of `outboxgen
 // migrations` run by a repository's own goose, say) count as applied, so
 // Migrate is a no-op on an outbox that is up to date however it got there.
-func (o *Outbox) Migrate(ctx context.Context) error {
+//
+// Migrate never queues the service behind a step for long: each step's
+// transaction waits at most the lock timeout for each lock it takes
+// ([MigrateLockTimeout], default [MigrationLockTimeoutDefault]), so the
+// publishers and claims that queue behind the step's lock request wait at
+// most about that long. A step that times out is rolled back and tried
+// again with exponential backoff and jitter, within a retry budget
+// ([MigrateRetryBudget]); before each retry a warning names the sessions
+// that held the lock ([MigrateLogger]). When the budget is spent it
+// returns a *[MigrationLockError] naming the step, its tries and those
+// sessions. Cancelling ctx ends a wait at once. Invalid options give an
+// *[InputError] before anything is changed.
+func (o *Outbox) Migrate(ctx context.Context, opts ...MigrateOption) error {
+	mo, err := resolveMigrateOptions(opts)
+	if err != nil {
+		return err
+	}
 	if err := o.createSchema(ctx); err != nil {
 		return err
 	}
@@ -63,7 +78,7 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 			pending[name] = f
 		}
 	}
-	return o.withProvider(ctx, pending, func(p *goose.Provider) error {
+	return o.withSteps(ctx, pending, mo, func(p *goose.Provider) error {
 		_, err := p.Up(ctx)
 		return err
 	})
@@ -194,21 +209,27 @@ func (o *Outbox) schemaState(ctx context.Context) (version int64, history bool, 
 // dead-letter table and the outbox table with every row they hold. The
 // schema and goose's (then empty) version table stay. It is meant for
 // development and tests; production rollbacks should be reviewed one
-// migration at a time.
-func (o *Outbox) MigrateDown(ctx context.Context) error {
-	return o.MigrateDownTo(ctx, 0)
+// migration at a time. Its steps wait for their locks as [Outbox.Migrate]'s
+// do, tuned by the same options.
+func (o *Outbox) MigrateDown(ctx context.Context, opts ...MigrateOption) error {
+	return o.MigrateDownTo(ctx, 0, opts...)
 }
 
 // MigrateDownTo rolls back the applied migrations numbered above version,
 // newest first; version 0 means all of them, like [Outbox.MigrateDown].
 // It rolls back only what this library's Migrate (or outboxgen migrate)
 // recorded applying; migrations another tool applied are that tool's to
-// roll back.
-func (o *Outbox) MigrateDownTo(ctx context.Context, version int64) error {
+// roll back. Its steps wait for their locks as [Outbox.Migrate]'s do,
+// tuned by the same options.
+func (o *Outbox) MigrateDownTo(ctx context.Context, version int64, opts ...MigrateOption) error {
 	if version < 0 {
 		return &InputError{Field: "version", Rule: "must not be negative"}
 	}
-	return o.withProvider(ctx, o.migrations, func(p *goose.Provider) error {
+	mo, err := resolveMigrateOptions(opts)
+	if err != nil {
+		return err
+	}
+	return o.withSteps(ctx, o.migrations, mo, func(p *goose.Provider) error {
 		_, err := p.DownTo(ctx, version)
 		return err
 	})
@@ -298,8 +319,21 @@ func (o *Outbox) MigrationStatus(ctx context.Context) ([]MigrationState, error) 
 
 // withProvider runs fn with a goose provider over migrations (this
 // outbox's rendered migrations, or some of them), holding the outbox's
-// migration lock, and closes what it opened.
-func (o *Outbox) withProvider(ctx context.Context, migrations fs.FS, fn func(*goose.Provider) error) (err error) {
+// migration lock, and closes what it opened. Steps fn runs wait for locks
+// as the default options say.
+func (o *Outbox) withProvider(ctx context.Context, migrations fs.FS, fn func(*goose.Provider) error) error {
+	mo, err := resolveMigrateOptions(nil)
+	if err != nil {
+		return err
+	}
+	return o.withSteps(ctx, migrations, mo, fn)
+}
+
+// withSteps is withProvider with the options mo: fn runs again, after a
+// backoff, while the step it fails on timed out waiting for a lock (see
+// retrySteps).
+func (o *Outbox) withSteps(ctx context.Context, migrations fs.FS, mo *migrateOptions, fn func(*goose.Provider) error) (err error) {
+	w := &stepWatch{lockTimeout: mo.lockTimeout}
 	opts := []goose.ProviderOption{
 		goose.WithTableName(o.naming.Schema + "." + o.naming.VersionTable()),
 		goose.WithDisableGlobalRegistry(true),
@@ -319,22 +353,25 @@ func (o *Outbox) withProvider(ctx context.Context, migrations fs.FS, fn func(*go
 		// Taken before goose takes its connection, so that migrations
 		// waiting for the lock never hold the connections its holder
 		// needs.
-		unlock, err := o.lockMigrations(ctx)
+		lockTx, unlock, err := o.lockMigrations(ctx)
 		if err != nil {
 			return fmt.Errorf("outbox: migrate %s.%s: %w", o.naming.Schema, o.naming.Table, err)
 		}
 		defer func() { err = errors.Join(err, unlock(context.WithoutCancel(ctx))) }()
+		w.q = lockWatchOn(o, lockTx)
 	}
-	sqlDB := stdlib.OpenDBFromPool(o.pool)
+	sqlDB := o.stepDB(w)
 	defer func() { err = errors.Join(err, closeDB(sqlDB)) }()
 	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations, opts...)
 	if err != nil {
 		return fmt.Errorf("outbox: migrate: %w", err)
 	}
-	if err := fn(p); err != nil {
+	err = o.retrySteps(ctx, mo, w, func() error { return fn(p) })
+	var le *MigrationLockError
+	if err != nil && !errors.As(err, &le) {
 		return fmt.Errorf("outbox: migrate %s.%s: %w", o.naming.Schema, o.naming.Table, err)
 	}
-	return nil
+	return err
 }
 
 // A migration waits for another migrator of the outbox for up to
@@ -345,9 +382,9 @@ const (
 )
 
 // lockMigrations takes the outbox's migration lock and returns the
-// function that releases it. The lock is the outbox's advisory lock, held
-// by a transaction of its own, open on a pool connection of its own until
-// the release. A lock held by the session, as goose's session locker
+// transaction that holds it and the function that releases it. The lock
+// is the outbox's advisory lock, held by a transaction of its own, open
+// on a pool connection of its own until the release. A lock held by the session, as goose's session locker
 // holds it, is lost through a pooler in transaction mode (PgBouncer),
 // which runs each transaction on any server connection: the unlock
 // reaches another one and fails, and the lock stays behind on the first,
@@ -356,15 +393,15 @@ const (
 // advisory locks of one id exclude each other, so releases that lock by
 // session wait for this one, and it for them. A try that fails gives its
 // connection back to the pool until the next.
-func (o *Outbox) lockMigrations(ctx context.Context) (func(context.Context) error, error) {
+func (o *Outbox) lockMigrations(ctx context.Context) (pgx.Tx, func(context.Context) error, error) {
 	for try := 1; ; try++ {
 		tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 		if err != nil {
-			return nil, fmt.Errorf("migration lock: %w", err)
+			return nil, nil, fmt.Errorf("migration lock: %w", err)
 		}
 		r, err := o.queries(tx).MigrationLock(ctx, o.naming.LockID())
 		if err == nil && r.Locked {
-			return func(ctx context.Context) error {
+			return tx, func(ctx context.Context) error {
 				if err := tx.Rollback(ctx); err != nil {
 					return fmt.Errorf("migration unlock: %w", err)
 				}
@@ -374,12 +411,12 @@ func (o *Outbox) lockMigrations(ctx context.Context) (func(context.Context) erro
 		rerr := tx.Rollback(context.WithoutCancel(ctx))
 		switch {
 		case err != nil:
-			return nil, errors.Join(fmt.Errorf("migration lock: %w", err), rerr)
+			return nil, nil, errors.Join(fmt.Errorf("migration lock: %w", err), rerr)
 		case try == migrationLockTries:
-			return nil, fmt.Errorf("migration lock: another migration held it for %d s", migrationLockPeriod*migrationLockTries)
+			return nil, nil, fmt.Errorf("migration lock: another migration held it for %d s", migrationLockPeriod*migrationLockTries)
 		}
 		if !dbx.Sleep(ctx, migrationLockPeriod*time.Second) {
-			return nil, fmt.Errorf("migration lock: %w", context.Cause(ctx))
+			return nil, nil, fmt.Errorf("migration lock: %w", context.Cause(ctx))
 		}
 	}
 }

@@ -3,7 +3,8 @@
 //
 // Usage:
 //
-//	outboxgen migrate up|down|down-to N|reset|status [-yes] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen migrate up|down|down-to N|reset|status [-yes] [-lock-timeout D] [-lock-retry-for D]
+//	    [-dsn DSN] [-schema S] [-table T]
 //	outboxgen migrations -dir DIR [-schema S] [-table T] [-check]
 //	outboxgen inspect [-queue Q] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen health [-listen-dsn DSN] [-notify-timeout D] [-json] [-dsn DSN] [-schema S] [-table T]
@@ -18,8 +19,11 @@
 //
 // migrate applies, rolls back (one step, as in goose; to 0 or dropping
 // rows only with -yes) or lists the outbox's embedded migrations against
-// DATABASE_URL (or -dsn, or PostgreSQL's client defaults). migrations writes them, rendered for the
-// schema and table, into a repository's goose migrations directory.
+// DATABASE_URL (or -dsn, or PostgreSQL's client defaults); each step
+// waits at most -lock-timeout for a lock and is retried for up to
+// -lock-retry-for, printing what held the lock. migrations writes them,
+// rendered for the schema and table, into a repository's goose
+// migrations directory.
 // inspect shows each queue's state; health checks the conditions that
 // break PostgreSQL queues and exits with status 1 when it finds one.
 // grants prints, or runs, what a publishing and a subscribing role must

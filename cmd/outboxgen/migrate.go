@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -28,11 +30,19 @@ says how many rows and dead letters it would drop. Stop the outbox's
 publishers and subscribers before such a rollback: rows they write after
 the count are dropped too.
 
+Each step (up or down) waits at most -lock-timeout for each lock it
+takes, so that the service's publishers and claims never queue long
+behind a schema change waiting for a long transaction. A step that times
+out is rolled back and tried again, with growing waits in between, for
+up to -lock-retry-for; each retry prints to stderr which sessions held
+the lock (pid, application_name, state, transaction age, statement).
+
 Examples:
   DATABASE_URL=postgres://localhost/app outboxgen migrate up -schema billing -table events
   OUTBOX_SCHEMA=billing OUTBOX_TABLE=events outboxgen migrate status
   outboxgen migrate down -schema billing -table events
   outboxgen migrate reset -yes -schema billing -table events
+  outboxgen migrate up -lock-timeout 500ms -lock-retry-for 30m
 
 Flags:
 `
@@ -43,9 +53,26 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	fs := newFlags("migrate", migrateUsage, stderr)
 	conn := connFlags(fs)
 	yes := fs.Bool("yes", false, "down, down-to, reset: roll back also when that drops the outbox or rows")
+	lockTimeout := fs.Duration("lock-timeout", outbox.MigrationLockTimeoutDefault,
+		"how long each step waits for a lock before it is rolled back and retried")
+	retryFor := fs.Duration("lock-retry-for", outbox.MigrationRetryBudgetDefault,
+		"how long a step whose lock is not granted is retried before migrate gives up")
 	pos, err := parseFlags(fs, args, "migrate")
 	if err != nil {
 		return err
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"-lock-timeout", *lockTimeout}, {"-lock-retry-for", *retryFor}} {
+		if f.d < 0 {
+			return fmt.Errorf("%w: migrate: %s %v: must be positive, or 0 for the default", errUsage, f.name, f.d)
+		}
+	}
+	opts := []outbox.MigrateOption{
+		outbox.MigrateLockTimeout(*lockTimeout),
+		outbox.MigrateRetryBudget(*retryFor),
+		outbox.MigrateLogger(stderrLogger(stderr)),
 	}
 	if len(pos) == 0 {
 		fs.Usage()
@@ -77,13 +104,13 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 
 	switch action {
 	case "up":
-		return migrateUp(ctx, t, stdout)
+		return migrateUp(ctx, t, stdout, opts)
 	case "status":
 		return migrateStatus(ctx, t, stdout)
 	case "reset":
-		return migrateDown(ctx, t, "reset", 0, *yes, stdout)
+		return migrateDown(ctx, t, "reset", 0, *yes, stdout, opts)
 	case "down-to":
-		return migrateDown(ctx, t, "down-to", target, *yes, stdout)
+		return migrateDown(ctx, t, "down-to", target, *yes, stdout, opts)
 	default: // down: one step, the latest migration this tool applied.
 		st, err := t.ob.MigrationStatus(ctx)
 		if err != nil {
@@ -103,7 +130,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		if top > 0 {
 			prev = st[top-1].Version
 		}
-		return migrateDown(ctx, t, "down", prev, *yes, stdout)
+		return migrateDown(ctx, t, "down", prev, *yes, stdout, opts)
 	}
 }
 
@@ -119,7 +146,7 @@ func notApplied(st []outbox.MigrationState) string {
 
 // migrateDown rolls the outbox back to version, refusing without yes when
 // that drops the outbox or rows, and says what it rolled back.
-func migrateDown(ctx context.Context, t *target, action string, version int64, yes bool, stdout io.Writer) error {
+func migrateDown(ctx context.Context, t *target, action string, version int64, yes bool, stdout io.Writer, opts []outbox.MigrateOption) error {
 	before, err := t.ob.MigrationStatus(ctx)
 	if err != nil {
 		return err
@@ -144,7 +171,7 @@ func migrateDown(ctx context.Context, t *target, action string, version int64, y
 				errUsage, action, t.where(), version, describeLoss(current, version, loss))
 		}
 	}
-	if err := t.ob.MigrateDownTo(ctx, version); err != nil {
+	if err := t.ob.MigrateDownTo(ctx, version, opts...); err != nil {
 		return err
 	}
 	after, err := t.ob.SchemaVersion(ctx)
@@ -211,7 +238,7 @@ func migrateStatus(ctx context.Context, t *target, stdout io.Writer) error {
 
 // migrateUp applies the pending migrations and says which it applied, or
 // that there were none.
-func migrateUp(ctx context.Context, t *target, stdout io.Writer) error {
+func migrateUp(ctx context.Context, t *target, stdout io.Writer, opts []outbox.MigrateOption) error {
 	ob := t.ob
 	before, err := ob.MigrationStatus(ctx)
 	var pgErr *pgconn.PgError
@@ -230,7 +257,7 @@ func migrateUp(ctx context.Context, t *target, stdout io.Writer) error {
 			fmt.Fprintf(stdout, "creating outbox %s.%s; the database also holds %s\n", ob.Schema(), ob.Table(), joinNames(all))
 		}
 	}
-	if err := ob.Migrate(ctx); err != nil {
+	if err := ob.Migrate(ctx, opts...); err != nil {
 		return err
 	}
 	after, err := ob.MigrationStatus(ctx)
@@ -260,6 +287,20 @@ func migrateUp(ctx context.Context, t *target, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "outbox %s.%s: applied %d migration%s, now at version %d\n",
 		ob.Schema(), ob.Table(), applied, plural(applied), version)
 	return nil
+}
+
+// stderrLogger prints the library's migration logs (a retry of a step
+// whose lock was not granted, and what held it) to stderr, one line each,
+// without timestamps.
+func stderrLogger(stderr io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey && len(groups) == 0 {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
 }
 
 // joinNames lists outboxes, at most maxListed of them.
