@@ -102,6 +102,10 @@ type Console struct {
 	// lists the outboxes in the database.
 	probe *outbox.Outbox
 
+	// actionStep, when positive, replaces half of Config.Timeout as how
+	// long one request of a large action works (tests set it).
+	actionStep time.Duration
+
 	mu       sync.Mutex
 	outboxes map[outbox.OutboxName]*outboxState
 	listed   []outbox.OutboxName

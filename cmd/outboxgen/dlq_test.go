@@ -64,7 +64,7 @@ func TestDLQCommands(t *testing.T) {
 	if r := run("dlq", "replay"); r.code != 2 || !strings.Contains(r.stderr, "or -yes to replay every dead-lettered row") {
 		t.Errorf("unfiltered replay: exit %d %q", r.code, r.stderr)
 	}
-	if r := run("dlq", "replay", "-dry-run", "-json"); r.code != 0 || r.stdout != "{\n  \"dry_run\": true,\n  \"would_replay\": 1200\n}\n" {
+	if r := run("dlq", "replay", "-dry-run", "-json"); r.code != 0 || r.stdout != "{\n  \"dry_run\": true,\n  \"would_replay\": 1200,\n  \"matched\": 1200,\n  \"up_to_id\": 1200\n}\n" {
 		t.Errorf("unfiltered replay -dry-run -json: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
 	var moved int
@@ -218,7 +218,7 @@ ID  QUEUE   TIMER ID
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 {
 		t.Fatalf("replay -drop-timer-ids -json: exit %d, %v: %s%s", r.code, err, r.stdout, r.stderr)
 	}
-	if diff := cmp.Diff(outbox.ReplayResult{Replayed: 1, TimerIDsDropped: []outbox.TimerConflict{{ID: 2, Queue: "orders", TimerID: "t-2"}}}, res); diff != "" {
+	if diff := cmp.Diff(outbox.ReplayResult{Matched: 1, UpToID: 2, Replayed: 1, TimerIDsDropped: []outbox.TimerConflict{{ID: 2, Queue: "orders", TimerID: "t-2"}}}, res); diff != "" {
 		t.Errorf("replay -drop-timer-ids -json (-want +got):\n%s", diff)
 	}
 	var inOutbox, inDLQ int
