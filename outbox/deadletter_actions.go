@@ -118,6 +118,9 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 	}
 	if opts.DryRun {
 		err := pgx.BeginTxFunc(ctx, o.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			if err := o.queries(tx).NoJIT(ctx); err != nil {
+				return err
+			}
 			var err error
 			res, err = o.replayDryRun(ctx, tx, f, opts.DropConflictingTimerIDs)
 			return err
