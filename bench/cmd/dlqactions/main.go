@@ -76,9 +76,7 @@ func run(ctx context.Context, dsn, sizes string, old, pageRows, payload int) err
 	if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE; CREATE SCHEMA "+schema); err != nil {
 		return err
 	}
-	if os.Getenv("DLQ_KEEP") == "" {
-		defer func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") }()
-	}
+	defer func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE") }()
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.MaxConns = 8
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -101,9 +99,6 @@ func run(ctx context.Context, dsn, sizes string, old, pageRows, payload int) err
 		if err := actions(ctx, pool, ob, n, n == old); err != nil {
 			return err
 		}
-	}
-	if os.Getenv("DLQ_KEEP") != "" {
-		return nil
 	}
 	return page(ctx, pool, ob, pageRows, payload)
 }
@@ -235,9 +230,6 @@ func actions(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, n int, 
 		}
 	}
 
-	if os.Getenv("DLQ_KEEP") != "" {
-		return nil
-	}
 	f := outbox.DeadLetterFilter{Queue: "orders", UpToID: &dry.UpToID}
 	var batches int
 	start = time.Now()
