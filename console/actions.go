@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/outboxgen/outboxgen/outbox"
 )
@@ -32,10 +33,28 @@ type actionKind struct {
 	parse func(form url.Values) (target, error)
 	// count says what the action would act on now.
 	count func(ctx context.Context, c *Console, rq *request, t target) (string, error)
-	// dryRun says what it would do, doing nothing.
-	dryRun func(ctx context.Context, c *Console, rq *request, t target) (string, []string, error)
-	// run does it, and says what it did; attrs go to the action log.
-	run func(ctx context.Context, c *Console, rq *request, t target) (string, []string, []any, error)
+	// dryRun says what it would do, doing nothing, and returns the bound
+	// its confirmation carries.
+	dryRun func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error)
+	// run does it, or as much of it as one request may, and says what it
+	// did; its attrs go to the action log.
+	run func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error)
+}
+
+// stepResult is what a dry run or a confirmation says.
+type stepResult struct {
+	msg     string
+	details []string
+	attrs   []any
+	// changed, when not empty, says the set the dry run showed changed
+	// before the confirmation.
+	changed string
+	// carry are the fields the next step's form carries besides the
+	// target's (the dry run's bound, how far the action got).
+	carry url.Values
+	// more says the action stopped at its request's budget with rows
+	// left: the page offers to continue.
+	more bool
 }
 
 // target is what an action acts on.
@@ -48,6 +67,13 @@ type target struct {
 	desc string
 	// fields are the form fields that name it.
 	fields url.Values
+	// bounded says the form carries a dry run's bound: the action acts
+	// on the ids up to filter.UpToID, and expect is how many matched.
+	bounded bool
+	expect  int64
+	// done counts the rows earlier requests of the same confirmation
+	// acted on (a large action goes on over several requests).
+	done int64
 }
 
 func (t target) fieldList() [][2]string {
@@ -71,6 +97,9 @@ func parseDeadTarget(form url.Values) (target, error) {
 		return target{}, err
 	}
 	t := target{fields: url.Values{}, drop: form.Get("drop") == "on"}
+	if err := parseBound(form, &t); err != nil {
+		return t, err
+	}
 	if form.Get("scope") == "selection" {
 		if len(ff.IDs) == 0 {
 			return t, &outbox.InputError{Field: "id", Rule: "select at least one dead letter"}
@@ -78,7 +107,7 @@ func parseDeadTarget(form url.Values) (target, error) {
 		if len(ff.IDs) > maxSelection {
 			return t, &outbox.InputError{Field: "id", Rule: fmt.Sprintf("select at most %d dead letters at once", maxSelection)}
 		}
-		t.filter = outbox.DeadLetterFilter{IDs: ff.IDs}
+		t.filter = outbox.DeadLetterFilter{IDs: ff.IDs, UpToID: t.filter.UpToID}
 		t.fields["scope"] = []string{"selection"}
 		for _, id := range ff.IDs {
 			t.fields.Add("id", strconv.FormatInt(id, 10))
@@ -89,7 +118,7 @@ func parseDeadTarget(form url.Values) (target, error) {
 		}
 		return t, nil
 	}
-	f.IDs = nil
+	f.IDs, f.UpToID = nil, t.filter.UpToID
 	t.filter = f
 	t.fields["scope"] = []string{"filter"}
 	var parts []string
@@ -104,6 +133,103 @@ func parseDeadTarget(form url.Values) (target, error) {
 		t.desc = "the dead letters of " + strings.Join(parts, ", ")
 	}
 	return t, nil
+}
+
+// parseBound reads the bound a dry run gave its confirmation (upto, the
+// highest id, and expect, how many matched) and how far earlier requests
+// of the confirmation got (done), carrying the first two on.
+func parseBound(form url.Values, t *target) error {
+	up, expect, done := form.Get("upto"), form.Get("expect"), form.Get("done")
+	if up == "" {
+		return nil
+	}
+	id, err := strconv.ParseInt(up, 10, 64)
+	if err != nil {
+		return &outbox.InputError{Field: "upto", Rule: "must be a whole number (the highest id the dry run matched)"}
+	}
+	if t.expect, err = strconv.ParseInt(expect, 10, 64); err != nil || t.expect < 0 {
+		return &outbox.InputError{Field: "expect", Rule: "must be a whole number (how many rows the dry run matched)"}
+	}
+	if done != "" {
+		if t.done, err = strconv.ParseInt(done, 10, 64); err != nil || t.done < 0 {
+			return &outbox.InputError{Field: "done", Rule: "must be a whole number (how many rows earlier requests acted on)"}
+		}
+	}
+	t.filter.UpToID, t.bounded = &id, true
+	t.fields.Set("upto", up)
+	t.fields.Set("expect", expect)
+	return nil
+}
+
+// boundFields are the fields that carry a dry run's bound to its
+// confirmation.
+func boundFields(upTo, matched int64) url.Values {
+	return url.Values{"upto": {strconv.FormatInt(upTo, 10)}, "expect": {strconv.FormatInt(matched, 10)}}
+}
+
+// maxDetails bounds the lines of details a page lists.
+const maxDetails = 100
+
+// capDetails keeps the first maxDetails lines and says how many more
+// there are.
+func capDetails(lines []string) []string {
+	if len(lines) <= maxDetails {
+		return lines
+	}
+	return append(lines[:maxDetails:maxDetails], fmt.Sprintf("and %s more", num(int64(len(lines)-maxDetails))))
+}
+
+// budget returns ctx for one request's share of a large action and a
+// progress function that ends it after the batch that passes the
+// request's budget (half of Config.Timeout), so no batch is cut short,
+// and stopped, which reports whether it was the budget that ended it.
+func (c *Console) budget(ctx context.Context) (context.Context, func(done, total int64), func(error) bool, context.CancelFunc) {
+	step := c.cfg.Timeout / 2
+	if c.actionStep > 0 {
+		step = c.actionStep
+	}
+	start := time.Now()
+	ctx, cancel := context.WithCancelCause(ctx)
+	progress := func(done, total int64) {
+		if done < total && time.Since(start) >= step {
+			cancel(errBudget)
+		}
+	}
+	stopped := func(err error) bool { return err != nil && errors.Is(context.Cause(ctx), errBudget) }
+	return ctx, progress, stopped, func() { cancel(nil) }
+}
+
+// errBudget ends a request's share of a large action.
+var errBudget = errors.New("the request's share of the action is done")
+
+// changedSince says how the set a confirmation acts on differs from what
+// its dry run showed, on the confirmation's first request.
+func changedSince(t target, matched int64) string {
+	if !t.bounded || t.done > 0 || matched == t.expect {
+		return ""
+	}
+	return fmt.Sprintf("The set changed since the dry run: %s now match within its bound, where it showed %s.",
+		plural(matched, "row", "rows"), num(t.expect))
+}
+
+// leftAbove says how many rows matching t's filter have ids above the dry
+// run's bound: dead-lettered since, and left.
+func leftAbove(ctx context.Context, rq *request, t target) (string, error) {
+	if !t.bounded {
+		return "", nil
+	}
+	f := t.filter
+	within, err := rq.ob.CountDeadLetters(ctx, f)
+	if err != nil {
+		return "", err
+	}
+	f.UpToID = nil
+	all, err := rq.ob.CountDeadLetters(ctx, f)
+	if err != nil || all <= within {
+		return "", err
+	}
+	return fmt.Sprintf("%s matching the filter came after the dry run and %s left.",
+		upper(plural(all-within, "dead letter", "dead letters")), map[bool]string{true: "was", false: "were"}[all-within == 1]), nil
 }
 
 func plural(n int64, one, many string) string {
@@ -143,37 +269,94 @@ var replayDeadLetters = actionKind{
 	name: "replay dead letters", title: "Replay dead letters", path: "/dead/replay",
 	parse: parseDeadTarget,
 	count: countDead,
-	dryRun: func(ctx context.Context, _ *Console, rq *request, t target) (string, []string, error) {
+	dryRun: func(ctx context.Context, _ *Console, rq *request, t target) (stepResult, error) {
 		res, err := rq.ob.ReplayDeadLetters(ctx, t.filter, &outbox.ReplayOpts{DryRun: true, DropConflictingTimerIDs: t.drop})
 		if err != nil {
-			return "", nil, err
+			return stepResult{}, err
 		}
-		return fmt.Sprintf("Dry run: %s would go back to the outbox, %s would stay in the dead-letter table.",
-			plural(res.Replayed, "row", "rows"), plural(int64(len(res.Skipped)), "row", "rows")), conflicts(res), nil
+		return stepResult{
+			msg: fmt.Sprintf("Dry run: %s would go back to the outbox, %s would stay in the dead-letter table.",
+				plural(res.Replayed, "row", "rows"), plural(int64(len(res.Skipped)), "row", "rows")),
+			details: capDetails(conflicts(res)),
+			carry:   boundFields(res.UpToID, res.Matched),
+		}, nil
 	},
-	run: func(ctx context.Context, _ *Console, rq *request, t target) (string, []string, []any, error) {
-		res, err := rq.ob.ReplayDeadLetters(ctx, t.filter, &outbox.ReplayOpts{DropConflictingTimerIDs: t.drop})
-		msg := fmt.Sprintf("Replayed %s; %s stayed in the dead-letter table.",
-			plural(res.Replayed, "dead letter", "dead letters"), plural(int64(len(res.Skipped)), "row", "rows"))
-		return msg, conflicts(res), []any{"replayed", res.Replayed, "skipped", len(res.Skipped),
-			"timer_ids_dropped", len(res.TimerIDsDropped)}, err
+	run: func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error) {
+		bctx, progress, stopped, cancel := c.budget(ctx)
+		defer cancel()
+		res, err := rq.ob.ReplayDeadLetters(bctx, t.filter, &outbox.ReplayOpts{DropConflictingTimerIDs: t.drop, Progress: progress})
+		r := stepResult{changed: changedSince(t, res.Matched),
+			attrs: []any{"replayed", res.Replayed, "skipped", len(res.Skipped), "timer_ids_dropped", len(res.TimerIDsDropped),
+				"matched", res.Matched, "up_to_id", res.UpToID}}
+		done := t.done + res.Replayed
+		if stopped(err) {
+			r.more, r.attrs = true, append(r.attrs, "partial", true)
+			r.carry = url.Values{"done": {strconv.FormatInt(done, 10)}}
+			if !t.bounded {
+				r.carry = boundFields(res.UpToID, res.Matched)
+				r.carry.Set("done", strconv.FormatInt(done, 10))
+			}
+			r.msg = fmt.Sprintf("Replayed %s so far, of %s; this page stopped to stay within its time. Continue to replay the rest: the rows replayed are no longer dead letters.",
+				plural(done, "dead letter", "dead letters"), num(max(t.expect, res.Matched+t.done)))
+			return r, nil
+		}
+		r.msg = fmt.Sprintf("Replayed %s; %s stayed in the dead-letter table.",
+			plural(done, "dead letter", "dead letters"), plural(int64(len(res.Skipped)), "row", "rows"))
+		r.details = capDetails(conflicts(res))
+		if err == nil {
+			var left string
+			left, err = leftAbove(ctx, rq, t)
+			r.details = appendNonEmpty(r.details, left)
+		}
+		return r, err
 	},
+}
+
+// appendNonEmpty appends s to lines unless it is empty.
+func appendNonEmpty(lines []string, s string) []string {
+	if s == "" {
+		return lines
+	}
+	return append(lines, s)
 }
 
 var deleteDeadLetters = actionKind{
 	name: "delete dead letters", title: "Delete dead letters", path: "/dead/delete",
 	parse: parseDeadTarget,
 	count: countDead,
-	dryRun: func(ctx context.Context, c *Console, rq *request, t target) (string, []string, error) {
-		n, err := rq.ob.CountDeadLetters(ctx, t.filter)
+	dryRun: func(ctx context.Context, _ *Console, rq *request, t target) (stepResult, error) {
+		res, err := rq.ob.PurgeDeadLetters(ctx, t.filter, &outbox.PurgeOpts{DryRun: true})
 		if err != nil {
-			return "", nil, err
+			return stepResult{}, err
 		}
-		return fmt.Sprintf("Dry run: %s would be deleted for good.", plural(n, "dead letter", "dead letters")), nil, nil
+		return stepResult{msg: fmt.Sprintf("Dry run: %s would be deleted for good.", plural(res.Matched, "dead letter", "dead letters")),
+			carry: boundFields(res.UpToID, res.Matched)}, nil
 	},
-	run: func(ctx context.Context, _ *Console, rq *request, t target) (string, []string, []any, error) {
-		n, err := rq.ob.PurgeDeadLetters(ctx, t.filter)
-		return fmt.Sprintf("Deleted %s.", plural(n, "dead letter", "dead letters")), nil, []any{"deleted", n}, err
+	run: func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error) {
+		bctx, progress, stopped, cancel := c.budget(ctx)
+		defer cancel()
+		res, err := rq.ob.PurgeDeadLetters(bctx, t.filter, &outbox.PurgeOpts{Progress: progress})
+		r := stepResult{changed: changedSince(t, res.Matched),
+			attrs: []any{"deleted", res.Deleted, "matched", res.Matched, "up_to_id", res.UpToID}}
+		done := t.done + res.Deleted
+		if stopped(err) {
+			r.more, r.attrs = true, append(r.attrs, "partial", true)
+			r.carry = url.Values{"done": {strconv.FormatInt(done, 10)}}
+			if !t.bounded {
+				r.carry = boundFields(res.UpToID, res.Matched)
+				r.carry.Set("done", strconv.FormatInt(done, 10))
+			}
+			r.msg = fmt.Sprintf("Deleted %s so far, of %s; this page stopped to stay within its time. Continue to delete the rest.",
+				plural(done, "dead letter", "dead letters"), num(max(t.expect, res.Matched+t.done)))
+			return r, nil
+		}
+		r.msg = fmt.Sprintf("Deleted %s.", plural(done, "dead letter", "dead letters"))
+		if err == nil {
+			var left string
+			left, err = leftAbove(ctx, rq, t)
+			r.details = appendNonEmpty(r.details, left)
+		}
+		return r, err
 	},
 }
 
@@ -207,17 +390,17 @@ var cancelTimer = actionKind{
 	count: func(ctx context.Context, _ *Console, rq *request, t target) (string, error) {
 		return timerState(ctx, rq, t)
 	},
-	dryRun: func(ctx context.Context, _ *Console, rq *request, t target) (string, []string, error) {
+	dryRun: func(ctx context.Context, _ *Console, rq *request, t target) (stepResult, error) {
 		s, err := timerState(ctx, rq, t)
-		return "Dry run: " + s, nil, err
+		return stepResult{msg: "Dry run: " + s}, err
 	},
-	run: func(ctx context.Context, c *Console, rq *request, t target) (string, []string, []any, error) {
+	run: func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error) {
 		ok, err := rq.ob.CancelTimer(ctx, c.cfg.Pool, t.queue, t.timer)
 		msg := fmt.Sprintf("Cancelled %s.", t.desc)
 		if !ok {
 			msg = fmt.Sprintf("Nothing to cancel: no unclaimed row holds %s.", t.desc)
 		}
-		return msg, nil, []any{"cancelled", ok}, err
+		return stepResult{msg: msg, attrs: []any{"cancelled", ok}}, err
 	},
 }
 
@@ -229,9 +412,26 @@ type actionData struct {
 	Fields  [][2]string
 	Message string
 	Details []string
+	// Changed says the set changed since the dry run.
+	Changed string
 	Drop    bool
 	Replay  bool
 	Back    string
+}
+
+// show puts what a step said on the page, and the fields the next step's
+// form carries.
+func (d *actionData) show(sr stepResult, t target) {
+	d.Message, d.Details, d.Changed = sr.msg, sr.details, sr.changed
+	if sr.more {
+		d.Next = stepConfirm
+	}
+	if len(sr.carry) > 0 {
+		for k, v := range sr.carry {
+			t.fields[k] = v
+		}
+		d.Fields = t.fieldList()
+	}
 }
 
 // maxForm bounds an action's form.
@@ -271,11 +471,15 @@ func (c *Console) action(k actionKind) func(http.ResponseWriter, *http.Request, 
 			d.Message, err = k.count(ctx, c, rq, t)
 		case stepDryRun:
 			d.Step, d.Next = stepDryRun, stepConfirm
-			d.Message, d.Details, err = k.dryRun(ctx, c, rq, t)
+			var sr stepResult
+			sr, err = k.dryRun(ctx, c, rq, t)
+			d.show(sr, t)
 		case stepConfirm:
-			var attrs []any
 			d.Step = stepConfirm
-			d.Message, d.Details, attrs, err = k.run(ctx, c, rq, t)
+			var sr stepResult
+			sr, err = k.run(ctx, c, rq, t)
+			d.show(sr, t)
+			attrs := sr.attrs
 			log := append(c.attribution(r), "action", k.name, "outbox", rq.name.String(), "target", t.desc)
 			log = append(append(log, selectionAttrs(t.filter.IDs)...), attrs...)
 			if err != nil {

@@ -1,10 +1,15 @@
 package console
 
 import (
+	"html"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/outboxgen/outboxgen/outbox"
 )
@@ -165,5 +170,116 @@ func TestDeleteSelectionAndCancelTimer(t *testing.T) {
 	}
 	if code, _ := s.post(s.base+"/dead/replay", url.Values{"scope": {"filter"}, "step": {"later"}}); code != http.StatusBadRequest {
 		t.Errorf("an unknown step: %d, want 400", code)
+	}
+}
+
+var hiddenRE = regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`)
+
+// nextForm is the fields of the form an action's page offers next.
+func nextForm(t *testing.T, body string) url.Values {
+	t.Helper()
+	i := strings.Index(body, `id="action-form"`)
+	if i < 0 {
+		t.Fatalf("the page offers no next step:\n%s", errorText(body))
+	}
+	f := url.Values{}
+	for _, m := range hiddenRE.FindAllStringSubmatch(body[i:], -1) {
+		f.Add(m[1], html.UnescapeString(m[2]))
+	}
+	return f
+}
+
+var resultRE = regexp.MustCompile(`id="(?:result|changed)" class="message">([^<]*)<|<li>([^<]*)</li>`)
+
+// said is what an action's page says: its result, whether the set
+// changed, and its details.
+func said(body string) []string {
+	var out []string
+	for _, m := range resultRE.FindAllStringSubmatch(body, -1) {
+		out = append(out, html.UnescapeString(m[1]+m[2]))
+	}
+	return out
+}
+
+// The confirmation carries the dry run's bound: it acts on none of the
+// rows dead-lettered since, says they were left, and says when the set
+// within the bound changed.
+func TestConfirmActsWithinTheDryRunsBoundAndSaysWhenTheSetChanged(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		path, dry, done string
+	}{
+		{"/dead/replay", "Dry run: 3 rows would go back to the outbox, 0 rows would stay in the dead-letter table.",
+			"Replayed 2 dead letters; 0 rows stayed in the dead-letter table."},
+		{"/dead/delete", "Dry run: 3 dead letters would be deleted for good.", "Deleted 2 dead letters."},
+	} {
+		t.Run(c.path, func(t *testing.T) {
+			t.Parallel()
+			s := newSite(t, Config{Actions: true})
+			s.fixture()
+			code, body := s.post(s.base+c.path, url.Values{"scope": {"filter"}, "step": {"dry-run"}})
+			if code != http.StatusOK || !strings.Contains(body, c.dry) {
+				t.Fatalf("dry run: %d %q, want %q", code, errorText(body), c.dry)
+			}
+			confirm := nextForm(t, body)
+			// Two dead-lettered after the dry run; one of its rows taken.
+			s.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+				VALUES (10, 'orders', 'late', 1, 1, now(), 'rejected'), (11, 'mail', 'late', 1, 1, now(), 'rejected')`)
+			s.exec(`DELETE FROM outbox_dlq WHERE id = -2`)
+			code, body = s.post(s.base+c.path, confirm)
+			want := []string{c.done, "The set changed since the dry run: 2 rows now match within its bound, where it showed 3.",
+				"2 dead letters matching the filter came after the dry run and were left."}
+			if diff := cmp.Diff(want, said(body)); code != http.StatusOK || diff != "" {
+				t.Errorf("confirm: %d (-want +got):\n%s", code, diff)
+			}
+			if n := s.countDead(outbox.DeadLetterFilter{}); n != 2 {
+				t.Errorf("%d dead letters left, want the 2 of after the dry run", n)
+			}
+		})
+	}
+}
+
+// A large action does a bounded share of its rows per request, each in
+// batches that commit, and its page offers to go on until it is done.
+func TestLargeActionGoesOnOverRequests(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, Config{Actions: true})
+	s.c.actionStep = time.Nanosecond // one batch a request
+	s.exec(`INSERT INTO outbox_dlq (id, queue, payload, ordering_key, deliveries_count, attempts_count, created_at, failure_reason)
+		SELECT i, 'bulk', 'p', 'k-' || (i % 7), 1, 1, now(), 'rejected' FROM generate_series(1, 1200) AS i`)
+	code, body := s.post(s.base+"/dead/replay", url.Values{"scope": {"filter"}, "q": {"bulk"}, "step": {"dry-run"}})
+	if code != http.StatusOK {
+		t.Fatalf("dry run: %d %q", code, errorText(body))
+	}
+	form := nextForm(t, body)
+	var got []string
+	for range 10 {
+		code, body = s.post(s.base+"/dead/replay", form)
+		if code != http.StatusOK {
+			t.Fatalf("confirm: %d %q", code, errorText(body))
+		}
+		got = append(got, said(body)...)
+		if !strings.Contains(body, `id="continue"`) {
+			break
+		}
+		form = nextForm(t, body)
+	}
+	want := []string{
+		"Replayed 500 dead letters so far, of 1,200; this page stopped to stay within its time. Continue to replay the rest: the rows replayed are no longer dead letters.",
+		"Replayed 1,000 dead letters so far, of 1,200; this page stopped to stay within its time. Continue to replay the rest: the rows replayed are no longer dead letters.",
+		"Replayed 1,200 dead letters; 0 rows stayed in the dead-letter table.",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("pages (-want +got):\n%s", diff)
+	}
+	var inOutbox int
+	if err := s.d.Pool.QueryRow(t.Context(), "SELECT count(*) FROM outbox WHERE queue = 'bulk'").Scan(&inOutbox); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.countDead(outbox.DeadLetterFilter{}); n != 0 || inOutbox != 1200 {
+		t.Errorf("%d dead letters left and %d in the outbox, want 0 and 1200", n, inOutbox)
+	}
+	if n := strings.Count(s.log.String(), `"msg":"console action"`); n != 3 {
+		t.Errorf("%d action log records, want one a request:\n%s", n, s.log.String())
 	}
 }

@@ -127,6 +127,9 @@ type Console struct {
 	// this console's only.
 	tokenKey    []byte
 	crossOrigin *http.CrossOriginProtection
+	// actionStep, when positive, replaces half of Config.Timeout as how
+	// long one request of a large action works (tests set it).
+	actionStep time.Duration
 
 	mu       sync.Mutex
 	outboxes map[outbox.OutboxName]*outboxState

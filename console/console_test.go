@@ -36,6 +36,7 @@ type site struct {
 	client *http.Client
 	base   string // the outbox's pages
 	log    *syncBuffer
+	c      *Console
 }
 
 type syncBuffer struct {
@@ -72,6 +73,7 @@ func newSite(t *testing.T, cfg Config) *site {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.c = c
 	var h http.Handler = c
 	if cfg.Path != "" {
 		mux := http.NewServeMux()

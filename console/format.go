@@ -69,13 +69,21 @@ func printable(b []byte) bool {
 
 // preview is the start of a payload's text on one line, for lists: it
 // reads at most the bytes n characters can take, however long the payload.
-func preview(p []byte, n int) string {
-	head := p[:min(len(p), n*utf8.UTFMax)]
+func preview(p []byte, n int) string { return previewOf(p, len(p), n) }
+
+// previewBytes is how many bytes of a payload a list's preview of n
+// characters reads.
+func previewBytes(n int) int { return n * utf8.UTFMax }
+
+// previewOf is preview for a payload of size bytes of which p holds the
+// start (a list reads only that much of it).
+func previewOf(p []byte, size, n int) string {
+	head := p[:min(len(p), previewBytes(n))]
 	if !printable(head) {
-		return fmt.Sprintf("(%d bytes of binary)", len(p))
+		return fmt.Sprintf("(%d bytes of binary)", size)
 	}
 	s := clip(strings.Join(strings.Fields(string(head)), " "), n)
-	if len(head) < len(p) && !strings.HasSuffix(s, "…") {
+	if len(head) < size && !strings.HasSuffix(s, "…") {
 		s += "…"
 	}
 	return s

@@ -41,12 +41,15 @@ func parsePages(path string) (map[string]*template.Template, error) {
 		"stamp":   stamp,
 		"clip":    clip,
 		"preview": preview,
-		"root":    func() string { return path },
-		"q":       url.QueryEscape,
-		"neg":     func(d time.Duration) time.Duration { return -d },
-		"pct":     func(f float64) float64 { return f * 100 },
-		"size":    func(n int) string { return plural(int64(n), "byte", "bytes") },
-		"upper":   strings.ToUpper,
+		"deadPreview": func(d outbox.DeadLetter) string {
+			return previewOf(d.Payload, d.PayloadSize, deadPreviewChars)
+		},
+		"root":  func() string { return path },
+		"q":     url.QueryEscape,
+		"neg":   func(d time.Duration) time.Duration { return -d },
+		"pct":   func(f float64) float64 { return f * 100 },
+		"size":  func(n int) string { return plural(int64(n), "byte", "bytes") },
+		"upper": strings.ToUpper,
 	}
 	out := map[string]*template.Template{}
 	for _, name := range pageNames {
@@ -295,6 +298,10 @@ var olderChoices = []struct{ Value, Label string }{
 // reasons are the dead-letter reasons the filter offers.
 var reasons = []string{outbox.ReasonMaxDeliveries, outbox.ReasonRetryExhausted, outbox.ReasonRejected, outbox.ReasonDecodeError}
 
+// deadPreviewChars is how many characters of each payload the dead-letter
+// list shows.
+const deadPreviewChars = 80
+
 type deadData struct {
 	Filter  filterForm
 	Rows    []outbox.DeadLetter
@@ -346,7 +353,9 @@ func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, rq *request) 
 			return
 		}
 	}
-	rows, err := rq.ob.NewestDeadLetters(r.Context(), f, before, deadPerPage+1)
+	// The page shows a payload's first deadPreviewChars characters: the
+	// database sends no more than they can take.
+	rows, err := rq.ob.NewestDeadLetterPreviews(r.Context(), f, before, deadPerPage+1, previewBytes(deadPreviewChars))
 	if err != nil {
 		c.fail(w, r, rq, statusOf(err), err)
 		return

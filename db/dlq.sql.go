@@ -13,12 +13,13 @@ import (
 )
 
 const countDeadLetters = `-- name: CountDeadLetters :one
-SELECT count(*)::bigint AS total, coalesce(max(x.id), 0)::bigint AS max_id
+SELECT count(*)::bigint AS total, coalesce(max(x.id), -9223372036854775808)::bigint AS max_id
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($1::text IS NULL OR x.queue = $1::text)
   AND ($2::text IS NULL OR x.failure_reason = $2::text)
   AND ($3::bigint[] IS NULL OR x.id = ANY($3::bigint[]))
   AND ($4::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $4::float8))
+  AND x.id <= $5::bigint
 `
 
 type CountDeadLettersParams struct {
@@ -26,6 +27,7 @@ type CountDeadLettersParams struct {
 	Reason           *string
 	Ids              []int64
 	OlderThanSeconds float64
+	UpToID           int64
 }
 
 type CountDeadLettersRow struct {
@@ -33,14 +35,17 @@ type CountDeadLettersRow struct {
 	MaxID int64
 }
 
-// How many dead-lettered rows match the filters, and the highest id among
-// them (0 when none).
+// How many dead-lettered rows with ids up to @up_to_id match the filters,
+// and the highest id among them (the lowest bigint when none, a bound
+// that selects nothing another client could have written but that one).
+// A read: it takes no row lock.
 func (q *Queries) CountDeadLetters(ctx context.Context, arg CountDeadLettersParams) (CountDeadLettersRow, error) {
 	row := q.db.QueryRow(ctx, countDeadLetters,
 		arg.Queue,
 		arg.Reason,
 		arg.Ids,
 		arg.OlderThanSeconds,
+		arg.UpToID,
 	)
 	var i CountDeadLettersRow
 	err := row.Scan(&i.Total, &i.MaxID)
@@ -96,7 +101,7 @@ func (q *Queries) DeadLetterWithLease(ctx context.Context, arg DeadLetterWithLea
 }
 
 const getDeadLetter = `-- name: GetDeadLetter :one
-SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+SELECT x.id, x.queue, x.payload, octet_length(x.payload)::bigint AS payload_size, x.headers, x.ordering_key, x.timer_id,
        x.deliveries_count, x.attempts_count,
        least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
        least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
@@ -109,6 +114,7 @@ type GetDeadLetterRow struct {
 	ID              int64
 	Queue           string
 	Payload         []byte
+	PayloadSize     int64
 	Headers         []byte
 	OrderingKey     *string
 	TimerID         *string
@@ -128,6 +134,7 @@ func (q *Queries) GetDeadLetter(ctx context.Context, id int64) (GetDeadLetterRow
 		&i.ID,
 		&i.Queue,
 		&i.Payload,
+		&i.PayloadSize,
 		&i.Headers,
 		&i.OrderingKey,
 		&i.TimerID,
@@ -142,7 +149,7 @@ func (q *Queries) GetDeadLetter(ctx context.Context, id int64) (GetDeadLetterRow
 }
 
 const listDeadLetters = `-- name: ListDeadLetters :many
-SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+SELECT x.id, x.queue, x.payload, octet_length(x.payload)::bigint AS payload_size, x.headers, x.ordering_key, x.timer_id,
        x.deliveries_count, x.attempts_count,
        least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
        least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
@@ -170,6 +177,7 @@ type ListDeadLettersRow struct {
 	ID              int64
 	Queue           string
 	Payload         []byte
+	PayloadSize     int64
 	Headers         []byte
 	OrderingKey     *string
 	TimerID         *string
@@ -208,6 +216,7 @@ func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams
 			&i.ID,
 			&i.Queue,
 			&i.Payload,
+			&i.PayloadSize,
 			&i.Headers,
 			&i.OrderingKey,
 			&i.TimerID,
@@ -229,22 +238,26 @@ func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams
 }
 
 const listDeadLettersNewest = `-- name: ListDeadLettersNewest :many
-SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+SELECT x.id, x.queue,
+       CASE WHEN $1::integer >= 0 THEN substring(x.payload FROM 1 FOR $1::integer)
+            ELSE x.payload END::bytea AS payload,
+       octet_length(x.payload)::bigint AS payload_size, x.headers, x.ordering_key, x.timer_id,
        x.deliveries_count, x.attempts_count,
        least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
        least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
        x.failure_reason, x.last_error
 FROM /*outbox:table*/outbox_dlq AS x
-WHERE ($1::text IS NULL OR x.queue = $1::text)
-  AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND ($3::bigint[] IS NULL OR x.id = ANY($3::bigint[]))
-  AND ($4::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $4::float8))
-  AND x.id < $5::bigint
+WHERE ($2::text IS NULL OR x.queue = $2::text)
+  AND ($3::text IS NULL OR x.failure_reason = $3::text)
+  AND ($4::bigint[] IS NULL OR x.id = ANY($4::bigint[]))
+  AND ($5::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $5::float8))
+  AND x.id < $6::bigint
 ORDER BY x.id DESC
-LIMIT $6::integer
+LIMIT $7::integer
 `
 
 type ListDeadLettersNewestParams struct {
+	PayloadBytes     int32
 	Queue            *string
 	Reason           *string
 	Ids              []int64
@@ -257,6 +270,7 @@ type ListDeadLettersNewestRow struct {
 	ID              int64
 	Queue           string
 	Payload         []byte
+	PayloadSize     int64
 	Headers         []byte
 	OrderingKey     *string
 	TimerID         *string
@@ -271,9 +285,13 @@ type ListDeadLettersNewestRow struct {
 // Dead-lettered rows matching the filters of ListDeadLetters with ids below
 // @before_id, newest (highest id) first: a page of what failed last. It
 // walks the primary key backwards, or, for one queue, the queue index
-// ordered by failure time, and stops at @max_rows.
+// ordered by failure time, and stops at @max_rows. With @payload_bytes of
+// zero or more it reads only that many bytes of each payload (a slice of
+// a TOASTed value reads only the chunks it needs), and payload_size says
+// how long the payload is; below zero, the whole payload.
 func (q *Queries) ListDeadLettersNewest(ctx context.Context, arg ListDeadLettersNewestParams) ([]ListDeadLettersNewestRow, error) {
 	rows, err := q.db.Query(ctx, listDeadLettersNewest,
+		arg.PayloadBytes,
 		arg.Queue,
 		arg.Reason,
 		arg.Ids,
@@ -292,6 +310,7 @@ func (q *Queries) ListDeadLettersNewest(ctx context.Context, arg ListDeadLetters
 			&i.ID,
 			&i.Queue,
 			&i.Payload,
+			&i.PayloadSize,
 			&i.Headers,
 			&i.OrderingKey,
 			&i.TimerID,
@@ -312,33 +331,75 @@ func (q *Queries) ListDeadLettersNewest(ctx context.Context, arg ListDeadLetters
 	return items, nil
 }
 
-const purgeDeadLetters = `-- name: PurgeDeadLetters :execrows
-DELETE FROM /*outbox:table*/outbox_dlq AS x
-WHERE ($1::text IS NULL OR x.queue = $1::text)
-  AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND ($3::bigint[] IS NULL OR x.id = ANY($3::bigint[]))
-  AND ($4::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $4::float8))
+const noJIT = `-- name: NoJIT :exec
+SELECT set_config('jit', 'off', true)
+`
+
+// Turns JIT compilation off for the rest of the transaction: a dry run's
+// reads are one pass each over many rows, which JIT compiles for longer
+// than they run (2 of 3 seconds at 100,000 dead letters).
+func (q *Queries) NoJIT(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, noJIT)
+	return err
+}
+
+const purgeDeadLetters = `-- name: PurgeDeadLetters :one
+WITH picked AS (
+    SELECT y.id
+    FROM /*outbox:table*/outbox_dlq AS y
+    WHERE ($2::text IS NULL OR y.queue = $2::text)
+      AND ($3::text IS NULL OR y.failure_reason = $3::text)
+      AND ($4::bigint[] IS NULL OR y.id = ANY($4::bigint[]))
+      AND ($5::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $5::float8))
+      AND y.id > $1::bigint
+      AND y.id <= $6::bigint
+    ORDER BY y.id
+    LIMIT $7::integer
+), deleted AS (
+    DELETE FROM /*outbox:table*/outbox_dlq AS x
+    USING picked AS p
+    WHERE x.id = p.id
+    RETURNING x.id
+)
+SELECT (SELECT count(*) FROM picked)::bigint AS looked,
+       (SELECT count(*) FROM deleted)::bigint AS deleted,
+       coalesce((SELECT max(p.id) FROM picked AS p), $1::bigint)::bigint AS last_id
 `
 
 type PurgeDeadLettersParams struct {
+	AfterID          int64
 	Queue            *string
 	Reason           *string
 	Ids              []int64
 	OlderThanSeconds float64
+	UpToID           int64
+	MaxRows          int32
 }
 
-// Deletes the matching dead-lettered rows for good.
-func (q *Queries) PurgeDeadLetters(ctx context.Context, arg PurgeDeadLettersParams) (int64, error) {
-	result, err := q.db.Exec(ctx, purgeDeadLetters,
+type PurgeDeadLettersRow struct {
+	Looked  int64
+	Deleted int64
+	LastID  int64
+}
+
+// Deletes for good up to @max_rows matching dead-lettered rows with ids in
+// (@after_id, @up_to_id], the lowest ids first: one batch of a purge,
+// committed on its own. Returns how many rows it looked at, how many it
+// deleted (fewer when another client deleted some first) and the highest
+// id it looked at (@after_id when none), from which the next batch starts.
+func (q *Queries) PurgeDeadLetters(ctx context.Context, arg PurgeDeadLettersParams) (PurgeDeadLettersRow, error) {
+	row := q.db.QueryRow(ctx, purgeDeadLetters,
+		arg.AfterID,
 		arg.Queue,
 		arg.Reason,
 		arg.Ids,
 		arg.OlderThanSeconds,
+		arg.UpToID,
+		arg.MaxRows,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var i PurgeDeadLettersRow
+	err := row.Scan(&i.Looked, &i.Deleted, &i.LastID)
+	return i, err
 }
 
 const replayDeadLetters = `-- name: ReplayDeadLetters :many
@@ -453,6 +514,75 @@ func (q *Queries) ReplayDeadLetters(ctx context.Context, arg ReplayDeadLettersPa
 			&i.Conflict,
 			&i.Moved,
 		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const replayTimerConflicts = `-- name: ReplayTimerConflicts :many
+WITH timed AS (
+    SELECT y.id, y.queue, y.timer_id,
+           row_number() OVER (PARTITION BY y.queue, y.timer_id COLLATE "C" ORDER BY y.id) AS nth
+    FROM /*outbox:table*/outbox_dlq AS y
+    WHERE ($1::text IS NULL OR y.queue = $1::text)
+      AND ($2::text IS NULL OR y.failure_reason = $2::text)
+      AND ($3::bigint[] IS NULL OR y.id = ANY($3::bigint[]))
+      AND ($4::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $4::float8))
+      AND y.id <= $5::bigint
+      AND y.timer_id IS NOT NULL
+)
+SELECT t.id, t.queue, t.timer_id::text AS timer_id
+FROM timed AS t
+WHERE t.nth > 1
+   OR EXISTS (
+       SELECT FROM /*outbox:table*/outbox AS o
+       WHERE o.queue = t.queue AND o.timer_id = t.timer_id COLLATE "C"
+   )
+ORDER BY t.id
+`
+
+type ReplayTimerConflictsParams struct {
+	Queue            *string
+	Reason           *string
+	Ids              []int64
+	OlderThanSeconds float64
+	UpToID           int64
+}
+
+type ReplayTimerConflictsRow struct {
+	ID      int64
+	Queue   string
+	TimerID string
+}
+
+// What ReplayDeadLetters would meet, read only: the matching dead-lettered
+// rows with ids up to @up_to_id whose timer id a replay could not take
+// back, in id order. A row conflicts when a row of its queue in the
+// outbox holds its timer id, or when a lower id of the same set shares
+// its queue and timer id (the replay moves that one first, with it). It
+// reads the rows that have a timer id once and sorts them by queue and
+// timer id; it locks nothing and writes nothing.
+func (q *Queries) ReplayTimerConflicts(ctx context.Context, arg ReplayTimerConflictsParams) ([]ReplayTimerConflictsRow, error) {
+	rows, err := q.db.Query(ctx, replayTimerConflicts,
+		arg.Queue,
+		arg.Reason,
+		arg.Ids,
+		arg.OlderThanSeconds,
+		arg.UpToID,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ReplayTimerConflictsRow{}
+	for rows.Next() {
+		var i ReplayTimerConflictsRow
+		if err := rows.Scan(&i.ID, &i.Queue, &i.TimerID); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

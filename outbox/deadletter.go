@@ -20,8 +20,15 @@ type DeadLetter struct {
 	ID int64 `json:"id"`
 	// Queue is the queue it was published to.
 	Queue string `json:"queue"`
-	// Payload is the encoded message.
+	// Payload is the encoded message; from
+	// [Outbox.NewestDeadLetterPreviews], only its first bytes.
 	Payload []byte `json:"payload"`
+	// PayloadSize is the payload's length in bytes, also when Payload
+	// holds only its first bytes.
+	PayloadSize int `json:"payload_size"`
+	// PayloadCut says Payload holds only the payload's first bytes:
+	// [Outbox.NewestDeadLetterPreviews] cut it.
+	PayloadCut bool `json:"payload_cut,omitempty"`
 	// Headers are its headers.
 	Headers map[string]string `json:"headers,omitempty"`
 	// RawHeaders holds the headers column as stored when it is not an
@@ -58,6 +65,20 @@ type DeadLetterFilter struct {
 	// IDs selects the rows with these ids (an operator's selection); empty
 	// selects by the other fields alone.
 	IDs []int64
+	// UpToID, when not nil, selects only rows with ids up to and
+	// including *UpToID: the bound a dry run returns
+	// ([ReplayResult.UpToID], [PurgeResult.UpToID]), so that the action
+	// confirmed after it leaves the rows dead-lettered since with higher
+	// ids. Nil selects every id.
+	UpToID *int64
+}
+
+// upTo is the highest id f selects.
+func (f DeadLetterFilter) upTo() int64 {
+	if f.UpToID == nil {
+		return math.MaxInt64
+	}
+	return *f.UpToID
 }
 
 // ids is IDs for the queries, where NULL (a nil slice) selects every id.
@@ -105,6 +126,10 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID in
 	if err != nil {
 		return nil, fmt.Errorf("outbox: DeadLetters: %w", err)
 	}
+	// In id order, the rows past the bound are the last ones.
+	for len(rows) > 0 && rows[len(rows)-1].ID > f.upTo() {
+		rows = rows[:len(rows)-1]
+	}
 	return deadLettersOf(rows), nil
 }
 
@@ -115,7 +140,8 @@ func deadLettersOf[R db.ListDeadLettersRow | db.ListDeadLettersNewestRow | db.Ge
 	for i, row := range rows {
 		r := db.ListDeadLettersRow(row)
 		d := DeadLetter{
-			ID: r.ID, Queue: r.Queue, Payload: r.Payload, Deliveries: int(r.DeliveriesCount), Attempts: int(r.AttemptsCount),
+			ID: r.ID, Queue: r.Queue, Payload: r.Payload, PayloadSize: int(r.PayloadSize), PayloadCut: int64(len(r.Payload)) < r.PayloadSize,
+			Deliveries: int(r.DeliveriesCount), Attempts: int(r.AttemptsCount),
 			CreatedAt: r.CreatedAt, FailedAt: r.FailedAt, Reason: r.FailureReason,
 		}
 		if r.OrderingKey != nil {
@@ -140,18 +166,41 @@ func deadLettersOf[R db.ListDeadLettersRow | db.ListDeadLettersNewestRow | db.Ge
 // one queue, of the queue index), so a page costs the same on a dead-letter
 // table of any size when the filter matches often.
 func (o *Outbox) NewestDeadLetters(ctx context.Context, f DeadLetterFilter, beforeID int64, limit int) ([]DeadLetter, error) {
+	return o.newestDeadLetters(ctx, "NewestDeadLetters", f, beforeID, limit, -1)
+}
+
+// NewestDeadLetterPreviews is [Outbox.NewestDeadLetters] for a list that
+// shows the start of each payload: the database sends at most prefix
+// bytes of each payload (and reads little more of a large one), so a
+// page's time and memory do not grow with the payloads' size. Each
+// DeadLetter's Payload holds those bytes, [DeadLetter.PayloadSize] the
+// payload's length and [DeadLetter.PayloadCut] whether it was cut.
+// [Outbox.DeadLetter] reads one in full.
+func (o *Outbox) NewestDeadLetterPreviews(ctx context.Context, f DeadLetterFilter, beforeID int64, limit, prefix int) ([]DeadLetter, error) {
+	if prefix < 0 {
+		return nil, &InputError{Field: "prefix", Rule: "must not be negative"}
+	}
+	return o.newestDeadLetters(ctx, "NewestDeadLetterPreviews", f, beforeID, limit, int32(min(prefix, math.MaxInt32)))
+}
+
+// newestDeadLetters reads a page of the newest dead letters, with at most
+// prefix bytes of each payload, or all of it when prefix is negative.
+func (o *Outbox) newestDeadLetters(ctx context.Context, op string, f DeadLetterFilter, beforeID int64, limit int, prefix int32) ([]DeadLetter, error) {
 	if err := f.check(); err != nil {
 		return nil, err
 	}
 	if limit <= 0 {
 		return nil, &InputError{Field: "limit", Rule: "must be positive"}
 	}
+	if up := f.upTo(); up < math.MaxInt64 {
+		beforeID = min(beforeID, up+1)
+	}
 	rows, err := o.queries(o.pool).ListDeadLettersNewest(ctx, db.ListDeadLettersNewestParams{
 		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
-		BeforeID: beforeID, MaxRows: int32(min(limit, 1<<30)),
+		BeforeID: beforeID, MaxRows: int32(min(limit, 1<<30)), PayloadBytes: prefix,
 	})
 	if err != nil {
-		return nil, wrapOp("NewestDeadLetters", err)
+		return nil, wrapOp(op, err)
 	}
 	return deadLettersOf(rows), nil
 }
@@ -169,184 +218,8 @@ func (o *Outbox) DeadLetter(ctx context.Context, id int64) (DeadLetter, bool, er
 	return deadLettersOf([]db.GetDeadLetterRow{row})[0], true, nil
 }
 
-// replayBatch is how many rows one replay statement moves.
-const replayBatch = 500
-
-// replayRetries is how many times one batch is run again after a
-// publisher committed a timer id the batch was moving.
-const replayRetries = 5
-
-// ReplayOpts are options of [Outbox.ReplayDeadLetters]. A nil *ReplayOpts
-// means the defaults.
-type ReplayOpts struct {
-	// DropConflictingTimerIDs replays a row whose timer id is live in the
-	// outbox (a row of its queue holds the same timer id) without its timer
-	// id, instead of leaving it in the dead-letter table. Default false.
-	DropConflictingTimerIDs bool
-
-	// DryRun reports what the replay would do now, moving nothing: the
-	// same statements run in a transaction that is rolled back, so the
-	// result counts the rows it would replay and lists the timer
-	// conflicts it would meet, as of that moment.
-	DryRun bool
-
-	// Progress, when not nil, is called after each batch with the rows
-	// handled so far (replayed or skipped) and the total to handle.
-	Progress func(done, total int64)
-}
-
-// TimerConflict names a dead-lettered row whose timer id was live in the
-// outbox when it was to be replayed.
-type TimerConflict struct {
-	// ID is the row's id in the dead-letter table.
-	ID int64 `json:"id"`
-	// Queue is its queue.
-	Queue string `json:"queue"`
-	// TimerID is the timer id a live row of Queue holds.
-	TimerID string `json:"timer_id"`
-}
-
-// ReplayResult is what [Outbox.ReplayDeadLetters] did.
-type ReplayResult struct {
-	// Replayed counts the rows moved into the outbox, TimerIDsDropped
-	// included.
-	Replayed int64 `json:"replayed"`
-	// Skipped lists, in id order, the rows left in the dead-letter table
-	// because their timer id was live in the outbox.
-	Skipped []TimerConflict `json:"skipped,omitempty"`
-	// TimerIDsDropped lists, in id order, the rows replayed without their
-	// timer id under [ReplayOpts.DropConflictingTimerIDs].
-	TimerIDsDropped []TimerConflict `json:"timer_ids_dropped,omitempty"`
-}
-
-// ReplayDeadLetters moves the dead-lettered rows matching f back into the
-// outbox, in batches of 500, each batch one statement: however the replay
-// ends (an error, a cancelled ctx), every row is in exactly one of the two
-// tables, and none twice. Replayed rows get new ids and start from zero
-// attempts with their original payload, headers, ordering key and timer
-// id, and each carries [HeaderReplayedFrom] and [HeaderFirstFailedAt],
-// which link it to its dead letter (headers another client wrote that are
-// not a JSON object are left as they are). Rows dead-lettered after the
-// replay began are left for the next one.
-// A replayed row with an ordering key joins the end of its key, behind rows
-// of the key published since it was dead-lettered.
-//
-// A row whose timer id is live in the outbox cannot go back with it (one
-// live row per queue and timer id): it is left in the dead-letter table
-// and listed in [ReplayResult.Skipped], or, with
-// [ReplayOpts.DropConflictingTimerIDs], replayed without its timer id and
-// listed in [ReplayResult.TimerIDsDropped]. It never fails the rows around
-// it. The same holds when two replayed rows share a timer id: the lower id
-// takes it.
-//
-// It returns what it did, also when it returns an error.
-func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts *ReplayOpts) (ReplayResult, error) {
-	var res ReplayResult
-	if err := f.check(); err != nil {
-		return res, err
-	}
-	if opts == nil {
-		opts = &ReplayOpts{}
-	}
-	q := o.queries(o.pool)
-	if opts.DryRun {
-		tx, err := o.pool.Begin(ctx)
-		if err != nil {
-			return res, wrapOp("ReplayDeadLetters (dry run)", err)
-		}
-		defer func() {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			_ = tx.Rollback(rctx)
-		}()
-		q = o.queries(tx)
-	}
-	count, err := q.CountDeadLetters(ctx, db.CountDeadLettersParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds()})
-	if err != nil {
-		return res, fmt.Errorf("outbox: ReplayDeadLetters: %w", err)
-	}
-	// Ids start below zero too when other clients wrote them.
-	var done int64
-	after := int64(math.MinInt64)
-	for done < count.Total {
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-		p := db.ReplayDeadLettersParams{
-			Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
-			AfterID: after, UpToID: count.MaxID, MaxRows: replayBatch, DropTimerIds: opts.DropConflictingTimerIDs,
-			HeaderReplayedFrom: HeaderReplayedFrom, HeaderFirstFailedAt: HeaderFirstFailedAt,
-		}
-		rows, err := q.ReplayDeadLetters(ctx, p)
-		// A publisher committed a timer id of this batch after the
-		// statement's snapshot was taken; the statement moved nothing, and
-		// run again it sees that row as a conflict.
-		// A dry run's transaction is aborted by the failure: it reports it.
-		for try := 0; !opts.DryRun && isUniqueViolation(err) && try < replayRetries; try++ {
-			rows, err = q.ReplayDeadLetters(ctx, p)
-		}
-		if err != nil {
-			return res, fmt.Errorf("outbox: ReplayDeadLetters after %d rows: %w", res.Replayed, err)
-		}
-		if len(rows) == 0 {
-			break // another replay took the rest
-		}
-		for _, r := range rows {
-			var c TimerConflict
-			if r.Conflict {
-				c = TimerConflict{ID: r.ID, Queue: r.Queue, TimerID: *r.TimerID}
-			}
-			switch {
-			case r.Moved && r.Conflict:
-				res.TimerIDsDropped = append(res.TimerIDsDropped, c)
-			case r.Conflict:
-				res.Skipped = append(res.Skipped, c)
-			}
-			if r.Moved {
-				res.Replayed++
-			}
-		}
-		done += int64(len(rows))
-		after = rows[len(rows)-1].ID
-		if opts.Progress != nil {
-			opts.Progress(done, count.Total)
-		}
-	}
-	return res, nil
-}
-
 // isUniqueViolation reports whether err is PostgreSQL's unique_violation.
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
-}
-
-// CountDeadLetters returns how many dead-lettered rows match f: what
-// [Outbox.ReplayDeadLetters] or [Outbox.PurgeDeadLetters] with f would
-// handle if nothing changed in between.
-func (o *Outbox) CountDeadLetters(ctx context.Context, f DeadLetterFilter) (int64, error) {
-	if err := f.check(); err != nil {
-		return 0, err
-	}
-	count, err := o.queries(o.pool).CountDeadLetters(ctx, db.CountDeadLettersParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds()})
-	if err != nil {
-		return 0, fmt.Errorf("outbox: CountDeadLetters: %w", err)
-	}
-	return count.Total, nil
-}
-
-// PurgeDeadLetters deletes the dead-lettered rows matching f for good and
-// returns how many it deleted.
-func (o *Outbox) PurgeDeadLetters(ctx context.Context, f DeadLetterFilter) (int64, error) {
-	if err := f.check(); err != nil {
-		return 0, err
-	}
-	n, err := o.queries(o.pool).PurgeDeadLetters(ctx, db.PurgeDeadLettersParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds()})
-	if err != nil {
-		return 0, fmt.Errorf("outbox: PurgeDeadLetters: %w", err)
-	}
-	return n, nil
 }

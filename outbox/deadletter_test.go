@@ -113,12 +113,17 @@ func TestReplayDeadLettersConflictingTimerIDs(t *testing.T) {
 			e.exec(`UPDATE outbox_dlq SET timer_id = CASE WHEN id IN (5, 700) THEN 't-4' ELSE 't-' || id END WHERE id <> 6`)
 			e.exec(`INSERT INTO outbox (queue, payload, timer_id) VALUES ('orders', 'live', 't-3'), ('other', 'other', 't-1')`)
 
+			// The dry run reads what the replay then does.
+			dry, err := e.ob.ReplayDeadLetters(e.ctx, DeadLetterFilter{}, &ReplayOpts{DropConflictingTimerIDs: drop, DryRun: true})
+			if err != nil {
+				t.Fatal(err)
+			}
 			res, err := e.ob.ReplayDeadLetters(e.ctx, DeadLetterFilter{}, &ReplayOpts{DropConflictingTimerIDs: drop})
 			if err != nil {
 				t.Fatal(err)
 			}
 			conflicts := []TimerConflict{{3, "orders", "t-3"}, {5, "orders", "t-4"}, {700, "orders", "t-4"}}
-			want := ReplayResult{Replayed: 4, Skipped: conflicts}
+			want := ReplayResult{Matched: 7, UpToID: 700, Replayed: 4, Skipped: conflicts}
 			wantOutbox := []timerRow{
 				{"orders", "live", ptr("t-3")}, {"other", "other", ptr("t-1")},
 				{"orders", "payload-1", ptr("t-1")}, {"orders", "payload-2", ptr("t-2")},
@@ -126,12 +131,15 @@ func TestReplayDeadLettersConflictingTimerIDs(t *testing.T) {
 			}
 			wantDLQ := []timerRow{{"orders", "payload-3", ptr("t-3")}, {"orders", "payload-5", ptr("t-4")}, {"orders", "payload-700", ptr("t-4")}}
 			if drop {
-				want = ReplayResult{Replayed: 7, TimerIDsDropped: conflicts}
+				want = ReplayResult{Matched: 7, UpToID: 700, Replayed: 7, TimerIDsDropped: conflicts}
 				wantOutbox = append(wantOutbox, timerRow{"orders", "payload-3", nil}, timerRow{"orders", "payload-5", nil}, timerRow{"orders", "payload-700", nil})
 				wantDLQ = []timerRow{}
 			}
 			if diff := cmp.Diff(want, res); diff != "" {
 				t.Errorf("result (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(want, dry); diff != "" {
+				t.Errorf("dry run (-want +got):\n%s", diff)
 			}
 			byPayload := func(a, b timerRow) bool { return a.Payload < b.Payload }
 			if diff := cmp.Diff(wantOutbox, e.timerRows("outbox"), cmpopts.SortSlices(byPayload)); diff != "" {
@@ -191,7 +199,7 @@ func TestReplayDeadLettersRacingPublisher(t *testing.T) {
 	if got.err != nil {
 		t.Fatal(got.err)
 	}
-	if diff := cmp.Diff(ReplayResult{Replayed: 4, Skipped: []TimerConflict{{3, "orders", "t-3"}}}, got.res); diff != "" {
+	if diff := cmp.Diff(ReplayResult{Matched: 5, UpToID: 5, Replayed: 4, Skipped: []TimerConflict{{3, "orders", "t-3"}}}, got.res); diff != "" {
 		t.Errorf("result (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff([]timerRow{{"orders", "payload-3", ptr("t-3")}}, e.timerRows("outbox_dlq")); diff != "" {
@@ -221,16 +229,16 @@ func TestDeadLetterListAndPurge(t *testing.T) {
 	if diff := cmp.Diff([]int64{3, 4}, []int64{page[0].ID, page[1].ID}); diff != "" {
 		t.Errorf("page after id 2 (-want +got):\n%s", diff)
 	}
-	n, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{OlderThan: 30 * time.Minute})
-	if err != nil || n != 4 {
-		t.Fatalf("purge older than 30m: %d, %v; want 4", n, err)
+	res, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{OlderThan: 30 * time.Minute}, nil)
+	if err != nil || res.Deleted != 4 {
+		t.Fatalf("purge older than 30m: %+v, %v; want 4", res, err)
 	}
 	if left := e.count("outbox_dlq"); left != 1 {
 		t.Errorf("%d rows left, want the fresh one", left)
 	}
 	for _, f := range []DeadLetterFilter{{Reason: "nope"}, {OlderThan: -time.Second}} {
 		var in *InputError
-		if _, err := e.ob.PurgeDeadLetters(e.ctx, f); !errors.As(err, &in) {
+		if _, err := e.ob.PurgeDeadLetters(e.ctx, f, nil); !errors.As(err, &in) {
 			t.Errorf("purge %+v: %v, want an *InputError", f, err)
 		}
 	}

@@ -62,7 +62,7 @@ func TestErrorsSayOutboxOnce(t *testing.T) {
 		{"Unprocessed on a missing table", func() error { _, err := missing.Unprocessed(ctx, "q", 10); return err }},
 		{"DeadLetters on a missing table", func() error { _, err := missing.DeadLetters(ctx, DeadLetterFilter{}, 0, 10); return err }},
 		{"ReplayDeadLetters on a missing table", func() error { _, err := missing.ReplayDeadLetters(ctx, DeadLetterFilter{}, nil); return err }},
-		{"PurgeDeadLetters on a missing table", func() error { _, err := missing.PurgeDeadLetters(ctx, DeadLetterFilter{}); return err }},
+		{"PurgeDeadLetters on a missing table", func() error { _, err := missing.PurgeDeadLetters(ctx, DeadLetterFilter{}, nil); return err }},
 		{"Grant to a missing role", func() error { return e.owner.Grant(ctx, Roles{Publisher: "no_such_role_" + d.Schema}) }},
 		{"New with a bad table", func() error { _, err := New(d.Pool, &Config{Table: "Bad-Name"}); return err }},
 		{"Migrations with a bad schema", func() error { _, err := Migrations(&Config{Schema: "pg_x"}); return err }},

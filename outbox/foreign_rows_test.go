@@ -666,8 +666,8 @@ func TestOddQueueNamesNeverBreakOtherQueuesOrReads(t *testing.T) {
 	if err != nil || res.Replayed != 1 {
 		t.Errorf("replay of %q: %+v, %v", controlQueues[0], res, err)
 	}
-	if n, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{Queue: controlQueues[1]}); err != nil || n != 1 {
-		t.Errorf("purge of %q: %d, %v", controlQueues[1], n, err)
+	if res, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{Queue: controlQueues[1]}, nil); err != nil || res.Deleted != 1 {
+		t.Errorf("purge of %q: %+v, %v", controlQueues[1], res, err)
 	}
 	if n := e.countWhere(fmt.Sprintf("queue = %s", naming.QuoteLiteral(controlQueues[0]))); n != 2 {
 		t.Errorf("%q holds %d rows after the replay, want 2", controlQueues[0], n)

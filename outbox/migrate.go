@@ -268,7 +268,7 @@ func (o *Outbox) MigrateDownLoss(ctx context.Context, version int64) (RollbackLo
 		}
 	}
 	if version < 2 && have >= 2 {
-		c, err := q.CountDeadLetters(ctx, db.CountDeadLettersParams{})
+		c, err := q.CountDeadLetters(ctx, countParams(DeadLetterFilter{}))
 		if err != nil {
 			return loss, fmt.Errorf("outbox: MigrateDownLoss: %w", err)
 		}

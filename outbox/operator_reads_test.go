@@ -241,8 +241,8 @@ func TestDeadLetterSelectionsDryRunsAndNewestPages(t *testing.T) {
 	if diff := cmp.Diff(real, dry); diff != "" || real.Replayed != 2 || len(real.Skipped) != 1 {
 		t.Errorf("dry run differs from the replay (-replay +dry):\n%s\nreplay: %+v", diff, real)
 	}
-	if n, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{IDs: []int64{1, 4, 23}}); n != 3 || err != nil {
-		t.Errorf("PurgeDeadLetters(ids) = %d, %v", n, err)
+	if res, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{IDs: []int64{1, 4, 23}}, nil); res.Deleted != 3 || err != nil {
+		t.Errorf("PurgeDeadLetters(ids) = %+v, %v", res, err)
 	}
 	if left := e.count("outbox_dlq"); left != 20 {
 		t.Errorf("the DLQ holds %d rows, want 20", left)

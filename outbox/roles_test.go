@@ -181,8 +181,8 @@ func TestRolesWithOnlyTheDocumentedGrantsPublishSubscribeAndOperate(t *testing.T
 		t.Errorf("ReplayDeadLetters as the subscribing role = %+v, %v", r, err)
 	}
 	eventually(t, "the replayed row dead-lettered again", func() bool { return e.count("outbox_dlq") == 1 })
-	if n, err := e.sub.PurgeDeadLetters(ctx, DeadLetterFilter{Queue: "q"}); err != nil || n != 1 {
-		t.Errorf("PurgeDeadLetters as the subscribing role = %d, %v", n, err)
+	if res, err := e.sub.PurgeDeadLetters(ctx, DeadLetterFilter{Queue: "q"}, nil); err != nil || res.Deleted != 1 {
+		t.Errorf("PurgeDeadLetters as the subscribing role = %+v, %v", res, err)
 	}
 
 	for i, s := range subs {

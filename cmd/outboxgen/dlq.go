@@ -32,8 +32,17 @@ Operates on the outbox's dead-letter table:
            exactly one table. A row whose timer id is live in the outbox
            stays and is listed; -drop-timer-ids replays it without its
            timer id instead. Needs -queue, -reason or -older-than, or -yes
-           to replay every row; -dry-run counts the rows and moves none
+           to replay every row
   purge    deletes the matching rows; needs -older-than or -yes
+
+replay and purge work in batches (500 and 1,000 rows) in id order, each
+committed on its own, with progress on stderr: interrupted, they have
+done a part for good, and the same command again goes on with the rest.
+-dry-run says what they would do and changes nothing: it only reads, so
+it locks no row and leaves nothing to vacuum. It prints the bound of the
+rows it matched (-up-to ID -expect N): given to the command it confirms,
+that acts on none of the rows dead-lettered since with higher ids, and
+says so when the set it found differs from the dry run's.
 
 With -json, list and show print a payload that is UTF-8 text as text
 ("payload"), any other in base64 ("payload_base64").
@@ -42,7 +51,7 @@ Examples:
   outboxgen dlq list -queue orders.created -reason decode_error
   outboxgen dlq list -limit 50 -after 4211
   outboxgen dlq replay -queue orders.created -reason retry_exhausted -dry-run
-  outboxgen dlq replay -queue orders.created -reason retry_exhausted
+  outboxgen dlq replay -queue orders.created -reason retry_exhausted -up-to 90412 -expect 2499
   outboxgen dlq purge -older-than 720h
 
 Flags:
@@ -62,7 +71,9 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	asJSON := fs.Bool("json", false, "list, show, replay: print JSON")
 	dropTimerIDs := fs.Bool("drop-timer-ids", false, "replay: replay rows whose timer id is live in the outbox without it, instead of skipping them")
 	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row; replay: without a filter, replay every row")
-	dryRun := fs.Bool("dry-run", false, "replay: count the rows a replay would move, and move none")
+	dryRun := fs.Bool("dry-run", false, "replay, purge: say what it would do, reading only, and change nothing")
+	upTo := fs.Int64("up-to", 0, "replay, purge, list: only rows with ids up to this one (the bound a -dry-run printed)")
+	expect := fs.Int64("expect", -1, "replay, purge: with -up-to, how many rows the dry run matched; the command says so when the set changed")
 	pos, err := parseFlags(fs, args, "dlq")
 	if err != nil {
 		return err
@@ -96,8 +107,16 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if sub == "replay" && *queue == "" && *reason == "" && *olderThan == 0 && !*yes && !*dryRun {
 		return fmt.Errorf("%w: dlq replay: pass -queue, -reason or -older-than to choose rows, -dry-run to count them, or -yes to replay every dead-lettered row", errUsage)
 	}
-	if *dryRun && sub != "replay" {
-		return fmt.Errorf("%w: dlq %s: -dry-run is replay's", errUsage, sub)
+	if *dryRun && sub != "replay" && sub != "purge" {
+		return fmt.Errorf("%w: dlq %s: -dry-run is replay's and purge's", errUsage, sub)
+	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "up-to" {
+			filter.UpToID = upTo
+		}
+	})
+	if *expect >= 0 && filter.UpToID == nil {
+		return fmt.Errorf("%w: dlq %s: -expect needs -up-to (both as the dry run printed them)", errUsage, sub)
 	}
 	if *limit <= 0 || *limit > maxListLimit {
 		return fmt.Errorf("%w: dlq: -limit must be between 1 and %d", errUsage, maxListLimit)
@@ -174,26 +193,32 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		return printDeadLetter(stdout, rows[0])
 	case "replay":
 		if *dryRun {
-			n, err := ob.CountDeadLetters(ctx, filter)
+			res, err := ob.ReplayDeadLetters(ctx, filter, &outbox.ReplayOpts{DryRun: true, DropConflictingTimerIDs: *dropTimerIDs})
 			if err != nil {
 				return usageIfInput(err)
 			}
 			if *asJSON {
 				return printJSON(stdout, struct {
-					DryRun      bool  `json:"dry_run"`
-					WouldReplay int64 `json:"would_replay"`
-				}{true, n})
+					DryRun            bool                   `json:"dry_run"`
+					WouldReplay       int64                  `json:"would_replay"`
+					Matched           int64                  `json:"matched"`
+					UpToID            int64                  `json:"up_to_id"`
+					WouldSkip         []outbox.TimerConflict `json:"would_skip,omitempty"`
+					WouldDropTimerIDs []outbox.TimerConflict `json:"would_drop_timer_ids,omitempty"`
+				}{true, res.Replayed, res.Matched, res.UpToID, res.Skipped, res.TimerIDsDropped})
 			}
-			fmt.Fprintf(stdout, "dry run: would replay %d dead-lettered row%s into the outbox; nothing was changed\n", n, plural(int(n)))
-			if n > 0 {
-				fmt.Fprintln(stdout, "(rows whose timer id is live in the outbox when the replay runs stay behind unless -drop-timer-ids)")
+			fmt.Fprintf(stdout, "dry run: would replay %d dead-lettered row%s into the outbox; nothing was changed\n", res.Replayed, plural(int(res.Replayed)))
+			if err := printConflicts(stdout, res, true); err != nil {
+				return err
 			}
+			printBound(stdout, res.Matched, res.UpToID)
 			return nil
 		}
 		bar := newProgress(stderr, "replay")
 		res, err := ob.ReplayDeadLetters(ctx, filter, &outbox.ReplayOpts{
 			DropConflictingTimerIDs: *dropTimerIDs, Progress: bar.update})
 		bar.done()
+		setChanged(stderr, *expect, res.Matched, filter)
 		if *asJSON {
 			if perr := printJSON(stdout, res); perr != nil {
 				return perr
@@ -203,12 +228,50 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		}
 		return usageIfInput(err)
 	default: // purge
-		n, err := ob.PurgeDeadLetters(ctx, filter)
-		if err != nil {
-			return usageIfInput(err)
+		if *dryRun {
+			res, err := ob.PurgeDeadLetters(ctx, filter, &outbox.PurgeOpts{DryRun: true})
+			if err != nil {
+				return usageIfInput(err)
+			}
+			if *asJSON {
+				return printJSON(stdout, struct {
+					DryRun bool `json:"dry_run"`
+					outbox.PurgeResult
+				}{true, res})
+			}
+			fmt.Fprintf(stdout, "dry run: would purge %d dead-lettered row%s; nothing was changed\n", res.Matched, plural(int(res.Matched)))
+			printBound(stdout, res.Matched, res.UpToID)
+			return nil
 		}
-		fmt.Fprintf(stdout, "purged %d dead-lettered rows\n", n)
-		return nil
+		bar := newProgress(stderr, "purge")
+		res, err := ob.PurgeDeadLetters(ctx, filter, &outbox.PurgeOpts{Progress: bar.update})
+		bar.done()
+		setChanged(stderr, *expect, res.Matched, filter)
+		if *asJSON {
+			if perr := printJSON(stdout, res); perr != nil {
+				return perr
+			}
+		} else {
+			fmt.Fprintf(stdout, "purged %d dead-lettered rows\n", res.Deleted)
+		}
+		return usageIfInput(err)
+	}
+}
+
+// printBound says how to act on exactly the rows a dry run matched.
+func printBound(w io.Writer, matched, upTo int64) {
+	if matched > 0 {
+		fmt.Fprintf(w, "to act on these %d row%s and none dead-lettered since with higher ids, add: -up-to %d -expect %d\n",
+			matched, plural(int(matched)), upTo, matched)
+	}
+}
+
+// setChanged says on w when the rows an action matched within its bound
+// are not as many as its dry run's.
+func setChanged(w io.Writer, expect, matched int64, f outbox.DeadLetterFilter) {
+	if expect >= 0 && f.UpToID != nil && matched != expect {
+		fmt.Fprintf(w, "the set changed since the dry run: %d row%s matched up to id %d, where the dry run matched %d\n",
+			matched, plural(int(matched)), *f.UpToID, expect)
 	}
 }
 
@@ -242,14 +305,21 @@ func jsonOf(d outbox.DeadLetter) deadLetterJSON {
 // live in the outbox.
 func printReplay(w io.Writer, res outbox.ReplayResult) error {
 	fmt.Fprintf(w, "replayed %d row%s into the outbox\n", res.Replayed, plural(int(res.Replayed)))
+	return printConflicts(w, res, false)
+}
+
+// printConflicts names each row whose timer id was live in the outbox,
+// skipped or replayed without it (in a dry run: that would be).
+func printConflicts(w io.Writer, res outbox.ReplayResult, dry bool) error {
+	would := map[bool]string{true: "would be ", false: ""}[dry]
 	rows := res.Skipped
 	switch {
 	case len(res.Skipped) > 0:
-		fmt.Fprintf(w, "skipped %d row%s whose timer id is live in the outbox, left in the dead-letter table (-drop-timer-ids replays without it):\n",
-			len(rows), plural(len(rows)))
+		fmt.Fprintf(w, "%sskipped %d row%s whose timer id is live in the outbox, left in the dead-letter table (-drop-timer-ids replays without it):\n",
+			would, len(rows), plural(len(rows)))
 	case len(res.TimerIDsDropped) > 0:
 		rows = res.TimerIDsDropped
-		fmt.Fprintf(w, "%d replayed without the timer id, which is live in the outbox:\n", len(rows))
+		fmt.Fprintf(w, "%d %sreplayed without the timer id, which is live in the outbox:\n", len(rows), would)
 	default:
 		return nil
 	}

@@ -64,7 +64,7 @@ func TestDLQCommands(t *testing.T) {
 	if r := run("dlq", "replay"); r.code != 2 || !strings.Contains(r.stderr, "or -yes to replay every dead-lettered row") {
 		t.Errorf("unfiltered replay: exit %d %q", r.code, r.stderr)
 	}
-	if r := run("dlq", "replay", "-dry-run", "-json"); r.code != 0 || r.stdout != "{\n  \"dry_run\": true,\n  \"would_replay\": 1200\n}\n" {
+	if r := run("dlq", "replay", "-dry-run", "-json"); r.code != 0 || r.stdout != "{\n  \"dry_run\": true,\n  \"would_replay\": 1200,\n  \"matched\": 1200,\n  \"up_to_id\": 1200\n}\n" {
 		t.Errorf("unfiltered replay -dry-run -json: exit %d %q %q", r.code, r.stdout, r.stderr)
 	}
 	var moved int
@@ -125,7 +125,8 @@ func TestDLQUsageErrors(t *testing.T) {
 		{[]string{"dlq", "list", "-reason", "nope"}, 2, `"nope" is not one of`},
 		{[]string{"dlq", "list", "-reason", "rejectd"}, 2, `did you mean "rejected"?`},
 		{[]string{"dlq", "lsit"}, 2, `unknown command "lsit"; did you mean "list"?`},
-		{[]string{"dlq", "list", "-dry-run"}, 2, "-dry-run is replay's"},
+		{[]string{"dlq", "list", "-dry-run"}, 2, "-dry-run is replay's and purge's"},
+		{[]string{"dlq", "purge", "-yes", "-expect", "3"}, 2, "-expect needs -up-to"},
 		{[]string{"dlq", "replay"}, 2, "pass -queue, -reason or -older-than"},
 		{[]string{"dlq", "list", "-limit", "0"}, 2, "-limit must be between 1 and 100000"},
 		{[]string{"dlq", "list", "-limit", "100001"}, 2, "-limit must be between 1 and 100000"},
@@ -218,7 +219,7 @@ ID  QUEUE   TIMER ID
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 {
 		t.Fatalf("replay -drop-timer-ids -json: exit %d, %v: %s%s", r.code, err, r.stdout, r.stderr)
 	}
-	if diff := cmp.Diff(outbox.ReplayResult{Replayed: 1, TimerIDsDropped: []outbox.TimerConflict{{ID: 2, Queue: "orders", TimerID: "t-2"}}}, res); diff != "" {
+	if diff := cmp.Diff(outbox.ReplayResult{Matched: 1, UpToID: 2, Replayed: 1, TimerIDsDropped: []outbox.TimerConflict{{ID: 2, Queue: "orders", TimerID: "t-2"}}}, res); diff != "" {
 		t.Errorf("replay -drop-timer-ids -json (-want +got):\n%s", diff)
 	}
 	var inOutbox, inDLQ int
@@ -242,5 +243,61 @@ ID  QUEUE   TIMER ID
 `
 	if diff := cmp.Diff(want, r.stdout); r.code != 0 || diff != "" {
 		t.Errorf("replay -drop-timer-ids: exit %d %s(-want +got):\n%s", r.code, r.stderr, diff)
+	}
+}
+
+// A purge's dry run changes nothing and prints its bound; the purge given
+// that bound deletes only the rows it counted, in batches with progress,
+// and says when the set changed.
+func TestDLQPurgeWithinTheDryRunsBound(t *testing.T) {
+	t.Parallel()
+	d, _, env, flags := migrated(t)
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := d.Pool.Exec(t.Context(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		SELECT i, 'orders', 'x', 1, 1, now(), 'rejected' FROM generate_series(1, 2500) AS i`)
+	run := func(args ...string) result {
+		t.Helper()
+		r := runCLI(t, env, append(args, flags...)...)
+		r.stdout = stripHeader(r.stdout)
+		return r
+	}
+	r := run("dlq", "purge", "-yes", "-queue", "orders", "-dry-run")
+	want := "dry run: would purge 2500 dead-lettered rows; nothing was changed\n" +
+		"to act on these 2500 rows and none dead-lettered since with higher ids, add: -up-to 2500 -expect 2500\n"
+	if diff := cmp.Diff(want, r.stdout); r.code != 0 || diff != "" {
+		t.Errorf("purge -dry-run: exit %d %s(-want +got):\n%s", r.code, r.stderr, diff)
+	}
+	exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (2501, 'orders', 'late', 1, 1, now(), 'rejected');
+		DELETE FROM outbox_dlq WHERE id = 7`)
+	r = run("dlq", "purge", "-yes", "-queue", "orders", "-up-to", "2500", "-expect", "2500")
+	if r.code != 0 || r.stdout != "purged 2499 dead-lettered rows\n" {
+		t.Errorf("purge within the bound: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"the set changed since the dry run: 2499 rows matched up to id 2500, where the dry run matched 2500",
+		"purge 1000/2499 (40%)", "purge 2499/2499 (100%)"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("purge's stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	var left []int64
+	rows, err := d.Pool.Query(t.Context(), "SELECT id FROM outbox_dlq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, id)
+	}
+	if diff := cmp.Diff([]int64{2501}, left); rows.Err() != nil || diff != "" {
+		t.Errorf("left (-want +got):\n%s", diff)
 	}
 }

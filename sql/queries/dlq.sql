@@ -31,7 +31,7 @@ FROM d;
 -- the statements below filter the same way. Timestamps are read within
 -- the years 1 to 9999, as Claim reads created_at (which is copied from
 -- the outbox row, and any client may have written it).
-SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+SELECT x.id, x.queue, x.payload, octet_length(x.payload)::bigint AS payload_size, x.headers, x.ordering_key, x.timer_id,
        x.deliveries_count, x.attempts_count,
        least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
        least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
@@ -108,30 +108,92 @@ FROM picked AS p
 LEFT JOIN moved AS m ON m.id = p.id
 ORDER BY p.id;
 
--- name: PurgeDeadLetters :execrows
--- Deletes the matching dead-lettered rows for good.
-DELETE FROM /*outbox:table*/outbox_dlq AS x
-WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
-  AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
-  AND (sqlc.narg(ids)::bigint[] IS NULL OR x.id = ANY(sqlc.narg(ids)::bigint[]))
-  AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8));
+-- name: PurgeDeadLetters :one
+-- Deletes for good up to @max_rows matching dead-lettered rows with ids in
+-- (@after_id, @up_to_id], the lowest ids first: one batch of a purge,
+-- committed on its own. Returns how many rows it looked at, how many it
+-- deleted (fewer when another client deleted some first) and the highest
+-- id it looked at (@after_id when none), from which the next batch starts.
+WITH picked AS (
+    SELECT y.id
+    FROM /*outbox:table*/outbox_dlq AS y
+    WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
+      AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
+      AND (sqlc.narg(ids)::bigint[] IS NULL OR y.id = ANY(sqlc.narg(ids)::bigint[]))
+      AND (@older_than_seconds::float8 = 0 OR y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
+      AND y.id > @after_id::bigint
+      AND y.id <= @up_to_id::bigint
+    ORDER BY y.id
+    LIMIT @max_rows::integer
+), deleted AS (
+    DELETE FROM /*outbox:table*/outbox_dlq AS x
+    USING picked AS p
+    WHERE x.id = p.id
+    RETURNING x.id
+)
+SELECT (SELECT count(*) FROM picked)::bigint AS looked,
+       (SELECT count(*) FROM deleted)::bigint AS deleted,
+       coalesce((SELECT max(p.id) FROM picked AS p), @after_id::bigint)::bigint AS last_id;
 
 -- name: CountDeadLetters :one
--- How many dead-lettered rows match the filters, and the highest id among
--- them (0 when none).
-SELECT count(*)::bigint AS total, coalesce(max(x.id), 0)::bigint AS max_id
+-- How many dead-lettered rows with ids up to @up_to_id match the filters,
+-- and the highest id among them (the lowest bigint when none, a bound
+-- that selects nothing another client could have written but that one).
+-- A read: it takes no row lock.
+SELECT count(*)::bigint AS total, coalesce(max(x.id), -9223372036854775808)::bigint AS max_id
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
   AND (sqlc.narg(ids)::bigint[] IS NULL OR x.id = ANY(sqlc.narg(ids)::bigint[]))
-  AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8));
+  AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
+  AND x.id <= @up_to_id::bigint;
+
+-- name: NoJIT :exec
+-- Turns JIT compilation off for the rest of the transaction: a dry run's
+-- reads are one pass each over many rows, which JIT compiles for longer
+-- than they run (2 of 3 seconds at 100,000 dead letters).
+SELECT set_config('jit', 'off', true);
+
+-- name: ReplayTimerConflicts :many
+-- What ReplayDeadLetters would meet, read only: the matching dead-lettered
+-- rows with ids up to @up_to_id whose timer id a replay could not take
+-- back, in id order. A row conflicts when a row of its queue in the
+-- outbox holds its timer id, or when a lower id of the same set shares
+-- its queue and timer id (the replay moves that one first, with it). It
+-- reads the rows that have a timer id once and sorts them by queue and
+-- timer id; it locks nothing and writes nothing.
+WITH timed AS (
+    SELECT y.id, y.queue, y.timer_id,
+           row_number() OVER (PARTITION BY y.queue, y.timer_id COLLATE "C" ORDER BY y.id) AS nth
+    FROM /*outbox:table*/outbox_dlq AS y
+    WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
+      AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
+      AND (sqlc.narg(ids)::bigint[] IS NULL OR y.id = ANY(sqlc.narg(ids)::bigint[]))
+      AND (@older_than_seconds::float8 = 0 OR y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
+      AND y.id <= @up_to_id::bigint
+      AND y.timer_id IS NOT NULL
+)
+SELECT t.id, t.queue, t.timer_id::text AS timer_id
+FROM timed AS t
+WHERE t.nth > 1
+   OR EXISTS (
+       SELECT FROM /*outbox:table*/outbox AS o
+       WHERE o.queue = t.queue AND o.timer_id = t.timer_id COLLATE "C"
+   )
+ORDER BY t.id;
 
 -- name: ListDeadLettersNewest :many
 -- Dead-lettered rows matching the filters of ListDeadLetters with ids below
 -- @before_id, newest (highest id) first: a page of what failed last. It
 -- walks the primary key backwards, or, for one queue, the queue index
--- ordered by failure time, and stops at @max_rows.
-SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+-- ordered by failure time, and stops at @max_rows. With @payload_bytes of
+-- zero or more it reads only that many bytes of each payload (a slice of
+-- a TOASTed value reads only the chunks it needs), and payload_size says
+-- how long the payload is; below zero, the whole payload.
+SELECT x.id, x.queue,
+       CASE WHEN @payload_bytes::integer >= 0 THEN substring(x.payload FROM 1 FOR @payload_bytes::integer)
+            ELSE x.payload END::bytea AS payload,
+       octet_length(x.payload)::bigint AS payload_size, x.headers, x.ordering_key, x.timer_id,
        x.deliveries_count, x.attempts_count,
        least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
        least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
@@ -147,7 +209,7 @@ LIMIT @max_rows::integer;
 
 -- name: GetDeadLetter :one
 -- One dead-lettered row by its id, read as ListDeadLetters reads rows.
-SELECT x.id, x.queue, x.payload, x.headers, x.ordering_key, x.timer_id,
+SELECT x.id, x.queue, x.payload, octet_length(x.payload)::bigint AS payload_size, x.headers, x.ordering_key, x.timer_id,
        x.deliveries_count, x.attempts_count,
        least(greatest(x.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
        least(greatest(x.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS failed_at,
