@@ -163,6 +163,15 @@ func parseBound(form url.Values, t *target) error {
 
 // boundFields are the fields that carry a dry run's bound to its
 // confirmation.
+// boundAttr is the action log's up_to_id: the highest id the action
+// matched, left out when it matched none (the bound is then no id).
+func boundAttr(matched, upTo int64) []any {
+	if matched == 0 {
+		return nil
+	}
+	return []any{"up_to_id", upTo}
+}
+
 func boundFields(upTo, matched int64) url.Values {
 	return url.Values{"upto": {strconv.FormatInt(upTo, 10)}, "expect": {strconv.FormatInt(matched, 10)}}
 }
@@ -287,7 +296,8 @@ var replayDeadLetters = actionKind{
 		res, err := rq.ob.ReplayDeadLetters(bctx, t.filter, &outbox.ReplayOpts{DropConflictingTimerIDs: t.drop, Progress: progress})
 		r := stepResult{changed: changedSince(t, res.Matched),
 			attrs: []any{"replayed", res.Replayed, "skipped", len(res.Skipped), "timer_ids_dropped", len(res.TimerIDsDropped),
-				"matched", res.Matched, "up_to_id", res.UpToID}}
+				"matched", res.Matched}}
+		r.attrs = append(r.attrs, boundAttr(res.Matched, res.UpToID)...)
 		done := t.done + res.Replayed
 		if stopped(err) {
 			r.more, r.attrs = true, append(r.attrs, "partial", true)
@@ -337,7 +347,8 @@ var deleteDeadLetters = actionKind{
 		defer cancel()
 		res, err := rq.ob.PurgeDeadLetters(bctx, t.filter, &outbox.PurgeOpts{Progress: progress})
 		r := stepResult{changed: changedSince(t, res.Matched),
-			attrs: []any{"deleted", res.Deleted, "matched", res.Matched, "up_to_id", res.UpToID}}
+			attrs: []any{"deleted", res.Deleted, "matched", res.Matched}}
+		r.attrs = append(r.attrs, boundAttr(res.Matched, res.UpToID)...)
 		done := t.done + res.Deleted
 		if stopped(err) {
 			r.more, r.attrs = true, append(r.attrs, "partial", true)

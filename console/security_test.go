@@ -250,10 +250,10 @@ func TestTheActionLogSaysWhoFromWhereAndWhichIDs(t *testing.T) {
 	want := []map[string]any{
 		{"level": "INFO", "msg": "console action", "who": "unauthenticated loopback", "host": host, "origin": s.srv.URL,
 			"action": "delete dead letters", "outbox": s.d.Schema + ".outbox", "target": "the 2 selected dead letters",
-			"ids": []any{-3.0, -1.0}, "ids_count": 2.0, "deleted": 2.0},
+			"ids": []any{-3.0, -1.0}, "ids_count": 2.0, "deleted": 2.0, "matched": 2.0, "up_to_id": -1.0},
 		{"level": "INFO", "msg": "console action", "who": "unauthenticated loopback", "host": host, "origin": "",
 			"action": "replay dead letters", "outbox": s.d.Schema + ".outbox", "target": "the 30 selected dead letters",
-			"ids": manyIDs, "ids_count": 30.0, "replayed": 0.0, "skipped": 0.0, "timer_ids_dropped": 0.0},
+			"ids": manyIDs, "ids_count": 30.0, "replayed": 0.0, "skipped": 0.0, "timer_ids_dropped": 0.0, "matched": 0.0},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the action log (-want +got):\n%s", diff)

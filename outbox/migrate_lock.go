@@ -258,9 +258,12 @@ type stepWatch struct {
 	wanted  string
 }
 
-// watch starts watching the transaction of backend pid and returns the
-// function that stops it and waits for its last read.
+// watch starts watching the transaction of backend pid, forgetting
+// what was seen of the transactions before it, and returns the function
+// that stops it and waits for its last read. A step that fails is the
+// last transaction watched, so what is seen then is its own.
 func (w *stepWatch) watch(ctx context.Context, pid int32) func() {
+	w.forget()
 	if w.q == nil {
 		return func() {}
 	}
@@ -328,7 +331,7 @@ func (w *stepWatch) seen() ([]LockHolder, string) {
 	return append([]LockHolder(nil), w.holders...), w.wanted
 }
 
-// forget drops what was seen, at a new step.
+// forget drops what was seen, at a new transaction.
 func (w *stepWatch) forget() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -371,7 +374,6 @@ func (o *Outbox) retrySteps(ctx context.Context, mo *migrateOptions, w *stepWatc
 		}
 		if step == nil || step.Source.Version != failed.Source.Version || step.Direction != failed.Direction {
 			step, tries, first = failed, 0, start
-			w.forget()
 		}
 		tries++
 		holders, wanted := w.seen()
