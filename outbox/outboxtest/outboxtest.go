@@ -121,7 +121,8 @@ func requireEqual[T any](tb testing.TB, queue string, want, got []T) {
 // after timeout, and the rows of an ordering key waiting behind such a
 // row. cfg may be nil; Drain polls every few milliseconds
 // whatever cfg says, and fails tb if the queues are not drained within
-// timeout (0 means 30 s). [DrainTx] does the same for a transactional
+// timeout (0 means 30 s), or at once with Run's error if Run returns
+// before they are (a subscriber refused its pool's room, say). [DrainTx] does the same for a transactional
 // handler.
 func Drain[T any](tb testing.TB, ob *outbox.Outbox, queues []string, handler outbox.Handler[T], cfg *outbox.SubscriberConfig[T], timeout time.Duration) (count int) {
 	tb.Helper()
@@ -177,6 +178,7 @@ func drain[T any](tb testing.TB, name string, ob *outbox.Outbox, queues []string
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- sub.Run(ctx) }()
+	returnedEarly := false
 	defer func() {
 		stop()
 		for {
@@ -185,7 +187,7 @@ func drain[T any](tb testing.TB, name string, ob *outbox.Outbox, queues []string
 				count++
 				continue
 			case err := <-done:
-				if err != nil {
+				if err != nil && !returnedEarly {
 					tb.Errorf("outboxtest: %s: Run: %v", name, err)
 				}
 			}
@@ -215,7 +217,16 @@ func drain[T any](tb testing.TB, name string, ob *outbox.Outbox, queues []string
 		if time.Now().After(deadline) {
 			tb.Fatalf("outboxtest: %s: %v still hold due, leased or retrying rows after %v", name, queues, timeout)
 		}
-		time.Sleep(5 * time.Millisecond)
+		select {
+		case err := <-done:
+			// Run gave up (refused, or its database failed for good):
+			// the backlog will not drain. Put its result back for the
+			// deferred stop, which waits for it.
+			done <- err
+			returnedEarly = true
+			tb.Fatalf("outboxtest: %s: Run returned before %v were drained: %v", name, queues, err)
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }
 

@@ -305,3 +305,51 @@ func TestRequirePublishedTxAssertsWithinTheTransaction(t *testing.T) {
 		t.Errorf("on a rolled-back transaction: failed with %q", msg)
 	}
 }
+
+// A subscriber whose Run returns before the queues are drained (here:
+// refused, because another transactional subscriber running on the same
+// pool already holds the connections its workers' transactions need)
+// fails DrainTx with Run's error at once, rather than after the drain's
+// timeout with a backlog that hides why.
+func TestDrainTxFailsWithRunsErrorWhenRunReturnsEarly(t *testing.T) {
+	t.Parallel()
+	f := withShipments(t)
+	other, err := outbox.NewPublisher[Order](f.Outbox, "other", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Publish(t.Context(), f.Pool, Order{"held"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// A subscriber of the pool's whole room (one worker needs every
+	// connection of the fixture's pool), held inside its handler.
+	workers := int(f.Pool.Config().MaxConns) - 3
+	handling, release := make(chan struct{}), make(chan struct{})
+	sub, err := outbox.NewTxSubscriber(f.Outbox, []string{"other"}, func(ctx context.Context, tx pgx.Tx, m *outbox.Message[Order]) error {
+		close(handling)
+		<-release
+		return nil
+	}, &outbox.SubscriberConfig[Order]{Workers: workers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- sub.Run(ctx) }()
+	t.Cleanup(func() { close(release); stop(); <-ran })
+	select {
+	case <-handling:
+	case err := <-ran:
+		t.Fatalf("the subscriber holding the pool: %v", err)
+	}
+
+	publishOrders(t, f, Order{"o-1"})
+	msg := fails(t, func(tb testing.TB) {
+		outboxtest.DrainTx(tb, f.Outbox, []string{"orders"}, ship, &outbox.SubscriberConfig[Order]{Workers: 1}, time.Hour)
+	})
+	for _, want := range []string{"DrainTx: Run returned before", "MaxConns"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("DrainTx failed with %q, want it to say %q", msg, want)
+		}
+	}
+}
