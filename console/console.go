@@ -75,6 +75,15 @@ type Config struct {
 	// name to the console's address does not have.
 	AllowedHosts []string
 
+	// TokenKey signs the tokens the action forms carry, at least
+	// TokenKeyMinSize (32) bytes of a secret. Default: a key drawn at
+	// New, so that a form is accepted only by the console that rendered
+	// it. Replicas behind one load balancer share one key, so that a form
+	// rendered by one is accepted by another; keep it as secret as a
+	// password (whoever has it can forge a token, though not a browser's
+	// cookie on the console's origin).
+	TokenKey []byte
+
 	// User names who made a request, for the action log. Default: the
 	// basic-auth user name when the request carries one, else
 	// "unauthenticated loopback" when it comes from a loopback address,
@@ -123,8 +132,8 @@ type Console struct {
 	probe *outbox.Outbox
 
 	hosts hostRule
-	// tokenKey signs the forms' tokens: drawn at New, so a token is
-	// this console's only.
+	// tokenKey signs the forms' tokens: Config.TokenKey, else drawn at
+	// New, so that a token is this console's only.
 	tokenKey    []byte
 	crossOrigin *http.CrossOriginProtection
 	// actionStep, when positive, replaces half of Config.Timeout as how
@@ -167,6 +176,14 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.TokenKey != nil && len(cfg.TokenKey) < TokenKeyMinSize {
+		return nil, &outbox.ConfigError{Field: "Config.TokenKey", Value: fmt.Sprintf("%d bytes", len(cfg.TokenKey)),
+			Rule: fmt.Sprintf("must hold at least %d bytes of a secret, or be nil for a key drawn at New", TokenKeyMinSize)}
+	}
+	tokenKey := cfg.TokenKey
+	if tokenKey == nil {
+		tokenKey = newTokenKey()
+	}
 	if cfg.User == nil {
 		cfg.User = defaultUser
 	}
@@ -184,7 +201,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{cfg: cfg, pages: pages, probe: probe, outboxes: map[outbox.OutboxName]*outboxState{},
-		hosts: hosts, tokenKey: newTokenKey(), crossOrigin: http.NewCrossOriginProtection()}
+		hosts: hosts, tokenKey: tokenKey, crossOrigin: http.NewCrossOriginProtection()}
 	c.routes()
 	return c, nil
 }

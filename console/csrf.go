@@ -53,9 +53,12 @@ const (
 // the key.
 const tokenContext = "outboxgen console form token v1\x00"
 
+// TokenKeyMinSize is the fewest bytes [Config.TokenKey] may hold.
+const TokenKeyMinSize = 32
+
 // newTokenKey draws the key of a console's tokens.
 func newTokenKey() []byte {
-	k := make([]byte, 32)
+	k := make([]byte, TokenKeyMinSize)
 	_, _ = rand.Read(k) // never fails (crypto/rand)
 	return k
 }

@@ -172,9 +172,43 @@ func TestATokenOfAnotherConsoleIsRefused(t *testing.T) {
 	t.Parallel()
 	s := newSite(t, Config{Actions: true})
 	s.fixture()
-	other, err := New(Config{Pool: s.d.Pool, Actions: true, Logger: quietLogger()})
+	code, body := s.postOthersToken(Config{Pool: s.d.Pool, Actions: true, Logger: quietLogger()})
+	if code != http.StatusForbidden || !strings.Contains(errorText(body), "reload the page") {
+		t.Errorf("another console's token: %d %q, want 403", code, errorText(body))
+	}
+	if n := s.countDead(outbox.DeadLetterFilter{}); n != 3 {
+		t.Errorf("the dead-letter table holds %d rows, want the 3 it had", n)
+	}
+}
+
+// Replicas given one Config.TokenKey accept each other's forms; a key
+// too short to be a secret is refused at New.
+func TestConsolesSharingATokenKeyAcceptEachOthersTokens(t *testing.T) {
+	t.Parallel()
+	key := []byte("a secret of thirty-two bytes, ok")
+	s := newSite(t, Config{Actions: true, TokenKey: key})
+	s.fixture()
+	code, body := s.postOthersToken(Config{Pool: s.d.Pool, Actions: true, Logger: quietLogger(), TokenKey: key})
+	if code != http.StatusOK {
+		t.Errorf("a replica's token: %d %q, want 200", code, errorText(body))
+	}
+	if n := s.countDead(outbox.DeadLetterFilter{}); n != 0 {
+		t.Errorf("the dead-letter table holds %d rows, want none after the delete", n)
+	}
+	_, err := New(Config{Pool: s.d.Pool, TokenKey: key[:TokenKeyMinSize-1]})
+	if err == nil || !strings.Contains(err.Error(), "Config.TokenKey") {
+		t.Errorf("New with a %d-byte TokenKey: %v, want an error naming Config.TokenKey", TokenKeyMinSize-1, err)
+	}
+}
+
+// postOthersToken renders the dead-letter page with a console of cfg,
+// takes its cookie and token, and posts the deletion of every dead letter
+// to s with them, returning the status and body.
+func (s *site) postOthersToken(cfg Config) (int, string) {
+	s.t.Helper()
+	other, err := New(cfg)
 	if err != nil {
-		t.Fatal(err)
+		s.t.Fatal(err)
 	}
 	req := httptest.NewRequest(http.MethodGet, s.base+"/dead", nil)
 	req.Host = "127.0.0.1"
@@ -182,17 +216,11 @@ func TestATokenOfAnotherConsoleIsRefused(t *testing.T) {
 	other.ServeHTTP(rec, req)
 	m := csrfRE.FindStringSubmatch(rec.Body.String())
 	if rec.Code != http.StatusOK || m == nil {
-		t.Fatalf("the other console's page: %d, no token", rec.Code)
+		s.t.Fatalf("the other console's page: %d, no token", rec.Code)
 	}
 	u, _ := url.Parse(s.srv.URL)
 	s.client.Jar.SetCookies(u, rec.Result().Cookies())
-	code, body := s.postWith(s.base+"/dead/delete", url.Values{"scope": {"filter"}, "step": {"confirm"}, "csrf": {m[1]}}, nil)
-	if code != http.StatusForbidden || !strings.Contains(errorText(body), "reload the page") {
-		t.Errorf("another console's token: %d %q, want 403", code, errorText(body))
-	}
-	if n := s.countDead(outbox.DeadLetterFilter{}); n != 3 {
-		t.Errorf("the dead-letter table holds %d rows, want the 3 it had", n)
-	}
+	return s.postWith(s.base+"/dead/delete", url.Values{"scope": {"filter"}, "step": {"confirm"}, "csrf": {m[1]}}, nil)
 }
 
 // logRecords returns the site's log records with message msg.
