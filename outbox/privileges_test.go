@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
 	"regexp"
 	"slices"
 	"sort"
@@ -546,5 +548,248 @@ func TestAPublisherThatForgesTheOutboxsSettingsStrandsNoKey(t *testing.T) {
 	sort.Strings(handled)
 	if diff := cmp.Diff(want, handled); diff != "" {
 		t.Errorf("handled (-want +got):\n%s", diff)
+	}
+}
+
+// declaredObject is a row of the declared table of who may do what
+// (docs/operations.md, "Who may do what").
+type declaredObject struct {
+	kind, runsAs string
+	// grants are each role's privileges ("publisher", "subscriber",
+	// "PUBLIC"), sorted.
+	grants map[string][]string
+}
+
+// declaredPrivileges reads the declared table of docs/operations.md, for
+// the outbox's default table name.
+func declaredPrivileges(t *testing.T) (objects map[string]declaredObject, roles []string) {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(doc), "\n")
+	start := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "| object | kind | runs as |") })
+	if start < 0 {
+		t.Fatal("docs/operations.md: no declared table (a header | object | kind | runs as | ...)")
+	}
+	cells := func(l string) []string {
+		c := strings.Split(strings.Trim(strings.TrimSpace(l), "|"), "|")
+		for i := range c {
+			c[i] = strings.TrimSpace(c[i])
+		}
+		return c
+	}
+	roles = cells(lines[start])[3:]
+	code := regexp.MustCompile("`([^`]*)`")
+	objects = make(map[string]declaredObject)
+	for _, l := range lines[start+2:] {
+		if !strings.HasPrefix(l, "|") {
+			break
+		}
+		l = strings.ReplaceAll(l, "<table>", TableDefault)
+		c := cells(l)
+		if len(c) != 3+len(roles) {
+			t.Fatalf("docs/operations.md: declared row with %d cells, want %d: %s", len(c), 3+len(roles), l)
+		}
+		name := strings.Trim(c[0], "`")
+		d := declaredObject{kind: strings.ReplaceAll(c[1], "`", ""), runsAs: c[2], grants: make(map[string][]string)}
+		for i, role := range roles {
+			for _, m := range code.FindAllStringSubmatch(c[3+i], -1) {
+				d.grants[role] = append(d.grants[role], m[1])
+			}
+			slices.Sort(d.grants[role])
+		}
+		if _, dup := objects[name]; dup {
+			t.Fatalf("docs/operations.md: %s declared twice", name)
+		}
+		objects[name] = d
+	}
+	return objects, roles
+}
+
+// After Migrate and Grant, every table, sequence, function and trigger
+// in the outbox's schema is the migrator's and grants exactly what the
+// declared table of docs/operations.md says, read from the ACLs
+// (aclexplode) and asked of each role (has_*_privilege); no object is
+// missing from it. Functions that run as the migrator pin their
+// search_path and are not PUBLIC's.
+func TestPrivilegesInTheCatalogAreTheDeclaredOnes(t *testing.T) {
+	t.Parallel()
+	e := setupRoles(t)
+	ctx := e.ctx
+	declared, roles := declaredPrivileges(t)
+	roleOfName := map[string]string{e.roles[1]: "publisher", e.roles[2]: "subscriber", "-": "PUBLIC"}
+	nameOfRole := map[string]string{"publisher": e.roles[1], "subscriber": e.roles[2], "PUBLIC": "public"}
+	for _, r := range roles {
+		if nameOfRole[r] == "" {
+			t.Fatalf("docs/operations.md: declared table names role %q, which the test does not know", r)
+		}
+	}
+
+	// Every object as the catalog has it: kind, whose privileges it runs
+	// with, owner, and its grants to roles other than the owner.
+	rows, err := e.db.Pool.Query(ctx, `
+		WITH objs AS (
+			SELECT c.relname AS name, CASE c.relkind WHEN 'S' THEN 'sequence' ELSE 'table' END AS kind, '' AS runs_as,
+			       c.relowner AS owner, c.oid AS oid,
+			       coalesce(c.relacl, acldefault((CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END)::"char", c.relowner)) AS acl, NULL::text[] AS config
+			FROM pg_class AS c WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'f')
+			UNION ALL
+			SELECT p.proname || '(' || oidvectortypes(p.proargtypes) || ')', 'function',
+			       CASE WHEN p.prosecdef THEN 'migrator' ELSE 'caller' END,
+			       p.proowner, p.oid, coalesce(p.proacl, acldefault('f'::"char", p.proowner)), p.proconfig
+			FROM pg_proc AS p WHERE p.pronamespace = $1::regnamespace
+			UNION ALL
+			SELECT tg.tgname, 'trigger on ' || c.relname, CASE WHEN p.prosecdef THEN 'migrator' ELSE 'caller' END,
+			       c.relowner, tg.oid, NULL, p.proconfig
+			FROM pg_trigger AS tg JOIN pg_class AS c ON c.oid = tg.tgrelid JOIN pg_proc AS p ON p.oid = tg.tgfoid
+			WHERE c.relnamespace = $1::regnamespace AND NOT tg.tgisinternal
+		)
+		SELECT o.name, o.kind, o.runs_as, pg_get_userbyid(o.owner), coalesce(o.config, '{}'),
+		       coalesce((SELECT array_agg(CASE a.grantee WHEN 0 THEN '-' ELSE pg_get_userbyid(a.grantee) END || ' ' || a.privilege_type)
+		                 FROM aclexplode(o.acl) AS a WHERE a.grantee <> o.owner), '{}')
+		       || coalesce((SELECT array_agg(g.grantee || ' ' || g.privilege_type || ' (' || g.cols || ')')
+		                    FROM (SELECT CASE a.grantee WHEN 0 THEN '-' ELSE pg_get_userbyid(a.grantee) END AS grantee, a.privilege_type,
+		                                 string_agg(att.attname, ', ' ORDER BY att.attnum) AS cols
+		                          FROM pg_attribute AS att, aclexplode(att.attacl) AS a
+		                          WHERE o.kind = 'table' AND att.attrelid = o.oid AND att.attacl IS NOT NULL AND a.grantee <> o.owner
+		                          GROUP BY 1, 2) AS g), '{}')
+		FROM objs AS o`, e.db.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type catalogObject struct {
+		kind, runsAs, owner string
+		config, grants      []string
+	}
+	catalog := make(map[string]catalogObject)
+	for rows.Next() {
+		var name string
+		var o catalogObject
+		if err := rows.Scan(&name, &o.kind, &o.runsAs, &o.owner, &o.config, &o.grants); err != nil {
+			t.Fatal(err)
+		}
+		catalog[name] = o
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	var missing, extra []string
+	for name := range catalog {
+		if _, ok := declared[name]; !ok {
+			missing = append(missing, name)
+		}
+	}
+	for name := range declared {
+		if _, ok := catalog[name]; !ok {
+			extra = append(extra, name)
+		}
+	}
+	slices.Sort(missing)
+	slices.Sort(extra)
+	if len(missing) > 0 {
+		t.Errorf("objects of a migrated outbox without a row in docs/operations.md's declared table: %v", missing)
+	}
+	if len(extra) > 0 {
+		t.Errorf("objects declared in docs/operations.md that a migrated outbox does not have: %v", extra)
+	}
+
+	for _, name := range slices.Sorted(maps.Keys(catalog)) {
+		c := catalog[name]
+		d, ok := declared[name]
+		if !ok {
+			continue
+		}
+		if c.owner != e.roles[0] {
+			t.Errorf("%s is owned by %s, want the migrator %s", name, c.owner, e.roles[0])
+		}
+		if c.kind != d.kind || (c.runsAs != d.runsAs && !(c.runsAs == "" && d.runsAs == "")) {
+			t.Errorf("%s is a %s that runs as %q; declared a %s that runs as %q", name, c.kind, c.runsAs, d.kind, d.runsAs)
+		}
+		if c.runsAs == "migrator" {
+			if diff := cmp.Diff([]string{"search_path=pg_catalog, pg_temp"}, c.config); diff != "" {
+				t.Errorf("%s runs as the migrator with settings (-want +got):\n%s", name, diff)
+			}
+			if len(d.grants["PUBLIC"]) > 0 {
+				t.Errorf("%s runs as the migrator, and the declared table lets PUBLIC %v", name, d.grants["PUBLIC"])
+			}
+		}
+		got := make(map[string][]string)
+		for _, g := range c.grants {
+			grantee, priv, _ := strings.Cut(g, " ")
+			role := roleOfName[grantee]
+			if role == "" {
+				role = grantee
+			}
+			got[role] = append(got[role], priv)
+		}
+		want := make(map[string][]string)
+		for role, privs := range d.grants {
+			if len(privs) > 0 {
+				want[role] = privs
+			}
+		}
+		for role := range got {
+			slices.Sort(got[role])
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("%s: grants in the catalog (aclexplode) differ from the declared table (-declared +catalog):\n%s", name, diff)
+		}
+	}
+
+	// What each role may do, asked of PostgreSQL: a role's declared
+	// privileges and PUBLIC's, nothing more.
+	privileges := map[string][]string{
+		"table":    {"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER"},
+		"sequence": {"USAGE", "SELECT", "UPDATE"},
+		"function": {"EXECUTE"},
+	}
+	check := map[string]string{
+		"table":    "has_table_privilege($1, $2::regclass, $3)",
+		"sequence": "has_sequence_privilege($1, $2::regclass, $3)",
+		"function": "has_function_privilege($1, $2::regprocedure, $3)",
+	}
+	for _, name := range slices.Sorted(maps.Keys(declared)) {
+		d := declared[name]
+		if _, ok := catalog[name]; !ok || privileges[d.kind] == nil {
+			continue
+		}
+		qualified := pgx.Identifier{e.db.Schema}.Sanitize() + "." + name
+		if d.kind != "function" {
+			qualified = pgx.Identifier{e.db.Schema, name}.Sanitize()
+		}
+		for _, role := range roles {
+			may := map[string]bool{}
+			for _, p := range append(slices.Clone(d.grants[role]), d.grants["PUBLIC"]...) {
+				may[p] = true
+			}
+			for _, priv := range privileges[d.kind] {
+				var has bool
+				if err := e.db.Pool.QueryRow(ctx, "SELECT "+check[d.kind], nameOfRole[role], qualified, priv).Scan(&has); err != nil {
+					t.Fatalf("%s of %s on %s: %v", priv, role, name, err)
+				}
+				if has != may[priv] {
+					t.Errorf("%s: %s may %s: %v, declared %v", name, role, priv, has, may[priv])
+				}
+			}
+			for p := range may {
+				table, cols, ok := strings.Cut(p, " (")
+				if !ok {
+					continue
+				}
+				for col := range strings.SplitSeq(strings.TrimSuffix(cols, ")"), ", ") {
+					var has bool
+					if err := e.db.Pool.QueryRow(ctx, "SELECT has_column_privilege($1, $2::regclass, $3, $4)",
+						nameOfRole[role], qualified, col, table).Scan(&has); err != nil {
+						t.Fatal(err)
+					}
+					if !has {
+						t.Errorf("%s: %s may not %s of column %s, declared it may", name, role, table, col)
+					}
+				}
+			}
+		}
 	}
 }
