@@ -793,3 +793,75 @@ func TestPrivilegesInTheCatalogAreTheDeclaredOnes(t *testing.T) {
 		}
 	}
 }
+
+// A publisher that sets outboxgen.insert_key to a key it does not hold
+// inserts rows of that key that arrive blocked, and so skip the key's
+// trigger and its lock; while its statement runs, another publisher of
+// the key commits a row. The forging statement is refused when it ends
+// (its rows drew their ids outside the key's lock), and the key is left
+// with the other publisher's row alone, its head.
+func TestRowsThatSkipTheKeysTriggerOutsideItsLockAreRefused(t *testing.T) {
+	t.Parallel()
+	e := setupRoles(t)
+	ctx := e.ctx
+	const key = "contested"
+	// pause is held by the test until the forging statement has written
+	// its first row.
+	var pause int64
+	if err := e.db.Pool.QueryRow(ctx, "SELECT hashtext($1)", e.db.Schema).Scan(&pause); err != nil {
+		t.Fatal(err)
+	}
+	hold, err := e.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hold.Rollback(context.Background()) }()
+	if _, err := hold.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", pause); err != nil {
+		t.Fatal(err)
+	}
+
+	forger, err := pgx.Connect(ctx, e.db.URLAs(t, e.roles[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = forger.Close(context.Background()) }()
+	forge(ctx, t, forger, e.ob, "q", key)
+	done := make(chan error, 1)
+	go func() {
+		_, err := forger.Exec(ctx, `INSERT INTO outbox (queue, payload, ordering_key, blocked)
+			SELECT 'q', convert_to('forged ' || g || CASE WHEN g = 2 THEN pg_advisory_xact_lock($2)::text ELSE '' END, 'UTF8'), $1, true
+			FROM generate_series(1, 2) AS g`, key, pause)
+		done <- err
+	}()
+	eventually(t, "the forging statement paused after its first row", func() bool {
+		var blockers []int32
+		if err := e.db.Pool.QueryRow(ctx, "SELECT pg_blocking_pids($1)", forger.PgConn().PID()).Scan(&blockers); err != nil {
+			t.Fatal(err)
+		}
+		return len(blockers) > 0
+	})
+	pub, err := NewPublisher[string](e.pub, "q", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(ctx, e.pub.pool, "published", &PublishOpts{OrderingKey: key}); err != nil {
+		t.Fatalf("Publish while the forging statement runs: %v", err)
+	}
+	if err := hold.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := outcome(<-done); got != "refused" {
+		t.Errorf("the forging statement: %s, want refused", got)
+	}
+	rows, err := e.db.Pool.Query(ctx, "SELECT convert_from(payload, 'UTF8') || CASE WHEN blocked THEN ' blocked' ELSE ' head' END FROM outbox WHERE ordering_key = $1 ORDER BY id", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"published head"}, got); diff != "" {
+		t.Errorf("the key's rows (-want +got):\n%s", diff)
+	}
+}

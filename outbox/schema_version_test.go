@@ -810,9 +810,13 @@ func TestUpgradeFromSchema10KeepsRowsAndTakesTheOwnersFunctionsFromPublic(t *tes
 		}
 		tx := e.fixtureTx()
 		defer func() { _ = tx.Rollback(context.Background()) }()
-		var stranded bool
+		var id int64
 		if err := tx.QueryRow(e.ctx, `WITH s AS (SELECT set_config('outboxgen.insert_key', '1' || E'\x1f' || 'n' || E'\x1f' || 'lonely', true))
-			INSERT INTO outbox (queue, payload, ordering_key, blocked) SELECT 'n', 'x', 'lonely', true FROM s RETURNING blocked`).Scan(&stranded); err != nil {
+			INSERT INTO outbox (queue, payload, ordering_key, blocked) SELECT 'n', 'x', 'lonely', true FROM s RETURNING id`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		var stranded bool
+		if err := tx.QueryRow(e.ctx, "SELECT blocked FROM outbox WHERE id = $1", id).Scan(&stranded); err != nil {
 			t.Fatal(err)
 		}
 		return fmt.Sprintf("PUBLIC executes %v, reads the horizon: %v; a forged key stranded: %v", fns, horizon, stranded)
