@@ -130,44 +130,48 @@ BEGIN
         PERFORM set_config('outboxgen.insert_key', '', true);
     END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        SELECT array_agg(f.queue) AS q, array_agg(f.ordering_key) AS k, array_agg(f.first) AS first,
-               array_agg(f.first_blocked) AS first_blocked, array_agg(f.rows) AS rows
-        INTO keys
-        FROM (SELECT n.queue, n.ordering_key, min(n.id) AS first, (array_agg(n.blocked ORDER BY n.id))[1] AS first_blocked,
-                     count(*) AS rows
-              FROM new_rows AS n WHERE n.ordering_key IS NOT NULL
-              GROUP BY n.queue, n.ordering_key HAVING bool_or(n.blocked)) AS f;
-        IF keys.q IS NOT NULL THEN
-            FOR i IN 1 .. cardinality(keys.q) LOOP
-                PERFORM pg_advisory_xact_lock("billing"."events_key_lock"(keys.q[i], keys.k[i]));
-                -- Bounded whichever index the planner takes: the key's
-                -- rows from the statement's first on, or every row
-                -- with an id from the statement's first on.
-                SELECT count(*) INTO seen
-                FROM "billing"."events" AS o
-                WHERE o.ordering_key IS NOT NULL AND o.queue = keys.q[i] AND o.ordering_key = keys.k[i]
-                  AND o.id >= keys.first[i];
-                IF seen <> keys.rows[i] THEN
-                    RAISE EXCEPTION 'rows of key % of queue % skipped its trigger with ids drawn outside the key''s lock', keys.k[i], keys.q[i]
-                        USING ERRCODE = 'insufficient_privilege',
-                              HINT = 'outboxgen.insert_key is the outbox''s own setting: leave it unset.';
-                END IF;
-                IF keys.first_blocked[i] THEN
-                    SELECT o.queue = keys.q[i] AND o.ordering_key = keys.k[i] INTO earlier
+        -- Most statements insert no blocked row: one look, and done.
+        PERFORM 1 FROM new_rows AS n WHERE n.blocked LIMIT 1;
+        IF FOUND THEN
+            SELECT array_agg(f.queue) AS q, array_agg(f.ordering_key) AS k, array_agg(f.first) AS first,
+                   array_agg(f.first_blocked) AS first_blocked, array_agg(f.rows) AS rows
+            INTO keys
+            FROM (SELECT n.queue, n.ordering_key, min(n.id) AS first, (array_agg(n.blocked ORDER BY n.id))[1] AS first_blocked,
+                         count(*) AS rows
+                  FROM new_rows AS n WHERE n.ordering_key IS NOT NULL
+                  GROUP BY n.queue, n.ordering_key HAVING bool_or(n.blocked)) AS f;
+            IF keys.q IS NOT NULL THEN
+                FOR i IN 1 .. cardinality(keys.q) LOOP
+                    PERFORM pg_advisory_xact_lock("billing"."events_key_lock"(keys.q[i], keys.k[i]));
+                    -- Bounded whichever index the planner takes: the key's
+                    -- rows from the statement's first on, or every row
+                    -- with an id from the statement's first on.
+                    SELECT count(*) INTO seen
                     FROM "billing"."events" AS o
-                    WHERE o.ordering_key IS NOT NULL
-                      AND (o.queue, o.ordering_key, o.id) < (keys.q[i] COLLATE "C", keys.k[i] COLLATE "C", keys.first[i])
-                    ORDER BY o.queue DESC, o.ordering_key DESC, o.id DESC
-                    LIMIT 1;
-                    IF NOT coalesce(earlier, false) THEN
-                        -- The key's head (its trigger skipped, or its
-                        -- earlier rows left since), as the trigger would
-                        -- decide it now; announced below with the
-                        -- statement's rows.
-                        UPDATE "billing"."events" AS o SET blocked = false WHERE o.id = keys.first[i];
+                    WHERE o.ordering_key IS NOT NULL AND o.queue = keys.q[i] AND o.ordering_key = keys.k[i]
+                      AND o.id >= keys.first[i];
+                    IF seen <> keys.rows[i] THEN
+                        RAISE EXCEPTION 'rows of key % of queue % skipped its trigger with ids drawn outside the key''s lock', keys.k[i], keys.q[i]
+                            USING ERRCODE = 'insufficient_privilege',
+                                  HINT = 'outboxgen.insert_key is the outbox''s own setting: leave it unset.';
                     END IF;
-                END IF;
-            END LOOP;
+                    IF keys.first_blocked[i] THEN
+                        SELECT o.queue = keys.q[i] AND o.ordering_key = keys.k[i] INTO earlier
+                        FROM "billing"."events" AS o
+                        WHERE o.ordering_key IS NOT NULL
+                          AND (o.queue, o.ordering_key, o.id) < (keys.q[i] COLLATE "C", keys.k[i] COLLATE "C", keys.first[i])
+                        ORDER BY o.queue DESC, o.ordering_key DESC, o.id DESC
+                        LIMIT 1;
+                        IF NOT coalesce(earlier, false) THEN
+                            -- The key's head (its trigger skipped, or its
+                            -- earlier rows left since), as the trigger would
+                            -- decide it now; announced below with the
+                            -- statement's rows.
+                            UPDATE "billing"."events" AS o SET blocked = false WHERE o.id = keys.first[i];
+                        END IF;
+                    END IF;
+                END LOOP;
+            END IF;
         END IF;
     ELSE
         SELECT array_agg(k.queue) AS q, array_agg(k.ordering_key) AS k INTO keys
