@@ -91,7 +91,8 @@ type PublishBatchParams struct {
 // sort in between, rows are inserted (and draw identity values) in that
 // order; the publisher's tests check it on 10,000 rows. With an ordering
 // key the rows arrive blocked: the key's insert trigger decides the first
-// and remembers the key, and the rest skip it (schema 10).
+// and remembers the key, the rest skip it (schema 10), and the statement
+// trigger checks what they claimed (schema 11).
 func (q *Queries) PublishBatch(ctx context.Context, arg PublishBatchParams) ([]int64, error) {
 	rows, err := q.db.Query(ctx, publishBatch,
 		arg.Queue,

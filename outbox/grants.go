@@ -10,7 +10,9 @@ import (
 // Roles names the database roles [Grants] gives privileges on one outbox.
 // The outbox's objects belong to the role that ran its migrations (the
 // migrator), which needs no grant; its triggers run with its privileges
-// (schema 9 on), so writers need none on the tables they maintain.
+// (schema 9 on), so writers need none on the tables they maintain, nor on
+// the triggers' functions, which only the migrator may execute (schema 11
+// on; docs/operations.md declares who may do what).
 type Roles struct {
 	// Publisher publishes: Publish, PublishBatch and timers, keyed or not,
 	// at any isolation level, and Outbox.CancelTimer. Empty: none.

@@ -773,3 +773,73 @@ func TestUpgradeFromSchema9KeepsRowsAndHandOvers(t *testing.T) {
 	})
 	e.handlesEveryDueRow()
 }
+
+// Upgrading from schema 10 keeps rows in every state, a record of an
+// aborted locked claim, recorded hand-overs and sleep records; so does
+// going down to 10 and up again. At 11 PUBLIC executes none of the
+// owner's functions but the schema's version, nor reads the sleep
+// horizon, and a keyed row is decided by its trigger whatever the
+// writer's settings say; at 10 again PUBLIC has them back and schema
+// 10's key trigger trusts outboxgen.insert_key again.
+func TestUpgradeFromSchema10KeepsRowsAndTakesTheOwnersFunctionsFromPublic(t *testing.T) {
+	t.Parallel()
+	e := atVersion(t, 10)
+	rows := e.seedEveryState()
+	e.exec(`INSERT INTO outbox_locks (xid, ids, until) SELECT $1, int8multirange(int8range(min(id), max(id), '[]')), now() - interval '1 minute' FROM outbox`,
+		e.abortedXid())
+	e.exec(`INSERT INTO outbox_sleepers (id, queues, until) VALUES
+		(gen_random_uuid(), '{q,n}', now() + interval '1 hour'),
+		(gen_random_uuid(), '{q}', '-infinity'),
+		(gen_random_uuid(), '{q}', now() - interval '1 minute')`)
+	state := func() []string {
+		t.Helper()
+		return append(rows(), fmt.Sprintf("claim records=%d sleepers=%d", e.count("outbox_locks"), e.count("outbox_sleepers")))
+	}
+	// public says what PUBLIC may execute and read of the outbox's, and
+	// whether a row of a key without rows that arrives blocked, after
+	// the writer set outboxgen.insert_key to name its key, stays blocked.
+	public := func() string {
+		t.Helper()
+		var fns []string
+		var horizon bool
+		if err := e.db.Pool.QueryRow(e.ctx, `SELECT coalesce(array_agg(p.proname ORDER BY p.proname)
+				FILTER (WHERE has_function_privilege('public', p.oid, 'EXECUTE')), '{}'),
+			has_sequence_privilege('public', 'outbox_sleep_horizon', 'SELECT')
+			FROM pg_proc AS p WHERE p.pronamespace = $1::regnamespace`, e.db.Schema).Scan(&fns, &horizon); err != nil {
+			t.Fatal(err)
+		}
+		tx := e.fixtureTx()
+		defer func() { _ = tx.Rollback(context.Background()) }()
+		var id int64
+		if err := tx.QueryRow(e.ctx, `WITH s AS (SELECT set_config('outboxgen.insert_key', '1' || E'\x1f' || 'n' || E'\x1f' || 'lonely', true))
+			INSERT INTO outbox (queue, payload, ordering_key, blocked) SELECT 'n', 'x', 'lonely', true FROM s RETURNING id`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		var stranded bool
+		if err := tx.QueryRow(e.ctx, "SELECT blocked FROM outbox WHERE id = $1", id).Scan(&stranded); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("PUBLIC executes %v, reads the horizon: %v; a forged key stranded: %v", fns, horizon, stranded)
+	}
+	at10 := public()
+	if !strings.Contains(at10, "outbox_key_insert") || !strings.HasSuffix(at10, "stranded: true") {
+		t.Fatalf("at 10: %s", at10)
+	}
+	before := state()
+	upAndBack(t, e.ob, 10, func() {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("at 10 again (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff(at10, public()); diff != "" {
+			t.Errorf("at 10 again (-want +got):\n%s", diff)
+		}
+	}, func(step string) {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", step, diff)
+		}
+		if diff := cmp.Diff("PUBLIC executes [outbox_schema_version], reads the horizon: false; a forged key stranded: false", public()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", step, diff)
+		}
+	})
+	e.handlesEveryDueRow()
+}

@@ -17,7 +17,8 @@ RETURNING o.id;
 -- sort in between, rows are inserted (and draw identity values) in that
 -- order; the publisher's tests check it on 10,000 rows. With an ordering
 -- key the rows arrive blocked: the key's insert trigger decides the first
--- and remembers the key, and the rest skip it (schema 10).
+-- and remembers the key, the rest skip it (schema 10), and the statement
+-- trigger checks what they claimed (schema 11).
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, next_attempt_at, blocked)
 SELECT @queue::text, p.payload, convert_from(sqlc.narg(headers)::bytea, 'UTF8')::jsonb, sqlc.narg(ordering_key)::text,
        greatest(now() + make_interval(secs => @delay_seconds::float8), coalesce(sqlc.narg(not_before)::timestamptz, now())),
