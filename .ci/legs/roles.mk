@@ -13,4 +13,4 @@ leg-roles: ## Leg: the outbox tests and chaos as a migrator, a publisher and a s
 CHAOS_LEG_DURATION ?= 20s
 # The tests the roles leg runs (every test of the package passes as the
 # roles too: ROLES_TESTS=. runs them all).
-ROLES_TESTS ?= Publish|Subscri|TxHandler|TxEffects|DeadLetter|Replay|Queue|Depth|Health|Backlog|Unprocessed|Timer|Roles|ClaimPromise|PerKeyOrder|Retry
+ROLES_TESTS ?= Publish|Subscri|TxHandler|TxEffects|DeadLetter|Replay|Queue|Depth|Health|Backlog|Unprocessed|Timer|Role|Privilege|Owners|SkipTheKeys|ClaimPromise|PerKeyOrder|Retry
