@@ -300,14 +300,8 @@ var replayDeadLetters = actionKind{
 		r.attrs = append(r.attrs, boundAttr(res.Matched, res.UpToID)...)
 		done := t.done + res.Replayed
 		if stopped(err) {
-			r.more, r.attrs = true, append(r.attrs, "partial", true)
-			r.carry = url.Values{"done": {strconv.FormatInt(done, 10)}}
-			if !t.bounded {
-				r.carry = boundFields(res.UpToID, res.Matched)
-				r.carry.Set("done", strconv.FormatInt(done, 10))
-			}
-			r.msg = fmt.Sprintf("Replayed %s so far, of %s; this page stopped to stay within its time. Continue to replay the rest: the rows replayed are no longer dead letters.",
-				plural(done, "dead letter", "dead letters"), num(max(t.expect, res.Matched+t.done)))
+			t.stoppedAt(&r, done, res.Matched, res.UpToID, "Replayed",
+				"Continue to replay the rest: the rows replayed are no longer dead letters.")
 			return r, nil
 		}
 		r.msg = fmt.Sprintf("Replayed %s; %s stayed in the dead-letter table.",
@@ -320,6 +314,21 @@ var replayDeadLetters = actionKind{
 		}
 		return r, err
 	},
+}
+
+// stoppedAt makes r the answer of a request of a large action that its
+// time budget stopped after done dead letters (in all its requests): it
+// says how far the action got, and carries what the next request needs
+// to go on (the bound, when the action had none from a dry run).
+func (t target) stoppedAt(r *stepResult, done, matched, upTo int64, verbed, rest string) {
+	r.more, r.attrs = true, append(r.attrs, "partial", true)
+	r.carry = url.Values{}
+	if !t.bounded {
+		r.carry = boundFields(upTo, matched)
+	}
+	r.carry.Set("done", strconv.FormatInt(done, 10))
+	r.msg = fmt.Sprintf("%s %s so far, of %s; this page stopped to stay within its time. %s",
+		verbed, plural(done, "dead letter", "dead letters"), num(max(t.expect, matched+t.done)), rest)
 }
 
 // appendNonEmpty appends s to lines unless it is empty.
@@ -351,14 +360,7 @@ var deleteDeadLetters = actionKind{
 		r.attrs = append(r.attrs, boundAttr(res.Matched, res.UpToID)...)
 		done := t.done + res.Deleted
 		if stopped(err) {
-			r.more, r.attrs = true, append(r.attrs, "partial", true)
-			r.carry = url.Values{"done": {strconv.FormatInt(done, 10)}}
-			if !t.bounded {
-				r.carry = boundFields(res.UpToID, res.Matched)
-				r.carry.Set("done", strconv.FormatInt(done, 10))
-			}
-			r.msg = fmt.Sprintf("Deleted %s so far, of %s; this page stopped to stay within its time. Continue to delete the rest.",
-				plural(done, "dead letter", "dead letters"), num(max(t.expect, res.Matched+t.done)))
+			t.stoppedAt(&r, done, res.Matched, res.UpToID, "Deleted", "Continue to delete the rest.")
 			return r, nil
 		}
 		r.msg = fmt.Sprintf("Deleted %s.", plural(done, "dead letter", "dead letters"))

@@ -1,22 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"net/url"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/outboxgen/outboxgen/internal/childtest"
+	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
 
@@ -31,66 +25,15 @@ func init() {
 	}
 }
 
-// lockedBuffer collects the demo's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-// databaseOfItsOwn returns a pool on a database made for the test, and
-// its URL; the database is dropped when the test ends.
-func databaseOfItsOwn(t *testing.T) (*pgxpool.Pool, string) {
-	t.Helper()
-	admin := outboxtest.Connect(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "orders_demo_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(t.Context(), "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Skipf("a database of the test's own: %v", err)
-	}
-	t.Cleanup(func() {
-		if _, err := admin.Exec(context.Background(), "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Errorf("dropping database %s: %v", name, err)
-		}
-	})
-	dsn := admin.Config().ConnString()
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		u.Path = "/" + name
-		dsn = u.String()
-	} else {
-		dsn = strings.TrimSpace(dsn + " dbname=" + name)
-	}
-	cfg := admin.Config()
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, dsn
-}
-
 // A second SIGINT ends the demo at once while its first stop is held up
 // (here its cleanup waits for a lock the test holds): the first says the
 // demo stops, the second exits with status 1.
 func TestDemoEndsAtOnceOnASecondSignal(t *testing.T) {
 	t.Parallel()
-	pool, dsn := databaseOfItsOwn(t)
+	pool, dsn := pgtest.Database(t, outboxtest.Connect(t), "orders_demo")
 	cmd := exec.Command(os.Args[0], "-orders=200000")
 	cmd.Env = append(os.Environ(), demoChild+"=1", "DATABASE_URL="+dsn)
-	var out lockedBuffer
+	var out childtest.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 // Child is one run of the test binary as a child process.
 type Child struct {
 	cmd    *exec.Cmd
-	stderr lockedBuffer
+	stderr Buffer
 }
 
 // Start runs the test binary with no test selected (-test.run=^$) and the
@@ -57,20 +57,20 @@ func (c *Child) Wait() error { return c.cmd.Wait() }
 // Stderr returns what the child wrote to its standard error so far.
 func (c *Child) Stderr() string { return c.stderr.String() }
 
-// lockedBuffer is a buffer the child's output is copied into while tests
-// read it.
-type lockedBuffer struct {
+// Buffer collects a child's output while a test reads it: safe for one
+// writer and readers at once.
+type Buffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (b *lockedBuffer) Write(p []byte) (int, error) {
+func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.Write(p)
 }
 
-func (b *lockedBuffer) String() string {
+func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()

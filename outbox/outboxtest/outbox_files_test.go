@@ -1,9 +1,6 @@
 package outboxtest_test
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io/fs"
 	"os"
 	"slices"
@@ -16,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
@@ -66,32 +64,6 @@ func fileVersions(t *testing.T, fsys fs.FS) []int64 {
 
 // ordersMigration is a service's own migration.
 const ordersMigration = "-- +goose Up\nCREATE TABLE orders (id text PRIMARY KEY);\n\n-- +goose Down\nDROP TABLE orders;\n"
-
-// freshDatabase returns a pool on a database of the test's own, dropped
-// when the test ends, for a test that looks at what lands in public.
-func freshDatabase(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	admin := outboxtest.Connect(t)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "outboxtest_db_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(t.Context(), "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Skipf("a database of the test's own: %v", err)
-	}
-	t.Cleanup(func() {
-		if _, err := admin.Exec(context.Background(), "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Errorf("dropping database %s: %v", name, err)
-		}
-	})
-	cfg := admin.Config()
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
 
 // publicObjects returns the relations and functions in the public schema,
 // the schemas beside the fixtures', and the rows of public.outbox.
@@ -245,4 +217,12 @@ func TestWithMigrationsRefusesOutboxFilesItCannotMap(t *testing.T) {
 			}
 		})
 	}
+}
+
+// freshDatabase returns a pool on a database of the test's own, dropped
+// when the test ends, for a test that looks at what lands in public.
+func freshDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, _ := pgtest.Database(t, outboxtest.Connect(t), "outboxtest_db")
+	return pool
 }
