@@ -210,7 +210,17 @@ func TestMigrateNeverQueuesPublishersBehindAWaitingStep(t *testing.T) {
 	go func() {
 		done <- mig.Migrate(e.ctx, MigrateLockTimeout(lockTimeout), MigrateLogger(slog.New(logs)))
 	}()
-	eventually(t, "the step waiting for the held lock", func() bool { return blocking(t, e.db, holder.pid) })
+	// The step's first retry says it waited out its lock timeout behind
+	// the holder (watching for the wait itself could miss it: between
+	// tries the step waits out a backoff that grows).
+	eventually(t, "the step's first retry", func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("Migrate returned while the holder held its locks: %v", err)
+		default:
+		}
+		return len(logs.retries()) >= 1
+	})
 	// Publishing goes on while the step is held up: it waits, times
 	// out, and retries.
 	at := published.Load()
