@@ -2,17 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"log"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/outboxgen/outboxgen/internal/childtest"
-	"github.com/outboxgen/outboxgen/internal/pgtest"
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
 
@@ -45,8 +50,50 @@ func (holdPlaced) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// lockedBuffer collects a child's output while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// databaseOfItsOwn returns the URL of a database made for the test and
+// dropped when it ends: the quick start migrates public.outbox.
+func databaseOfItsOwn(t *testing.T) string {
+	t.Helper()
+	admin := outboxtest.Connect(t)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "quickstart_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(t.Context(), "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Skipf("a database of the test's own: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("dropping database %s: %v", name, err)
+		}
+	})
+	dsn := admin.Config().ConnString()
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + name
+		return u.String()
+	}
+	return strings.TrimSpace(dsn + " dbname=" + name)
+}
+
 // waitFor waits until out holds want, or the child exits first.
-func waitFor(t *testing.T, out *childtest.Buffer, exited <-chan struct{}, want string) {
+func waitFor(t *testing.T, out *lockedBuffer, exited <-chan struct{}, want string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(out.String(), want) {
@@ -68,8 +115,8 @@ func waitFor(t *testing.T, out *childtest.Buffer, exited <-chan struct{}, want s
 func TestQuickStartEndsAtOnceOnASecondSignal(t *testing.T) {
 	t.Parallel()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), quickstartChild+"=1", "DATABASE_URL="+quickstartDatabase(t))
-	var out childtest.Buffer
+	cmd.Env = append(os.Environ(), quickstartChild+"=1", "DATABASE_URL="+databaseOfItsOwn(t))
+	var out lockedBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -110,12 +157,4 @@ func TestQuickStartEndsAtOnceOnASecondSignal(t *testing.T) {
 	if strings.Contains(got, "graceful timeout passed") || strings.Contains(got, "outbox: stopped") {
 		t.Errorf("the quick start waited for the graceful timeout:\n%s", got)
 	}
-}
-
-// quickstartDatabase returns the URL of a database made for the test and
-// dropped when it ends: the quick start migrates public.outbox.
-func quickstartDatabase(t *testing.T) string {
-	t.Helper()
-	_, dsn := pgtest.Database(t, outboxtest.Connect(t), "quickstart")
-	return dsn
 }
