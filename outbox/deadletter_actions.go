@@ -136,13 +136,7 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 		return res, fmt.Errorf("outbox: ReplayDeadLetters: %w", err)
 	}
 	res.Matched, res.UpToID = count.Total, count.MaxID
-	// Ids start below zero too when other clients wrote them.
-	var done int64
-	after := int64(math.MinInt64)
-	for done < count.Total {
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
+	err = inBatches(ctx, count.Total, opts.Progress, func(after int64) (int64, int64, error) {
 		p := db.ReplayDeadLettersParams{
 			Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
 			AfterID: after, UpToID: count.MaxID, MaxRows: replayBatch, DropTimerIds: opts.DropConflictingTimerIDs,
@@ -156,10 +150,7 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 			rows, err = q.ReplayDeadLetters(ctx, p)
 		}
 		if err != nil {
-			return res, fmt.Errorf("outbox: ReplayDeadLetters after %d rows: %w", res.Replayed, err)
-		}
-		if len(rows) == 0 {
-			break // another replay took the rest
+			return 0, 0, fmt.Errorf("outbox: ReplayDeadLetters after %d rows: %w", res.Replayed, err)
 		}
 		for _, r := range rows {
 			var c TimerConflict
@@ -176,13 +167,42 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 				res.Replayed++
 			}
 		}
-		done += int64(len(rows))
-		after = rows[len(rows)-1].ID
-		if opts.Progress != nil {
-			opts.Progress(done, max(done, count.Total))
+		if len(rows) == 0 {
+			return 0, 0, nil
+		}
+		return int64(len(rows)), rows[len(rows)-1].ID, nil
+	})
+	return res, err
+}
+
+// inBatches runs batch over the total rows an action matched, in id
+// order: each call handles the rows after the id it is given (ids start
+// below zero too when other clients wrote them) and returns how many it
+// looked at and the last id among them. It ends when total rows were
+// looked at, when a batch finds none (another client took the rest), at
+// an error, or when ctx ends, calling progress, if not nil, after each
+// batch.
+func inBatches(ctx context.Context, total int64, progress func(done, total int64), batch func(after int64) (looked, last int64, err error)) error {
+	var done int64
+	after := int64(math.MinInt64)
+	for done < total {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		looked, last, err := batch(after)
+		if err != nil {
+			return err
+		}
+		if looked == 0 {
+			return nil
+		}
+		done += looked
+		after = last
+		if progress != nil {
+			progress(done, max(done, total))
 		}
 	}
-	return res, nil
+	return nil
 }
 
 // replayDryRun reads on conn what a replay of f would do: how many rows
@@ -287,27 +307,15 @@ func (o *Outbox) PurgeDeadLetters(ctx context.Context, f DeadLetterFilter, opts 
 	if opts.DryRun {
 		return res, nil
 	}
-	var done int64
-	after := int64(math.MinInt64)
-	for done < count.Total {
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
+	err = inBatches(ctx, count.Total, opts.Progress, func(after int64) (int64, int64, error) {
 		b, err := q.PurgeDeadLetters(ctx, db.PurgeDeadLettersParams{
 			Queue: orNil(f.Queue), Reason: orNil(f.Reason), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
 			AfterID: after, UpToID: count.MaxID, MaxRows: purgeBatch})
 		if err != nil {
-			return res, fmt.Errorf("outbox: PurgeDeadLetters after %d rows: %w", res.Deleted, err)
-		}
-		if b.Looked == 0 {
-			break // another client took the rest
+			return 0, 0, fmt.Errorf("outbox: PurgeDeadLetters after %d rows: %w", res.Deleted, err)
 		}
 		res.Deleted += b.Deleted
-		done += b.Looked
-		after = b.LastID
-		if opts.Progress != nil {
-			opts.Progress(done, max(done, count.Total))
-		}
-	}
-	return res, nil
+		return b.Looked, b.LastID, nil
+	})
+	return res, err
 }
