@@ -45,19 +45,26 @@ verify: ## Fail when db/ is stale, code is not gofmt-clean, or vet/staticcheck c
 golden: ## Rewrite the CLI's golden files from the current output
 	$(GO) test ./cmd/outboxgen -run Golden -update
 
-# GOTESTFLAGS passes flags to every go test of make test, e.g. GOTESTFLAGS=-json.
+# make test runs go test in the repository's module and in the contrib
+# modules', the console's browser tests' and the bindings example's at
+# once (internal/testreport), prints what go test prints, and ends with
+# the TEST_SLOWEST (10) slowest tests. TEST_PARALLEL is how many tests of
+# one package run at once: most wait on the database, not the CPU.
+# GOTESTFLAGS passes flags to every go test, e.g. GOTESTFLAGS=-v or
+# GOTESTFLAGS="-run Publish"; TEST_JSON=FILE keeps go test's JSON events.
 # The timeout is go test's 10m tripled: a package's tests, CPU-bound under
 # the race detector, take several times longer on a busy machine.
-GOTESTFLAGS ?=
+GOTESTFLAGS   ?=
+TEST_PARALLEL ?= 8
+TEST_SLOWEST  ?= 10
+TEST_JSON     ?=
+TEST_MODULES   = . contrib/prometheus contrib/otel contrib/jetstream console/browser examples/bindings
 
 .PHONY: test
-test: ## Run every test with the race detector against PostgreSQL (the contrib modules' and the console's browser tests too)
-	$(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
-	cd contrib/prometheus && $(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
-	cd contrib/otel && $(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
-	cd contrib/jetstream && $(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
-	cd console/browser && $(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
-	cd examples/bindings && $(GO) test -race -count=1 -timeout 30m $(GOTESTFLAGS) ./...
+test: ## Run every test with the race detector against PostgreSQL (the contrib modules' and the console's browser tests too), then list the slowest
+	@$(GO) run ./internal/testreport $(addprefix -dir ,$(TEST_MODULES)) -slowest $(TEST_SLOWEST) \
+		$(if $(TEST_JSON),-json $(TEST_JSON)) $(if $(filter -v,$(GOTESTFLAGS)),-v) \
+		-- -race -count=1 -timeout 30m -parallel $(TEST_PARALLEL) $(GOTESTFLAGS) ./...
 
 # CHAOS_DURATION is how long faults are injected; CI runs the default.
 CHAOS_DURATION ?= 60s

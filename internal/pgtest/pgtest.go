@@ -29,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -91,7 +92,16 @@ func run(m *testing.M) int {
 			// $DATABASE_URL: in a test binary, that is the test database.
 			_ = os.Setenv("DATABASE_URL", srv.URL)
 		}
-		return m.Run()
+		code := m.Run()
+		if err == nil {
+			// The catalogs' dead rows, which the package's schemas left.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if verr := vacuumCatalogs(ctx, srv.URL, os.Stderr); verr != nil {
+				fmt.Fprintln(os.Stderr, "pgtest: vacuuming the catalogs:", verr)
+			}
+		}
+		return code
 	})
 	if code == 0 && !fromContainer {
 		if err := goleak.Find(); err != nil {
@@ -178,6 +188,11 @@ func New(tb testing.TB) *DB {
 	base := URL(tb)
 	ctx := context.Background()
 	schema := "t_" + randomHex(tb, 8)
+	if !Pooled(tb) {
+		// Behind a pooler, sessions (and so the slots' locks) are not
+		// the clients'; the pooler queues clients itself.
+		admit(tb, base, 1)
+	}
 
 	admin, err := pgx.Connect(ctx, base)
 	if err != nil {

@@ -1,0 +1,205 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// EnvSlots, when set to a positive number, is how many tests may hold a
+// schema of the test database at once, across every test process of a
+// run; unset, it follows from the server's max_connections (see
+// [connectionsPerTest]).
+const EnvSlots = "TEST_DATABASE_SLOTS"
+
+// connectionsPerTest is how many connections a test running on the test
+// database is counted to use: its pools, its subscribers' listeners,
+// its fixtures' connections and its slot's own. A test that uses many
+// more says so with [Reserve].
+const connectionsPerTest = 12
+
+// spareConnections are the server's connections left to what is not a
+// test: psql sessions, the harness's own connections, tests of packages
+// that do not take slots.
+const spareConnections = 10
+
+// slotLockClass is the first key of the advisory locks that are the slots
+// ("otst"): the two-key form, which no code under test uses.
+const slotLockClass = 0x6f747374
+
+// The slots are advisory locks on the test database. make test runs many
+// test processes at once (packages, modules, and a second copy a
+// developer starts beside the first), and each runs several tests at
+// once: without a limit they open more connections than the server
+// allows, and tests fail with "too many clients" when nothing is wrong.
+// A test takes a slot before it creates its schema and gives it back when
+// it ends; tests of one top-level test share theirs.
+var slots struct {
+	once  sync.Once
+	count int
+	err   error
+
+	mu   sync.Mutex
+	held map[string]*slotHold // by top-level test name
+}
+
+// slotHold is a top-level test's slots: the connection that holds their
+// locks, and how many of its tests (and subtests) still use them.
+type slotHold struct {
+	users int // guarded by slots.mu
+
+	mu    sync.Mutex // held while slots are taken
+	conn  *pgx.Conn
+	taken []int
+}
+
+// slotCount returns how many slots the test database has.
+func slotCount(ctx context.Context, base string) (int, error) {
+	slots.once.Do(func() {
+		if v := os.Getenv(EnvSlots); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				slots.err = fmt.Errorf("%s=%q: want a positive number", EnvSlots, v)
+			}
+			slots.count = n
+			return
+		}
+		conn, err := pgx.Connect(ctx, base)
+		if err != nil {
+			slots.err = err
+			return
+		}
+		defer conn.Close(ctx)
+		// reserved_connections (PostgreSQL 16) is read as 0 before it.
+		var most, reserved int
+		slots.err = conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int,
+			current_setting('superuser_reserved_connections')::int
+			+ coalesce(current_setting('reserved_connections', true)::int, 0)`).Scan(&most, &reserved)
+		slots.count = max((most-reserved-spareConnections)/connectionsPerTest, 2)
+	})
+	return slots.count, slots.err
+}
+
+// admit has tb's top-level test hold n slots (at most all of them) until
+// it and its subtests end, waiting until they are free.
+func admit(tb testing.TB, base string, n int) {
+	tb.Helper()
+	ctx := context.Background()
+	count, err := slotCount(ctx, base)
+	if err != nil {
+		tb.Fatalf("pgtest: how many tests the database serves at once: %v", err)
+	}
+	top, _, _ := strings.Cut(tb.Name(), "/")
+	slots.mu.Lock()
+	if slots.held == nil {
+		slots.held = map[string]*slotHold{}
+	}
+	h := slots.held[top]
+	if h == nil {
+		h = &slotHold{}
+		slots.held[top] = h
+	}
+	h.users++
+	slots.mu.Unlock()
+	tb.Cleanup(func() { release(top, h) })
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	want := min(n, count)
+	if len(h.taken) >= want {
+		return
+	}
+	if h.conn == nil {
+		cfg, err := pgx.ParseConfig(base)
+		if err != nil {
+			tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
+		}
+		cfg.RuntimeParams["application_name"] = slotAppName(top)
+		if h.conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
+			tb.Fatalf("pgtest: connect for a slot: %v", err)
+		}
+	}
+	if want == 1 {
+		// Any free slot, else wait for one picked at random.
+		start := rand.IntN(count)
+		for i := range count {
+			s := (start + i) % count
+			var ok bool
+			if err := h.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", slotLockClass, s).Scan(&ok); err != nil {
+				tb.Fatalf("pgtest: take a slot: %v", err)
+			}
+			if ok {
+				h.taken = append(h.taken, s)
+				return
+			}
+		}
+		h.lock(tb, start)
+		return
+	}
+	// Several: let go of what is held, then take slots 0 to want-1 in
+	// order. A test waiting for a slot then holds none but lower ones,
+	// so no two tests each hold a slot the other waits for.
+	if len(h.taken) > 0 {
+		if _, err := h.conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+			tb.Fatalf("pgtest: give back slots: %v", err)
+		}
+		h.taken = nil
+	}
+	for s := range want {
+		h.lock(tb, s)
+	}
+}
+
+func (h *slotHold) lock(tb testing.TB, s int) {
+	tb.Helper()
+	if _, err := h.conn.Exec(context.Background(), "SELECT pg_advisory_lock($1, $2)", slotLockClass, s); err != nil {
+		tb.Fatalf("pgtest: wait for slot %d: %v", s, err)
+	}
+	h.taken = append(h.taken, s)
+}
+
+// slotAppName is the application_name of the connection that holds the
+// slots of the top-level test top in this process.
+func slotAppName(top string) string {
+	return fmt.Sprintf("pgtest slot %d %s", os.Getpid(), top)
+}
+
+// release gives back top's slots when the last of its tests ends.
+func release(top string, h *slotHold) {
+	slots.mu.Lock()
+	h.users--
+	last := h.users == 0
+	if last {
+		delete(slots.held, top)
+	}
+	slots.mu.Unlock()
+	if !last {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn != nil {
+		// Closing the session ends its advisory locks.
+		_ = h.conn.Close(context.Background())
+		h.conn, h.taken = nil, nil
+	}
+}
+
+// Reserve counts tb's test as n tests (n slots) for as long as it runs: a
+// test that opens several times connectionsPerTest connections (processes
+// of its own, pools of dozens) calls it before it opens them, so that the
+// tests beside it wait instead of failing for want of connections.
+func Reserve(tb testing.TB, n int) {
+	tb.Helper()
+	if Pooled(tb) {
+		return
+	}
+	admit(tb, URL(tb), n)
+}
