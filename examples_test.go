@@ -15,6 +15,7 @@ import (
 // (func Example...), in every module of the repository, and the quick
 // start the README quotes.
 func TestExamplesImportNoInternalPackage(t *testing.T) {
+	t.Parallel()
 	out, err := exec.Command("git", "ls-files", "*_test.go", "examples/quickstart/*.go").Output()
 	if err != nil {
 		t.Skipf("git ls-files: %v", err)

@@ -23,6 +23,7 @@ var layers = [][]string{
 // TestPackagesImportOnlyBelowThem holds the packages of layers to their
 // order.
 func TestPackagesImportOnlyBelowThem(t *testing.T) {
+	t.Parallel()
 	const module = "github.com/outboxgen/outboxgen/"
 	layer := map[string]int{}
 	var pkgs []string

@@ -26,6 +26,7 @@ var quote = regexp.MustCompile(`^<!-- quotes (\S+) region (\S+) -->$`)
 // four spaces a tab, as the pages are). The files are Go files that make
 // test and make verify compile. go test . -update rewrites the blocks.
 func TestDocsQuoteCompiledCode(t *testing.T) {
+	t.Parallel()
 	pages, err := filepath.Glob("docs/*.md")
 	if err != nil {
 		t.Fatal(err)
@@ -150,6 +151,7 @@ const firstScreen = 40
 // README's first screen, beside what they need (PostgreSQL), and keeps
 // CI running the same test command the README gives.
 func TestReadmeFirstScreenGivesTheRunAndTestCommands(t *testing.T) {
+	t.Parallel()
 	text, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)

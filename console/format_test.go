@@ -13,6 +13,7 @@ import (
 )
 
 func TestFormatPayload(t *testing.T) {
+	t.Parallel()
 	long := strings.Repeat("a", maxPayloadShown+10)
 	for _, c := range []struct {
 		in   string
@@ -32,6 +33,7 @@ func TestFormatPayload(t *testing.T) {
 }
 
 func TestNumbersAndDurations(t *testing.T) {
+	t.Parallel()
 	got := []string{num(0), num(999), num(1000), num(-1234567), count(10, 10), count(9, 10), count(5, 0),
 		dur(0), dur(400 * time.Microsecond), dur(850 * time.Millisecond), dur(12400 * time.Millisecond), dur(200 * time.Second),
 		dur(125 * time.Minute), dur(99 * time.Hour), dur(-3 * time.Second), preview([]byte("a\n  b"), 10), clip("abcdef", 3),
@@ -46,6 +48,7 @@ func TestNumbersAndDurations(t *testing.T) {
 }
 
 func TestHistoryKeepsOneSamplePerRefreshAndDrawsIt(t *testing.T) {
+	t.Parallel()
 	h := newHistory(3)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	d := func(ready int64) []outbox.QueueDepth { return []outbox.QueueDepth{{Queue: "q", Ready: ready}} }
@@ -76,6 +79,7 @@ func TestHistoryKeepsOneSamplePerRefreshAndDrawsIt(t *testing.T) {
 }
 
 func TestNewChecksItsConfig(t *testing.T) {
+	t.Parallel()
 	for _, cfg := range []Config{{}, {Pool: testPool(t), Path: "console"}, {Pool: testPool(t), Path: "/console/"}, {Pool: testPool(t), History: -1}, {Pool: testPool(t), Timeout: -time.Second},
 		{Pool: testPool(t), AllowedHosts: []string{""}}, {Pool: testPool(t), AllowedHosts: []string{"https://console.example.com"}},
 		{Pool: testPool(t), AllowedHosts: []string{"console.example.com:443"}}, {Pool: testPool(t), AllowedHosts: []string{"console.example.com/ops"}},
@@ -109,6 +113,7 @@ func TestConsoleMountedUnderAPath(t *testing.T) {
 }
 
 func TestBasicAuth(t *testing.T) {
+	t.Parallel()
 	h := BasicAuth("ops", "pw", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("in")) }))
 	for _, c := range []struct {
 		user, password string

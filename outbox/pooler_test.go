@@ -93,6 +93,7 @@ func poolOn(t *testing.T, d *pgtest.DB, dsn string) (*pgxpool.Pool, *Outbox) {
 // and a transactional subscriber handle them (a retry and a dead letter
 // among them), in order per key, woken by NOTIFY.
 func TestPgBouncerDeliversWithTheDocumentedSettings(t *testing.T) {
+	t.Parallel()
 	b := pgBouncer(t)
 	modes := []string{"exec", "cache_describe"}
 	listenDSN := b.server
@@ -252,6 +253,7 @@ func TestPgBouncerDeliversWithTheDocumentedSettings(t *testing.T) {
 // (26000). A publisher's error names the statement and the SQLSTATE. In
 // session mode pgx's default works (TestPgBouncerDeliversWithTheDocumentedSettings).
 func TestPgBouncerRefusesPgxDefaultInTransactionMode(t *testing.T) {
+	t.Parallel()
 	b := pgBouncer(t)
 	if b.mode != "transaction" {
 		t.Skip("pgx's default works through PgBouncer in session mode")
@@ -294,6 +296,7 @@ func TestPgBouncerRefusesPgxDefaultInTransactionMode(t *testing.T) {
 // with the subscribers' direct ListenDSN. In session mode LISTEN through
 // the pooler works.
 func TestPgBouncerListenThroughThePooler(t *testing.T) {
+	t.Parallel()
 	b := pgBouncer(t)
 	d := pgtest.New(t)
 	pool, ob := poolOn(t, d, as(t, b.url, d, "default_query_exec_mode", "exec"))
@@ -389,6 +392,7 @@ func (a *afterStatement) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pg
 // while the lock stays behind; the lock's own transaction keeps its
 // server connection, and ends with the migration.
 func TestPgBouncerMigrationLockHoldsInTransactionMode(t *testing.T) {
+	t.Parallel()
 	b := pgBouncer(t)
 	if b.mode != "transaction" {
 		t.Skip("a session pooler keeps a session's locks")

@@ -10,6 +10,7 @@ import (
 // and set copy each one, so a field added to the config cannot be dropped
 // on its way to the engine.
 func TestSubscriberSettingsCopyEveryField(t *testing.T) {
+	t.Parallel()
 	ct, st := reflect.TypeFor[SubscriberConfig[string]](), reflect.TypeFor[subscriberSettings]()
 	var want []string
 	for f := range ct.Fields() {

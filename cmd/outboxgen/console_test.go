@@ -73,6 +73,7 @@ func get(t *testing.T, url, user, password string) (int, string) {
 }
 
 func TestConsoleServesTheOutboxesOnLoopback(t *testing.T) {
+	t.Parallel()
 	d, _, env, _ := migrated(t)
 	env["OUTBOX_SCHEMA"] = d.Schema
 	url, second := startConsole(t, env)
@@ -89,6 +90,7 @@ func TestConsoleServesTheOutboxesOnLoopback(t *testing.T) {
 }
 
 func TestConsoleAsksForItsPassword(t *testing.T) {
+	t.Parallel()
 	_, _, env, _ := migrated(t)
 	env["OUTBOXGEN_CONSOLE_PASSWORD"] = "s3cret"
 	url, _ := startConsole(t, env, "-user", "ops")
@@ -103,6 +105,7 @@ func TestConsoleAsksForItsPassword(t *testing.T) {
 }
 
 func TestConsoleUsageErrors(t *testing.T) {
+	t.Parallel()
 	env := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}
 	for _, c := range []struct {
 		name string
@@ -150,6 +153,7 @@ func getHost(t *testing.T, url, host, user, password string) int {
 // Without -user the console answers loopback names and those -allow-host
 // adds; with -user any name, unless -allow-host narrows it.
 func TestConsoleAnswersOnlyTheHostsItIsTold(t *testing.T) {
+	t.Parallel()
 	_, _, env, _ := migrated(t)
 	port := func(u string) string { return strings.TrimSuffix(u[strings.LastIndex(u, ":"):], "/") }
 	for _, c := range []struct {

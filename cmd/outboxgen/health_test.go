@@ -56,6 +56,7 @@ func TestHealthOfAMissingOutbox(t *testing.T) {
 // 1; with the direct connection as -listen-dsn it hears. In session mode
 // it hears through the pooler.
 func TestHealthThroughPgBouncer(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("TEST_PGBOUNCER_URL") == "" {
 		t.Skip("TEST_PGBOUNCER_URL names no PgBouncer (make leg-pgbouncer sets it)")
 	}

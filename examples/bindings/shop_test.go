@@ -23,6 +23,7 @@ func TestMain(m *testing.M) { outboxtest.Main(m) }
 // readme:begin testing
 
 func TestPlaceOrder(t *testing.T) {
+	t.Parallel()
 	f := outboxtest.New(t, outboxtest.Connect(t), nil) // or on your own pool
 	if err := pgx.BeginFunc(t.Context(), f.Pool, func(tx pgx.Tx) error {
 		return PlaceOrder(t.Context(), f.Outbox, tx, OrderPlaced{OrderID: "o-1"})
@@ -90,6 +91,7 @@ func TestPlaceOrderPublishesAndShippingShipsIt(t *testing.T) {
 // DrainTx runs the transactional handler: its write commits with the
 // acknowledgement.
 func TestRecordShipment(t *testing.T) {
+	t.Parallel()
 	f := outboxtest.New(t, outboxtest.Connect(t), nil, outboxtest.WithMigrations(Migrations, "migrations"))
 	if err := pgx.BeginFunc(t.Context(), f.Pool, func(tx pgx.Tx) error {
 		return PlaceOrder(t.Context(), f.Outbox, tx, OrderPlaced{OrderID: "o-1", Customer: "c-7"})
@@ -111,6 +113,7 @@ func TestRecordShipment(t *testing.T) {
 // RequirePublishedTx asserts inside the transaction under test, before it
 // commits; after a rollback, nothing was published.
 func TestPlaceOrderPublishesInTheTransaction(t *testing.T) {
+	t.Parallel()
 	f := outboxtest.New(t, outboxtest.Connect(t), nil)
 	tx, err := f.Pool.Begin(t.Context())
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 func TestMain(m *testing.M) { outboxtest.Main(m) } // finds or starts a PostgreSQL
 
 func TestPlaceOrder(t *testing.T) {
+	t.Parallel()
 	f := outboxtest.New(t, outboxtest.Connect(t), nil) // an outbox of the test's own
 	if err := pgx.BeginFunc(t.Context(), f.Pool, func(tx pgx.Tx) error {
 		return placeOrder(t.Context(), f.Outbox, tx, OrderPlaced{ID: "o-1"})

@@ -9,6 +9,7 @@ import (
 // once the others have exited; a worker that enters after the stop is
 // told so, and is not counted as abandoned.
 func TestAbandonCountsOnlyWorkersInAHandler(t *testing.T) {
+	t.Parallel()
 	var c Crew
 	inside := make(chan struct{})
 	stuck := make(chan struct{})
@@ -52,6 +53,7 @@ func TestAbandonCountsOnlyWorkersInAHandler(t *testing.T) {
 
 // A crew of no workers is done at once.
 func TestEmptyCrewIsDone(t *testing.T) {
+	t.Parallel()
 	var c Crew
 	c.Hire(0, func(*Worker) {})
 	select {

@@ -19,6 +19,7 @@ import (
 // too), runs the version of the initdb it found (the first on PATH, when
 // there is one), answers, has autovacuum on, and is gone after Stop.
 func TestThrowawayCluster(t *testing.T) {
+	t.Parallel()
 	initdb, err := lookBin("initdb")
 	if err != nil {
 		t.Skipf("no PostgreSQL server binaries here: %v", err)
@@ -60,6 +61,8 @@ func TestThrowawayCluster(t *testing.T) {
 }
 
 // Find takes what PostgreSQL's client defaults reach, as psql would.
+//
+// Not parallel: it sets the PG* variables of the process (t.Setenv).
 func TestFindUsesTheClientDefaults(t *testing.T) {
 	url := os.Getenv("TEST_DATABASE_URL")
 	if url == "" {
@@ -92,6 +95,8 @@ func TestFindUsesTheClientDefaults(t *testing.T) {
 // fallback registered (by pgcontainer's import); with none registered its
 // error says which import registers it, and with one that fails it says
 // why.
+//
+// Not parallel: it replaces the process-wide registered container starter.
 func TestAcquireFallsBackToARegisteredContainer(t *testing.T) {
 	nothing := func(context.Context) (*Server, error) { return nil, errors.New("nothing local answers") }
 	t.Cleanup(func() { RegisterContainer(nil) })

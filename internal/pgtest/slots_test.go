@@ -124,6 +124,7 @@ func TestNewWaitsForAFreeSlot(t *testing.T) {
 // Reserve holds the lowest slots, as many as asked, and no more than
 // there are.
 func TestReserveHoldsTheLowestSlots(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	count, err := slotCount(ctx, URL(t))
 	if err != nil {

@@ -71,6 +71,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		out.raw = f
 	}
 
+	// The modules' go commands write their errors at once.
+	stderr = &lockedWriter{w: stderr}
 	start := time.Now()
 	results := make([]error, len(modules))
 	var wg sync.WaitGroup
@@ -118,6 +120,18 @@ func runModule(goCmd, dir string, args []string, out *printer, stderr io.Writer)
 	err = cmd.Wait()
 	out.flushModule(dir)
 	return errors.Join(err, scanErr)
+}
+
+// lockedWriter serializes writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
 
 // event is one of go test -json's events (cmd/test2json).

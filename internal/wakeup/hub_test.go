@@ -68,6 +68,7 @@ func (m *member) heard() []string {
 // own gets a hub of its own; the hub stops when its last member leaves,
 // and the next member starts a new one.
 func TestMembersConnectingAlikeShareAHub(t *testing.T) {
+	t.Parallel()
 	d := pgtest.New(t)
 	names := naming.Names{Schema: d.Schema, Table: naming.DefaultTable}
 	cache := naming.NewCache(names)

@@ -24,6 +24,7 @@ var containerModules = []string{"github.com/testcontainers/", "github.com/docker
 // (examples/bindings, a module of its own as a service's is); a test
 // binary that imports pgcontainer does.
 func TestOnlyImportersLinkTestcontainers(t *testing.T) {
+	t.Parallel()
 	goCmd, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go command to list the dependencies with")
@@ -72,6 +73,7 @@ func TestOnlyImportersLinkTestcontainers(t *testing.T) {
 // Start starts PostgreSQL in a container where Docker runs, and stop
 // removes it; without Docker, its error says to start Docker.
 func TestStart(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	url, stop, err := pgcontainer.Start(ctx)
