@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
 // holdSnapshot opens a REPEATABLE READ transaction with its snapshot
@@ -16,6 +17,8 @@ import (
 // cannot be marked dead.
 func (e *env) holdSnapshot(app string) pgx.Tx {
 	e.t.Helper()
+	// The tests that hold a snapshot look for theirs as the oldest.
+	pgtest.Exclusive(e.t, "oldest snapshot")
 	cfg, err := pgx.ParseConfig(e.db.URL)
 	if err != nil {
 		e.t.Fatal(err)

@@ -203,3 +203,35 @@ func Reserve(tb testing.TB, n int) {
 	}
 	admit(tb, URL(tb), n)
 }
+
+// exclusiveLockClass is the first key of the advisory locks [Exclusive]
+// takes ("otsx").
+const exclusiveLockClass = 0x6f747378
+
+// Exclusive has tb's test run alone among the tests, of any process on
+// the test database, that call Exclusive with the same name: it waits
+// until none of them runs, and holds name until tb ends. A test calls it
+// when what it proves is a property of the whole server that such tests
+// change, e.g. which session holds back vacuum the longest.
+//
+// Behind a pooler, whose sessions are not the clients', it does nothing.
+func Exclusive(tb testing.TB, name string) {
+	tb.Helper()
+	if Pooled(tb) {
+		return
+	}
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(URL(tb))
+	if err != nil {
+		tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
+	}
+	cfg.RuntimeParams["application_name"] = "pgtest exclusive " + name
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: connect for %s: %v", name, err)
+	}
+	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", exclusiveLockClass, name); err != nil {
+		tb.Fatalf("pgtest: wait to run alone among the %s tests: %v", name, err)
+	}
+}

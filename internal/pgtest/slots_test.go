@@ -150,3 +150,61 @@ func TestReserveHoldsTheLowestSlots(t *testing.T) {
 		})
 	}
 }
+
+// Of two tests that call Exclusive with one name, the second waits until
+// the first has ended.
+func TestExclusiveTestsRunOneAtATime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := "exclusive " + randomHex(t, 4)
+	check, err := pgx.Connect(ctx, URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close(ctx)
+	// locks returns how many sessions hold name and how many wait for it.
+	locks := func() (held, waiting int) {
+		if err := check.QueryRow(ctx, `SELECT count(*) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted)
+			FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND l.classid = $1 AND a.application_name = $2`,
+			exclusiveLockClass, "pgtest exclusive "+name).Scan(&held, &waiting); err != nil {
+			t.Fatal(err)
+		}
+		return held, waiting
+	}
+	firstEnds := make(chan struct{})
+	var secondIn, firstOut time.Time
+	t.Run("group", func(t *testing.T) {
+		t.Run("first", func(t *testing.T) {
+			t.Parallel()
+			Exclusive(t, name)
+			<-firstEnds
+			firstOut = time.Now()
+		})
+		t.Run("second", func(t *testing.T) {
+			t.Parallel()
+			deadline := time.Now().Add(30 * time.Second)
+			for held, _ := locks(); held == 0; held, _ = locks() {
+				if time.Now().After(deadline) {
+					t.Fatal("the first test never held the lock")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			go func() {
+				// Once the second waits, let the first end.
+				defer close(firstEnds)
+				for time.Now().Before(deadline) {
+					if held, waiting := locks(); held == 1 && waiting == 1 {
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}()
+			Exclusive(t, name)
+			secondIn = time.Now()
+		})
+	})
+	if secondIn.IsZero() || !secondIn.After(firstOut) {
+		t.Errorf("the second test ran alone from %v, the first ended at %v", secondIn, firstOut)
+	}
+}
