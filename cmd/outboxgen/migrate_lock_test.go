@@ -53,7 +53,9 @@ func TestMigrateUpRetriesAndPrintsWhatHoldsTheLock(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r := runCLI(t, env, "migrate", "up", "-schema", d.Schema, "-lock-timeout", "200ms", "-lock-retry-for", "1s")
+	// A budget of fifteen lock timeouts: a loaded machine slows each try
+	// well past its 200ms, and the test needs a second one.
+	r := runCLI(t, env, "migrate", "up", "-schema", d.Schema, "-lock-timeout", "200ms", "-lock-retry-for", "3s")
 	holder := fmt.Sprintf(`pid %d (application_name \"cli-lock-holder\"`, pid)
 	if r.code != 1 || !strings.Contains(r.stderr, "level=WARN") || !strings.Contains(r.stderr, holder) {
 		t.Errorf("migrate up behind a held lock: exit %d, stderr:\n%s\nwant exit 1 and a retry naming %s", r.code, r.stderr, holder)

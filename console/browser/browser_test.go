@@ -221,21 +221,40 @@ func (p *page) openStatus(path string) int {
 // button), waits for the new page and fails unless it answers 200.
 func (p *page) follow(what string, actions ...chromedp.Action[chromedp.Void]) {
 	p.t.Helper()
+	if err := p.tryFollow(actions...); err != nil {
+		p.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// tryFollow is follow returning its error.
+func (p *page) tryFollow(actions ...chromedp.Action[chromedp.Void]) error {
 	ctx, cancel := context.WithTimeout(p.ctx, stepTimeout)
 	defer cancel()
 	resp, err := chromedp.RunResponse(ctx, actions...)
 	if err != nil {
-		p.t.Fatalf("%s: %v (at %s)", what, err, p.location())
+		return fmt.Errorf("%w (at %s)", err, p.location())
 	}
 	if resp.Status != 200 {
-		p.t.Fatalf("%s: status %d %s at %s", what, resp.Status, resp.StatusText, resp.URL)
+		return fmt.Errorf("status %d %s at %s", resp.Status, resp.StatusText, resp.URL)
 	}
+	return nil
 }
 
-// click clicks the element sel selects and waits for the page it leads to.
+// click clicks the element sel selects and waits for the page it leads
+// to. A live page may replace the element between its lookup and the
+// click (the node is gone then): the click is tried again, up to three
+// times.
 func (p *page) click(sel string) {
 	p.t.Helper()
-	p.follow("clicking "+sel, chromedp.Click(chromedp.CSS(sel)))
+	for try := 1; ; try++ {
+		err := p.tryFollow(chromedp.Click(chromedp.CSS(sel)))
+		if err == nil {
+			return
+		}
+		if try == 3 || !strings.Contains(err.Error(), "Could not find node with given id") {
+			p.t.Fatalf("clicking %s: %v", sel, err)
+		}
+	}
 }
 
 // has reports whether the current page has an element sel selects; it

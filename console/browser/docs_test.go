@@ -487,10 +487,11 @@ func TestDocsScreenshots(t *testing.T) {
 		&outbox.SubscriberConfig[[]byte]{Codec: outbox.BytesCodec{}, Retry: quickRetry})
 	// The mailer decodes emailSend; its leases are short and never
 	// extended, so a hanging handler loses its row, which is claimed again
-	// until it has been claimed too often.
+	// until it has been claimed too often. (A second: long enough that on
+	// a loaded machine no other row's claim outlives its lease.)
 	stopMailer := subscriber(t, ob, []string{qEmails},
 		func(ctx context.Context, m *outbox.Message[emailSend]) error { return handle(ctx, m.ID, m.Attempts) },
-		&outbox.SubscriberConfig[emailSend]{Retry: quickRetry, LeaseTTL: 300 * time.Millisecond,
+		&outbox.SubscriberConfig[emailSend]{Retry: quickRetry, LeaseTTL: time.Second,
 			HeartbeatInterval: -1, LockWindow: -1, MaxDeliveries: 3})
 	eventually(t, "the first subscribers dead-letter their rows and leave the keys' heads waiting for their retry", 30*time.Second,
 		func(ctx context.Context) (bool, error) {

@@ -129,17 +129,19 @@ func TestKilledRelayPublishesEveryRowOnceInKeyOrder(t *testing.T) {
 	start := time.Now()
 	first := startChild(t, e)
 	publish(callsPerRound - callsPerRound/2) // while the first relay runs
-	waitFor(t, 30*time.Second, "the first relay stored nothing", func() bool { return msgs(t, s) >= 2500 })
+	count := func() uint64 { return msgs(t, s) }
+	waitProgress(t, 30*time.Second, "the first relay stopped storing", count, 2500)
 	dups := kill(t, first)
 	t.Logf("killed the first relay at %d messages, after %v", msgs(t, s), time.Since(start).Round(time.Millisecond))
 
 	second := startChild(t, e)
-	waitFor(t, 30*time.Second, "the second relay got stuck", func() bool { return msgs(t, s) >= 6000 })
+	waitProgress(t, 30*time.Second, "the second relay got stuck", count, 6000)
 	dups += kill(t, second)
 	t.Logf("killed the second relay at %d messages, after %v", msgs(t, s), time.Since(start).Round(time.Millisecond))
 
 	third := startChild(t, e)
-	waitFor(t, 40*time.Second, "the third relay did not finish", func() bool { return e.rows(t) == 0 })
+	relayed := func() uint64 { return uint64(total - e.rows(t)) }
+	waitProgress(t, 30*time.Second, "the third relay did not finish", relayed, total)
 	dups += kill(t, third)
 	t.Logf("the outbox was empty after %v; the stream dropped %d duplicates", time.Since(start).Round(time.Millisecond), dups)
 

@@ -174,6 +174,22 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// waitProgress waits until count reaches target, failing when count
+// stays the same for stall: a relay that is slow on a loaded machine
+// still moves, one that is stuck does not.
+func waitProgress(t *testing.T, stall time.Duration, what string, count func() uint64, target uint64) {
+	t.Helper()
+	last, since := count(), time.Now()
+	for last < target {
+		time.Sleep(5 * time.Millisecond)
+		if n := count(); n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) > stall {
+			t.Fatalf("%s: %d of %d, and no change for %v", what, last, target, stall)
+		}
+	}
+}
+
 // msgs returns the stream's count of messages.
 func msgs(t *testing.T, s jetstream.Stream) uint64 {
 	t.Helper()
