@@ -160,13 +160,22 @@ func halfOpenHandOver(t *testing.T, pathA, pathB claimPath) {
 	obA, proxy := halfOpenOutbox(t, e)
 	var sp spans
 	started := make(chan struct{})
+	// retried closes when B's retry of the row (or A's acknowledgement)
+	// is seen. A's handler, which goes on after its context ends, reports
+	// success then, or after 5 s: B's retry may wait for it.
+	retried := make(chan struct{})
 	var once sync.Once
 	cfgA := onPath(pathA, fastConfig[string](nil))
-	cfgA.LeaseTTL, cfgA.QueryTimeout, cfgA.GracefulTimeout = 3*time.Second, 2*time.Second, time.Second
+	// A's graceful timeout outlasts its query timeout: stopping A waits
+	// until its late write of the success has landed or failed.
+	cfgA.LeaseTTL, cfgA.QueryTimeout, cfgA.GracefulTimeout = 3*time.Second, 2*time.Second, 3*time.Second
 	a := startSub(t, obA, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
 		return sp.handle(ctx, "A", m.ID, func() error {
 			once.Do(func() { close(started) })
-			time.Sleep(5 * time.Second) // goes on after its context ends
+			select {
+			case <-retried:
+			case <-time.After(5 * time.Second):
+			}
 			return nil
 		})
 	}, cfgA)
@@ -182,14 +191,16 @@ func halfOpenHandOver(t *testing.T, pathA, pathB claimPath) {
 		r, ok := e.row(id)
 		return !ok || r.AttemptsCount > 0
 	})
-	time.Sleep(3 * time.Second) // A's handler reports success meanwhile
-	if err := b.stop(); err != nil {
-		t.Errorf("B's Run: %v", err)
-	}
+	close(retried)
+	// A's handler returns and A writes its success, or gives up on it
+	// within its graceful timeout, before its Run returns.
+	sp.work.Wait()
 	if err := a.stop(); err != nil && !errors.Is(err, ErrGracefulTimeout) {
 		t.Errorf("A's Run: %v", err)
 	}
-	sp.work.Wait()
+	if err := b.stop(); err != nil {
+		t.Errorf("B's Run: %v", err)
+	}
 	if o := sp.overlaps(); len(o) > 0 {
 		t.Errorf("two live deliveries of one row:\n%v", o)
 	}

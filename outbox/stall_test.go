@@ -97,6 +97,10 @@ func TestStalledConnectionsCostAtMostTheQueryTimeout(t *testing.T) {
 	cfg := fastConfig[string](nil)
 	cfg.QueryTimeout = 300 * time.Millisecond
 	cfg.ListenProbeInterval, cfg.ListenProbeTimeout = 300*time.Millisecond, 200*time.Millisecond
+	// An acknowledgement caught on a stalled connection does not land,
+	// and its row is delivered again when its lease ends: a short lease
+	// ends the wait for the empty outbox soon (it was 5 s of the test's 6).
+	cfg.LeaseTTL = time.Second
 	startSub(t, ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
 		handled <- m.Payload
 		return nil

@@ -208,39 +208,45 @@ func TestWithMigrationsGivesEachTestItsOwnTables(t *testing.T) {
 		schemas []string
 	)
 	t.Run("group", func(t *testing.T) {
+		// The two tests run at once from goroutines, not as parallel
+		// subtests: those would queue for a slot behind every other test
+		// of the package waiting for one.
+		var wg sync.WaitGroup
 		for i := range 2 {
-			t.Run(fmt.Sprint(i), func(t *testing.T) {
-				t.Parallel()
-				f := withShipments(t)
-				mu.Lock()
-				schemas = append(schemas, f.Schema)
-				mu.Unlock()
-				order := fmt.Sprint("o-", i)
-				if _, err := f.Pool.Exec(t.Context(), "INSERT INTO shipments (order_id, attempt) VALUES ($1, 1)", order); err != nil {
-					t.Fatal(err)
-				}
-				if diff := cmp.Diff([]string{order + "#1"}, shipments(t, f.Pool)); diff != "" {
-					t.Errorf("shipments (-want +got):\n%s", diff)
-				}
-				var carrier string
-				var inSchema bool
-				if err := f.Pool.QueryRow(t.Context(), "SELECT carrier, to_regclass('shipments') = to_regclass($1) FROM shipments",
-					f.Schema+".shipments").Scan(&carrier, &inSchema); err != nil {
-					t.Fatal(err)
-				}
-				if carrier != "post" || !inSchema {
-					t.Errorf("carrier %q, in %s: %v; want post (migration 2), true", carrier, f.Schema, inSchema)
-				}
-				versions := query[int64](t, pool, "SELECT version_id FROM "+f.Schema+"."+outboxtest.MigrationsVersionTable+" WHERE version_id > 0 ORDER BY id")
-				if diff := cmp.Diff([]int64{1, 2}, versions); diff != "" {
-					t.Errorf("the service's goose versions (-want +got):\n%s", diff)
-				}
-				// The outbox is migrated, with its own version table.
-				if err := f.Outbox.Check(t.Context()); err != nil {
-					t.Error(err)
-				}
+			wg.Go(func() {
+				t.Run(fmt.Sprint(i), func(t *testing.T) {
+					f := withShipments(t)
+					mu.Lock()
+					schemas = append(schemas, f.Schema)
+					mu.Unlock()
+					order := fmt.Sprint("o-", i)
+					if _, err := f.Pool.Exec(t.Context(), "INSERT INTO shipments (order_id, attempt) VALUES ($1, 1)", order); err != nil {
+						t.Fatal(err)
+					}
+					if diff := cmp.Diff([]string{order + "#1"}, shipments(t, f.Pool)); diff != "" {
+						t.Errorf("shipments (-want +got):\n%s", diff)
+					}
+					var carrier string
+					var inSchema bool
+					if err := f.Pool.QueryRow(t.Context(), "SELECT carrier, to_regclass('shipments') = to_regclass($1) FROM shipments",
+						f.Schema+".shipments").Scan(&carrier, &inSchema); err != nil {
+						t.Fatal(err)
+					}
+					if carrier != "post" || !inSchema {
+						t.Errorf("carrier %q, in %s: %v; want post (migration 2), true", carrier, f.Schema, inSchema)
+					}
+					versions := query[int64](t, pool, "SELECT version_id FROM "+f.Schema+"."+outboxtest.MigrationsVersionTable+" WHERE version_id > 0 ORDER BY id")
+					if diff := cmp.Diff([]int64{1, 2}, versions); diff != "" {
+						t.Errorf("the service's goose versions (-want +got):\n%s", diff)
+					}
+					// The outbox is migrated, with its own version table.
+					if err := f.Outbox.Check(t.Context()); err != nil {
+						t.Error(err)
+					}
+				})
 			})
 		}
+		wg.Wait()
 	})
 	if len(schemas) != 2 || schemas[0] == schemas[1] {
 		t.Fatalf("schemas %v", schemas)

@@ -21,6 +21,10 @@ const mainChild = "OUTBOXTEST_MAIN_CHILD"
 // server binaries, the tests publish on it through Connect and New, and
 // the cluster's files are gone when the test binary exits.
 func TestMainStartsAClusterWhenNothingAnswers(t *testing.T) {
+	// The child gets its environment through cmd.Env and its cluster on a
+	// port of its own: nothing of this process changes, so it runs beside
+	// the other tests.
+	t.Parallel()
 	if _, err := exec.LookPath("initdb"); err != nil {
 		if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb"); len(m) == 0 {
 			t.Skip("no PostgreSQL server binaries here")
