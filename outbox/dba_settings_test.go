@@ -205,7 +205,22 @@ func TestListenConnectionOutlivesAnIdleSessionTimeout(t *testing.T) {
 	}, cfg)
 	var first []int32
 	eventually(t, "the LISTEN connection", func() bool { first = e.listeners(e.sub.Channel()); return len(first) == 1 })
-	time.Sleep(1500 * time.Millisecond)
+	// A session of the subscriber's role, opened once the LISTEN
+	// connection idles: when the timeout has ended it, the LISTEN
+	// connection has idled as long.
+	idle, err := pgx.Connect(e.ctx, e.db.URLAs(t, e.roles[2]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = idle.Close(context.Background()) }()
+	idler := idle.PgConn().PID()
+	eventually(t, "an idle session of the role ended by the timeout", func() bool {
+		var n int
+		if err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", idler).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
 	if now := e.listeners(e.sub.Channel()); !cmp.Equal(first, now) {
 		t.Errorf("LISTEN connections %v, then %v after idling past the timeout", first, now)
 	}

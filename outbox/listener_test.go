@@ -69,8 +69,10 @@ func TestNotifyWakesAnIdleSubscriber(t *testing.T) {
 	if _, err := pub.Publish(e.ctx, e.pubPool, "x", nil); err != nil {
 		t.Fatal(err)
 	}
-	if lat := within(t, handled, 5*time.Second, "after NOTIFY").Sub(sent); lat > time.Second {
-		t.Errorf("handled %v after publish; a NOTIFY should wake the subscriber in milliseconds", lat)
+	// The subscriber polls every 30 s; the bound leaves a loaded machine
+	// room. BenchmarkScheduledRowLateness measures a wake-up's lateness.
+	if lat := within(t, handled, 20*time.Second, "after NOTIFY").Sub(sent); lat > scheduledLatenessBound {
+		t.Errorf("handled %v after publish, want within %v; a NOTIFY should wake the subscriber in milliseconds, not at its 30 s poll", lat, scheduledLatenessBound)
 	}
 }
 
