@@ -106,9 +106,15 @@ func TestSubscribersKeepTheirPromisesUnderTheSettingsDBAsSet(t *testing.T) {
 							// transactions that fail to serialize, and one
 							// under a lock_timeout those that time out
 							// waiting for a lock (a key's lock, held a
-							// moment longer on a loaded machine).
-							var err error
-							for range 20 {
+							// moment longer on a loaded machine): for as
+							// long as a minute, which no lock is held for
+							// unless something is stuck.
+							var (
+								err      error
+								attempts int
+							)
+							for start := time.Now(); time.Since(start) < time.Minute; {
+								attempts++
 								err = pgx.BeginFunc(e.ctx, e.pub.pool, func(tx pgx.Tx) error {
 									_, err := pub.Publish(e.ctx, tx, msg, opts)
 									return err
@@ -118,7 +124,7 @@ func TestSubscribersKeepTheirPromisesUnderTheSettingsDBAsSet(t *testing.T) {
 								}
 							}
 							if err != nil {
-								t.Errorf("publish %s: %v", msg, err)
+								t.Errorf("publish %s (%d attempts): %v", msg, attempts, err)
 								return
 							}
 						}
@@ -126,7 +132,7 @@ func TestSubscribersKeepTheirPromisesUnderTheSettingsDBAsSet(t *testing.T) {
 				}
 			}
 			publishers.Wait()
-			eventually(t, "every message handled", func() bool { return e.count("outbox") == 0 })
+			drains(t, "every message handled", func() int { return e.count("outbox") })
 
 			mu.Lock()
 			defer mu.Unlock()
@@ -199,7 +205,22 @@ func TestListenConnectionOutlivesAnIdleSessionTimeout(t *testing.T) {
 	}, cfg)
 	var first []int32
 	eventually(t, "the LISTEN connection", func() bool { first = e.listeners(e.sub.Channel()); return len(first) == 1 })
-	time.Sleep(1500 * time.Millisecond)
+	// A session of the subscriber's role, opened once the LISTEN
+	// connection idles: when the timeout has ended it, the LISTEN
+	// connection has idled as long.
+	idle, err := pgx.Connect(e.ctx, e.db.URLAs(t, e.roles[2]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = idle.Close(context.Background()) }()
+	idler := idle.PgConn().PID()
+	eventually(t, "an idle session of the role ended by the timeout", func() bool {
+		var n int
+		if err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", idler).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
 	if now := e.listeners(e.sub.Channel()); !cmp.Equal(first, now) {
 		t.Errorf("LISTEN connections %v, then %v after idling past the timeout", first, now)
 	}

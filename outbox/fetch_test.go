@@ -30,19 +30,20 @@ func TestLockedDueRowDoesNotMakeTheFetcherSpin(t *testing.T) {
 	cfg := fastConfig[string](rec)
 	cfg.MinFetchInterval, cfg.MaxFetchInterval = 50*time.Millisecond, time.Second
 	s := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error { return nil }, cfg)
-	time.Sleep(time.Second)
+	// BenchmarkIdleFetcherWithRowsDueAtInfinity measures the claims a
+	// second of an idle fetcher.
+	idleSettles(t, rec, cfg.MaxFetchInterval, "a locked due row")
 	if err := s.stop(); err != nil {
 		t.Fatal(err)
 	}
-	// Backoff from 50 ms doubling: about 5 claims in a second; a spinning
-	// fetcher makes hundreds.
-	if n := len(rec.named(EventFetched)); n > 20 {
-		t.Errorf("%d claims in one idle second with a locked due row; want a handful", n)
-	}
 }
 
-// A RetryAfter of 100 ms is delivered about 100 ms later, not at the
-// fetcher's next poll.
+// A RetryAfter of 2 s is delivered 2 s later, not at the fetcher's next
+// poll, 22.5 s or more away. (A shorter one may be claimed as the fetcher
+// watches the transactions in flight when it recorded its sleep, which
+// on a busy machine hides a missed wake-up.) The bound leaves a loaded
+// machine room; BenchmarkScheduledRowLateness measures how late a row
+// due at a time of its own is handled.
 func TestRetryAfterIsDeliveredOnTime(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -52,26 +53,28 @@ func TestRetryAfterIsDeliveredOnTime(t *testing.T) {
 		calls []time.Time
 	)
 	cfg := fastConfig[string](nil)
-	cfg.MinFetchInterval, cfg.MaxFetchInterval = 3*time.Second, 5*time.Second
+	cfg.MinFetchInterval, cfg.MaxFetchInterval = 30*time.Second, 30*time.Second
+	const retryAfter = 2 * time.Second
 	failing(t, e, "q", cfg, func(*Message[string]) error {
 		mu.Lock()
 		defer mu.Unlock()
 		calls = append(calls, time.Now())
 		if len(calls) == 1 {
-			return RetryAfter(errors.New("busy"), 100*time.Millisecond)
+			return RetryAfter(errors.New("busy"), retryAfter)
 		}
 		return nil
 	})
 	eventually(t, "the retry", func() bool { mu.Lock(); defer mu.Unlock(); return len(calls) == 2 })
 	mu.Lock()
 	defer mu.Unlock()
-	if gap := calls[1].Sub(calls[0]); gap < 100*time.Millisecond || gap > time.Second {
-		t.Errorf("retry delivered %v after the first call; want about 100ms", gap)
+	if gap := calls[1].Sub(calls[0]); gap < retryAfter || gap > retryAfter+scheduledLatenessBound {
+		t.Errorf("retry delivered %v after the first call; want %v and at most %v more (the poll interval is 30 s)", gap, retryAfter, scheduledLatenessBound)
 	}
 }
 
 // A row whose lease is cleared by another client (a retry, a release)
-// wakes an idle subscriber through NOTIFY, due now or later.
+// wakes an idle subscriber through NOTIFY, due now or later. The
+// subscriber polls every 30 s; the bounds leave a loaded machine room.
 func TestReleasedAndRetriedRowsWakeOtherSubscribers(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -90,13 +93,13 @@ func TestReleasedAndRetriedRowsWakeOtherSubscribers(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	first := within(t, handled, 5*time.Second, "the row due now")
-	second := within(t, handled, 5*time.Second, "the row due in 500ms")
-	if d := first.Sub(start); d > time.Second {
-		t.Errorf("row due now handled after %v", d)
+	first := within(t, handled, 20*time.Second, "the row due now")
+	second := within(t, handled, 20*time.Second, "the row due in 500ms")
+	if d := first.Sub(start); d > scheduledLatenessBound {
+		t.Errorf("row due now handled after %v, want within %v", d, scheduledLatenessBound)
 	}
-	if d := second.Sub(start); d < 450*time.Millisecond || d > 2*time.Second {
-		t.Errorf("row due in 500ms handled after %v", d)
+	if d := second.Sub(start); d < 450*time.Millisecond || d > 500*time.Millisecond+scheduledLatenessBound {
+		t.Errorf("row due in 500ms handled after %v, want within %v of its due time", d, scheduledLatenessBound)
 	}
 
 	// A release at another subscriber's shutdown wakes it the same way.
@@ -106,8 +109,8 @@ func TestReleasedAndRetriedRowsWakeOtherSubscribers(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if d := within(t, handled, 5*time.Second, "the released row").Sub(start); d > time.Second {
-		t.Errorf("released row handled after %v", d)
+	if d := within(t, handled, 20*time.Second, "the released row").Sub(start); d > scheduledLatenessBound {
+		t.Errorf("released row handled after %v, want within %v", d, scheduledLatenessBound)
 	}
 }
 

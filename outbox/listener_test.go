@@ -69,8 +69,10 @@ func TestNotifyWakesAnIdleSubscriber(t *testing.T) {
 	if _, err := pub.Publish(e.ctx, e.pubPool, "x", nil); err != nil {
 		t.Fatal(err)
 	}
-	if lat := within(t, handled, 5*time.Second, "after NOTIFY").Sub(sent); lat > time.Second {
-		t.Errorf("handled %v after publish; a NOTIFY should wake the subscriber in milliseconds", lat)
+	// The subscriber polls every 30 s; the bound leaves a loaded machine
+	// room. BenchmarkScheduledRowLateness measures a wake-up's lateness.
+	if lat := within(t, handled, 20*time.Second, "after NOTIFY").Sub(sent); lat > scheduledLatenessBound {
+		t.Errorf("handled %v after publish, want within %v; a NOTIFY should wake the subscriber in milliseconds, not at its 30 s poll", lat, scheduledLatenessBound)
 	}
 }
 
@@ -120,11 +122,19 @@ func TestScheduledRowIsDeliveredOnTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	row, _ := e.row(id)
-	at := within(t, handled, 10*time.Second, "the scheduled row")
-	if late := at.Sub(row.NextAttemptAt); late < 0 || late > 100*time.Millisecond {
-		t.Errorf("handled %v after its due time; want within 100ms", late)
+	at := within(t, handled, 20*time.Second, "the scheduled row")
+	// The subscriber polls every 30 s: a wake-up that is not armed for the
+	// row's due time shows as lateness of up to 30 s. The bound leaves a
+	// loaded machine room; BenchmarkScheduledRowLateness measures how late
+	// the row actually is.
+	if late := at.Sub(row.NextAttemptAt); late < 0 || late > scheduledLatenessBound {
+		t.Errorf("handled %v after its due time; want within %v (the poll interval is 30 s)", late, scheduledLatenessBound)
 	}
 }
+
+// scheduledLatenessBound is how late a row scheduled on an idle
+// subscriber, which polls every 30 s, may be handled.
+const scheduledLatenessBound = 5 * time.Second
 
 func TestSubscriberSurvivesKilledBackends(t *testing.T) {
 	t.Parallel()
@@ -198,6 +208,11 @@ func (l *logLines) String() string {
 // in transaction mode) says so once, with the fix, records no sleep (so
 // writers do not notify for nothing), and finds rows by polling. One whose
 // connection hears says nothing and records its sleep.
+//
+// The deaf one's verdict comes after its ListenProbeTimeout; the one that
+// hears is given a timeout no loaded machine's NOTIFY takes, and the test
+// waits out that timeout before it checks that nothing was said. Each
+// check follows idle polls made after the verdict, counted as claims.
 func TestSubscriberWhoseListenerCannotHearPollsAndSaysSo(t *testing.T) {
 	t.Parallel()
 	for _, deaf := range []bool{true, false} {
@@ -205,12 +220,14 @@ func TestSubscriberWhoseListenerCannotHearPollsAndSaysSo(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
 			logs := &logLines{}
-			cfg := fastConfig[string](nil)
+			rec := &events{}
+			cfg := fastConfig[string](rec)
 			cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
-			cfg.ListenProbeTimeout = 300 * time.Millisecond
+			cfg.ListenProbeTimeout = 2 * time.Second
 			if deaf {
 				// Another database's notifications never reach this one's.
 				cfg.ListenDSN = otherDatabase(t, e.db.URL)
+				cfg.ListenProbeTimeout = 300 * time.Millisecond
 			}
 			handled := make(chan time.Time, 1)
 			startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
@@ -220,8 +237,13 @@ func TestSubscriberWhoseListenerCannotHearPollsAndSaysSo(t *testing.T) {
 			const warning = "did not reach the LISTEN connection"
 			if deaf {
 				eventually(t, "the warning", func() bool { return strings.Contains(logs.String(), warning) })
+			} else {
+				// The probe is sent once the LISTEN connection listens;
+				// its verdict is in a ListenProbeTimeout later.
+				eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
+				time.Sleep(cfg.ListenProbeTimeout)
 			}
-			time.Sleep(500 * time.Millisecond) // several idle polls after the probe's verdict
+			idlePolls(t, rec, 3)
 			if holding, _ := e.sleeping(); (holding == 1) == deaf {
 				t.Errorf("deaf %v: %d sleep records hold", deaf, holding)
 			}

@@ -166,24 +166,46 @@ func TestUnreachableDatabaseIsRetriedAtLeastEveryMaxFetchInterval(t *testing.T) 
 	if p := waitFor(t, handled, "before the outage"); p != "before" {
 		t.Errorf("handled %q, want before", p)
 	}
+	// Its acknowledgement written, so that the outage leaves nothing to
+	// deliver again.
+	eventually(t, "the acknowledgement", func() bool { return e.count("outbox") == 0 })
 	proxy.Stall()
 	proxy.StallExisting()
-	// Five failed claims in a row: a backoff doubling from 100 ms
-	// without the cap waits 0.8 s or more after the fifth.
-	eventually(t, "five failed claims", func() bool { return logs.count("outbox: claim failed; retrying") >= 5 })
+	stalled := time.Now()
+	// Eleven failed claims in a row: a backoff doubling from 100 ms (with
+	// jitter of half of it either way) without the cap waits 51 s or
+	// more after the eleventh.
+	const failures = 11
+	eventually(t, "failed claims", func() bool { return logs.count("outbox: claim failed; retrying") >= failures })
 	if _, err := pub.Publish(e.ctx, e.db.Pool, "after", nil); err != nil {
 		t.Fatal(err)
 	}
 	proxy.Restore()
 	back := time.Now()
-	if p := waitFor(t, handled, "after the outage"); p != "after" {
-		t.Errorf("handled %q, want after", p)
+	t.Logf("%d failed claims in %v", failures, back.Sub(stalled))
+	select {
+	case p := <-handled:
+		if p != "after" {
+			t.Errorf("handled %q, want after", p)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("nothing delivered within a minute of the database's return")
 	}
 	// A claim in flight when the database returns, then one more wait
-	// at most, with room for a loaded machine.
-	if took, bound := time.Since(back), cfg.QueryTimeout+cfg.MaxFetchInterval+2*time.Second; took > bound {
-		t.Errorf("delivered %v after the database returned, want within %v", took, bound)
+	// of MaxFetchInterval at most, and fresh connections: the bound
+	// leaves a loaded machine room (its pool reconnecting) and stays
+	// well below the grown backoff. BenchmarkDeliveryAfterAnOutage
+	// measures the delay.
+	took := time.Since(back)
+	t.Logf("delivered %v after the database returned", took)
+	if bound := 20 * time.Second; took > bound {
+		t.Errorf("delivered %v after the database returned, want within %v (a backoff grown through the outage waits 51 s or more)", took, bound)
 	}
+	// Connections that carried bytes during the outage are broken for
+	// good and only cost the subscriber its timeouts: reset them, so that
+	// its last writes and its stop go through fresh ones.
+	proxy.Cut()
+	eventually(t, "the acknowledgement after the outage", func() bool { return e.count("outbox") == 0 })
 	for _, b := range logs.backoffs() {
 		if b.wait > cfg.MaxFetchInterval {
 			t.Errorf("%q waited %v, more than MaxFetchInterval (%v)", b.msg, b.wait, cfg.MaxFetchInterval)
