@@ -74,6 +74,9 @@ func TestPerKeyOrderAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	begun := time.Now()
 	e := setup(t)
+	// Two processes' pools of 16 and the publishers' 6: about three
+	// tests' connections.
+	pgtest.Reserve(t, 3)
 	e.exec(`CREATE TABLE keyed_calls (
 		id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 		k           int NOT NULL,

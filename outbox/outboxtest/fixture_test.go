@@ -161,6 +161,8 @@ func TestPublishedChecksTheMessageType(t *testing.T) {
 
 // Connect reaches the database TEST_DATABASE_URL names, and says what to
 // set when it cannot.
+//
+// Not parallel: it points TEST_DATABASE_URL elsewhere (t.Setenv).
 func TestConnect(t *testing.T) {
 	if err := outboxtest.Connect(t).Ping(t.Context()); err != nil {
 		t.Fatal(err)

@@ -48,6 +48,8 @@ func TestMainStartsAClusterWhenNothingAnswers(t *testing.T) {
 
 // TestChildOfMain runs only as TestMainStartsAClusterWhenNothingAnswers's
 // child.
+//
+// Not parallel: it is the only test its process runs.
 func TestChildOfMain(t *testing.T) {
 	if os.Getenv(mainChild) == "" {
 		t.Skip("runs as the child of TestMainStartsAClusterWhenNothingAnswers")
