@@ -16,14 +16,15 @@
 # A major's cluster listens on 127.0.0.1:54NN (5414 for 14), or on
 # $OUTBOX_PG_PORT when one major is given. CHAOS_DURATION (default 10s,
 # 20s with OUTBOX_PG_FULL=1) is the chaos run's length. On failure the
-# last line names the version.
+# last line names the version. OUTBOX_PG_TESTFLAGS passes flags to those
+# go test runs, e.g. -v or -json.
 #
 # With -c COMMAND, the cluster runs COMMAND instead (with the same PATH,
 # LD_LIBRARY_PATH, TEST_DATABASE_URL and DATABASE_URL), e.g.
 #
 #   .ci/legs/pg.sh -c "go test -race -count=1 ./outbox -run 'Roles'" 17
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit
 
 legs=.ci/legs
 cache="${OUTBOX_PG_CACHE:-/var/cache/outboxgen/pg}"
@@ -139,10 +140,11 @@ EOF
         # The version-sensitive tests (pg-tests), without the race
         # detector: data races do not depend on the server, and the main
         # run, on the machine's 15, looks for them in every test.
-        local pkg re
+        local pkg re flags=()
+        read -r -a flags <<<"${OUTBOX_PG_TESTFLAGS:-}"
         while read -r pkg re; do
             say "go test $pkg -run '$re'"
-            go test -count=1 -timeout 15m ${OUTBOX_PG_TESTFLAGS:-} "$pkg" -run "$re" || { crashes "$dir/log"; return 1; }
+            go test -count=1 -timeout 15m "${flags[@]}" "$pkg" -run "$re" || { crashes "$dir/log"; return 1; }
         done < <(grep -Ev '^[[:space:]]*(#|$)' "$legs/pg-tests")
     fi
 
