@@ -6,10 +6,11 @@
 #
 #   bash .ci/legs/failover.sh 5441 5442 [harness flags]
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit
 primary="${1:?usage: failover.sh PRIMARY_PORT STANDBY_PORT [flags]}"
 standby="${2:?usage: failover.sh PRIMARY_PORT STANDBY_PORT [flags]}"
 shift 2
+# shellcheck disable=SC2012 # the directories are versions
 bin="${FAILOVER_PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}"
 version="$("$bin/postgres" --version 2>/dev/null | sed -E 's/^postgres \(PostgreSQL\) ([^ ]+).*/PostgreSQL \1/')"
 env="${version:-no PostgreSQL server binaries} ($bin), primary 127.0.0.1:$primary, standby 127.0.0.1:$standby, synchronous and asynchronous replication${*:+, flags $*}"

@@ -3,7 +3,7 @@
 # and drain; "full": the figures, ten minutes held against ten minutes
 # without (docs/operations.md). Extra arguments go to the soak.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit
 
 mode="${1:-ci}"
 shift || true

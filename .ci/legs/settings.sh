@@ -6,7 +6,7 @@
 # a database of its own (ALTER DATABASE ... SET), which the tests then use.
 # On failure the last line names the settings.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit
 
 : "${TEST_DATABASE_URL:?set TEST_DATABASE_URL to the server the leg runs on}"
 psql() { env -u LD_LIBRARY_PATH psql -X -q -v ON_ERROR_STOP=1 "$@"; }
