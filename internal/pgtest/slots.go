@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -127,21 +128,22 @@ func admit(tb testing.TB, base string, n int) {
 		}
 	}
 	if want == 1 {
-		// Any free slot, else wait for one picked at random.
+		// Any free slot, tried in turn from one picked at random.
 		start := rand.IntN(count)
-		for i := range count {
-			s := (start + i) % count
-			var ok bool
-			if err := h.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", slotLockClass, s).Scan(&ok); err != nil {
-				tb.Fatalf("pgtest: take a slot: %v", err)
+		for {
+			for i := range count {
+				s := (start + i) % count
+				var ok bool
+				if err := h.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", slotLockClass, s).Scan(&ok); err != nil {
+					tb.Fatalf("pgtest: take a slot: %v", err)
+				}
+				if ok {
+					h.taken = append(h.taken, s)
+					return
+				}
 			}
-			if ok {
-				h.taken = append(h.taken, s)
-				return
-			}
+			time.Sleep(time.Duration(20+rand.IntN(60)) * time.Millisecond)
 		}
-		h.lock(tb, start)
-		return
 	}
 	// Several: let go of what is held, then take slots 0 to want-1 in
 	// order. A test waiting for a slot then holds none but lower ones,
@@ -159,10 +161,26 @@ func admit(tb testing.TB, base string, n int) {
 
 func (h *slotHold) lock(tb testing.TB, s int) {
 	tb.Helper()
-	if _, err := h.conn.Exec(context.Background(), "SELECT pg_advisory_lock($1, $2)", slotLockClass, s); err != nil {
+	if err := waitLock(h.conn, slotLockClass, int32(s)); err != nil {
 		tb.Fatalf("pgtest: wait for slot %d: %v", s, err)
 	}
 	h.taken = append(h.taken, s)
+}
+
+// waitLock takes the advisory lock (class, key) on conn, waiting until it
+// is free. It tries it again and again rather than waiting in one
+// statement: a session waiting in a statement keeps its snapshot, which
+// holds back vacuum and is the oldest snapshot the tests that look for
+// theirs see.
+func waitLock(conn *pgx.Conn, class, key int32) error {
+	ctx := context.Background()
+	for {
+		var ok bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", class, key).Scan(&ok); err != nil || ok {
+			return err
+		}
+		time.Sleep(time.Duration(20+rand.IntN(60)) * time.Millisecond)
+	}
 }
 
 // slotAppName is the application_name of the connection that holds the
@@ -231,7 +249,11 @@ func Exclusive(tb testing.TB, name string) {
 		tb.Fatalf("pgtest: connect for %s: %v", name, err)
 	}
 	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1, hashtext($2))", exclusiveLockClass, name); err != nil {
+	var key int32
+	if err := conn.QueryRow(ctx, "SELECT hashtext($1)", name).Scan(&key); err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	if err := waitLock(conn, exclusiveLockClass, key); err != nil {
 		tb.Fatalf("pgtest: wait to run alone among the %s tests: %v", name, err)
 	}
 }

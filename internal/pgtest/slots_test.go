@@ -38,6 +38,29 @@ func slotLocks(t *testing.T, conn *pgx.Conn, app string) (held, waiting []int) {
 	return held, waiting
 }
 
+// triesAgain waits until a session named app has run at least two more
+// statements (it tries a lock again and again while it waits), and fails
+// t after 30 s.
+func triesAgain(t *testing.T, conn *pgx.Conn, app string) {
+	t.Helper()
+	var seen []time.Time
+	deadline := time.Now().Add(30 * time.Second)
+	for len(seen) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no session named %q tried its lock again within 30s", app)
+		}
+		var at *time.Time
+		if err := conn.QueryRow(context.Background(), `SELECT max(query_start) FROM pg_stat_activity
+			WHERE application_name = $1 AND query LIKE '%pg_try_advisory_lock%'`, app).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		if at != nil && (len(seen) == 0 || at.After(seen[len(seen)-1])) {
+			seen = append(seen, *at)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // When every slot is taken, New waits until one is given back; the
 // test's subtests share its slot, and it is given back when the test
 // ends. (Not parallel: it takes every slot of the database for a moment,
@@ -60,40 +83,28 @@ func TestNewWaitsForAFreeSlot(t *testing.T) {
 	}
 	app := slotAppName(t.Name())
 	admitted := make(chan struct{})
-	released := false
 	done := make(chan struct{})
 	defer func() { <-done }()
 	go func() {
-		// Once the test waits for a slot, give one back.
+		// Once the test has tried the slots and tries them again, give
+		// one back.
 		defer close(done)
-		defer func() {
-			if !released {
-				_, _ = blocker.Exec(ctx, "SELECT pg_advisory_unlock_all()")
-			}
-		}()
-		deadline := time.Now().Add(30 * time.Second)
 		check, err := pgx.Connect(ctx, URL(t))
 		if err != nil {
 			t.Error(err)
+			_, _ = blocker.Exec(ctx, "SELECT pg_advisory_unlock_all()")
 			return
 		}
 		defer check.Close(ctx)
-		for time.Now().Before(deadline) {
-			if _, waiting := slotLocks(t, check, app); len(waiting) == 1 {
-				select {
-				case <-admitted:
-					t.Errorf("admitted while waiting for slot %d", waiting[0])
-				default:
-				}
-				if _, err := blocker.Exec(ctx, "SELECT pg_advisory_unlock($1, $2)", slotLockClass, waiting[0]); err != nil {
-					t.Error(err)
-				}
-				released = true
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
+		triesAgain(t, check, app)
+		select {
+		case <-admitted:
+			t.Error("admitted while every slot was held")
+		default:
 		}
-		t.Error("New never waited for a slot")
+		if _, err := blocker.Exec(ctx, "SELECT pg_advisory_unlock($1, 0)", slotLockClass); err != nil {
+			t.Error(err)
+		}
 	}()
 
 	check, err := pgx.Connect(ctx, URL(t))
@@ -113,8 +124,8 @@ func TestNewWaitsForAFreeSlot(t *testing.T) {
 			}
 		})
 	})
-	if len(slot) != 1 {
-		t.Fatalf("the test held slots %v, want one", slot)
+	if diff := cmp.Diff([]int{0}, slot); diff != "" {
+		t.Fatalf("the slots the test held (-want +got):\n%s", diff)
 	}
 	if held, waiting := slotLocks(t, check, app); len(held)+len(waiting) != 0 {
 		t.Errorf("after the subtests ended, the test still holds %v and waits for %v", held, waiting)
@@ -172,6 +183,11 @@ func TestExclusiveTestsRunOneAtATime(t *testing.T) {
 		}
 		return held, waiting
 	}
+	check2, err := pgx.Connect(ctx, URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check2.Close(ctx)
 	firstEnds := make(chan struct{})
 	var secondIn, firstOut time.Time
 	t.Run("group", func(t *testing.T) {
@@ -191,13 +207,11 @@ func TestExclusiveTestsRunOneAtATime(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 			go func() {
-				// Once the second waits, let the first end.
+				// Once the second tries again, let the first end.
 				defer close(firstEnds)
-				for time.Now().Before(deadline) {
-					if held, waiting := locks(); held == 1 && waiting == 1 {
-						return
-					}
-					time.Sleep(10 * time.Millisecond)
+				triesAgain(t, check2, "pgtest exclusive "+name)
+				if held, _ := locks(); held != 1 {
+					t.Errorf("%d sessions hold the lock while the second waits, want 1", held)
 				}
 			}()
 			Exclusive(t, name)
