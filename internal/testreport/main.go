@@ -4,10 +4,13 @@
 // their times, so that a test that makes the suite slow is seen the day
 // it lands. make test runs it.
 //
-//	go run ./internal/testreport [-dir DIR]... [-slowest N] [-json FILE] [-v] -- GO-TEST-ARGS...
+//	go run ./internal/testreport [-dir DIR[=PKG,...]]... [-slowest N] [-json FILE] [-v] -- GO-TEST-FLAGS...
 //
 // Each -dir (default ".") is a module whose go test runs with
-// GO-TEST-ARGS and -json; the modules' go tests run concurrently, and each
+// GO-TEST-FLAGS and -json on its packages: those listed after "=", in
+// that order, else ./... (go test starts packages in the order it is
+// given them, so the slowest listed first end soonest). The modules' go
+// tests run concurrently, and each
 // package's report is printed whole when it ends, so that concurrent
 // packages never interleave. -json FILE also writes every event of every
 // module to FILE; -v prints every line of output as it comes, as go
@@ -44,7 +47,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("testreport", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var modules dirs
-	fs.Var(&modules, "dir", "a module directory whose tests run (repeatable; default .)")
+	fs.Var(&modules, "dir", "a module directory whose tests run, and =PKG,... its packages in order (repeatable; default .)")
 	slowest := fs.Int("slowest", 10, "how many of the slowest tests to list at the end")
 	jsonPath := fs.String("json", "", "also write go test's JSON events to this file")
 	verbose := fs.Bool("v", false, "print every line of output as it comes")
@@ -76,9 +79,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	start := time.Now()
 	results := make([]error, len(modules))
 	var wg sync.WaitGroup
-	for i, dir := range modules {
+	for i, m := range modules {
+		dir, pkgs, ok := strings.Cut(m, "=")
+		args := append([]string(nil), fs.Args()...)
+		if ok {
+			args = append(args, strings.Split(pkgs, ",")...)
+		} else {
+			args = append(args, "./...")
+		}
 		wg.Go(func() {
-			results[i] = runModule(*goCmd, dir, fs.Args(), out, stderr)
+			results[i] = runModule(*goCmd, dir, args, out, stderr)
 		})
 	}
 	wg.Wait()
@@ -86,7 +96,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	code := 0
 	for i, err := range results {
 		if err != nil {
-			fmt.Fprintf(stdout, "FAIL: go test in %s: %v\n", modules[i], err)
+			dir, _, _ := strings.Cut(modules[i], "=")
+			fmt.Fprintf(stdout, "FAIL: go test in %s: %v\n", dir, err)
 			code = 1
 		}
 	}

@@ -68,7 +68,7 @@ func TestReportPrintsFailuresAndTheSlowestTests(t *testing.T) {
 	pass, fail := module(t, "passing", passing), module(t, "failing", failing)
 	raw := filepath.Join(t.TempDir(), "events.json")
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"-dir", pass, "-dir", fail, "-json", raw, "-slowest", "10", "--", "-count=1", "./..."}, &stdout, &stderr)
+	code := run([]string{"-dir", pass, "-dir", fail, "-json", raw, "-slowest", "10", "--", "-count=1"}, &stdout, &stderr)
 	out := stdout.String()
 	if code != 1 {
 		t.Errorf("exit status %d, want 1\n%s%s", code, out, stderr.String())
@@ -112,7 +112,7 @@ func TestReportOfAPassingRun(t *testing.T) {
 			args = append(args, "-v")
 		}
 		var stdout, stderr bytes.Buffer
-		code := run(append(args, "--", "-count=1", "./..."), &stdout, &stderr)
+		code := run(append(args, "--", "-count=1"), &stdout, &stderr)
 		if code != 0 {
 			t.Fatalf("verbose %v: exit status %d\n%s%s", verbose, code, stdout.String(), stderr.String())
 		}
@@ -132,7 +132,7 @@ func TestReportOfABuildFailure(t *testing.T) {
 	t.Parallel()
 	dir := module(t, "broken", "package broken\n\nfunc TestX(t *testing.T) { undefined() }\n")
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"-dir", dir, "--", "-count=1", "./..."}, &stdout, &stderr)
+	code := run([]string{"-dir", dir, "--", "-count=1"}, &stdout, &stderr)
 	all := stdout.String() + stderr.String()
 	if code != 1 {
 		t.Errorf("exit status %d, want 1\n%s", code, all)
@@ -147,5 +147,35 @@ func TestReportRefusesBadFlags(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"-slowest", "-1"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "-slowest") {
 		t.Errorf("-slowest -1: exit status %d, stderr %q; want 2 and a message naming -slowest", code, stderr.String())
+	}
+}
+
+// A module's packages listed after "=" run in that order: go test starts
+// them as it is given them.
+func TestReportRunsTheListedPackagesFirst(t *testing.T) {
+	t.Parallel()
+	dir := module(t, "ordered", "package ordered\n\nimport \"testing\"\n\nfunc TestA(t *testing.T) {}\n")
+	sub := filepath.Join(dir, "zlast")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sub, "z_test.go"), []byte("package zlast\n\nimport \"testing\"\n\nfunc TestZ(t *testing.T) {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	raw := filepath.Join(t.TempDir(), "events.json")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-dir", dir + "=./zlast,./...", "-json", raw, "--", "-count=1", "-p=1"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit status %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+	events, err := os.ReadFile(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var started []string
+	for _, m := range regexp.MustCompile(`"Action":"start","Package":"([^"]+)"`).FindAllSubmatch(events, -1) {
+		started = append(started, string(m[1]))
+	}
+	if diff := cmp.Diff([]string{"example.com/ordered/zlast", "example.com/ordered"}, started); diff != "" {
+		t.Errorf("packages started (-want +got):\n%s", diff)
 	}
 }
