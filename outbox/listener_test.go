@@ -238,9 +238,10 @@ func TestSubscriberWhoseListenerCannotHearPollsAndSaysSo(t *testing.T) {
 			if deaf {
 				eventually(t, "the warning", func() bool { return strings.Contains(logs.String(), warning) })
 			} else {
-				// The probe is sent once the LISTEN connection listens;
-				// its verdict is in a ListenProbeTimeout later.
-				eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
+				// The probe is sent once the LISTEN connection listens,
+				// and the subscriber records its sleep once it listens;
+				// the probe's verdict is in a ListenProbeTimeout later.
+				e.waitAsleep()
 				time.Sleep(cfg.ListenProbeTimeout)
 			}
 			idlePolls(t, rec, 3)
