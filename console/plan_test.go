@@ -225,8 +225,11 @@ func TestConsoleQueriesAreIndexBounded(t *testing.T) {
 	for _, p := range pages {
 		get(t, h, p.URL, p.Want)
 	}
-	// The check sees a sequential scan where there is one.
-	whole := statement{SQL: "SELECT count(*) FROM outbox WHERE payload IS NOT NULL"}
+	// The check sees a sequential scan where there is one: a count
+	// that reads every payload, which no index holds (PostgreSQL 17
+	// drops "IS NOT NULL" of a NOT NULL column, and then counts with
+	// any index, all-visible pages needing no heap read).
+	whole := statement{SQL: "SELECT count(*) FROM outbox WHERE octet_length(payload) > 1"}
 	if plan, err := explain(ctx, fx.db.Pool, whole, "JSON"); err != nil {
 		t.Fatal(err)
 	} else if rels := seqScans(decode(t, plan)); len(rels) == 0 {
