@@ -52,6 +52,19 @@ func runBench[T any](b *testing.B, ob *Outbox, queues []string, h Handler[T], cf
 	})
 }
 
+// benchReceive returns the time handled gives, failing b when it gives
+// none within a minute.
+func benchReceive(b *testing.B, handled <-chan time.Time, what string) time.Time {
+	b.Helper()
+	select {
+	case at := <-handled:
+		return at
+	case <-time.After(time.Minute):
+		b.Fatalf("%s within a minute", what)
+		return time.Time{}
+	}
+}
+
 // benchWait polls cond every millisecond until it holds, failing b after
 // 30 s.
 func benchWait(b *testing.B, what string, cond func() bool) {
@@ -104,12 +117,7 @@ func BenchmarkScheduledRowLateness(b *testing.B) {
 		if err := d.Pool.QueryRow(b.Context(), "SELECT next_attempt_at FROM outbox WHERE id = $1", id).Scan(&due); err != nil {
 			b.Fatal(err)
 		}
-		select {
-		case at := <-handled:
-			late = append(late, at.Sub(due))
-		case <-time.After(time.Minute):
-			b.Fatal("the scheduled row was not handled within a minute")
-		}
+		late = append(late, benchReceive(b, handled, "the scheduled row was not handled").Sub(due))
 	}
 	reportSpread(b, late, "ms-late")
 }
@@ -246,12 +254,7 @@ func BenchmarkDeliveryAfterAnOutage(b *testing.B) {
 		}
 		proxy.Restore()
 		back := time.Now()
-		select {
-		case at := <-handled:
-			delays = append(delays, at.Sub(back))
-		case <-time.After(time.Minute):
-			b.Fatal("not delivered within a minute of the database's return")
-		}
+		delays = append(delays, benchReceive(b, handled, "not delivered after the database's return").Sub(back))
 	}
 	reportSpread(b, delays, "ms-delay")
 }
