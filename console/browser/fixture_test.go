@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -41,10 +42,47 @@ func newOutbox(t *testing.T) *outboxtest.Fixture {
 	return newOutboxIn(t, outboxtest.Connect(t), "console_browser_"+hex.EncodeToString(b[:]))
 }
 
+// browserTests is how many of the package's tests run at once: each
+// drives a Chromium, serves a console and runs subscribers, so that more
+// of them at once starve the machine's two cores and the test database's
+// connections, and pages time out for want of either.
+const browserTests = 3
+
+var (
+	browserSlots = make(chan struct{}, browserTests)
+	// browserHeld holds the top-level tests that hold a slot.
+	browserHeld   = map[string]bool{}
+	browserHeldMu sync.Mutex
+)
+
+// admitBrowserTest waits until fewer than browserTests of the package's
+// tests run, unless t's top-level test already runs, and gives the slot
+// back when t ends.
+func admitBrowserTest(t *testing.T) {
+	top, _, _ := strings.Cut(t.Name(), "/")
+	browserHeldMu.Lock()
+	held := browserHeld[top]
+	browserHeldMu.Unlock()
+	if held {
+		return
+	}
+	browserSlots <- struct{}{}
+	browserHeldMu.Lock()
+	browserHeld[top] = true
+	browserHeldMu.Unlock()
+	t.Cleanup(func() {
+		browserHeldMu.Lock()
+		delete(browserHeld, top)
+		browserHeldMu.Unlock()
+		<-browserSlots
+	})
+}
+
 // newOutboxIn returns a migrated outbox in schema on pool, dropping the
 // schema when the test ends.
 func newOutboxIn(t *testing.T, pool *pgxpool.Pool, schema string) *outboxtest.Fixture {
 	t.Helper()
+	admitBrowserTest(t)
 	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
