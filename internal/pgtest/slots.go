@@ -118,14 +118,7 @@ func admit(tb testing.TB, base string, n int) {
 		return
 	}
 	if h.conn == nil {
-		cfg, err := pgx.ParseConfig(base)
-		if err != nil {
-			tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
-		}
-		cfg.RuntimeParams["application_name"] = slotAppName(top)
-		if h.conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
-			tb.Fatalf("pgtest: connect for a slot: %v", err)
-		}
+		h.conn = connectAs(tb, base, slotAppName(top))
 	}
 	if want == 1 {
 		// Any free slot, tried in turn from one picked at random.
@@ -133,8 +126,8 @@ func admit(tb testing.TB, base string, n int) {
 		for {
 			for i := range count {
 				s := (start + i) % count
-				var ok bool
-				if err := h.conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", slotLockClass, s).Scan(&ok); err != nil {
+				ok, err := tryLock(h.conn, slotLockClass, int32(s))
+				if err != nil {
 					tb.Fatalf("pgtest: take a slot: %v", err)
 				}
 				if ok {
@@ -142,7 +135,7 @@ func admit(tb testing.TB, base string, n int) {
 					return
 				}
 			}
-			time.Sleep(time.Duration(20+rand.IntN(60)) * time.Millisecond)
+			lockPause()
 		}
 	}
 	// Several: let go of what is held, then take slots 0 to want-1 in
@@ -173,14 +166,41 @@ func (h *slotHold) lock(tb testing.TB, s int) {
 // holds back vacuum and is the oldest snapshot the tests that look for
 // theirs see.
 func waitLock(conn *pgx.Conn, class, key int32) error {
-	ctx := context.Background()
 	for {
-		var ok bool
-		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1, $2)", class, key).Scan(&ok); err != nil || ok {
+		if ok, err := tryLock(conn, class, key); err != nil || ok {
 			return err
 		}
-		time.Sleep(time.Duration(20+rand.IntN(60)) * time.Millisecond)
+		lockPause()
 	}
+}
+
+// tryLock takes the advisory lock (class, key) on conn if it is free.
+func tryLock(conn *pgx.Conn, class, key int32) (bool, error) {
+	var ok bool
+	err := conn.QueryRow(context.Background(), "SELECT pg_try_advisory_lock($1, $2)", class, key).Scan(&ok)
+	return ok, err
+}
+
+// lockPause is how long a test waiting for a lock waits before it tries
+// again: 20 to 80 ms, so that waiters do not try in step.
+func lockPause() {
+	time.Sleep(time.Duration(20+rand.IntN(60)) * time.Millisecond)
+}
+
+// connectAs opens a connection of its own to base, named app
+// (application_name), failing tb when it cannot.
+func connectAs(tb testing.TB, base, app string) *pgx.Conn {
+	tb.Helper()
+	cfg, err := pgx.ParseConfig(base)
+	if err != nil {
+		tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: connect as %q: %v", app, err)
+	}
+	return conn
 }
 
 // slotAppName is the application_name of the connection that holds the
@@ -239,15 +259,7 @@ func Exclusive(tb testing.TB, name string) {
 		return
 	}
 	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(URL(tb))
-	if err != nil {
-		tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
-	}
-	cfg.RuntimeParams["application_name"] = "pgtest exclusive " + name
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		tb.Fatalf("pgtest: connect for %s: %v", name, err)
-	}
+	conn := connectAs(tb, URL(tb), "pgtest exclusive "+name)
 	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
 	var key int32
 	if err := conn.QueryRow(ctx, "SELECT hashtext($1)", name).Scan(&key); err != nil {
