@@ -93,6 +93,7 @@ func run(m *testing.M) int {
 			_ = os.Setenv("DATABASE_URL", srv.URL)
 		}
 		code := m.Run()
+		closeSlots()
 		if err == nil {
 			// The catalogs' dead rows, which the package's schemas left.
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

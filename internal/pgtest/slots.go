@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,13 +21,13 @@ const EnvSlots = "TEST_DATABASE_SLOTS"
 
 // connectionsPerTest is how many connections a test running on the test
 // database is counted to use: its pools, its subscribers' listeners,
-// its fixtures' connections and its slot's own. A test that uses many
-// more says so with [Reserve].
+// and its fixtures' connections (the settings test's roles use 12). A
+// test that uses many more says so with [Reserve].
 const connectionsPerTest = 12
 
 // spareConnections are the server's connections left to what is not a
-// test: psql sessions, the harness's own connections, tests of packages
-// that do not take slots.
+// test: each test process's session that holds its slots, psql
+// sessions, tests of packages that do not take slots.
 const spareConnections = 10
 
 // slotLockClass is the first key of the advisory locks that are the slots
@@ -41,23 +40,31 @@ const slotLockClass = 0x6f747374
 // once: without a limit they open more connections than the server
 // allows, and tests fail with "too many clients" when nothing is wrong.
 // A test takes a slot before it creates its schema and gives it back when
-// it ends; tests of one top-level test share theirs.
+// it ends. Its subtests share its slot; a test that holds none (a group
+// of parallel subtests, each with a schema of its own) has each subtest
+// take one.
+//
+// One session of the process holds its slots and tries the ones its tests
+// wait for, so that waiting costs no connection per test.
 var slots struct {
 	once  sync.Once
 	count int
 	err   error
 
 	mu   sync.Mutex
-	held map[string]*slotHold // by top-level test name
+	held map[string]*slotHold // by the name of the test that holds them
+
+	sessMu sync.Mutex   // held while the session runs a statement
+	sess   *pgx.Conn    // the session that holds the process's slots
+	mine   map[int]bool // the slots sess holds
 }
 
-// slotHold is a top-level test's slots: the connection that holds their
-// locks, and how many of its tests (and subtests) still use them.
+// slotHold is a test's slots, and how many of its tests (and subtests)
+// still use them.
 type slotHold struct {
 	users int // guarded by slots.mu
 
 	mu    sync.Mutex // held while slots are taken
-	conn  *pgx.Conn
 	taken []int
 }
 
@@ -88,8 +95,9 @@ func slotCount(ctx context.Context, base string) (int, error) {
 	return slots.count, slots.err
 }
 
-// admit has tb's top-level test hold n slots (at most all of them) until
-// it and its subtests end, waiting until they are free.
+// admit has tb's test, or the test above it that holds slots, hold n
+// slots (at most all of them) until it and its subtests end, waiting
+// until they are free.
 func admit(tb testing.TB, base string, n int) {
 	tb.Helper()
 	ctx := context.Background()
@@ -97,11 +105,11 @@ func admit(tb testing.TB, base string, n int) {
 	if err != nil {
 		tb.Fatalf("pgtest: how many tests the database serves at once: %v", err)
 	}
-	top, _, _ := strings.Cut(tb.Name(), "/")
 	slots.mu.Lock()
 	if slots.held == nil {
 		slots.held = map[string]*slotHold{}
 	}
+	top := holder(tb.Name())
 	h := slots.held[top]
 	if h == nil {
 		h = &slotHold{}
@@ -117,16 +125,13 @@ func admit(tb testing.TB, base string, n int) {
 	if len(h.taken) >= want {
 		return
 	}
-	if h.conn == nil {
-		h.conn = connectAs(tb, base, slotAppName(top))
-	}
 	if want == 1 {
 		// Any free slot, tried in turn from one picked at random.
 		start := rand.IntN(count)
 		for {
 			for i := range count {
 				s := (start + i) % count
-				ok, err := tryLock(h.conn, slotLockClass, int32(s))
+				ok, err := takeSlot(base, s)
 				if err != nil {
 					tb.Fatalf("pgtest: take a slot: %v", err)
 				}
@@ -141,23 +146,85 @@ func admit(tb testing.TB, base string, n int) {
 	// Several: let go of what is held, then take slots 0 to want-1 in
 	// order. A test waiting for a slot then holds none but lower ones,
 	// so no two tests each hold a slot the other waits for.
-	if len(h.taken) > 0 {
-		if _, err := h.conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
-			tb.Fatalf("pgtest: give back slots: %v", err)
-		}
-		h.taken = nil
+	if err := giveBack(h.taken); err != nil {
+		tb.Fatalf("pgtest: give back slots: %v", err)
 	}
+	h.taken = nil
 	for s := range want {
-		h.lock(tb, s)
+		for {
+			ok, err := takeSlot(base, s)
+			if err != nil {
+				tb.Fatalf("pgtest: wait for slot %d: %v", s, err)
+			}
+			if ok {
+				h.taken = append(h.taken, s)
+				break
+			}
+			lockPause()
+		}
 	}
 }
 
-func (h *slotHold) lock(tb testing.TB, s int) {
-	tb.Helper()
-	if err := waitLock(h.conn, slotLockClass, int32(s)); err != nil {
-		tb.Fatalf("pgtest: wait for slot %d: %v", s, err)
+// takeSlot takes slot s on the process's session, opening it first, and
+// reports whether it was free.
+func takeSlot(base string, s int) (bool, error) {
+	slots.sessMu.Lock()
+	defer slots.sessMu.Unlock()
+	if slots.mine[s] {
+		// A session takes an advisory lock it holds again: the process's
+		// own tests are told apart here.
+		return false, nil
 	}
-	h.taken = append(h.taken, s)
+	if slots.sess == nil {
+		cfg, err := pgx.ParseConfig(base)
+		if err != nil {
+			return false, err
+		}
+		cfg.RuntimeParams["application_name"] = slotAppName()
+		if slots.sess, err = pgx.ConnectConfig(context.Background(), cfg); err != nil {
+			return false, err
+		}
+		slots.mine = map[int]bool{}
+	}
+	ok, err := tryLock(slots.sess, slotLockClass, int32(s))
+	if err != nil {
+		// The session's locks end with it; the next try opens another.
+		_ = slots.sess.Close(context.Background())
+		slots.sess, slots.mine = nil, nil
+		return false, err
+	}
+	if ok {
+		slots.mine[s] = true
+	}
+	return ok, nil
+}
+
+// giveBack lets go of slots held by the process's session.
+func giveBack(taken []int) error {
+	slots.sessMu.Lock()
+	defer slots.sessMu.Unlock()
+	for _, s := range taken {
+		if !slots.mine[s] {
+			continue // the session they were held by has ended
+		}
+		delete(slots.mine, s)
+		if _, err := slots.sess.Exec(context.Background(), "SELECT pg_advisory_unlock($1, $2)", slotLockClass, int32(s)); err != nil {
+			_ = slots.sess.Close(context.Background())
+			slots.sess, slots.mine = nil, nil
+			return err
+		}
+	}
+	return nil
+}
+
+// closeSlots ends the process's session, when its tests are over.
+func closeSlots() {
+	slots.sessMu.Lock()
+	defer slots.sessMu.Unlock()
+	if slots.sess != nil {
+		_ = slots.sess.Close(context.Background())
+		slots.sess, slots.mine = nil, nil
+	}
 }
 
 // waitLock takes the advisory lock (class, key) on conn, waiting until it
@@ -203,10 +270,26 @@ func connectAs(tb testing.TB, base, app string) *pgx.Conn {
 	return conn
 }
 
-// slotAppName is the application_name of the connection that holds the
-// slots of the top-level test top in this process.
-func slotAppName(top string) string {
-	return fmt.Sprintf("pgtest slot %d %s", os.Getpid(), top)
+// holder returns the name of the test whose slots the test named name
+// uses: the outermost test above it that holds slots, or itself. A
+// subtest waiting for a slot thus never waits while a test above it
+// holds one, which those above could wait for in turn. Call it with
+// slots.mu held.
+func holder(name string) string {
+	for i, r := range name {
+		if r == '/' {
+			if _, ok := slots.held[name[:i]]; ok {
+				return name[:i]
+			}
+		}
+	}
+	return name
+}
+
+// slotAppName is the application_name of the session that holds this
+// process's slots.
+func slotAppName() string {
+	return fmt.Sprintf("pgtest slots %d", os.Getpid())
 }
 
 // release gives back top's slots when the last of its tests ends.
@@ -223,11 +306,10 @@ func release(top string, h *slotHold) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.conn != nil {
-		// Closing the session ends its advisory locks.
-		_ = h.conn.Close(context.Background())
-		h.conn, h.taken = nil, nil
-	}
+	// A slot not given back is given back when the process's session
+	// ends: the error is the next test's to see.
+	_ = giveBack(h.taken)
+	h.taken = nil
 }
 
 // Reserve counts tb's test as n tests (n slots) for as long as it runs: a

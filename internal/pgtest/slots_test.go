@@ -2,6 +2,8 @@ package pgtest
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,6 +40,29 @@ func slotLocks(t *testing.T, conn *pgx.Conn, app string) (held, waiting []int) {
 	return held, waiting
 }
 
+// heldBy returns the slots the test named name holds, as this process
+// counts them, and fails t unless the process's session holds them.
+func heldBy(t *testing.T, conn *pgx.Conn, name string) []int {
+	t.Helper()
+	slots.mu.Lock()
+	h := slots.held[name]
+	slots.mu.Unlock()
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	taken := append([]int(nil), h.taken...)
+	h.mu.Unlock()
+	session, _ := slotLocks(t, conn, slotAppName())
+	for _, s := range taken {
+		if !slices.Contains(session, s) {
+			t.Errorf("%s holds slot %d, which the process's session (holding %v) does not", name, s, session)
+		}
+	}
+	slices.Sort(taken)
+	return taken
+}
+
 // triesAgain waits until a session named app has run at least two more
 // statements (it tries a lock again and again while it waits), and fails
 // t after 30 s.
@@ -61,9 +86,9 @@ func triesAgain(t *testing.T, conn *pgx.Conn, app string) {
 	}
 }
 
-// When every slot is taken, New waits until one is given back; the
-// test's subtests share its slot, and it is given back when the test
-// ends. (Not parallel: it takes every slot of the database for a moment,
+// When every slot is taken, New waits until one is given back, on the
+// one session that holds the process's slots; the test's subtests share
+// its slot, and it is given back when the test ends. (Not parallel: it takes every slot of the database for a moment,
 // and other tests of this process would wait behind it.)
 func TestNewWaitsForAFreeSlot(t *testing.T) {
 	ctx := context.Background()
@@ -81,7 +106,7 @@ func TestNewWaitsForAFreeSlot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	app := slotAppName(t.Name())
+	app := slotAppName()
 	admitted := make(chan struct{})
 	done := make(chan struct{})
 	defer func() { <-done }()
@@ -97,6 +122,12 @@ func TestNewWaitsForAFreeSlot(t *testing.T) {
 		}
 		defer check.Close(ctx)
 		triesAgain(t, check, app)
+		var sessions int
+		if err := check.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&sessions); err != nil {
+			t.Error(err)
+		} else if sessions != 1 {
+			t.Errorf("%d sessions hold and wait for the process's slots, want 1", sessions)
+		}
 		select {
 		case <-admitted:
 			t.Error("admitted while every slot was held")
@@ -116,19 +147,23 @@ func TestNewWaitsForAFreeSlot(t *testing.T) {
 	t.Run("first", func(t *testing.T) {
 		New(t)
 		close(admitted)
-		slot, _ = slotLocks(t, check, app)
+		slot = heldBy(t, check, t.Name())
 		t.Run("nested", func(t *testing.T) {
 			New(t)
+			if held := heldBy(t, check, t.Name()); held != nil {
+				t.Errorf("a subtest's New: it holds %v of its own; want it to share its test's", held)
+			}
 			if held, waiting := slotLocks(t, check, app); !cmp.Equal(held, slot) || len(waiting) != 0 {
-				t.Errorf("a subtest's New: holds %v, waits for %v; want %v held as before", held, waiting, slot)
+				t.Errorf("a subtest's New: the process holds %v, waits for %v; want %v held as before", held, waiting, slot)
 			}
 		})
 	})
 	if diff := cmp.Diff([]int{0}, slot); diff != "" {
 		t.Fatalf("the slots the test held (-want +got):\n%s", diff)
 	}
+	// The slot is given back when the subtests end.
 	if held, waiting := slotLocks(t, check, app); len(held)+len(waiting) != 0 {
-		t.Errorf("after the subtests ended, the test still holds %v and waits for %v", held, waiting)
+		t.Errorf("after the subtests ended, the process holds %v and waits for %v", held, waiting)
 	}
 }
 
@@ -154,7 +189,7 @@ func TestReserveHoldsTheLowestSlots(t *testing.T) {
 			for i := range want {
 				want[i] = i
 			}
-			held, _ := slotLocks(t, check, slotAppName("TestReserveHoldsTheLowestSlots"))
+			held := heldBy(t, check, t.Name())
 			if diff := cmp.Diff(want, held); diff != "" {
 				t.Errorf("Reserve(%d) of %d slots: held (-want +got):\n%s", n, count, diff)
 			}
@@ -221,4 +256,34 @@ func TestExclusiveTestsRunOneAtATime(t *testing.T) {
 	if secondIn.IsZero() || !secondIn.After(firstOut) {
 		t.Errorf("the second test ran alone from %v, the first ended at %v", secondIn, firstOut)
 	}
+}
+
+// Parallel subtests of a test that holds no slot, each with a schema of
+// its own, each take a slot of their own: together they count as the
+// tests they are.
+func TestSubtestsOfATestWithoutASlotTakeOneEach(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	check, err := pgx.Connect(ctx, URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close(ctx)
+	var mu sync.Mutex // check is used by one subtest at a time
+	t.Run("group", func(t *testing.T) {
+		group := t.Name()
+		for _, name := range []string{"a", "b"} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				New(t)
+				mu.Lock()
+				defer mu.Unlock()
+				own := heldBy(t, check, t.Name())
+				groups := heldBy(t, check, group)
+				if len(own) != 1 || len(groups) != 0 {
+					t.Errorf("subtest %s holds %v, the group %v; want one slot of its own", name, own, groups)
+				}
+			})
+		}
+	})
 }
