@@ -361,6 +361,10 @@ func (o *Outbox) retrySteps(ctx context.Context, mo *migrateOptions, w *stepWatc
 		step  *goose.MigrationResult
 		tries int
 		first time.Time
+		// What the step's tries saw last: a try whose reads came too late
+		// to see its wait (a busy server) leaves what an earlier try saw.
+		holders []LockHolder
+		wanted  string
 	)
 	for {
 		start := time.Now()
@@ -374,9 +378,12 @@ func (o *Outbox) retrySteps(ctx context.Context, mo *migrateOptions, w *stepWatc
 		}
 		if step == nil || step.Source.Version != failed.Source.Version || step.Direction != failed.Direction {
 			step, tries, first = failed, 0, start
+			holders, wanted = nil, ""
 		}
 		tries++
-		holders, wanted := w.seen()
+		if seen, waitedFor := w.seen(); len(seen) > 0 {
+			holders, wanted = seen, waitedFor
+		}
 		wait := migrationBackoff(mo.lockTimeout, tries)
 		if time.Since(first)+wait > mo.retryBudget {
 			return &MigrationLockError{

@@ -303,7 +303,7 @@ func TestMigrateGivesUpNamingTheStepAndTheHolder(t *testing.T) {
 	t.Parallel()
 	e := atVersion(t, libraryLatest(t)-1)
 	holder := holdLocks(t, e.db, e.ob, "never-lets-go")
-	err := e.ob.Migrate(e.ctx, MigrateLockTimeout(200*time.Millisecond), MigrateRetryBudget(time.Second),
+	err := e.ob.Migrate(e.ctx, MigrateLockTimeout(200*time.Millisecond), MigrateRetryBudget(3*time.Second),
 		MigrateLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	var le *MigrationLockError
 	if !errors.As(err, &le) {
