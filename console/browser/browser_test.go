@@ -272,10 +272,25 @@ func (p *page) count(sel string) int {
 }
 
 // text returns the visible text of the first element sel selects, waiting
-// for it.
+// for it to be shown. It finds and reads the element in one evaluation: a
+// live page replaces its elements, and a node found by one call may be
+// gone by the next.
 func (p *page) text(sel string) string {
 	p.t.Helper()
-	return run(p, "reading "+sel, chromedp.Text(chromedp.CSS(sel)))
+	expr := fmt.Sprintf(`(() => {
+		const e = document.querySelector(%s);
+		return e !== null && e.getClientRects().length > 0 ? e.innerText : null;
+	})()`, jsString(sel))
+	deadline := time.Now().Add(stepTimeout)
+	for {
+		if v := eval[*string](p, expr); v != nil {
+			return *v
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("reading %s: not shown within %v (at %s)", sel, stepTimeout, p.location())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // attr returns attribute name of the first element sel selects, waiting
