@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/claim"
@@ -30,8 +29,13 @@ import (
 //
 // Each statement is sent as the library sends it (its SQL and arguments
 // recorded from the generated query), under EXPLAIN (ANALYZE, BUFFERS) in
-// a transaction rolled back, on one session whose caches a first pass
-// filled, against the same live rows whatever went before. Two figures
+// a transaction rolled back, on a new session whose caches a first pass
+// filled, against the same live rows whatever went before: once before
+// the outbox's tables were ever analyzed (stats=none) and once after a
+// VACUUM (ANALYZE) (stats=analyzed), since the plans differ (and a
+// session's PL/pgSQL functions keep the plans they made first, so each
+// is measured on a session of its own). The churn's leases have all
+// expired by then, as after a hold longer than the lease. Two figures
 // per statement:
 //
 //   - <name>-buffers: the shared buffers (hit and read) EXPLAIN counts for
@@ -52,18 +56,36 @@ func BenchmarkHotPathBuffersUnderAHeldSnapshot(b *testing.B) {
 			h := newHotPathBench(b)
 			h.churn(n)
 			h.settle()
-			// The first pass fills the session's caches of the catalogs,
-			// which EXPLAIN's buffers count too.
-			costs := h.measure()
-			for b.Loop() {
-				costs = h.measure()
-			}
-			for _, c := range costs {
-				b.ReportMetric(float64(c.plan), c.name+"-buffers")
-				b.ReportMetric(float64(c.all), c.name+"-all")
-				b.Logf("rows=%d %-22s plan %6d  all %6d  %s", n, c.name, c.plan, c.all, c.top())
-			}
+			// Plans follow the statistics: measured before the tables
+			// were ever analyzed, and after a VACUUM (ANALYZE) as
+			// autovacuum runs it (it removes nothing the snapshot keeps).
+			b.Run("stats=none", func(b *testing.B) { h.report(b, n) })
+			h.analyze()
+			b.Run("stats=analyzed", func(b *testing.B) { h.report(b, n) })
 		})
+	}
+}
+
+// report measures every hot-path statement on behalf of b, the
+// benchmark of n rows, and reports the figures.
+func (h *hotPathBench) report(b *testing.B, n int) {
+	parent := h.b
+	h.b = b
+	defer func() { h.b = parent }()
+	conn, err := pgx.Connect(h.ctx, h.d.URL)
+	h.must(err, "connect")
+	defer func() { _ = conn.Close(context.Background()) }()
+	h.conn = conn
+	// The first pass fills the session's caches of the catalogs, which
+	// EXPLAIN's buffers count too.
+	costs := h.measure()
+	for b.Loop() {
+		costs = h.measure()
+	}
+	for _, c := range costs {
+		b.ReportMetric(float64(c.plan), c.name+"-buffers")
+		b.ReportMetric(float64(c.all), c.name+"-all")
+		b.Logf("rows=%d %-22s plan %6d  all %6d  %s", n, c.name, c.plan, c.all, c.top())
 	}
 }
 
@@ -80,8 +102,10 @@ type hotPathBench struct {
 	sleeper pgtype.UUID
 	// live is the state settle wrote.
 	live hotPathLive
-	// conn is the session every statement is measured on.
-	conn *pgxpool.Conn
+	// conn is the session the statements are measured on, a new one for
+	// each report: a session's PL/pgSQL functions keep the plans they
+	// made first.
+	conn *pgx.Conn
 }
 
 // hotPathQueue is the queue the benchmark churns; hotPathOther is a
@@ -97,6 +121,10 @@ const (
 	hotPathRound = 100
 	// hotPathClaim is the rows of one claim, as a subscriber's batch.
 	hotPathClaim = 50
+	// hotPathChurnTTL is the lease, in seconds, of the churn's claims by
+	// lease: short, so that every lease it wrote has expired when the
+	// statements are measured, as after a hold longer than LeaseTTL.
+	hotPathChurnTTL = 1
 )
 
 // newHotPathBench migrates an outbox into a fresh schema and holds a
@@ -120,11 +148,6 @@ func newHotPathBench(b *testing.B) *hotPathBench {
 	if _, err := tx.Exec(h.ctx, "SELECT count(*) FROM outbox"); err != nil { // takes the snapshot
 		b.Fatal(err)
 	}
-	h.conn, err = d.Pool.Acquire(h.ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(h.conn.Release)
 	return h
 }
 
@@ -146,6 +169,7 @@ func (h *hotPathBench) must(err error, what string) {
 // in 20 once and dead-letter one in 100; claims by lock delete their
 // rows. Every claim is preceded by the hand-over call, and every idle
 // subscriber asks for the next due time and sweeps the lock records.
+// It returns when every lease it wrote has expired.
 func (h *hotPathBench) churn(n int) {
 	h.b.Helper()
 	payload := []byte(`{"n":1}`)
@@ -199,6 +223,16 @@ func (h *hotPathBench) churn(n int) {
 	if n > 0 {
 		h.b.Logf("churned %d rows in %v", n, time.Since(start).Round(time.Millisecond))
 	}
+	// Every lease the churn wrote expires.
+	var end time.Time
+	h.must(h.d.Pool.QueryRow(h.ctx, "SELECT clock_timestamp()").Scan(&end), "now")
+	for past := false; !past; {
+		h.must(h.d.Pool.QueryRow(h.ctx, "SELECT clock_timestamp() > $1::timestamptz + make_interval(secs => $2::float8)",
+			end, float64(hotPathChurnTTL)).Scan(&past), "now")
+		if !past {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 }
 
 // drainByLease claims up to hotPathClaim rows by lease and ends their
@@ -206,7 +240,7 @@ func (h *hotPathBench) churn(n int) {
 func (h *hotPathBench) drainByLease() int {
 	h.b.Helper()
 	tok := newToken()
-	rows, err := h.q.ClaimQueue(h.ctx, db.ClaimQueueParams{Token: tok, Queue: hotPathQueue, MaxRows: hotPathClaim, LeaseTtlSeconds: 30})
+	rows, err := h.q.ClaimQueue(h.ctx, db.ClaimQueueParams{Token: tok, Queue: hotPathQueue, MaxRows: hotPathClaim, LeaseTtlSeconds: hotPathChurnTTL})
 	h.must(err, "ClaimQueue")
 	if len(rows) == 0 {
 		return 0
@@ -215,7 +249,7 @@ func (h *hotPathBench) drainByLease() int {
 	for i, r := range rows {
 		all[i] = r.ID
 	}
-	_, err = h.q.ExtendLeases(h.ctx, db.ExtendLeasesParams{LeaseTtlSeconds: 30, Ids: all, Tokens: slices.Repeat([]pgtype.UUID{tok}, len(all))})
+	_, err = h.q.ExtendLeases(h.ctx, db.ExtendLeasesParams{LeaseTtlSeconds: hotPathChurnTTL, Ids: all, Tokens: slices.Repeat([]pgtype.UUID{tok}, len(all))})
 	h.must(err, "ExtendLeases")
 	var acked, retried []int64
 	for _, r := range rows {
@@ -280,11 +314,9 @@ type hotPathLive struct {
 	due []int64
 }
 
-// settle writes the live state (a fresh sleep record, key k0's head and
+// settle writes the live state: a fresh sleep record, key k0's head and
 // the next row behind it, a dozen unkeyed rows of which two are leased
-// and one's lease expired, a scheduled row with a timer id) and vacuums
-// and analyzes the outbox's tables as autovacuum would: the held
-// snapshot keeps every dead row version.
+// and one's lease expired, a scheduled row with a timer id.
 func (h *hotPathBench) settle() {
 	h.b.Helper()
 	payload := []byte(`{"n":1}`)
@@ -309,10 +341,6 @@ func (h *hotPathBench) settle() {
 	}
 	_, err = h.q.ClaimQueue(h.ctx, db.ClaimQueueParams{Token: newToken(), Queue: hotPathQueue, MaxRows: 1, LeaseTtlSeconds: -60})
 	h.must(err, "ClaimQueue expired")
-	for _, t := range []string{"outbox", "outbox_locks", "outbox_sleepers", "outbox_handoff"} {
-		_, err := h.d.Pool.Exec(h.ctx, "VACUUM (ANALYZE) "+t)
-		h.must(err, "VACUUM "+t)
-	}
 	var sizes string
 	h.must(h.d.Pool.QueryRow(h.ctx, `SELECT string_agg(c.relname || '=' || pg_relation_size(c.oid) / 8192, ' ' ORDER BY c.relname)
 		FROM pg_class AS c WHERE c.relnamespace = (SELECT n.oid FROM pg_namespace AS n WHERE n.nspname = $1) AND c.relkind IN ('r', 'i')`,
@@ -328,6 +356,16 @@ func (h *hotPathBench) settle() {
 		h.b.Fatalf("%d unkeyed rows due, want 10", len(live.due))
 	}
 	h.live = live
+}
+
+// analyze vacuums and analyzes the outbox's tables as autovacuum would:
+// the held snapshot keeps every dead row version.
+func (h *hotPathBench) analyze() {
+	h.b.Helper()
+	for _, t := range []string{"outbox", "outbox_locks", "outbox_sleepers", "outbox_handoff"} {
+		_, err := h.d.Pool.Exec(h.ctx, "VACUUM (ANALYZE) "+t)
+		h.must(err, "VACUUM "+t)
+	}
 }
 
 // hotPathCost is what one statement touched.
