@@ -21,8 +21,11 @@ type HealthOptions struct {
 	// Default: the pool's own connection settings.
 	ListenDSN     string
 	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
-	// NotifyTimeout bounds the wait for the probe's notification.
-	// Default: 2 s.
+	// NotifyTimeout bounds the wait for the probe's notification, from
+	// when it is sent. Connecting the LISTEN connection, LISTEN and the
+	// NOTIFY itself have 10 s of their own, so that a busy server slow
+	// to answer them is not taken for one whose notifications never
+	// arrive. Default: 2 s.
 	NotifyTimeout time.Duration
 	// The thresholds past which a condition is a problem; zero means the
 	// default of the same name (HealthNotifyQueueUsage, ...).
@@ -181,12 +184,16 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 // errNotHeard is the NOTIFY probe's failure when the listener heard nothing.
 var errNotHeard = errors.New("the LISTEN connection heard nothing")
 
+// notifySetupTimeout bounds what the NOTIFY probe does before it waits:
+// connecting its LISTEN connection, LISTEN and NOTIFY.
+const notifySetupTimeout = 10 * time.Second
+
 // probeNotify listens on the probe channel, sends a notification through
 // the pool and waits for it, and returns how long it took.
 func (o *Outbox) probeNotify(ctx context.Context, opt *HealthOptions) (time.Duration, error) {
-	cctx, cancel := context.WithTimeout(ctx, opt.NotifyTimeout)
-	defer cancel()
-	conn, err := dialListener(cctx, o, opt.ListenDSN, opt.ListenConnect)
+	sctx, cancelSetup := context.WithTimeout(ctx, notifySetupTimeout)
+	defer cancelSetup()
+	conn, err := dialListener(sctx, o, opt.ListenDSN, opt.ListenConnect)
 	if err != nil {
 		return 0, fmt.Errorf("connecting the LISTEN connection: %w", err)
 	}
@@ -195,14 +202,16 @@ func (o *Outbox) probeNotify(ctx context.Context, opt *HealthOptions) (time.Dura
 		defer cancel()
 		_ = conn.Close(c)
 	}()
-	if err := o.queries(conn).ListenProbe(cctx); err != nil {
+	if err := o.queries(conn).ListenProbe(sctx); err != nil {
 		return 0, fmt.Errorf("LISTEN: %w", err)
 	}
 	start := time.Now()
-	payload, err := o.sendProbe(cctx)
+	payload, err := o.sendProbe(sctx)
 	if err != nil {
 		return 0, fmt.Errorf("NOTIFY: %w", err)
 	}
+	cctx, cancel := context.WithDeadline(ctx, start.Add(opt.NotifyTimeout))
+	defer cancel()
 	for {
 		n, err := conn.WaitForNotification(cctx)
 		if err != nil {

@@ -88,6 +88,27 @@ func TestHealthOfAMissingOutbox(t *testing.T) {
 	}
 }
 
+// NotifyTimeout bounds the wait for the notification, not the setting up
+// of the probe: a LISTEN connection slower to connect than NotifyTimeout,
+// as on a busy server, still hears it.
+func TestHealthWaitsNotifyTimeoutFromTheNotification(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const timeout = 300 * time.Millisecond
+	slow := func(ctx context.Context) (*pgx.Conn, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(2 * timeout):
+		}
+		return pgx.Connect(ctx, e.db.URL)
+	}
+	h := e.health(&HealthOptions{ListenConnect: slow, NotifyTimeout: timeout})
+	if !h.NotifyHeard || h.NotifyError != "" || h.problem("NOTIFY") != "" {
+		t.Errorf("a LISTEN connection that took %v to connect: heard %v (%q), problems %q", 2*timeout, h.NotifyHeard, h.NotifyError, h.Problems)
+	}
+}
+
 // A LISTEN connection that never hears the notification, as through a
 // pooler in transaction mode, is a problem naming the fix. Here the
 // listener is in another database, where this database's notifications
