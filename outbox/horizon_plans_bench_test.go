@@ -245,10 +245,7 @@ func (h *hotPathBench) drainByLease() int {
 	if len(rows) == 0 {
 		return 0
 	}
-	all := make([]int64, len(rows))
-	for i, r := range rows {
-		all[i] = r.ID
-	}
+	all := idsOf(rows, func(r db.ClaimQueueRow) int64 { return r.ID })
 	_, err = h.q.ExtendLeases(h.ctx, db.ExtendLeasesParams{LeaseTtlSeconds: hotPathChurnTTL, Ids: all, Tokens: slices.Repeat([]pgtype.UUID{tok}, len(all))})
 	h.must(err, "ExtendLeases")
 	var acked, retried []int64
@@ -276,6 +273,15 @@ func (h *hotPathBench) drainByLease() int {
 	return len(rows)
 }
 
+// idsOf returns the ids of rows, in their order.
+func idsOf[R any](rows []R, id func(R) int64) []int64 {
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = id(r)
+	}
+	return ids
+}
+
 // drainByLock claims up to hotPathClaim rows by lock, records the claim,
 // and ends it by deleting every row; it returns the rows claimed.
 func (h *hotPathBench) drainByLock() int {
@@ -289,11 +295,7 @@ func (h *hotPathBench) drainByLock() int {
 	if len(rows) == 0 {
 		return 0
 	}
-	ids := make([]int64, len(rows))
-	for i, r := range rows {
-		ids[i] = r.ID
-	}
-	lower, upper := claim.Runs(ids)
+	lower, upper := claim.Runs(idsOf(rows, func(r db.LockQueueRow) int64 { return r.ID }))
 	_, err = h.q.RecordLock(h.ctx, db.RecordLockParams{Lower: lower, Upper: upper, Xid: rows[0].Xid, LeaseTtlSeconds: 30})
 	h.must(err, "RecordLock")
 	h.must(q.ConfirmLocked(h.ctx), "ConfirmLocked")
