@@ -128,20 +128,24 @@ func admit(tb testing.TB, base string, n int) {
 	if want == 1 {
 		// Any free slot, tried in turn from one picked at random.
 		start := rand.IntN(count)
-		for {
+		err := waitUntil(func() (bool, error) {
 			for i := range count {
 				s := (start + i) % count
 				ok, err := takeSlot(base, s)
 				if err != nil {
-					tb.Fatalf("pgtest: take a slot: %v", err)
+					return false, err
 				}
 				if ok {
 					h.taken = append(h.taken, s)
-					return
+					return true, nil
 				}
 			}
-			lockPause()
+			return false, nil
+		})
+		if err != nil {
+			tb.Fatalf("pgtest: take a slot: %v", err)
 		}
+		return
 	}
 	// Several: let go of what is held, then take slots 0 to want-1 in
 	// order. A test waiting for a slot then holds none but lower ones,
@@ -151,17 +155,10 @@ func admit(tb testing.TB, base string, n int) {
 	}
 	h.taken = nil
 	for s := range want {
-		for {
-			ok, err := takeSlot(base, s)
-			if err != nil {
-				tb.Fatalf("pgtest: wait for slot %d: %v", s, err)
-			}
-			if ok {
-				h.taken = append(h.taken, s)
-				break
-			}
-			lockPause()
+		if err := waitUntil(func() (bool, error) { return takeSlot(base, s) }); err != nil {
+			tb.Fatalf("pgtest: wait for slot %d: %v", s, err)
 		}
+		h.taken = append(h.taken, s)
 	}
 }
 
@@ -176,21 +173,16 @@ func takeSlot(base string, s int) (bool, error) {
 		return false, nil
 	}
 	if slots.sess == nil {
-		cfg, err := pgx.ParseConfig(base)
+		conn, err := dial(base, slotAppName())
 		if err != nil {
 			return false, err
 		}
-		cfg.RuntimeParams["application_name"] = slotAppName()
-		if slots.sess, err = pgx.ConnectConfig(context.Background(), cfg); err != nil {
-			return false, err
-		}
-		slots.mine = map[int]bool{}
+		slots.sess, slots.mine = conn, map[int]bool{}
 	}
 	ok, err := tryLock(slots.sess, slotLockClass, int32(s))
 	if err != nil {
 		// The session's locks end with it; the next try opens another.
-		_ = slots.sess.Close(context.Background())
-		slots.sess, slots.mine = nil, nil
+		dropSession()
 		return false, err
 	}
 	if ok {
@@ -209,8 +201,7 @@ func giveBack(taken []int) error {
 		}
 		delete(slots.mine, s)
 		if _, err := slots.sess.Exec(context.Background(), "SELECT pg_advisory_unlock($1, $2)", slotLockClass, int32(s)); err != nil {
-			_ = slots.sess.Close(context.Background())
-			slots.sess, slots.mine = nil, nil
+			dropSession()
 			return err
 		}
 	}
@@ -221,10 +212,16 @@ func giveBack(taken []int) error {
 func closeSlots() {
 	slots.sessMu.Lock()
 	defer slots.sessMu.Unlock()
+	dropSession()
+}
+
+// dropSession closes the process's session, which ends every lock it
+// holds. Call it with slots.sessMu held.
+func dropSession() {
 	if slots.sess != nil {
 		_ = slots.sess.Close(context.Background())
-		slots.sess, slots.mine = nil, nil
 	}
+	slots.sess, slots.mine = nil, nil
 }
 
 // waitLock takes the advisory lock (class, key) on conn, waiting until it
@@ -233,8 +230,14 @@ func closeSlots() {
 // holds back vacuum and is the oldest snapshot the tests that look for
 // theirs see.
 func waitLock(conn *pgx.Conn, class, key int32) error {
+	return waitUntil(func() (bool, error) { return tryLock(conn, class, key) })
+}
+
+// waitUntil calls try until it reports success or fails, pausing between
+// tries (see [lockPause]).
+func waitUntil(try func() (bool, error)) error {
 	for {
-		if ok, err := tryLock(conn, class, key); err != nil || ok {
+		if ok, err := try(); err != nil || ok {
 			return err
 		}
 		lockPause()
@@ -258,16 +261,22 @@ func lockPause() {
 // (application_name), failing tb when it cannot.
 func connectAs(tb testing.TB, base, app string) *pgx.Conn {
 	tb.Helper()
-	cfg, err := pgx.ParseConfig(base)
-	if err != nil {
-		tb.Fatalf("pgtest: parse %s: %v", EnvURL, err)
-	}
-	cfg.RuntimeParams["application_name"] = app
-	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	conn, err := dial(base, app)
 	if err != nil {
 		tb.Fatalf("pgtest: connect as %q: %v", app, err)
 	}
 	return conn
+}
+
+// dial opens a connection of its own to base, named app
+// (application_name).
+func dial(base, app string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(base)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", EnvURL, err)
+	}
+	cfg.RuntimeParams["application_name"] = app
+	return pgx.ConnectConfig(context.Background(), cfg)
 }
 
 // holder returns the name of the test whose slots the test named name
