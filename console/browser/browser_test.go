@@ -282,16 +282,12 @@ func (p *page) text(sel string) string {
 		const e = document.querySelector(%s);
 		return e !== null && e.getClientRects().length > 0 ? e.innerText : null;
 	})()`, jsString(sel))
-	deadline := time.Now().Add(stepTimeout)
-	for {
-		if v := eval[*string](p, expr); v != nil {
-			return *v
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("reading %s: not shown within %v (at %s)", sel, stepTimeout, p.location())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var text *string
+	eventually(p.t, "reading "+sel, stepTimeout, func(context.Context) (bool, error) {
+		text = eval[*string](p, expr)
+		return text != nil, nil
+	})
+	return *text
 }
 
 // attr returns attribute name of the first element sel selects, waiting
