@@ -78,9 +78,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	stderr = &lockedWriter{w: stderr}
 	start := time.Now()
 	results := make([]error, len(modules))
+	moduleDirs := make([]string, len(modules))
 	var wg sync.WaitGroup
 	for i, m := range modules {
 		dir, pkgs, ok := strings.Cut(m, "=")
+		moduleDirs[i] = dir
 		args := append([]string(nil), fs.Args()...)
 		if ok {
 			args = append(args, strings.Split(pkgs, ",")...)
@@ -96,8 +98,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	code := 0
 	for i, err := range results {
 		if err != nil {
-			dir, _, _ := strings.Cut(modules[i], "=")
-			fmt.Fprintf(stdout, "FAIL: go test in %s: %v\n", dir, err)
+			fmt.Fprintf(stdout, "FAIL: go test in %s: %v\n", moduleDirs[i], err)
 			code = 1
 		}
 	}
