@@ -132,23 +132,8 @@ const (
 func newHotPathBench(b *testing.B) *hotPathBench {
 	b.Helper()
 	d, ob := benchOutbox(b)
-	// The snapshot is the oldest: the tests that hold one look for theirs
-	// as the oldest (holdSnapshot).
-	pgtest.Exclusive(b, "oldest snapshot")
-	h := &hotPathBench{b: b, ctx: b.Context(), d: d, ob: ob, q: ob.queries(d.Pool), sleeper: newSleepID()}
-	conn, err := pgx.Connect(h.ctx, d.URL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = conn.Close(context.Background()) })
-	tx, err := conn.BeginTx(h.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := tx.Exec(h.ctx, "SELECT count(*) FROM outbox"); err != nil { // takes the snapshot
-		b.Fatal(err)
-	}
-	return h
+	holdSnapshot(b, d.URL, "")
+	return &hotPathBench{b: b, ctx: b.Context(), d: d, ob: ob, q: ob.queries(d.Pool), sleeper: newSleepID()}
 }
 
 // must fails b on err.

@@ -17,26 +17,34 @@ import (
 // cannot be marked dead.
 func (e *env) holdSnapshot(app string) pgx.Tx {
 	e.t.Helper()
+	return holdSnapshot(e.t, e.db.URL, app)
+}
+
+// holdSnapshot is env.holdSnapshot for a test or benchmark tb on the
+// database at url.
+func holdSnapshot(tb testing.TB, url, app string) pgx.Tx {
+	tb.Helper()
 	// The tests that hold a snapshot look for theirs as the oldest.
-	pgtest.Exclusive(e.t, "oldest snapshot")
-	cfg, err := pgx.ParseConfig(e.db.URL)
+	pgtest.Exclusive(tb, "oldest snapshot")
+	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		e.t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if app != "" {
 		cfg.RuntimeParams["application_name"] = app
 	}
-	conn, err := pgx.ConnectConfig(e.ctx, cfg)
+	ctx := tb.Context()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		e.t.Fatal(err)
+		tb.Fatal(err)
 	}
-	e.t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	tx, err := conn.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
-		e.t.Fatal(err)
+		tb.Fatal(err)
 	}
-	if _, err := tx.Exec(e.ctx, "SELECT 1"); err != nil { // takes the snapshot
-		e.t.Fatal(err)
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil { // takes the snapshot
+		tb.Fatal(err)
 	}
 	return tx
 }
