@@ -143,12 +143,15 @@ func TestQueueDepthsStopAtTheCap(t *testing.T) {
 	}
 }
 
-// planNode is a node of EXPLAIN (FORMAT JSON)'s plan.
+// planNode is a node of EXPLAIN (FORMAT JSON)'s plan; with BUFFERS, Hit
+// and Read are the shared buffers it and the nodes under it touched.
 type planNode struct {
 	NodeType     string     `json:"Node Type"`
 	RelationName string     `json:"Relation Name"`
 	IndexName    string     `json:"Index Name"`
 	HeapFetches  *int64     `json:"Heap Fetches"`
+	Hit          int        `json:"Shared Hit Blocks"`
+	Read         int        `json:"Shared Read Blocks"`
 	Plans        []planNode `json:"Plans"`
 }
 

@@ -559,30 +559,15 @@ var hotPathTriggerStatements = []struct {
 		FROM outbox_sleepers AS s WHERE s.until > now()`, nil},
 }
 
-// hotPathPlan is EXPLAIN's JSON output, as far as the benchmark reads it.
-type hotPathPlan struct {
-	Plan hotPathNode `json:"Plan"`
-}
-
-// hotPathNode is a node of a plan.
-type hotPathNode struct {
-	Type     string        `json:"Node Type"`
-	Relation string        `json:"Relation Name"`
-	Index    string        `json:"Index Name"`
-	Hit      int           `json:"Shared Hit Blocks"`
-	Read     int           `json:"Shared Read Blocks"`
-	Plans    []hotPathNode `json:"Plans"`
-}
-
-// scans lists the scans under n with the buffers each touched, those
-// that touched more than 10.
-func (n *hotPathNode) scans() []string {
+// scanBuffers lists the scans under n with the buffers each touched,
+// those that touched more than 10.
+func (n *planNode) scanBuffers() []string {
 	var out []string
-	if strings.Contains(n.Type, "Scan") && n.Hit+n.Read > 10 {
-		out = append(out, fmt.Sprintf("%s(%s%s)=%d", n.Type, n.Relation, n.Index, n.Hit+n.Read))
+	if strings.Contains(n.NodeType, "Scan") && n.Hit+n.Read > 10 {
+		out = append(out, fmt.Sprintf("%s(%s%s)=%d", n.NodeType, n.RelationName, n.IndexName, n.Hit+n.Read))
 	}
 	for i := range n.Plans {
-		out = append(out, n.Plans[i].scans()...)
+		out = append(out, n.Plans[i].scanBuffers()...)
 	}
 	return out
 }
@@ -607,12 +592,12 @@ func (h *hotPathBench) costOf(name, sql string, args ...any) hotPathCost {
 	h.must(err, "begin")
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	before := h.blocks(tx)
-	var plan []hotPathPlan
+	var plan []struct{ Plan planNode }
 	if err := tx.QueryRow(h.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
 		h.b.Fatalf("EXPLAIN %s: %v", name, err)
 	}
 	after := h.blocks(tx)
-	c := hotPathCost{name: name, plan: plan[0].Plan.Hit + plan[0].Plan.Read, rels: map[string]int{}, scans: plan[0].Plan.scans()}
+	c := hotPathCost{name: name, plan: plan[0].Plan.Hit + plan[0].Plan.Read, rels: map[string]int{}, scans: plan[0].Plan.scanBuffers()}
 	for rel, n := range after {
 		if d := n - before[rel]; d > 0 {
 			c.rels[rel] = d

@@ -63,7 +63,7 @@ func (e *env) pendingScanBuffers(call func(q *db.Queries)) (leased, buffers int)
 		e.t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(e.ctx) }()
-	var plan []struct{ Plan pendingPlanNode }
+	var plan []struct{ Plan planNode }
 	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&plan); err != nil {
 		e.t.Fatalf("EXPLAIN: %v", err)
 	}
@@ -85,18 +85,10 @@ func (e *env) heldBacklog() {
 	e.exec(`VACUUM outbox`)
 }
 
-// pendingPlanNode is a node of EXPLAIN's JSON plan, as far as the tests read it.
-type pendingPlanNode struct {
-	Index string            `json:"Index Name"`
-	Hit   int               `json:"Shared Hit Blocks"`
-	Read  int               `json:"Shared Read Blocks"`
-	Plans []pendingPlanNode `json:"Plans"`
-}
-
 // buffersOf sums the buffers of the scans of index under n.
-func (n *pendingPlanNode) buffersOf(index string) int {
+func (n *planNode) buffersOf(index string) int {
 	sum := 0
-	if n.Index == index {
+	if n.IndexName == index {
 		sum += n.Hit + n.Read
 	}
 	for i := range n.Plans {

@@ -134,12 +134,7 @@ func (e *env) claimBuffers(n int32) (rows, buffers int) {
 		e.t.Fatal(err)
 	}
 	defer tx.Rollback(e.ctx)
-	var plan []struct {
-		Plan struct {
-			Hit  int `json:"Shared Hit Blocks"`
-			Read int `json:"Shared Read Blocks"`
-		} `json:"Plan"`
-	}
+	var plan []struct{ Plan planNode }
 	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&plan); err != nil {
 		e.t.Fatalf("EXPLAIN: %v", err)
 	}
