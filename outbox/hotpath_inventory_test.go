@@ -46,7 +46,11 @@ func queryMethods(t *testing.T) map[string]string {
 			if !ok || fn.Recv == nil || len(fn.Recv.List) != 1 || !fn.Name.IsExported() {
 				continue
 			}
-			if star, ok := fn.Recv.List[0].Type.(*ast.StarExpr); !ok || star.X.(*ast.Ident).Name != "Queries" {
+			star, ok := fn.Recv.List[0].Type.(*ast.StarExpr)
+			if !ok {
+				continue
+			}
+			if recv, ok := star.X.(*ast.Ident); !ok || recv.Name != "Queries" {
 				continue
 			}
 			methods[fn.Name.Name] = fn.Name.Name
