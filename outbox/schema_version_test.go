@@ -843,3 +843,91 @@ func TestUpgradeFromSchema10KeepsRowsAndTakesTheOwnersFunctionsFromPublic(t *tes
 	})
 	e.handlesEveryDueRow()
 }
+
+// Upgrading from schema 11 keeps rows in every state, a record of an
+// aborted locked claim, a recorded hand-over (which keeps no id to look
+// past) and sleep records; so does going down to 11 and up again. At 12
+// a head deleted where the deleting transaction cannot hand its key on
+// records the head's id, and a subscriber's hand-over completes records
+// with and without one, the key's rows in order.
+func TestUpgradeFromSchema11KeepsRowsAndHandOversWithoutAnIdToLookPast(t *testing.T) {
+	t.Parallel()
+	e := atVersion(t, 11)
+	rows := e.seedEveryState()
+	e.exec(`INSERT INTO outbox_locks (xid, ids, until) SELECT $1, int8multirange(int8range(min(id), max(id), '[]')), now() - interval '1 minute' FROM outbox`,
+		e.abortedXid())
+	e.exec(`INSERT INTO outbox_sleepers (id, queues, until) VALUES
+		(gen_random_uuid(), '{q,n}', now() + interval '1 hour'),
+		(gen_random_uuid(), '{q}', '-infinity')`)
+	state := func() []string {
+		t.Helper()
+		return append(rows(), fmt.Sprintf("claim records=%d sleepers=%d", e.count("outbox_locks"), e.count("outbox_sleepers")))
+	}
+	before := state()
+	upAndBack(t, e.ob, 11, func() {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("at 11 again (-want +got):\n%s", diff)
+		}
+	}, func(step string) {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", step, diff)
+		}
+	})
+
+	// Key m of queue n: a head and two rows behind it. The head is
+	// deleted at REPEATABLE READ, whose snapshot may predate rows of the
+	// key, so the hand-over is recorded with the head's id.
+	var ids []int64
+	for _, p := range []string{"m0", "m1", "m2"} {
+		var id int64
+		if err := e.db.Pool.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, ordering_key) VALUES ('n', $1, 'm') RETURNING id`,
+			[]byte(p)).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	tx, err := e.db.Pool.BeginTx(e.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, "DELETE FROM outbox WHERE id = $1", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	records := func() []string {
+		t.Helper()
+		r, err := e.db.Pool.Query(e.ctx, `SELECT format('%s/%s after %s', queue, ordering_key, coalesce(after_id::text, 'none'))
+			FROM outbox_handoff ORDER BY queue, ordering_key`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(r, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if diff := cmp.Diff([]string{fmt.Sprintf("n/m after %d", ids[0]), "q/k after none"}, records()); diff != "" {
+		t.Errorf("recorded hand-overs (-want +got):\n%s", diff)
+	}
+	if _, err := e.handOff("n"); err != nil {
+		t.Fatal(err)
+	}
+	var blocked []bool
+	r, err := e.db.Pool.Query(e.ctx, "SELECT blocked FROM outbox WHERE queue = 'n' ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if blocked, err = pgx.CollectRows(r, pgx.RowTo[bool]); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]bool{false, true}, blocked); diff != "" {
+		t.Errorf("key m's rows after its hand-over (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"q/k after none"}, records()); diff != "" {
+		t.Errorf("recorded hand-overs after queue n's (-want +got):\n%s", diff)
+	}
+	e.handlesEveryDueRow()
+}
