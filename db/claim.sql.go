@@ -21,7 +21,7 @@ WITH records AS MATERIALIZED (
     WHERE rec.holds
 ), candidates AS (
     SELECT p.id, p.queue, p.next_attempt_at, p.recheck
-    FROM unnest($3::text[]) AS q(name)
+    FROM (SELECT unnest($3::text[]) AS name, unnest($4::timestamptz[]) AS floor) AS q
     CROSS JOIN LATERAL (
         SELECT o.id, o.queue, o.next_attempt_at, NOT o.xmax = '0'::xid AS recheck
         FROM /*outbox:table*/outbox AS o
@@ -29,9 +29,10 @@ WITH records AS MATERIALIZED (
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
+          AND o.next_attempt_at >= CASE WHEN q.floor > '0001-01-01 00:00:00+00' THEN q.floor ELSE '-infinity' END
           AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
-        LIMIT $4::integer
+        LIMIT $5::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
     UNION ALL
@@ -43,8 +44,9 @@ WITH records AS MATERIALIZED (
         WHERE o.queue = q.name
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
+          AND o.lease_expires_at >= coalesce(now() - make_interval(secs => $6::float8), '-infinity')
         ORDER BY o.lease_expires_at
-        LIMIT $4::integer
+        LIMIT $5::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
 ), ranked AS (
@@ -56,7 +58,7 @@ WITH records AS MATERIALIZED (
            (SELECT count(*) FROM records AS e WHERE NOT e.holds AND e.ids @> r.id) AS aborted
     FROM (SELECT r.id, r.recheck FROM ranked AS r
           ORDER BY r.rank, r.next_attempt_at, r.id
-          LIMIT $4::integer) AS r
+          LIMIT $5::integer) AS r
 ), forgotten AS (
     UPDATE /*outbox:table*/outbox_locks AS l
     SET ids = l.ids - f.ids
@@ -76,6 +78,7 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
           coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
           (picked.recheck IS TRUE)::boolean AS recheck
 `
 
@@ -83,7 +86,9 @@ type ClaimParams struct {
 	Token           pgtype.UUID
 	LeaseTtlSeconds float64
 	Queues          []string
+	Floors          []time.Time
 	MaxRows         int32
+	ExpiredWithin   *float64
 }
 
 type ClaimRow struct {
@@ -97,6 +102,7 @@ type ClaimRow struct {
 	AttemptsCount            int32
 	DeliveriesCount          int32
 	SinceFirstAttemptSeconds float64
+	NextAttemptAt            time.Time
 	Recheck                  bool
 }
 
@@ -142,6 +148,15 @@ type ClaimRow struct {
 // Candidates that are locked but not picked are released when the
 // statement's transaction ends, so run the claim in autocommit.
 //
+// Each queue's pending rows are read from its floor in @floors (its
+// next_attempt_at; year 1 or earlier: from the queue's start), and
+// expired leases from @expired_within seconds ago (NULL: from the
+// oldest). A held vacuum horizon keeps the index entries of every row
+// claimed or deleted since it began, and a scan from the start walks them
+// all: the caller passes where its last claims stopped, and looks from
+// the start now and then for rows that landed behind (see
+// internal/claim's floors).
+//
 // recheck marks a row whose version, as the statement read it, another
 // transaction had locked or changed (its xmax is set): a claim by lock
 // may have held it, and recorded it after this statement's snapshot. The
@@ -152,7 +167,9 @@ func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]ClaimRow, error
 		arg.Token,
 		arg.LeaseTtlSeconds,
 		arg.Queues,
+		arg.Floors,
 		arg.MaxRows,
+		arg.ExpiredWithin,
 	)
 	if err != nil {
 		return nil, err
@@ -172,6 +189,7 @@ func (q *Queries) Claim(ctx context.Context, arg ClaimParams) ([]ClaimRow, error
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
 			&i.SinceFirstAttemptSeconds,
+			&i.NextAttemptAt,
 			&i.Recheck,
 		); err != nil {
 			return nil, err
@@ -200,9 +218,10 @@ WITH records AS MATERIALIZED (
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
+          AND o.next_attempt_at >= coalesce($4::timestamptz, '-infinity')
           AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
-        LIMIT $4::integer
+        LIMIT $5::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
     UNION ALL
@@ -213,8 +232,9 @@ WITH records AS MATERIALIZED (
         WHERE o.queue = $3::text
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
+          AND o.lease_expires_at >= coalesce(now() - make_interval(secs => $6::float8), '-infinity')
         ORDER BY o.lease_expires_at
-        LIMIT $4::integer
+        LIMIT $5::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
 ), picked AS MATERIALIZED (
@@ -222,7 +242,7 @@ WITH records AS MATERIALIZED (
            (SELECT count(*) FROM records AS e WHERE NOT e.holds AND e.ids @> c.id) AS aborted
     FROM (SELECT c.id, c.recheck FROM candidates AS c
           ORDER BY c.next_attempt_at, c.id
-          LIMIT $4::integer) AS c
+          LIMIT $5::integer) AS c
 ), forgotten AS (
     UPDATE /*outbox:table*/outbox_locks AS l
     SET ids = l.ids - f.ids
@@ -242,6 +262,7 @@ RETURNING o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
           coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
           (picked.recheck IS TRUE)::boolean AS recheck
 `
 
@@ -249,7 +270,9 @@ type ClaimQueueParams struct {
 	Token           pgtype.UUID
 	LeaseTtlSeconds float64
 	Queue           string
+	Floor           *time.Time
 	MaxRows         int32
+	ExpiredWithin   *float64
 }
 
 type ClaimQueueRow struct {
@@ -262,11 +285,13 @@ type ClaimQueueRow struct {
 	AttemptsCount            int32
 	DeliveriesCount          int32
 	SinceFirstAttemptSeconds float64
+	NextAttemptAt            time.Time
 	Recheck                  bool
 }
 
-// Claim for a subscriber of one queue: the rows Claim would take, without
-// the ranking that shares a batch across queues (one queue needs none),
+// Claim for a subscriber of one queue (from @floor, NULL: from its start):
+// the rows Claim would take, without the ranking that shares a batch
+// across queues (one queue needs none),
 // and with Claim's columns but the queue, which the caller named
 // (recheck among them).
 func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]ClaimQueueRow, error) {
@@ -274,7 +299,9 @@ func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]Claim
 		arg.Token,
 		arg.LeaseTtlSeconds,
 		arg.Queue,
+		arg.Floor,
 		arg.MaxRows,
+		arg.ExpiredWithin,
 	)
 	if err != nil {
 		return nil, err
@@ -293,6 +320,7 @@ func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]Claim
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
 			&i.SinceFirstAttemptSeconds,
+			&i.NextAttemptAt,
 			&i.Recheck,
 		); err != nil {
 			return nil, err
@@ -307,6 +335,7 @@ func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]Claim
 
 const handOff = `-- name: HandOff :one
 SELECT coalesce(h.r[1], 0)::integer AS waiting, coalesce(h.r[2] > 0, false)::boolean AS more,
+       coalesce(h.r[3], 1)::integer AS handed,
        h.read_committed::boolean AS read_committed
 FROM (SELECT CASE WHEN i.read_committed
                   THEN /*outbox:table*/outbox_hand_off($1::text[], $2::integer) END AS r,
@@ -322,13 +351,15 @@ type HandOffParams struct {
 type HandOffRow struct {
 	Waiting       int32
 	More          bool
+	Handed        int32
 	ReadCommitted bool
 }
 
 // Completes the key hand-overs recorded for the given queues that no other
 // transaction holds (see migration 5), locking at most @max_keys keys
-// (migration 9), and returns how many it found still held, and whether
-// keys remain that it left for another call.
+// (migration 9), and returns how many it found still held, whether keys
+// remain that it left for another call, and how many keys it handed on to
+// a next row (schema 12; 1 from an earlier schema, which does not say).
 //
 // Only at READ COMMITTED: the function looks a key's rows up after it
 // took the key's lock, which must see every row the key's publishers
@@ -340,7 +371,12 @@ type HandOffRow struct {
 func (q *Queries) HandOff(ctx context.Context, arg HandOffParams) (HandOffRow, error) {
 	row := q.db.QueryRow(ctx, handOff, arg.Queues, arg.MaxKeys)
 	var i HandOffRow
-	err := row.Scan(&i.Waiting, &i.More, &i.ReadCommitted)
+	err := row.Scan(
+		&i.Waiting,
+		&i.More,
+		&i.Handed,
+		&i.ReadCommitted,
+	)
 	return i, err
 }
 

@@ -22,11 +22,12 @@ WITH picked AS (
         WHERE o.queue = q.name
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
+          AND o.lease_expires_at >= coalesce(now() - make_interval(secs => $4::float8), '-infinity')
         ORDER BY o.lease_expires_at
-        LIMIT $4::integer
+        LIMIT $5::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
-    LIMIT $4::integer
+    LIMIT $5::integer
 )
 UPDATE /*outbox:table*/outbox AS o
 SET acquired_token   = $1::uuid,
@@ -39,6 +40,7 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
           coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
           false AS recheck
 `
 
@@ -46,6 +48,7 @@ type ClaimExpiredParams struct {
 	Token           pgtype.UUID
 	LeaseTtlSeconds float64
 	Queues          []string
+	ExpiredWithin   *float64
 	MaxRows         int32
 }
 
@@ -60,18 +63,22 @@ type ClaimExpiredRow struct {
 	AttemptsCount            int32
 	DeliveriesCount          int32
 	SinceFirstAttemptSeconds float64
+	NextAttemptAt            time.Time
 	Recheck                  bool
 }
 
 // Leases, as Claim does, up to @max_rows rows of the given queues whose
 // lease expired: the takeover of rows whose holder stopped extending its
-// lease, for subscribers that claim new rows by lock. No record of a
+// lease, for subscribers that claim new rows by lock. With
+// @expired_within set, only leases that expired within that many seconds
+// (see Claim). No record of a
 // claim by lock names a leased row, so recheck is false.
 func (q *Queries) ClaimExpired(ctx context.Context, arg ClaimExpiredParams) ([]ClaimExpiredRow, error) {
 	rows, err := q.db.Query(ctx, claimExpired,
 		arg.Token,
 		arg.LeaseTtlSeconds,
 		arg.Queues,
+		arg.ExpiredWithin,
 		arg.MaxRows,
 	)
 	if err != nil {
@@ -92,6 +99,7 @@ func (q *Queries) ClaimExpired(ctx context.Context, arg ClaimExpiredParams) ([]C
 			&i.AttemptsCount,
 			&i.DeliveriesCount,
 			&i.SinceFirstAttemptSeconds,
+			&i.NextAttemptAt,
 			&i.Recheck,
 		); err != nil {
 			return nil, err

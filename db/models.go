@@ -49,6 +49,7 @@ type OutboxHandoff struct {
 	Queue       string
 	OrderingKey string
 	CreatedAt   time.Time
+	AfterID     *int64
 }
 
 type OutboxLock struct {

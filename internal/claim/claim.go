@@ -55,6 +55,14 @@ type Claimer interface {
 	// (the stop, Env.Stopping, ends them at once), and returns how many
 	// of their outcomes could not be written before Env.Ends.
 	Ended() int
+	// HandedOn tells the Claimer of outcomes the lease path wrote: a
+	// keyed row deleted unblocked its key's next row, which the next
+	// claim must look for behind where the claims stopped.
+	HandedOn(os []lease.Outcome)
+	// Behind tells the Claimer that rows may have become claimable
+	// behind where its claims stopped (a recorded hand-over was
+	// completed): the next claim reads every queue from its start.
+	Behind()
 }
 
 // Env is what a Claimer needs of the run that uses it.
@@ -111,7 +119,7 @@ func (e *Env) bounded() *db.Queries {
 //     transaction and a record, which only claims of many rows amortise.
 //     A MinLockedClaim of 0 (a test's) claims by lock only.
 func New(env *Env) Claimer {
-	byL := &byLease{env: env, q: env.bounded()}
+	byL := &byLease{env: env, q: env.bounded(), floors: newFloors(env.MaxFetchInterval)}
 	if !LocksRows(env.LockWindow, env.Pool.Config().MaxConns) {
 		return byL
 	}
@@ -151,14 +159,28 @@ func (m *mixed) Claim(ctx context.Context, n int32) (got int, err error) {
 // Ended waits for the claims by lock.
 func (m *mixed) Ended() int { return m.lock.Ended() }
 
+// HandedOn lowers the floors the two share.
+func (m *mixed) HandedOn(os []lease.Outcome) { m.lease.HandedOn(os) }
+
+// Behind asks the next claim of either to sweep.
+func (m *mixed) Behind() { m.lease.Behind() }
+
 // byLease claims by writing a lease on its rows, in one statement.
 type byLease struct {
 	env *Env
 	q   *db.Queries
+	// floors are where claims look from, shared with the claims by lock.
+	floors *floors
 }
 
 // Ended returns at once: a claim by lease ends with its statement.
 func (c *byLease) Ended() int { return 0 }
+
+// HandedOn lowers the floors to the keys' next rows.
+func (c *byLease) HandedOn(os []lease.Outcome) { c.floors.handedOn(os) }
+
+// Behind asks the next claim to sweep.
+func (c *byLease) Behind() { c.floors.behind() }
 
 // Claim leases up to n rows of the subscriber's queues. A subscriber of
 // one queue uses the claim without the ranking across queues.
@@ -177,18 +199,52 @@ func (c *byLease) Claim(_ context.Context, n int32) (int, error) {
 		return 0, err
 	}
 	sent := time.Now()
+	l := c.floors.begin(sent)
 	if len(r.Queues) > 1 {
-		rows, err := c.q.Claim(sctx, db.ClaimParams{Token: token, Queues: r.Queues, MaxRows: n, LeaseTtlSeconds: ttl})
-		rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimRow) (int64, bool) { return r.ID, r.Recheck })
+		p := db.ClaimParams{Token: token, Queues: r.Queues, Floors: make([]time.Time, len(r.Queues)), MaxRows: n,
+			LeaseTtlSeconds: ttl, ExpiredWithin: l.expiredWithin}
+		for i, q := range r.Queues {
+			p.Floors[i] = l.floorOr(q)
+		}
+		rows, err := c.q.Claim(sctx, p)
+		if err == nil {
+			newest := map[string]time.Time{}
+			for i := range rows {
+				newest[rows[i].Queue] = later(newest[rows[i].Queue], rows[i].NextAttemptAt)
+			}
+			c.floors.took(l, newest, len(rows) < int(n))
+		}
+		rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimRow) (int64, bool) { return r.ID, r.Recheck },
+			func(r *db.ClaimRow) (string, time.Time) { return r.Queue, r.NextAttemptAt })
 		r.Hand(r.Leases.Add(r.HandlerCtx, rows, token, sent))
 		return len(rows), err
 	}
 	queue := r.Queues[0]
-	rows, err := c.q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, MaxRows: n, LeaseTtlSeconds: ttl})
-	rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimQueueRow) (int64, bool) { return r.ID, r.Recheck })
+	rows, err := c.q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, Floor: l.floor(queue), MaxRows: n,
+		LeaseTtlSeconds: ttl, ExpiredWithin: l.expiredWithin})
+	if err == nil {
+		var newest map[string]time.Time
+		for i := range rows {
+			if i == 0 {
+				newest = map[string]time.Time{}
+			}
+			newest[queue] = later(newest[queue], rows[i].NextAttemptAt)
+		}
+		c.floors.took(l, newest, len(rows) < int(n))
+	}
+	rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimQueueRow) (int64, bool) { return r.ID, r.Recheck },
+		func(r *db.ClaimQueueRow) (string, time.Time) { return queue, r.NextAttemptAt })
 	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
 	r.Hand(r.Leases.AddEach(r.HandlerCtx, len(rows), fill, token, sent))
 	return len(rows), err
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // giveBackRecorded returns rows, which a claim by lease took with token,
@@ -201,7 +257,8 @@ func (c *byLease) Claim(_ context.Context, n int32) (int, error) {
 // for the next claim. Rows it fails to give back stay leased to no
 // handler until their lease expires. The reads end with the lease: a row
 // handed on after it would be another claim's (the tracker refuses it).
-func giveBackRecorded[R any](c *byLease, rows []R, token pgtype.UUID, sent time.Time, row func(*R) (id int64, recheck bool)) []R {
+func giveBackRecorded[R any](c *byLease, rows []R, token pgtype.UUID, sent time.Time, row func(*R) (id int64, recheck bool),
+	due func(*R) (queue string, at time.Time)) []R {
 	var ids []int64
 	for i := range rows {
 		if id, recheck := row(&rows[i]); recheck {
@@ -246,7 +303,14 @@ func giveBackRecorded[R any](c *byLease, rows []R, token pgtype.UUID, sent time.
 	for _, id := range named {
 		drop[id] = true
 	}
-	return slices.DeleteFunc(rows, func(x R) bool { id, _ := row(&x); return drop[id] })
+	return slices.DeleteFunc(rows, func(x R) bool {
+		id, _ := row(&x)
+		if drop[id] {
+			// Back behind the floor.
+			c.floors.lower(due(&x))
+		}
+		return drop[id]
+	})
 }
 
 // recheckTries bounds the reads of giveBackRecorded.
@@ -261,8 +325,12 @@ func (c *byLease) claimExpired(n int32) (int, error) {
 		return 0, err
 	}
 	sent := time.Now()
+	l := c.floors.begin(sent)
 	rows, err := c.q.ClaimExpired(r.Writes, db.ClaimExpiredParams{Queues: r.Queues, MaxRows: n, Token: token,
-		LeaseTtlSeconds: r.LeaseTTL.Seconds()})
+		LeaseTtlSeconds: r.LeaseTTL.Seconds(), ExpiredWithin: l.expiredWithin})
+	if err == nil {
+		c.floors.took(l, nil, len(rows) < int(n))
+	}
 	claimed := make([]db.ClaimRow, len(rows))
 	for i := range rows {
 		claimed[i] = db.ClaimRow(rows[i])
@@ -285,7 +353,7 @@ func fillClaimRow(c *db.ClaimRow, r *db.ClaimQueueRow, queue string) {
 	*c = db.ClaimRow{
 		ID: r.ID, Queue: queue, Payload: r.Payload, Headers: r.Headers, OrderingKey: r.OrderingKey, TimerID: r.TimerID,
 		CreatedAt: r.CreatedAt, AttemptsCount: r.AttemptsCount, DeliveriesCount: r.DeliveriesCount,
-		SinceFirstAttemptSeconds: r.SinceFirstAttemptSeconds,
+		SinceFirstAttemptSeconds: r.SinceFirstAttemptSeconds, NextAttemptAt: r.NextAttemptAt,
 	}
 }
 
@@ -310,6 +378,12 @@ type byLock struct {
 	lockedUpTo  map[string]lockCursor
 	frontLocked time.Time
 }
+
+// HandedOn lowers the floors to the keys' next rows.
+func (c *byLock) HandedOn(os []lease.Outcome) { c.lease.HandedOn(os) }
+
+// Behind asks the next claim to sweep.
+func (c *byLock) Behind() { c.lease.Behind() }
 
 // Ended waits for the ends of the claims by lock.
 func (c *byLock) Ended() int {
@@ -546,7 +620,7 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 		g := &got[i]
 		*row = db.ClaimRow{ID: g.ID, Queue: g.Queue, Payload: g.Payload, Headers: g.Headers, OrderingKey: g.OrderingKey,
 			TimerID: g.TimerID, CreatedAt: g.CreatedAt, AttemptsCount: g.AttemptsCount, DeliveriesCount: g.DeliveriesCount,
-			SinceFirstAttemptSeconds: g.SinceFirstAttemptSeconds}
+			SinceFirstAttemptSeconds: g.SinceFirstAttemptSeconds, NextAttemptAt: g.NextAttemptAt}
 	}
 	if err != nil || len(ids) == 0 {
 		rollback()
@@ -659,6 +733,7 @@ func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 	for _, d := range running {
 		e.lease(d)
 	}
+	givenUp := slices.DeleteFunc(slices.Clone(unsettled), func(d *lease.Delivery) bool { return slices.Contains(running, d) })
 	// The deliveries of ended claims that this claim counted leave their
 	// records only for the rows it handed to a handler: a row given back
 	// keeps its count there, for the claim that takes it next.
@@ -687,6 +762,7 @@ func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 		}
 		// Nothing was written: the rows are free again, and the handlers
 		// still running hold no lease.
+		k.lease.floors.gaveBack(b.Rows)
 		b.Cancel(lease.ErrLeaseLost)
 		for _, o := range c.endWritten() {
 			r.Outcomes <- o
@@ -694,6 +770,8 @@ func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 		return
 	}
 	r.Leases.Renew(b, sent)
+	k.lease.floors.gaveBack(givenUp)
+	k.lease.floors.handedOn(done)
 	if fellBack {
 		later = kept
 	} else {
@@ -839,14 +917,21 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 		past = c.lockedUpTo
 	}
 	c.lockedUpTo = nil
-	got, err := c.lockFrom(ctx, q, n, idle, past)
+	l := c.lease.floors.begin(time.Now())
+	got, err := c.lockFrom(ctx, q, n, idle, past, l)
 	if err == nil && len(got) == 0 && past != nil {
 		past = nil
-		got, err = c.lockFrom(ctx, q, n, idle, nil)
+		got, err = c.lockFrom(ctx, q, n, idle, nil, l)
 	}
 	if err != nil {
 		return nil, err
 	}
+	newest := make(map[string]time.Time, len(r.Queues))
+	for i := range got {
+		newest[got[i].Queue] = later(newest[got[i].Queue], got[i].NextAttemptAt)
+	}
+	// A claim by lock reads no expired lease (claimExpired does).
+	c.lease.floors.took(l, newest, false)
 	if past == nil {
 		c.frontLocked = time.Now()
 	}
@@ -862,24 +947,32 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 }
 
 // lockFrom locks up to n rows of the subscriber's queues, each past its
-// position in past (a queue not in it from its start). A subscriber of
+// position in past (a queue not in it from its floor in l). A subscriber of
 // one queue locks in one statement. One of several locks no row it does
 // not hand out: each statement (at most lockRounds) locks at most an
 // equal share of what is left in each queue, and the next looks again,
 // past what the claim has, in the queues that filled their share.
-func (k *byLock) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor) ([]db.LockRow, error) {
+func (k *byLock) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor, l look) ([]db.LockRow, error) {
 	r := k.env
 	got := make([]db.LockRow, 0, n)
-	if len(r.Queues) == 1 {
-		p := db.LockQueueParams{Queue: r.Queues[0], MaxRows: n, IdleTimeoutMs: idle}
-		if c, ok := past[p.Queue]; ok {
-			p.AfterAt, p.AfterID = &c.at, &c.id
-		}
-		return q.LockQueueAppend(ctx, p, got)
-	}
 	pos := maps.Clone(past)
 	if pos == nil {
 		pos = make(map[string]lockCursor, len(r.Queues))
+	}
+	for _, name := range r.Queues {
+		if _, ok := pos[name]; !ok {
+			if f := l.floor(name); f != nil {
+				// From the floor on: past every row due before it.
+				pos[name] = lockCursor{at: *f, id: math.MinInt64 + 1}
+			}
+		}
+	}
+	if len(r.Queues) == 1 {
+		p := db.LockQueueParams{Queue: r.Queues[0], MaxRows: n, IdleTimeoutMs: idle}
+		if c, ok := pos[p.Queue]; ok {
+			p.AfterAt, p.AfterID = &c.at, &c.id
+		}
+		return q.LockQueueAppend(ctx, p, got)
 	}
 	active := r.Queues
 	for round := 0; round < lockRounds && len(active) > 0 && len(got) < int(n); round++ {

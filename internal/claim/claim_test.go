@@ -33,13 +33,12 @@ func (e *env) lockRows(c *byLock, n int32) (locked []int64, end func()) {
 }
 
 // A locked claim made while the subscriber's last one is open, and took
-// all it asked for, looks past that claim's last row; rows before it that
-// no claim holds (here a row dated an hour early) wait for a claim that
-// looks from the start: one made when no other claim is open, one that
-// found nothing past the position (it looks again from the start), and
-// the first one LockWindow after
-// the last look from the start.
-func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T) {
+// all it asked for, looks past that claim's last row; the others look from
+// the queue's floor, FloorMargin before the newest row the last claim
+// took. A row behind the floor (here one dated an hour early) waits for a
+// claim that reads from the queue's start: the first one, one every
+// MaxFetchInterval, and the next one after a hand-over was completed.
+func TestLockedClaimLooksPastTheOpenClaimAndFromTheFloorSweepingEveryMaxFetchInterval(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	env := e.env("q")
@@ -56,8 +55,13 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 		}
 		return end
 	}
+	sweepDue := func() {
+		c.lease.floors.mu.Lock()
+		c.lease.floors.swept = time.Now().Add(-env.MaxFetchInterval)
+		c.lease.floors.mu.Unlock()
+	}
 	c.locks <- struct{}{} // the claim being made
-	end1 := want("first claim, none open", rows[0:2])
+	end1 := want("first claim, from the start", rows[0:2])
 	c.locks <- struct{}{} // the last claim stays open
 	var early int64
 	if err := e.DB.Pool.QueryRow(e.ctx, `INSERT INTO outbox (queue, payload, next_attempt_at)
@@ -66,20 +70,16 @@ func TestLockedClaimLooksPastTheOpenClaimAndFromTheStartEveryWindow(t *testing.T
 	}
 	end2 := want("claim while the last is open", rows[2:4])
 	c.frontLocked = time.Now().Add(-env.LockWindow)
-	end3 := want("claim a window after the last look from the start", []int64{early, rows[4]})
-	end1()
-	end2()
-	end4 := want("claim past that one", rows[5:6])
-	end5 := want("claim after one that found fewer than it asked for", rows[0:2])
-	for _, end := range []func(){end3, end4, end5} {
+	end3 := want("claim a window later, from the floor", rows[4:6])
+	for _, end := range []func(){end1, end2, end3} {
 		end()
 	}
-	c.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
-	c.frontLocked = time.Now()
-	want("claim that found nothing past the position", []int64{early, rows[0]})()
+	sweepDue()
+	want("claim MaxFetchInterval after the last from the start", []int64{early, rows[0]})()
 	<-c.locks
-	c.lockedUpTo = map[string]lockCursor{"q": {at: time.Now().Add(time.Hour)}}
-	want("claim while no other is open", []int64{early, rows[0]})()
+	want("claim from the floor the last one left", rows[0:2])()
+	c.Behind()
+	want("claim after a hand-over was completed", []int64{early, rows[0]})()
 }
 
 // A locked claim of several queues locks only the rows it hands out, an

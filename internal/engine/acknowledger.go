@@ -139,6 +139,7 @@ func (r *run) flush(ctx context.Context, batch []lease.Outcome) ([]lease.Outcome
 		return append(append(left, retries...), dead...), err
 	}
 	wake = lease.Keyed(deletes)
+	r.claims.HandedOn(deletes)
 	if left, err := r.write(ctx, retries, r.writeRetries); err != nil {
 		return append(left, dead...), err
 	}
@@ -149,6 +150,7 @@ func (r *run) flush(ctx context.Context, batch []lease.Outcome) ([]lease.Outcome
 		}
 	}
 	wake = wake || lease.Keyed(dead)
+	r.claims.HandedOn(dead)
 	return nil, nil
 }
 

@@ -71,6 +71,11 @@ func (r *run) handOff(ctx context.Context, q *db.Queries) {
 		if err != nil {
 			break
 		}
+		if res.Handed > 0 {
+			// The keys' next rows are due from when they were published,
+			// behind where the claims stopped.
+			r.claims.Behind()
+		}
 		waiting += res.Waiting
 		if more = res.More; !more {
 			break

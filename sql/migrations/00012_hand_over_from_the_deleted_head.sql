@@ -207,7 +207,10 @@ $$;
 
 -- Completes recorded hand-overs as schema 10 did, each key looked up past
 -- the lowest id its records keep (from its first entry when one keeps
--- none), and a key still busy recorded again with that id.
+-- none), and a key still busy recorded again with that id. It returns
+-- {waiting, more, handed}: handed counts the keys it handed on to a next
+-- row, which the subscriber's claims then look for behind where they
+-- stopped.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_hand_off(queues text[], max_keys integer) RETURNS integer[]
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -239,29 +242,31 @@ BEGIN
         locked_afters := locked_afters || k.after_id;
     END LOOP;
     IF cardinality(locked_queues) = 0 THEN
-        RETURN ARRAY[waiting, more];
+        RETURN ARRAY[waiting, more, 0];
     END IF;
     -- Every record of a locked key goes, those the loop did not reach
-    -- too: their ids are looked past the lowest of them.
+    -- too: each key is looked up past the lowest id of its records.
     WITH gone AS (
         DELETE FROM /*outbox:table*/outbox_handoff AS h
         USING (SELECT DISTINCT l.q, l.k FROM unnest(locked_queues, locked_keys) AS l(q, k)) AS l
         WHERE h.queue = l.q AND h.ordering_key = l.k
         RETURNING h.queue, h.ordering_key, coalesce(h.after_id, -9223372036854775808) AS after_id
     )
-    SELECT array_agg(g.queue), array_agg(g.ordering_key), array_agg(g.after_id)
+    SELECT array_agg(g.q), array_agg(g.k), array_agg(g.a)
     INTO locked_queues, locked_keys, locked_afters
-    FROM (SELECT g.queue, g.ordering_key, min(g.after_id) AS after_id FROM gone AS g
-          GROUP BY g.queue, g.ordering_key
-          UNION ALL
-          SELECT l.q, l.k, l.a FROM unnest(locked_queues, locked_keys, locked_afters) AS l(q, k, a)) AS g;
+    FROM (SELECT u.q, u.k, min(u.a) AS a
+          FROM (SELECT g.queue AS q, g.ordering_key AS k, g.after_id AS a FROM gone AS g
+                UNION ALL
+                SELECT l.q, l.k, l.a FROM unnest(locked_queues, locked_keys, locked_afters) AS l(q, k, a)) AS u
+          GROUP BY u.q, u.k) AS g;
     SELECT * INTO again FROM /*outbox:table*/outbox_unblock_heads(locked_queues, locked_keys, locked_afters);
     IF again.busy_queues IS NOT NULL THEN
         INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key, after_id)
         SELECT b.q, b.k, b.a FROM unnest(again.busy_queues, again.busy_keys, again.busy_afters) AS b(q, k, a);
         waiting := waiting + cardinality(again.busy_queues);
     END IF;
-    RETURN ARRAY[waiting, more];
+    RETURN ARRAY[waiting, more, cardinality(locked_queues) - coalesce(cardinality(again.unseen_queues), 0)
+                                - coalesce(cardinality(again.busy_queues), 0)];
 END;
 $$;
 -- +goose StatementEnd

@@ -41,6 +41,15 @@
 -- Candidates that are locked but not picked are released when the
 -- statement's transaction ends, so run the claim in autocommit.
 --
+-- Each queue's pending rows are read from its floor in @floors (its
+-- next_attempt_at; year 1 or earlier: from the queue's start), and
+-- expired leases from @expired_within seconds ago (NULL: from the
+-- oldest). A held vacuum horizon keeps the index entries of every row
+-- claimed or deleted since it began, and a scan from the start walks them
+-- all: the caller passes where its last claims stopped, and looks from
+-- the start now and then for rows that landed behind (see
+-- internal/claim's floors).
+--
 -- recheck marks a row whose version, as the statement read it, another
 -- transaction had locked or changed (its xmax is set): a claim by lock
 -- may have held it, and recorded it after this statement's snapshot. The
@@ -54,7 +63,7 @@ WITH records AS MATERIALIZED (
     WHERE rec.holds
 ), candidates AS (
     SELECT p.id, p.queue, p.next_attempt_at, p.recheck
-    FROM unnest(@queues::text[]) AS q(name)
+    FROM (SELECT unnest(@queues::text[]) AS name, unnest(@floors::timestamptz[]) AS floor) AS q
     CROSS JOIN LATERAL (
         SELECT o.id, o.queue, o.next_attempt_at, NOT o.xmax = '0'::xid AS recheck
         FROM /*outbox:table*/outbox AS o
@@ -62,6 +71,7 @@ WITH records AS MATERIALIZED (
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
+          AND o.next_attempt_at >= CASE WHEN q.floor > '0001-01-01 00:00:00+00' THEN q.floor ELSE '-infinity' END
           AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
         LIMIT @max_rows::integer
@@ -76,6 +86,7 @@ WITH records AS MATERIALIZED (
         WHERE o.queue = q.name
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
+          AND o.lease_expires_at >= coalesce(now() - make_interval(secs => sqlc.narg(expired_within)::float8), '-infinity')
         ORDER BY o.lease_expires_at
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
@@ -109,11 +120,13 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
           coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
           (picked.recheck IS TRUE)::boolean AS recheck;
 
 -- name: ClaimQueue :many
--- Claim for a subscriber of one queue: the rows Claim would take, without
--- the ranking that shares a batch across queues (one queue needs none),
+-- Claim for a subscriber of one queue (from @floor, NULL: from its start):
+-- the rows Claim would take, without the ranking that shares a batch
+-- across queues (one queue needs none),
 -- and with Claim's columns but the queue, which the caller named
 -- (recheck among them).
 WITH records AS MATERIALIZED (
@@ -131,6 +144,7 @@ WITH records AS MATERIALIZED (
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
+          AND o.next_attempt_at >= coalesce(sqlc.narg(floor)::timestamptz, '-infinity')
           AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
         LIMIT @max_rows::integer
@@ -144,6 +158,7 @@ WITH records AS MATERIALIZED (
         WHERE o.queue = @queue::text
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
+          AND o.lease_expires_at >= coalesce(now() - make_interval(secs => sqlc.narg(expired_within)::float8), '-infinity')
         ORDER BY o.lease_expires_at
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
@@ -173,6 +188,7 @@ RETURNING o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
           coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
           (picked.recheck IS TRUE)::boolean AS recheck;
 
 -- name: RecordedAmong :many
@@ -202,8 +218,9 @@ WHERE EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> c.id)
 -- name: HandOff :one
 -- Completes the key hand-overs recorded for the given queues that no other
 -- transaction holds (see migration 5), locking at most @max_keys keys
--- (migration 9), and returns how many it found still held, and whether
--- keys remain that it left for another call.
+-- (migration 9), and returns how many it found still held, whether keys
+-- remain that it left for another call, and how many keys it handed on to
+-- a next row (schema 12; 1 from an earlier schema, which does not say).
 --
 -- Only at READ COMMITTED: the function looks a key's rows up after it
 -- took the key's lock, which must see every row the key's publishers
@@ -213,6 +230,7 @@ WHERE EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> c.id)
 -- the call consumed. There (read_committed false) it does nothing, and
 -- the caller runs it again in a READ COMMITTED transaction of its own.
 SELECT coalesce(h.r[1], 0)::integer AS waiting, coalesce(h.r[2] > 0, false)::boolean AS more,
+       coalesce(h.r[3], 1)::integer AS handed,
        h.read_committed::boolean AS read_committed
 FROM (SELECT CASE WHEN i.read_committed
                   THEN /*outbox:table*/outbox_hand_off(@queues::text[], @max_keys::integer) END AS r,

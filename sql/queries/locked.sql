@@ -108,7 +108,9 @@ FROM (
 -- name: ClaimExpired :many
 -- Leases, as Claim does, up to @max_rows rows of the given queues whose
 -- lease expired: the takeover of rows whose holder stopped extending its
--- lease, for subscribers that claim new rows by lock. No record of a
+-- lease, for subscribers that claim new rows by lock. With
+-- @expired_within set, only leases that expired within that many seconds
+-- (see Claim). No record of a
 -- claim by lock names a leased row, so recheck is false.
 WITH picked AS (
     SELECT e.id
@@ -119,6 +121,7 @@ WITH picked AS (
         WHERE o.queue = q.name
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
+          AND o.lease_expires_at >= coalesce(now() - make_interval(secs => sqlc.narg(expired_within)::float8), '-infinity')
         ORDER BY o.lease_expires_at
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
@@ -136,6 +139,7 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
           least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
           o.attempts_count, o.deliveries_count,
           coalesce(extract(epoch FROM now()) - extract(epoch FROM o.first_attempt_at), 0)::float8 AS since_first_attempt_seconds,
+          least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
           false AS recheck;
 
 -- name: RecordLock :one

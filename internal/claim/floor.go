@@ -1,0 +1,177 @@
+package claim
+
+import (
+	"sync"
+	"time"
+
+	"github.com/outboxgen/outboxgen/internal/lease"
+)
+
+// FloorMargin is how far before the newest row its last claim of a queue
+// took (by next_attempt_at) the next claim of the queue looks, and how
+// far before the last complete read of expired leases the next one looks.
+// A row dated up to this long before where the claims stopped (by its
+// publisher's transaction, which began earlier) is still found at once.
+const FloorMargin = time.Second
+
+// floors is where a subscriber's claims look from in each queue.
+//
+// A held vacuum horizon (a long query, pg_dump, a replica's feedback)
+// keeps the index entries of every row claimed or deleted since it
+// began, and an index scan cannot even mark them dead: a claim that
+// reads a queue from its start walks every one of them. So each claim
+// reads a queue from its floor, FloorMargin before the newest row that
+// the subscriber's last claim of the queue took, and reads expired
+// leases from FloorMargin before its last claim that read them all.
+//
+// A row can land behind a floor: a publisher's transaction open longer
+// than FloorMargin, a row given back, a key's next row unblocked by a
+// hand-over, a lease that expired before it was written, a row dated in
+// the past by another client. Those the subscriber itself puts there
+// lower the floor (lower); a hand-over recorded for the subscribers
+// asks for a sweep (behind); and every MaxFetchInterval one claim looks
+// from every queue's start, so a row behind a floor waits at most that
+// long.
+type floors struct {
+	every time.Duration
+
+	mu sync.Mutex
+	// at is each queue's floor; a queue without one is read from its
+	// start.
+	at map[string]time.Time
+	// low is how far the floors go back before the next claim.
+	low map[string]time.Time
+	// swept is when a claim last read every queue from its start; sweep
+	// asks the next claim to.
+	swept time.Time
+	sweep bool
+	// expired is when the last claim that read every expired lease it
+	// could began; zero: none since the last sweep.
+	expired time.Time
+}
+
+// newFloors returns floors that sweep every every.
+func newFloors(every time.Duration) *floors {
+	return &floors{every: every, at: map[string]time.Time{}, low: map[string]time.Time{}}
+}
+
+// look is where one claim reads from.
+type look struct {
+	// sweep: from every queue's start, and every expired lease.
+	sweep bool
+	// from is each queue's floor (absent: its start).
+	from map[string]time.Time
+	// expiredWithin bounds how long ago the expired leases it reads
+	// expired, in seconds; nil: every one.
+	expiredWithin *float64
+	started       time.Time
+}
+
+// begin returns where a claim that starts now reads from.
+func (f *floors) begin(now time.Time) look {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for q, t := range f.low {
+		if at, ok := f.at[q]; ok && t.Before(at) {
+			f.set(q, t)
+		}
+	}
+	clear(f.low)
+	if f.sweep || f.swept.IsZero() || now.Sub(f.swept) >= f.every {
+		f.sweep, f.swept, f.expired = false, now, time.Time{}
+		return look{sweep: true, started: now}
+	}
+	l := look{from: make(map[string]time.Time, len(f.at)), started: now}
+	for q, t := range f.at {
+		l.from[q] = t
+	}
+	if !f.expired.IsZero() {
+		within := (now.Sub(f.expired) + FloorMargin).Seconds()
+		l.expiredWithin = &within
+	}
+	return l
+}
+
+// floor returns queue's floor in l, nil when l reads it from its start.
+func (l look) floor(queue string) *time.Time {
+	if t, ok := l.from[queue]; ok {
+		return &t
+	}
+	return nil
+}
+
+// floorOr returns queue's floor in l, the zero time (read by the claim
+// statements as the queue's start) when it has none.
+func (l look) floorOr(queue string) time.Time {
+	return l.from[queue]
+}
+
+// took records what a claim that read from l found: newest is, per
+// queue, the latest next_attempt_at of the rows it took; all says whether
+// it took fewer rows than it asked for, and so every expired lease it
+// could.
+func (f *floors) took(l look, newest map[string]time.Time, all bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for q, t := range newest {
+		t = t.Add(-FloorMargin)
+		if at, ok := f.at[q]; l.sweep || !ok || t.After(at) {
+			f.set(q, t)
+		}
+	}
+	if all && (l.sweep || !f.expired.IsZero()) {
+		f.expired = l.started
+	}
+}
+
+// set makes t queue's floor; a floor in year 1 or before (a row dated
+// -infinity by another client is read as year 1) reads the queue from its
+// start.
+func (f *floors) set(queue string, t time.Time) {
+	if t.Year() <= 1 {
+		delete(f.at, queue)
+		return
+	}
+	f.at[queue] = t
+}
+
+// lower makes the next claim of queue look from FloorMargin before at,
+// or earlier: a row due at at went back behind the floor.
+func (f *floors) lower(queue string, at time.Time) {
+	at = at.Add(-FloorMargin)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if t, ok := f.low[queue]; !ok || at.Before(t) {
+		f.low[queue] = at
+	}
+}
+
+// behind makes the next claim read every queue from its start.
+func (f *floors) behind() {
+	f.mu.Lock()
+	f.sweep = true
+	f.mu.Unlock()
+}
+
+// gaveBack lowers the floors to the rows of ds, given back unhandled.
+func (f *floors) gaveBack(ds []*lease.Delivery) {
+	for _, d := range ds {
+		f.lower(d.Row.Queue, d.Row.NextAttemptAt)
+	}
+}
+
+// handedOn lowers the floors for the keys whose rows os deleted: each
+// key's next row, which the deleting statement unblocked, was published
+// after the row deleted, so it is due from the deleted row's creation on
+// (unless its publisher dated it otherwise).
+func (f *floors) handedOn(os []lease.Outcome) {
+	for _, o := range os {
+		if r := &o.D.Row; r.OrderingKey != nil && o.Kind != lease.Retry {
+			at := r.NextAttemptAt
+			if r.CreatedAt.Before(at) {
+				at = r.CreatedAt
+			}
+			f.lower(r.Queue, at)
+		}
+	}
+}
