@@ -14,13 +14,16 @@ import (
 const inFlight = `-- name: InFlight :one
 SELECT coalesce(array_agg(x::text::bigint), '{}')::bigint[] AS xids
 FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = x::text::bigint)
+WHERE (SELECT count(*) FROM (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = x::text::bigint LIMIT 1) AS r) = 0
 `
 
 // The transactions in progress now (in the whole cluster), as 64-bit
 // transaction ids: a writer that looked for sleep records before ours was
 // committed is among them or has committed. Locked claims (migration 7)
 // are left out: they write no rows a subscriber waits for.
+// Each transaction's record is looked up by its id, through the primary
+// key (a subquery per transaction, which no plan turns into a read of
+// every record).
 func (q *Queries) InFlight(ctx context.Context) ([]int64, error) {
 	row := q.db.QueryRow(ctx, inFlight)
 	var xids []int64
@@ -46,8 +49,9 @@ DELETE FROM /*outbox:table*/outbox_sleepers AS s
 WHERE s.id = $1::uuid OR s.until < now() - interval '1 hour'
 `
 
-// Removes a stopping subscriber's record, and records that lapsed more
-// than an hour ago (subscribers that ended without removing theirs).
+// Removes a stopping subscriber's record (@id, its last sleep's), and
+// records that lapsed more than an hour ago (subscribers that ended
+// without removing theirs).
 func (q *Queries) Leave(ctx context.Context, id pgtype.UUID) error {
 	_, err := q.db.Exec(ctx, leave, id)
 	return err
@@ -106,9 +110,11 @@ type SleepParams struct {
 	ForSeconds float64
 }
 
-// Records that a subscriber (@id, a random id per run) sleeps on @queues
-// for @for_seconds: until the record lapses, writers of those queues'
-// rows notify (migration 6).
+// Records that a subscriber sleeps on @queues for @for_seconds: until the
+// record lapses, writers of those queues' rows notify (migration 6). @id
+// is a random id per sleep: the subscriber refreshes its record while it
+// sleeps, and draws a new id when it sleeps again after a wake-up, so no
+// record has more versions than one sleep's refreshes.
 func (q *Queries) Sleep(ctx context.Context, arg SleepParams) error {
 	_, err := q.db.Exec(ctx, sleep, arg.ID, arg.Queues, arg.ForSeconds)
 	return err
@@ -129,11 +135,13 @@ func (q *Queries) StillInFlight(ctx context.Context, xids []int64) ([]int64, err
 }
 
 const wake = `-- name: Wake :exec
-UPDATE /*outbox:table*/outbox_sleepers AS s SET until = '-infinity' WHERE s.id = $1::uuid
+DELETE FROM /*outbox:table*/outbox_sleepers AS s WHERE s.id = $1::uuid
 `
 
 // Ends a subscriber's sleep record: it is claiming, so writers need not
-// notify it.
+// notify it. The record is deleted: the records that hold are read through
+// the index on until (schema 12), which a deleted record leaves as soon as
+// its sleep would have lapsed.
 func (q *Queries) Wake(ctx context.Context, id pgtype.UUID) error {
 	_, err := q.db.Exec(ctx, wake, id)
 	return err

@@ -153,8 +153,7 @@ func TestRowWhoseDeleteATriggerRefusesIsIsolated(t *testing.T) {
 // Lock records naming transactions of another cluster (a restored dump,
 // a logical-replication cut-over: ids this server has not reached) are
 // treated as ended: claims and sweeps never ask for their status, which
-// would fail, the backlog drains, a row one of them names counts that
-// delivery, and the records are swept.
+// would fail, the backlog drains, and the records are swept.
 func TestLockRecordsOfAnotherClusterAreTreatedAsEnded(t *testing.T) {
 	t.Parallel()
 	forEachClaimPath(t, func(t *testing.T, p claimPath) {
@@ -298,8 +297,8 @@ func TestRowsGivenBackKeepTheDeliveryOfAnEndedClaim(t *testing.T) {
 }
 
 // endedClaimOfEveryRow records a claim by lock of every row of the outbox
-// whose transaction rolled back and whose hold has ended, as a claim's
-// record is left by a crash or a failover.
+// whose transaction locked them and rolled back and whose hold has ended,
+// as a claim's record is left by a crash or a failover.
 func (e *env) endedClaimOfEveryRow() {
 	e.t.Helper()
 	var xid int64
@@ -308,6 +307,9 @@ func (e *env) endedClaimOfEveryRow() {
 		e.t.Fatal(err)
 	}
 	if err := tx.QueryRow(e.ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&xid); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `SELECT id FROM outbox FOR UPDATE`); err != nil {
 		e.t.Fatal(err)
 	}
 	if err := tx.Rollback(e.ctx); err != nil {

@@ -69,16 +69,10 @@ func BenchmarkHotPathBuffersUnderAHeldSnapshot(b *testing.B) {
 // report measures every hot-path statement on behalf of b, the
 // benchmark of n rows, and reports the figures.
 func (h *hotPathBench) report(b *testing.B, n int) {
-	parent := h.b
-	h.b = b
-	defer func() { h.b = parent }()
-	conn, err := pgx.Connect(h.ctx, h.d.URL)
-	h.must(err, "connect")
-	defer func() { _ = conn.Close(context.Background()) }()
-	h.conn = conn
-	// The first pass fills the session's caches of the catalogs, which
-	// EXPLAIN's buffers count too.
-	costs := h.measure()
+	parent := h.tb
+	h.tb = b
+	defer func() { h.tb = parent }()
+	costs := h.measureOnNewSession()
 	for b.Loop() {
 		costs = h.measure()
 	}
@@ -89,16 +83,29 @@ func (h *hotPathBench) report(b *testing.B, n int) {
 	}
 }
 
+// measureOnNewSession measures every hot-path statement on a new
+// session, after a first pass that fills the session's caches of the
+// catalogs (which EXPLAIN's buffers count too); the session stays h's.
+func (h *hotPathBench) measureOnNewSession() []hotPathCost {
+	h.tb.Helper()
+	conn, err := pgx.Connect(h.ctx, h.d.URL)
+	h.must(err, "connect")
+	h.tb.Cleanup(func() { _ = conn.Close(context.Background()) })
+	h.conn = conn
+	h.measure()
+	return h.measure()
+}
+
 // hotPathBench is one benchmark's outbox, with a snapshot held open
 // since before any of its rows was written.
 type hotPathBench struct {
-	b   *testing.B
+	tb  testing.TB
 	ctx context.Context
 	d   *pgtest.DB
 	ob  *Outbox
 	q   *db.Queries
-	// sleeper is the id of the sleep record of the subscriber the
-	// benchmark plays.
+	// sleeper is the id of the live state's sleep record, of the
+	// subscriber the benchmark plays.
 	sleeper pgtype.UUID
 	// live is the state settle wrote.
 	live hotPathLive
@@ -125,22 +132,26 @@ const (
 	// lease: short, so that every lease it wrote has expired when the
 	// statements are measured, as after a hold longer than LeaseTTL.
 	hotPathChurnTTL = 1
+	// hotPathExpiredWithin is how long ago, in seconds, the expired
+	// leases a claim reads expired: a subscriber that claims all the time
+	// read them all about a second ago, and looks FloorMargin further back.
+	hotPathExpiredWithin = 2.0
 )
 
 // newHotPathBench migrates an outbox into a fresh schema and holds a
-// REPEATABLE READ snapshot (one that has read something) until b ends.
-func newHotPathBench(b *testing.B) *hotPathBench {
-	b.Helper()
-	d, ob := benchOutbox(b)
-	holdSnapshot(b, d.URL, "")
-	return &hotPathBench{b: b, ctx: b.Context(), d: d, ob: ob, q: ob.queries(d.Pool), sleeper: newSleepID()}
+// REPEATABLE READ snapshot (one that has read something) until tb ends.
+func newHotPathBench(tb testing.TB) *hotPathBench {
+	tb.Helper()
+	d, ob := benchOutbox(tb)
+	holdSnapshot(tb, d.URL, "")
+	return &hotPathBench{tb: tb, ctx: tb.Context(), d: d, ob: ob, q: ob.queries(d.Pool), sleeper: newSleepID()}
 }
 
 // must fails b on err.
 func (h *hotPathBench) must(err error, what string) {
-	h.b.Helper()
+	h.tb.Helper()
 	if err != nil {
-		h.b.Fatalf("%s: %v", what, err)
+		h.tb.Fatalf("%s: %v", what, err)
 	}
 }
 
@@ -154,14 +165,17 @@ func (h *hotPathBench) must(err error, what string) {
 // in 20 once and dead-letter one in 100; claims by lock delete their
 // rows. Every claim is preceded by the hand-over call, and every idle
 // subscriber asks for the next due time and sweeps the lock records.
-// It returns when every lease it wrote has expired.
+// It returns when every lease it wrote expired longer ago than a claim
+// that reads from the floors looks back.
 func (h *hotPathBench) churn(n int) {
-	h.b.Helper()
+	h.tb.Helper()
 	payload := []byte(`{"n":1}`)
 	start := time.Now()
 	for done := 0; done < n; done += hotPathRound {
 		round := done / hotPathRound
-		h.must(h.q.Sleep(h.ctx, db.SleepParams{ID: h.sleeper, Queues: []string{hotPathQueue}, ForSeconds: 2}), "Sleep")
+		// Each sleep has a record of its own, as the subscriber's.
+		sleeper := newSleepID()
+		h.must(h.q.Sleep(h.ctx, db.SleepParams{ID: sleeper, Queues: []string{hotPathQueue}, ForSeconds: 2}), "Sleep")
 		_, err := h.q.InFlight(h.ctx)
 		h.must(err, "InFlight")
 		for i := 0; i < hotPathRound-44; i++ {
@@ -179,7 +193,7 @@ func (h *hotPathBench) churn(n int) {
 				Payloads: slices.Repeat([][]byte{payload}, 10)})
 			h.must(err, "PublishBatch")
 		}
-		h.must(h.q.Wake(h.ctx, h.sleeper), "Wake")
+		h.must(h.q.Wake(h.ctx, sleeper), "Wake")
 		for {
 			_, err := h.q.HandOff(h.ctx, db.HandOffParams{Queues: []string{hotPathQueue}, MaxKeys: engine.HandoffMaxKeys})
 			h.must(err, "HandOff")
@@ -195,7 +209,7 @@ func (h *hotPathBench) churn(n int) {
 		}
 		_, err = h.q.NextDueIn(h.ctx, db.NextDueInParams{Queues: []string{hotPathQueue}, SinceClaimSeconds: 0.01})
 		if err != nil && err != pgx.ErrNoRows {
-			h.b.Fatalf("NextDueIn: %v", err)
+			h.tb.Fatalf("NextDueIn: %v", err)
 		}
 		_, err = h.q.SweepLocks(h.ctx)
 		h.must(err, "SweepLocks")
@@ -203,17 +217,17 @@ func (h *hotPathBench) churn(n int) {
 	var left int
 	h.must(h.d.Pool.QueryRow(h.ctx, "SELECT count(*) FROM outbox").Scan(&left), "count")
 	if left != 0 {
-		h.b.Fatalf("%d rows left after the churn", left)
+		h.tb.Fatalf("%d rows left after the churn", left)
 	}
 	if n > 0 {
-		h.b.Logf("churned %d rows in %v", n, time.Since(start).Round(time.Millisecond))
+		h.tb.Logf("churned %d rows in %v", n, time.Since(start).Round(time.Millisecond))
 	}
 	// Every lease the churn wrote expires.
 	var end time.Time
 	h.must(h.d.Pool.QueryRow(h.ctx, "SELECT clock_timestamp()").Scan(&end), "now")
 	for past := false; !past; {
 		h.must(h.d.Pool.QueryRow(h.ctx, "SELECT clock_timestamp() > $1::timestamptz + make_interval(secs => $2::float8)",
-			end, float64(hotPathChurnTTL)).Scan(&past), "now")
+			end, hotPathChurnTTL+hotPathExpiredWithin+claim.FloorMargin.Seconds()).Scan(&past), "now")
 		if !past {
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -223,7 +237,7 @@ func (h *hotPathBench) churn(n int) {
 // drainByLease claims up to hotPathClaim rows by lease and ends their
 // deliveries as the lease path writes them; it returns the rows claimed.
 func (h *hotPathBench) drainByLease() int {
-	h.b.Helper()
+	h.tb.Helper()
 	tok := newToken()
 	rows, err := h.q.ClaimQueue(h.ctx, db.ClaimQueueParams{Token: tok, Queue: hotPathQueue, MaxRows: hotPathClaim, LeaseTtlSeconds: hotPathChurnTTL})
 	h.must(err, "ClaimQueue")
@@ -270,7 +284,7 @@ func idsOf[R any](rows []R, id func(R) int64) []int64 {
 // drainByLock claims up to hotPathClaim rows by lock, records the claim,
 // and ends it by deleting every row; it returns the rows claimed.
 func (h *hotPathBench) drainByLock() int {
-	h.b.Helper()
+	h.tb.Helper()
 	tx, err := h.d.Pool.Begin(h.ctx)
 	h.must(err, "begin")
 	defer func() { _ = tx.Rollback(context.Background()) }()
@@ -299,13 +313,16 @@ type hotPathLive struct {
 	token  pgtype.UUID
 	// due are unkeyed rows due now, unleased.
 	due []int64
+	// floor is where a subscriber's claims of the queue read from:
+	// FloorMargin before its oldest row due.
+	floor time.Time
 }
 
 // settle writes the live state: a fresh sleep record, key k0's head and
 // the next row behind it, a dozen unkeyed rows of which two are leased
 // and one's lease expired, a scheduled row with a timer id.
 func (h *hotPathBench) settle() {
-	h.b.Helper()
+	h.tb.Helper()
 	payload := []byte(`{"n":1}`)
 	h.must(h.q.Sleep(h.ctx, db.SleepParams{ID: h.sleeper, Queues: []string{hotPathQueue}, ForSeconds: 600}), "Sleep")
 	k0 := "k0"
@@ -324,15 +341,15 @@ func (h *hotPathBench) settle() {
 	leased, err := h.q.ClaimQueue(h.ctx, db.ClaimQueueParams{Token: tok, Queue: hotPathQueue, MaxRows: 2, LeaseTtlSeconds: 600})
 	h.must(err, "ClaimQueue")
 	if len(leased) != 2 || leased[0].OrderingKey == nil {
-		h.b.Fatalf("leased %d rows, want k0's head and an unkeyed row", len(leased))
+		h.tb.Fatalf("leased %d rows, want k0's head and an unkeyed row", len(leased))
 	}
-	_, err = h.q.ClaimQueue(h.ctx, db.ClaimQueueParams{Token: newToken(), Queue: hotPathQueue, MaxRows: 1, LeaseTtlSeconds: -60})
+	_, err = h.q.ClaimQueue(h.ctx, db.ClaimQueueParams{Token: newToken(), Queue: hotPathQueue, MaxRows: 1, LeaseTtlSeconds: -1})
 	h.must(err, "ClaimQueue expired")
 	var sizes string
 	h.must(h.d.Pool.QueryRow(h.ctx, `SELECT string_agg(c.relname || '=' || pg_relation_size(c.oid) / 8192, ' ' ORDER BY c.relname)
 		FROM pg_class AS c WHERE c.relnamespace = (SELECT n.oid FROM pg_namespace AS n WHERE n.nspname = $1) AND c.relkind IN ('r', 'i')`,
 		h.d.Schema).Scan(&sizes), "sizes")
-	h.b.Logf("pages: %s", sizes)
+	h.tb.Logf("pages: %s", sizes)
 	live := hotPathLive{leased: []int64{leased[0].ID, leased[1].ID}, token: tok}
 	rows, err := h.d.Pool.Query(h.ctx, `SELECT id FROM outbox WHERE acquired_token IS NULL AND ordering_key IS NULL
 		AND next_attempt_at <= now() ORDER BY id`)
@@ -340,15 +357,17 @@ func (h *hotPathBench) settle() {
 	live.due, err = pgx.CollectRows(rows, pgx.RowTo[int64])
 	h.must(err, "due rows")
 	if len(live.due) != 10 {
-		h.b.Fatalf("%d unkeyed rows due, want 10", len(live.due))
+		h.tb.Fatalf("%d unkeyed rows due, want 10", len(live.due))
 	}
+	h.must(h.d.Pool.QueryRow(h.ctx, `SELECT min(next_attempt_at) - make_interval(secs => $1::float8) FROM outbox
+		WHERE acquired_token IS NULL AND NOT blocked AND next_attempt_at <= now()`, claim.FloorMargin.Seconds()).Scan(&live.floor), "floor")
 	h.live = live
 }
 
 // analyze vacuums and analyzes the outbox's tables as autovacuum would:
 // the held snapshot keeps every dead row version.
 func (h *hotPathBench) analyze() {
-	h.b.Helper()
+	h.tb.Helper()
 	for _, t := range []string{"outbox", "outbox_locks", "outbox_sleepers", "outbox_handoff"} {
 		_, err := h.d.Pool.Exec(h.ctx, "VACUUM (ANALYZE) "+t)
 		h.must(err, "VACUUM "+t)
@@ -394,13 +413,16 @@ func (c hotPathCost) top() string {
 // returns what each touched, in the order of the issue's path: publish,
 // claim, heartbeat, outcomes, hand-over, sleep and wake-up.
 func (h *hotPathBench) measure() []hotPathCost {
-	h.b.Helper()
+	h.tb.Helper()
 	live, ctx := h.live, h.ctx
 	q1, both := []string{hotPathQueue}, []string{hotPathQueue, hotPathOther}
 	payload := []byte(`{"n":1}`)
 	k0, k1, k2 := "k0", "k1", "k2"
 	toks := func(n int) []pgtype.UUID { return slices.Repeat([]pgtype.UUID{live.token}, n) }
 	due5 := live.due[:5]
+	within := hotPathExpiredWithin
+	// Claims by lock start at the floor: past every row due before it.
+	from := int64(math.MinInt64 + 1)
 	lower, upper := claim.Runs(due5)
 	// RecordLock records only the claim of a transaction in progress.
 	claimTx, err := h.d.Pool.Begin(ctx)
@@ -436,20 +458,27 @@ func (h *hotPathBench) measure() []hotPathCost {
 			_, _ = q.CancelTimer(ctx, db.CancelTimerParams{Queue: hotPathQueue, TimerID: "t1"})
 		}},
 		{"claim-queue", func(q *db.Queries) {
-			_, _ = q.ClaimQueue(ctx, db.ClaimQueueParams{Token: newToken(), Queue: hotPathQueue, MaxRows: hotPathClaim, LeaseTtlSeconds: 30})
+			_, _ = q.ClaimQueue(ctx, db.ClaimQueueParams{Token: newToken(), Queue: hotPathQueue, Floor: &live.floor,
+				MaxRows: hotPathClaim, LeaseTtlSeconds: 30, ExpiredWithin: &within})
 		}},
 		{"claim", func(q *db.Queries) {
-			_, _ = q.Claim(ctx, db.ClaimParams{Token: newToken(), Queues: both, MaxRows: hotPathClaim, LeaseTtlSeconds: 30})
+			_, _ = q.Claim(ctx, db.ClaimParams{Token: newToken(), Queues: both, Floors: []time.Time{live.floor, {}},
+				MaxRows: hotPathClaim, LeaseTtlSeconds: 30, ExpiredWithin: &within})
 		}},
 		{"lock-queue", func(q *db.Queries) {
-			_, _ = q.LockQueue(ctx, db.LockQueueParams{Queue: hotPathQueue, MaxRows: hotPathClaim, IdleTimeoutMs: 30000})
+			_, _ = q.LockQueue(ctx, db.LockQueueParams{Queue: hotPathQueue, MaxRows: hotPathClaim, IdleTimeoutMs: 30000,
+				AfterAt: &live.floor, AfterID: &from})
 		}},
 		{"lock", func(q *db.Queries) {
 			_, _ = q.Lock(ctx, db.LockParams{Queues: both, PerQueue: hotPathClaim / 2, MaxRows: hotPathClaim, IdleTimeoutMs: 30000,
-				AfterAt: make([]time.Time, 2), AfterID: []int64{math.MinInt64, math.MinInt64}})
+				AfterAt: []time.Time{live.floor, {}}, AfterID: []int64{from, math.MinInt64}})
+		}},
+		{"claim-queue-sweep", func(q *db.Queries) {
+			_, _ = q.ClaimQueue(ctx, db.ClaimQueueParams{Token: newToken(), Queue: hotPathQueue, MaxRows: hotPathClaim, LeaseTtlSeconds: 30})
 		}},
 		{"claim-expired", func(q *db.Queries) {
-			_, _ = q.ClaimExpired(ctx, db.ClaimExpiredParams{Token: newToken(), Queues: q1, MaxRows: hotPathClaim, LeaseTtlSeconds: 30})
+			_, _ = q.ClaimExpired(ctx, db.ClaimExpiredParams{Token: newToken(), Queues: q1, MaxRows: hotPathClaim, LeaseTtlSeconds: 30,
+				ExpiredWithin: &within})
 		}},
 		{"recorded-among", func(q *db.Queries) { _, _ = q.RecordedAmong(ctx, due5) }},
 		{"record-lock", func(q *db.Queries) {
@@ -584,11 +613,11 @@ func (n *planNode) scanBuffers() []string {
 // cost runs the statement that call sends under EXPLAIN (ANALYZE,
 // BUFFERS) in a transaction it rolls back, and returns what it touched.
 func (h *hotPathBench) cost(name string, call func(q *db.Queries)) hotPathCost {
-	h.b.Helper()
+	h.tb.Helper()
 	rec := &recorder{}
 	call(h.ob.queries(rec))
 	if rec.sql == "" {
-		h.b.Fatalf("%s: no SQL recorded", name)
+		h.tb.Fatalf("%s: no SQL recorded", name)
 	}
 	return h.costOf(name, rec.sql, rec.args...)
 }
@@ -596,14 +625,14 @@ func (h *hotPathBench) cost(name string, call func(q *db.Queries)) hotPathCost {
 // costOf runs sql with args under EXPLAIN (ANALYZE, BUFFERS) in a
 // transaction it rolls back, and returns what it touched.
 func (h *hotPathBench) costOf(name, sql string, args ...any) hotPathCost {
-	h.b.Helper()
+	h.tb.Helper()
 	tx, err := h.conn.Begin(h.ctx)
 	h.must(err, "begin")
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	before := h.blocks(tx)
 	var plan []struct{ Plan planNode }
 	if err := tx.QueryRow(h.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
-		h.b.Fatalf("EXPLAIN %s: %v", name, err)
+		h.tb.Fatalf("EXPLAIN %s: %v", name, err)
 	}
 	after := h.blocks(tx)
 	c := hotPathCost{name: name, plan: plan[0].Plan.Hit + plan[0].Plan.Read, rels: map[string]int{}, scans: plan[0].Plan.scanBuffers()}
@@ -619,7 +648,7 @@ func (h *hotPathBench) costOf(name, sql string, args ...any) hotPathCost {
 // blocks returns, per relation of the outbox's schema, the blocks this
 // transaction has asked for so far.
 func (h *hotPathBench) blocks(tx pgx.Tx) map[string]int {
-	h.b.Helper()
+	h.tb.Helper()
 	rows, err := tx.Query(h.ctx, `SELECT c.relname::text, pg_stat_get_xact_blocks_fetched(c.oid)::int
 		FROM pg_class AS c WHERE c.relnamespace = (SELECT n.oid FROM pg_namespace AS n WHERE n.nspname = $1)`, h.d.Schema)
 	h.must(err, "blocks")

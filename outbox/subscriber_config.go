@@ -66,7 +66,10 @@ type SubscriberConfig[T any] struct {
 	// or of a claim's end (at most 5 s for those two), or a lost LISTEN
 	// connection is tried again (at most 30 s), so
 	// a subscriber claims again within about MaxFetchInterval of its
-	// database's return after an outage or a failover. Default:
+	// database's return after an outage or a failover. It also bounds how
+	// long a row that landed behind where the subscriber's claims look
+	// waits for a claim that reads its queue from the start (see
+	// docs/claims.md, "Where claims look"). Default:
 	// MaxFetchIntervalDefault (5 s).
 	MaxFetchInterval time.Duration
 

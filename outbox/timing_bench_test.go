@@ -21,7 +21,7 @@ import (
 //	go test -run '^$' -bench 'ScheduledRowLateness|IdleFetcher|HeartbeatGap|DeliveryAfterAnOutage' ./outbox
 
 // benchOutbox migrates an outbox into a fresh schema for b.
-func benchOutbox(b *testing.B) (*pgtest.DB, *Outbox) {
+func benchOutbox(b testing.TB) (*pgtest.DB, *Outbox) {
 	b.Helper()
 	d := pgtest.New(b)
 	ob, err := New(d.Pool, &Config{Schema: d.Schema})

@@ -23,6 +23,7 @@ import (
 // in progress, claims again, and until those transactions have ended it
 // sleeps only briefly and claims again as they end. No wake-up is lost.
 type sleeper struct {
+	// id is the record's: a new one for each sleep (see Sleep).
 	id pgtype.UUID
 	// until is when the record lapses, on this process's clock, never
 	// later than on the server's; zero when there is no record.
@@ -132,6 +133,9 @@ func (r *run) asleep(ctx context.Context, q *db.Queries) bool {
 		return false
 	}
 	held := s.until.After(now)
+	if !held {
+		s.id = newSleeper().id
+	}
 	d := 2*cfg.MaxFetchInterval + sleepRecordSlack
 	if err := q.Sleep(ctx, db.SleepParams{ID: s.id, Queues: r.s.Queues, ForSeconds: d.Seconds()}); err != nil {
 		s.until = time.Time{}

@@ -21,21 +21,26 @@ LISTEN /*outbox:listen*/"outbox_outbox:handoff";
 SELECT 1::integer AS alive;
 
 -- name: Sleep :exec
--- Records that a subscriber (@id, a random id per run) sleeps on @queues
--- for @for_seconds: until the record lapses, writers of those queues'
--- rows notify (migration 6).
+-- Records that a subscriber sleeps on @queues for @for_seconds: until the
+-- record lapses, writers of those queues' rows notify (migration 6). @id
+-- is a random id per sleep: the subscriber refreshes its record while it
+-- sleeps, and draws a new id when it sleeps again after a wake-up, so no
+-- record has more versions than one sleep's refreshes.
 INSERT INTO /*outbox:table*/outbox_sleepers AS s (id, queues, until)
 VALUES (@id::uuid, @queues::text[], now() + make_interval(secs => @for_seconds::float8))
 ON CONFLICT (id) DO UPDATE SET queues = excluded.queues, until = excluded.until;
 
 -- name: Wake :exec
 -- Ends a subscriber's sleep record: it is claiming, so writers need not
--- notify it.
-UPDATE /*outbox:table*/outbox_sleepers AS s SET until = '-infinity' WHERE s.id = @id::uuid;
+-- notify it. The record is deleted: the records that hold are read through
+-- the index on until (schema 12), which a deleted record leaves as soon as
+-- its sleep would have lapsed.
+DELETE FROM /*outbox:table*/outbox_sleepers AS s WHERE s.id = @id::uuid;
 
 -- name: Leave :exec
--- Removes a stopping subscriber's record, and records that lapsed more
--- than an hour ago (subscribers that ended without removing theirs).
+-- Removes a stopping subscriber's record (@id, its last sleep's), and
+-- records that lapsed more than an hour ago (subscribers that ended
+-- without removing theirs).
 DELETE FROM /*outbox:table*/outbox_sleepers AS s
 WHERE s.id = @id::uuid OR s.until < now() - interval '1 hour';
 
@@ -44,9 +49,12 @@ WHERE s.id = @id::uuid OR s.until < now() - interval '1 hour';
 -- transaction ids: a writer that looked for sleep records before ours was
 -- committed is among them or has committed. Locked claims (migration 7)
 -- are left out: they write no rows a subscriber waits for.
+-- Each transaction's record is looked up by its id, through the primary
+-- key (a subquery per transaction, which no plan turns into a read of
+-- every record).
 SELECT coalesce(array_agg(x::text::bigint), '{}')::bigint[] AS xids
 FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = x::text::bigint);
+WHERE (SELECT count(*) FROM (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.xid = x::text::bigint LIMIT 1) AS r) = 0;
 
 -- name: StillInFlight :one
 -- Those of @xids still in progress.

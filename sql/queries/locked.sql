@@ -21,7 +21,8 @@
 --
 -- Rows that the record of an ended claim still holds (RecordLock) are
 -- passed by, as a claim by lease passes them: that claim's handlers may
--- still run.
+-- still run. As in Claim, only rows whose version another transaction
+-- locked look the records up.
 --
 -- The transaction id and the timeout are set once, by an InitPlan run
 -- when the first row comes, before its lock: a claim that finds nothing
@@ -45,9 +46,7 @@ WHERE o.queue = @queue::text
   AND NOT o.blocked
   AND o.next_attempt_at <= now()
   AND (o.next_attempt_at, o.id) > (coalesce(sqlc.narg(after_at)::timestamptz, '-infinity'), coalesce(sqlc.narg(after_id)::bigint, -9223372036854775808))
-  AND NOT o.id <@ (SELECT coalesce(range_agg(r.ids), '{}')::int8multirange
-                   FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
-                   WHERE l.until > now())
+  AND (o.xmax = '0'::xid OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> o.id AND l.until > now()))
 ORDER BY o.next_attempt_at, o.id
 LIMIT @max_rows::integer
 FOR UPDATE OF o SKIP LOCKED;
@@ -61,11 +60,7 @@ FOR UPDATE OF o SKIP LOCKED;
 -- its caller locks again, past what it has, in the queues that had more.
 -- The timeout and the transaction id are set and read once, by an
 -- InitPlan run when the first row leaves, after every lock is taken.
-WITH held AS MATERIALIZED (
-    SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
-    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
-    WHERE l.until > now()
-), candidates AS (
+WITH candidates AS (
     SELECT p.* FROM (
         SELECT unnest(@queues::text[]) AS name, unnest(@after_at::timestamptz[]) AS after_at,
                unnest(@after_id::bigint[]) AS after_id
@@ -79,7 +74,7 @@ WITH held AS MATERIALIZED (
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
           AND (o.next_attempt_at, o.id) > (CASE WHEN q.after_id = -9223372036854775808 THEN '-infinity' ELSE q.after_at END, q.after_id)
-          AND NOT o.id <@ (SELECT h.ids FROM held AS h)
+          AND (o.xmax = '0'::xid OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> o.id AND l.until > now()))
         ORDER BY o.next_attempt_at, o.id
         LIMIT @per_queue::integer
         FOR UPDATE OF o SKIP LOCKED

@@ -1,67 +1,86 @@
--- A key's hand-over looks for the key's next row after the head that was
--- deleted, not from the key's first index entry.
+-- outboxgen: billing.events 00012_scans_past_the_churn.sql
+-- The scans of the hot path start past the row versions a held vacuum
+-- horizon keeps.
 --
 -- A held vacuum horizon (a long query, pg_dump, a replica's feedback, a
--- lagging slot) keeps every deleted row version and its index entries:
--- an index scan cannot even mark them dead. Schema 10's hand-over found a
--- key's next row as the key's lowest entry of the ordering index, so
--- every hand-over walked every row of the key deleted since the hold
--- began, and, once the table was analyzed, the planner read the lookup
--- as an ORDER BY id and walked the primary key from the outbox's first
--- row instead. Measured with 20,000 rows through the outbox under a held
--- snapshot, acknowledging two rows touched 28,278 blocks (schema 11)
--- where it touches 27 with nothing held.
+-- lagging slot, an idle transaction) keeps every deleted or updated row
+-- version and its index entries: an index scan cannot even mark them
+-- dead. A scan that starts where the churn is walks every version since
+-- the hold began. Measured with 20,000 rows through the outbox under a
+-- held snapshot (BenchmarkHotPathBuffersUnderAHeldSnapshot), schema 11's
+-- acknowledgement of two keyed rows touched 28,278 blocks where it
+-- touches 27 with nothing held; every statement that read the records of
+-- claims by lock or the sleep records read all of their versions.
 --
--- Now every hand-over starts past the row that changed:
+-- Key hand-overs start at the row that changed:
 --
 -- - The delete trigger passes, per key, the lowest head it deleted; a
 --   key's rows below its head are gone (ids of a key are drawn under the
 --   key's lock, in the order of its rows), so the next row, if any, is
---   above it. The lookup is a range of the ordering index's own order
---   from that id to the key's end, which no other index can serve, so
---   its plan does not depend on the statistics and it stops at the
---   key's last entry.
+--   above it. Schema 10 looked from the key's first entry and, once the
+--   table was analyzed, the planner read that lookup as an ORDER BY id
+--   and walked the primary key from the outbox's first row.
 -- - A recorded hand-over (<table>_handoff) keeps that id too (after_id),
---   and a subscriber's outbox_hand_off looks from the lowest recorded for
---   the key. Records written without one (by the insert side outside READ
---   COMMITTED, or before this schema) look from the key's first entry,
---   as before.
---
--- - The insert side's look for a row of the key (whether a new row
---   waits behind one) and the statement trigger's look for a row before
---   the statement's first stay within the key's own entries. They read
---   the ordering index downward from the key's end and stopped at the
---   first live row of any key, so a drained key walked its own dead
---   entries and then those of every key before it in text order. A
---   drained key's own dead entries are still walked: nothing tells a
---   writer where its live rows would start without reading them.
+--   and a subscriber's outbox_hand_off looks past the lowest recorded for
+--   the key, and now says how many keys it handed on (the subscriber's
+--   claims look for those rows behind where they stopped). Records
+--   written without one (by the insert side outside READ COMMITTED, or
+--   before this schema) look from the key's first entry, as before.
+-- - The insert side's look for a row of the key (whether a new row waits
+--   behind one) and the statement trigger's look for a row before the
+--   statement's first stay within the key's own entries. They read the
+--   ordering index downward from the key's end and stopped at the first
+--   live row of any key, so a drained key walked its own dead entries and
+--   then those of every key before it in text order. A drained key's own
+--   dead entries are still walked: nothing tells a writer where its live
+--   rows would start without reading them.
 --
 -- The lookups are ranges over the index's (ordering_key, id) under an
 -- equality on queue: that order is the ordering index's alone, so no plan
--- walks the primary key, and the range's bounds on the key column end
--- the scan at the key's last (or first) entry.
+-- walks the primary key, and the range's bounds on the key column end the
+-- scan at the key's last (or first) entry.
+--
+-- The records of claims by lock are found by the rows they name, through
+-- a GiST index on their ids: the claims look them up only for rows whose
+-- version another transaction locked (sql/queries/claim.sql), instead of
+-- reading every record, one per claim by lock since the hold began.
+--
+-- The sleep records that hold are found through an index on until:
+-- writers' wake-ups and the sleep horizon read only the records whose
+-- sleep has not lapsed (a record is deleted when its subscriber wakes,
+-- and each sleep has a record of its own), instead of every version of
+-- every record.
 --
 -- Upgrading: <table>_handoff gains the nullable column after_id; records
--- already there keep NULL. Functions are replaced; outbox_unblock_heads
--- takes the ids to look past.
+-- already there keep NULL. Two indexes are built (<table>_locks and
+-- <table>_sleepers are small). Functions are replaced; outbox_unblock_heads
+-- takes the ids to look past, and outbox_hand_off returns a third count.
 
 -- +goose Up
-ALTER TABLE /*outbox:table*/outbox_handoff ADD COLUMN after_id bigint;
+ALTER TABLE "billing"."events_handoff" ADD COLUMN after_id bigint;
+
+-- The records of claims by lock that name a row, found by the row.
+CREATE INDEX "events_locks_ids_idx"
+    ON "billing"."events_locks" USING gist (ids);
+
+-- The sleep records that hold, found by how long they hold.
+CREATE INDEX "events_sleepers_until_idx"
+    ON "billing"."events_sleepers" (until);
 
 -- Records hand-overs of keys ks[i] of queues qs[i], whose next row lies
 -- past id afters[i], for the subscribers to complete, and announces them
 -- once per queue.
 -- +goose StatementBegin
-CREATE FUNCTION /*outbox:table*/outbox_record_hand_offs(qs text[], ks text[], afters bigint[]) RETURNS void
+CREATE FUNCTION "billing"."events_record_hand_offs"(qs text[], ks text[], afters bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     q text;
 BEGIN
-    INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key, after_id)
+    INSERT INTO "billing"."events_handoff" (queue, ordering_key, after_id)
     SELECT h.q, h.k, h.a FROM unnest(qs, ks, afters) AS h(q, k, a);
-    IF /*outbox:table*/outbox_may_notify() THEN
+    IF "billing"."events_may_notify"() THEN
         FOR q IN SELECT DISTINCT h.q FROM unnest(qs) AS h(q) LOOP
-            PERFORM pg_notify(/*outbox:channel*/'outbox_outbox:handoff', q);
+            PERFORM pg_notify('outbox_billing.events:handoff', q);
         END LOOP;
     END IF;
 END;
@@ -78,7 +97,7 @@ $$;
 -- starts: a caller that must see a key's every committed row takes the
 -- key's lock first.
 -- +goose StatementBegin
-CREATE FUNCTION /*outbox:table*/outbox_unblock_heads(qs text[], ks text[], afters bigint[],
+CREATE FUNCTION "billing"."events_unblock_heads"(qs text[], ks text[], afters bigint[],
     OUT unseen_queues text[], OUT unseen_keys text[], OUT unseen_afters bigint[],
     OUT busy_queues text[], OUT busy_keys text[], OUT busy_afters bigint[])
 LANGUAGE plpgsql AS $$
@@ -103,7 +122,7 @@ BEGIN
           FROM unnest(qs, ks, afters) AS u(q, k, a) GROUP BY u.q, u.k) AS k
     LEFT JOIN LATERAL (
         SELECT o.id, o.blocked
-        FROM /*outbox:table*/outbox AS o
+        FROM "billing"."events" AS o
         WHERE o.ordering_key IS NOT NULL AND o.queue = k.q COLLATE "C"
           AND (o.ordering_key, o.id) > (k.k COLLATE "C", k.a)
           AND (o.ordering_key, o.id) <= (k.k COLLATE "C", 9223372036854775807)
@@ -114,10 +133,10 @@ BEGIN
         RETURN;
     END IF;
     WITH locked AS MATERIALIZED (
-        SELECT o.id FROM /*outbox:table*/outbox AS o WHERE o.id = ANY (next_ids)
+        SELECT o.id FROM "billing"."events" AS o WHERE o.id = ANY (next_ids)
         FOR NO KEY UPDATE SKIP LOCKED
     ), unblocked AS (
-        UPDATE /*outbox:table*/outbox AS o SET blocked = false
+        UPDATE "billing"."events" AS o SET blocked = false
         FROM locked AS l WHERE o.id = l.id
         RETURNING o.id, o.queue, o.next_attempt_at <= now() AS due
     )
@@ -131,8 +150,8 @@ BEGIN
         FROM unnest(next_ids, next_queues, next_keys, next_afters) AS n(id, q, k, a)
         WHERE n.id <> ALL (coalesce(done_ids, '{}'));
     END IF;
-    PERFORM /*outbox:table*/outbox_wake(w.q, true) FROM unnest(due_queues) AS w(q);
-    PERFORM /*outbox:table*/outbox_wake(w.q, false) FROM unnest(later_queues) AS w(q);
+    PERFORM "billing"."events_wake"(w.q, true) FROM unnest(due_queues) AS w(q);
+    PERFORM "billing"."events_wake"(w.q, false) FROM unnest(later_queues) AS w(q);
 END;
 $$;
 -- +goose StatementEnd
@@ -140,7 +159,7 @@ $$;
 -- Delete side (schema 11's), each key looked up past the lowest head the
 -- statement deleted, and recorded with it.
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_hand_on() RETURNS trigger
+CREATE OR REPLACE FUNCTION "billing"."events_key_hand_on"() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     heads record;
@@ -153,8 +172,8 @@ DECLARE
     locked_afters bigint[] := '{}';
     taken integer;
 BEGIN
-    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT' OR TG_OP <> 'DELETE' THEN
-        RAISE EXCEPTION '% runs only as the AFTER DELETE statement trigger of %', /*outbox:literal*/'outbox_key_hand_on', /*outbox:literal*/'outbox'
+    IF TG_RELID <> '"billing"."events"'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT' OR TG_OP <> 'DELETE' THEN
+        RAISE EXCEPTION '% runs only as the AFTER DELETE statement trigger of %', '"billing"."events_key_hand_on"', '"billing"."events"'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     SELECT array_agg(d.queue) AS q, array_agg(d.ordering_key) AS k, array_agg(d.head) AS a INTO heads
@@ -166,10 +185,10 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         -- The snapshot may predate rows of the keys: the subscribers decide.
-        PERFORM /*outbox:table*/outbox_record_hand_offs(heads.q, heads.k, heads.a);
+        PERFORM "billing"."events_record_hand_offs"(heads.q, heads.k, heads.a);
         RETURN NULL;
     END IF;
-    SELECT * INTO again FROM /*outbox:table*/outbox_unblock_heads(heads.q, heads.k, heads.a);
+    SELECT * INTO again FROM "billing"."events_unblock_heads"(heads.q, heads.k, heads.a);
     record_queues := coalesce(again.busy_queues, '{}');
     record_keys := coalesce(again.busy_keys, '{}');
     record_afters := coalesce(again.busy_afters, '{}');
@@ -177,7 +196,7 @@ BEGIN
         taken := greatest(coalesce(nullif(current_setting('outboxgen.key_locks', true), ''), '0')::integer, 0);
         FOR i IN 1 .. cardinality(again.unseen_queues) LOOP
             IF taken < current_setting('max_locks_per_transaction')::integer / 2
-               AND pg_try_advisory_xact_lock(/*outbox:table*/outbox_key_lock(again.unseen_queues[i], again.unseen_keys[i])) THEN
+               AND pg_try_advisory_xact_lock("billing"."events_key_lock"(again.unseen_queues[i], again.unseen_keys[i])) THEN
                 taken := taken + 1;
                 locked_queues := locked_queues || again.unseen_queues[i];
                 locked_keys := locked_keys || again.unseen_keys[i];
@@ -191,14 +210,14 @@ BEGIN
         PERFORM set_config('outboxgen.key_locks', taken::text, true);
         IF cardinality(locked_queues) > 0 THEN
             -- Under the keys' locks: every row their publishers committed.
-            SELECT * INTO again FROM /*outbox:table*/outbox_unblock_heads(locked_queues, locked_keys, locked_afters);
+            SELECT * INTO again FROM "billing"."events_unblock_heads"(locked_queues, locked_keys, locked_afters);
             record_queues := record_queues || coalesce(again.busy_queues, '{}');
             record_keys := record_keys || coalesce(again.busy_keys, '{}');
             record_afters := record_afters || coalesce(again.busy_afters, '{}');
         END IF;
     END IF;
     IF cardinality(record_queues) > 0 THEN
-        PERFORM /*outbox:table*/outbox_record_hand_offs(record_queues, record_keys, record_afters);
+        PERFORM "billing"."events_record_hand_offs"(record_queues, record_keys, record_afters);
     END IF;
     RETURN NULL;
 END;
@@ -212,7 +231,7 @@ $$;
 -- row, which the subscriber's claims then look for behind where they
 -- stopped.
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_hand_off(queues text[], max_keys integer) RETURNS integer[]
+CREATE OR REPLACE FUNCTION "billing"."events_hand_off"(queues text[], max_keys integer) RETURNS integer[]
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     k record;
@@ -226,14 +245,14 @@ BEGIN
     -- In no order, without DISTINCT (see schema 9).
     FOR k IN
         SELECT h.queue, h.ordering_key, coalesce(h.after_id, -9223372036854775808) AS after_id
-        FROM /*outbox:table*/outbox_handoff AS h
+        FROM "billing"."events_handoff" AS h
         WHERE h.queue = ANY(queues)
     LOOP
         IF cardinality(locked_queues) >= greatest(max_keys, 1) THEN
             more := 1;
             EXIT;
         END IF;
-        IF NOT pg_try_advisory_xact_lock(/*outbox:table*/outbox_key_lock(k.queue, k.ordering_key)) THEN
+        IF NOT pg_try_advisory_xact_lock("billing"."events_key_lock"(k.queue, k.ordering_key)) THEN
             waiting := waiting + 1;
             CONTINUE;
         END IF;
@@ -247,7 +266,7 @@ BEGIN
     -- Every record of a locked key goes, those the loop did not reach
     -- too: each key is looked up past the lowest id of its records.
     WITH gone AS (
-        DELETE FROM /*outbox:table*/outbox_handoff AS h
+        DELETE FROM "billing"."events_handoff" AS h
         USING (SELECT DISTINCT l.q, l.k FROM unnest(locked_queues, locked_keys) AS l(q, k)) AS l
         WHERE h.queue = l.q AND h.ordering_key = l.k
         RETURNING h.queue, h.ordering_key, coalesce(h.after_id, -9223372036854775808) AS after_id
@@ -259,9 +278,9 @@ BEGIN
                 UNION ALL
                 SELECT l.q, l.k, l.a FROM unnest(locked_queues, locked_keys, locked_afters) AS l(q, k, a)) AS u
           GROUP BY u.q, u.k) AS g;
-    SELECT * INTO again FROM /*outbox:table*/outbox_unblock_heads(locked_queues, locked_keys, locked_afters);
+    SELECT * INTO again FROM "billing"."events_unblock_heads"(locked_queues, locked_keys, locked_afters);
     IF again.busy_queues IS NOT NULL THEN
-        INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key, after_id)
+        INSERT INTO "billing"."events_handoff" (queue, ordering_key, after_id)
         SELECT b.q, b.k, b.a FROM unnest(again.busy_queues, again.busy_keys, again.busy_afters) AS b(q, k, a);
         waiting := waiting + cardinality(again.busy_queues);
     END IF;
@@ -276,28 +295,28 @@ $$;
 -- instead of reading on, through the dead entries of the keys before it,
 -- to the first live row of any key.
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_insert() RETURNS trigger
+CREATE OR REPLACE FUNCTION "billing"."events_key_insert"() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'INSERT' THEN
-        RAISE EXCEPTION '% runs only as the BEFORE INSERT row trigger of %', /*outbox:literal*/'outbox_key_insert', /*outbox:literal*/'outbox'
+    IF TG_RELID <> '"billing"."events"'::regclass OR TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'INSERT' THEN
+        RAISE EXCEPTION '% runs only as the BEFORE INSERT row trigger of %', '"billing"."events_key_insert"', '"billing"."events"'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    PERFORM pg_advisory_xact_lock(/*outbox:table*/outbox_key_lock(NEW.queue, NEW.ordering_key));
+    PERFORM pg_advisory_xact_lock("billing"."events_key_lock"(NEW.queue, NEW.ordering_key));
     IF NEW.blocked AND current_setting('transaction_isolation') = 'read committed' THEN
         -- More rows of the key follow: they may skip this trigger (its
         -- WHEN), and the statement trigger checks them.
         PERFORM set_config('outboxgen.insert_key',
             octet_length(NEW.queue)::text || E'\x1f' || NEW.queue || E'\x1f' || NEW.ordering_key, true);
     END IF;
-    NEW.id := nextval(/*outbox:literal*/'outbox_id_seq');
+    NEW.id := nextval('"billing"."events_id_seq"');
     IF current_setting('transaction_isolation') = 'read committed' THEN
         -- The key's newest row, if any (see schema 6), looked for among
         -- the key's own entries only (schema 12).
         -- Newest first, as a scalar subquery: an EXISTS would drop the
         -- order and read up from the key's first (long dead) entries.
         NEW.blocked := coalesce((
-            SELECT true FROM /*outbox:table*/outbox AS o
+            SELECT true FROM "billing"."events" AS o
             WHERE o.ordering_key IS NOT NULL AND o.queue = NEW.queue COLLATE "C"
               AND (o.ordering_key, o.id) <= (NEW.ordering_key COLLATE "C", 9223372036854775807)
               AND (o.ordering_key, o.id) >= (NEW.ordering_key COLLATE "C", -9223372036854775808)
@@ -315,15 +334,15 @@ $$;
 -- The statement trigger of inserts (schema 11's), its look for a row of
 -- the key before the statement's first bounded the same way.
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_notify() RETURNS trigger
+CREATE OR REPLACE FUNCTION "billing"."events_notify"() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     keys record;
     seen bigint;
     earlier boolean;
 BEGIN
-    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT' OR TG_OP <> 'INSERT' THEN
-        RAISE EXCEPTION '% runs only as the AFTER INSERT statement trigger of %', /*outbox:literal*/'outbox_notify', /*outbox:literal*/'outbox'
+    IF TG_RELID <> '"billing"."events"'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT' OR TG_OP <> 'INSERT' THEN
+        RAISE EXCEPTION '% runs only as the AFTER INSERT statement trigger of %', '"billing"."events_notify"', '"billing"."events"'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     IF current_setting('outboxgen.insert_key', true) <> '' THEN
@@ -341,7 +360,7 @@ BEGIN
             INTO keys
             FROM (SELECT n.queue, n.ordering_key, min(n.id) AS first, (array_agg(n.blocked ORDER BY n.id))[1] AS first_blocked,
                          count(*) AS rows,
-                         pg_advisory_xact_lock(/*outbox:table*/outbox_key_lock(n.queue, n.ordering_key))::text AS locked
+                         pg_advisory_xact_lock("billing"."events_key_lock"(n.queue, n.ordering_key))::text AS locked
                   FROM new_rows AS n WHERE n.ordering_key IS NOT NULL
                   GROUP BY n.queue, n.ordering_key HAVING bool_or(n.blocked)) AS f;
             FOR i IN 1 .. coalesce(cardinality(keys.q), 0) LOOP
@@ -349,12 +368,12 @@ BEGIN
                 -- the key's rows from the statement's first on, or every
                 -- row with an id from the statement's first on.
                 SELECT (SELECT count(*)
-                        FROM /*outbox:table*/outbox AS o
+                        FROM "billing"."events" AS o
                         WHERE o.ordering_key IS NOT NULL AND o.queue = keys.q[i] AND o.ordering_key = keys.k[i]
                           AND o.id >= keys.first[i]),
                        NOT keys.first_blocked[i] OR coalesce(
                        (SELECT true
-                        FROM /*outbox:table*/outbox AS o
+                        FROM "billing"."events" AS o
                         WHERE o.ordering_key IS NOT NULL AND o.queue = keys.q[i] COLLATE "C"
                           AND (o.ordering_key, o.id) < (keys.k[i] COLLATE "C", keys.first[i])
                           AND (o.ordering_key, o.id) >= (keys.k[i] COLLATE "C", -9223372036854775808)
@@ -370,7 +389,7 @@ BEGIN
                     -- The key's head (its trigger skipped, or its earlier
                     -- rows left since), as the trigger would decide it
                     -- now; announced below with the statement's rows.
-                    UPDATE /*outbox:table*/outbox AS o SET blocked = false WHERE o.id = keys.first[i];
+                    UPDATE "billing"."events" AS o SET blocked = false WHERE o.id = keys.first[i];
                 END IF;
             END LOOP;
         END IF;
@@ -378,39 +397,39 @@ BEGIN
         SELECT array_agg(k.queue) AS q, array_agg(k.ordering_key) AS k INTO keys
         FROM (SELECT DISTINCT n.queue, n.ordering_key FROM new_rows AS n WHERE n.ordering_key IS NOT NULL) AS k;
         IF keys.q IS NOT NULL THEN
-            PERFORM /*outbox:table*/outbox_record_hand_offs(keys.q, keys.k);
+            PERFORM "billing"."events_record_hand_offs"(keys.q, keys.k);
         END IF;
     END IF;
-    IF pg_sequence_last_value(/*outbox:literal*/'outbox_sleep_horizon') <= date_part('epoch', now()) * 1000 THEN
+    IF pg_sequence_last_value('"billing"."events_sleep_horizon"') <= date_part('epoch', now()) * 1000 THEN
         RETURN NULL;
     END IF;
     IF current_setting('transaction_isolation') = 'read committed'
-       AND NOT EXISTS (SELECT 1 FROM /*outbox:table*/outbox_sleepers AS s WHERE s.until > now()) THEN
+       AND NOT EXISTS (SELECT 1 FROM "billing"."events_sleepers" AS s WHERE s.until > now()) THEN
         RETURN NULL;
     END IF;
-    PERFORM /*outbox:table*/outbox_wake(q.queue, q.due)
+    PERFORM "billing"."events_wake"(q.queue, q.due)
     FROM (SELECT DISTINCT n.queue, n.next_attempt_at <= now() AS due FROM new_rows AS n) AS q;
     RETURN NULL;
 END;
 $$;
 -- +goose StatementEnd
 
-DROP FUNCTION /*outbox:table*/outbox_unblock_heads(text[], text[]);
+DROP FUNCTION "billing"."events_unblock_heads"(text[], text[]);
 REVOKE ALL ON FUNCTION
-    /*outbox:table*/outbox_record_hand_offs(text[], text[], bigint[]),
-    /*outbox:table*/outbox_unblock_heads(text[], text[], bigint[])
+    "billing"."events_record_hand_offs"(text[], text[], bigint[]),
+    "billing"."events_unblock_heads"(text[], text[], bigint[])
 FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_schema_version() RETURNS integer
+CREATE OR REPLACE FUNCTION "billing"."events_schema_version"() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 12';
 
 -- +goose Down
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_schema_version() RETURNS integer
+CREATE OR REPLACE FUNCTION "billing"."events_schema_version"() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 11';
 
 -- Schema 10's lookup, from each key's first entry.
 -- +goose StatementBegin
-CREATE FUNCTION /*outbox:table*/outbox_unblock_heads(qs text[], ks text[],
+CREATE FUNCTION "billing"."events_unblock_heads"(qs text[], ks text[],
     OUT unseen_queues text[], OUT unseen_keys text[], OUT busy_queues text[], OUT busy_keys text[])
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -430,7 +449,7 @@ BEGIN
     FROM (SELECT DISTINCT u.q, u.k FROM unnest(qs, ks) AS u(q, k)) AS k
     LEFT JOIN LATERAL (
         SELECT o.id, o.blocked
-        FROM /*outbox:table*/outbox AS o
+        FROM "billing"."events" AS o
         WHERE o.ordering_key IS NOT NULL AND o.queue = k.q AND o.ordering_key = k.k
         ORDER BY o.queue, o.ordering_key, o.id
         LIMIT 1
@@ -439,10 +458,10 @@ BEGIN
         RETURN;
     END IF;
     WITH locked AS MATERIALIZED (
-        SELECT o.id FROM /*outbox:table*/outbox AS o WHERE o.id = ANY (next_ids)
+        SELECT o.id FROM "billing"."events" AS o WHERE o.id = ANY (next_ids)
         FOR NO KEY UPDATE SKIP LOCKED
     ), unblocked AS (
-        UPDATE /*outbox:table*/outbox AS o SET blocked = false
+        UPDATE "billing"."events" AS o SET blocked = false
         FROM locked AS l WHERE o.id = l.id
         RETURNING o.id, o.queue, o.next_attempt_at <= now() AS due
     )
@@ -456,15 +475,15 @@ BEGIN
         FROM unnest(next_ids, next_queues, next_keys) AS n(id, q, k)
         WHERE n.id <> ALL (coalesce(done_ids, '{}'));
     END IF;
-    PERFORM /*outbox:table*/outbox_wake(w.q, true) FROM unnest(due_queues) AS w(q);
-    PERFORM /*outbox:table*/outbox_wake(w.q, false) FROM unnest(later_queues) AS w(q);
+    PERFORM "billing"."events_wake"(w.q, true) FROM unnest(due_queues) AS w(q);
+    PERFORM "billing"."events_wake"(w.q, false) FROM unnest(later_queues) AS w(q);
 END;
 $$;
 -- +goose StatementEnd
-REVOKE ALL ON FUNCTION /*outbox:table*/outbox_unblock_heads(text[], text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION "billing"."events_unblock_heads"(text[], text[]) FROM PUBLIC;
 
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_hand_on() RETURNS trigger
+CREATE OR REPLACE FUNCTION "billing"."events_key_hand_on"() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     heads record;
@@ -475,8 +494,8 @@ DECLARE
     locked_keys text[] := '{}';
     taken integer;
 BEGIN
-    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT' OR TG_OP <> 'DELETE' THEN
-        RAISE EXCEPTION '% runs only as the AFTER DELETE statement trigger of %', /*outbox:literal*/'outbox_key_hand_on', /*outbox:literal*/'outbox'
+    IF TG_RELID <> '"billing"."events"'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT' OR TG_OP <> 'DELETE' THEN
+        RAISE EXCEPTION '% runs only as the AFTER DELETE statement trigger of %', '"billing"."events_key_hand_on"', '"billing"."events"'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     SELECT array_agg(d.queue) AS q, array_agg(d.ordering_key) AS k INTO heads
@@ -487,17 +506,17 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         -- The snapshot may predate rows of the keys: the subscribers decide.
-        PERFORM /*outbox:table*/outbox_record_hand_offs(heads.q, heads.k);
+        PERFORM "billing"."events_record_hand_offs"(heads.q, heads.k);
         RETURN NULL;
     END IF;
-    SELECT * INTO again FROM /*outbox:table*/outbox_unblock_heads(heads.q, heads.k);
+    SELECT * INTO again FROM "billing"."events_unblock_heads"(heads.q, heads.k);
     record_queues := coalesce(again.busy_queues, '{}');
     record_keys := coalesce(again.busy_keys, '{}');
     IF again.unseen_queues IS NOT NULL THEN
         taken := greatest(coalesce(nullif(current_setting('outboxgen.key_locks', true), ''), '0')::integer, 0);
         FOR i IN 1 .. cardinality(again.unseen_queues) LOOP
             IF taken < current_setting('max_locks_per_transaction')::integer / 2
-               AND pg_try_advisory_xact_lock(/*outbox:table*/outbox_key_lock(again.unseen_queues[i], again.unseen_keys[i])) THEN
+               AND pg_try_advisory_xact_lock("billing"."events_key_lock"(again.unseen_queues[i], again.unseen_keys[i])) THEN
                 taken := taken + 1;
                 locked_queues := locked_queues || again.unseen_queues[i];
                 locked_keys := locked_keys || again.unseen_keys[i];
@@ -509,13 +528,13 @@ BEGIN
         PERFORM set_config('outboxgen.key_locks', taken::text, true);
         IF cardinality(locked_queues) > 0 THEN
             -- Under the keys' locks: every row their publishers committed.
-            SELECT * INTO again FROM /*outbox:table*/outbox_unblock_heads(locked_queues, locked_keys);
+            SELECT * INTO again FROM "billing"."events_unblock_heads"(locked_queues, locked_keys);
             record_queues := record_queues || coalesce(again.busy_queues, '{}');
             record_keys := record_keys || coalesce(again.busy_keys, '{}');
         END IF;
     END IF;
     IF cardinality(record_queues) > 0 THEN
-        PERFORM /*outbox:table*/outbox_record_hand_offs(record_queues, record_keys);
+        PERFORM "billing"."events_record_hand_offs"(record_queues, record_keys);
     END IF;
     RETURN NULL;
 END;
@@ -523,7 +542,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_hand_off(queues text[], max_keys integer) RETURNS integer[]
+CREATE OR REPLACE FUNCTION "billing"."events_hand_off"(queues text[], max_keys integer) RETURNS integer[]
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     k record;
@@ -536,14 +555,14 @@ BEGIN
     -- In no order, without DISTINCT (see schema 9).
     FOR k IN
         SELECT h.queue, h.ordering_key
-        FROM /*outbox:table*/outbox_handoff AS h
+        FROM "billing"."events_handoff" AS h
         WHERE h.queue = ANY(queues)
     LOOP
         IF cardinality(locked_queues) >= greatest(max_keys, 1) THEN
             more := 1;
             EXIT;
         END IF;
-        IF NOT pg_try_advisory_xact_lock(/*outbox:table*/outbox_key_lock(k.queue, k.ordering_key)) THEN
+        IF NOT pg_try_advisory_xact_lock("billing"."events_key_lock"(k.queue, k.ordering_key)) THEN
             waiting := waiting + 1;
             CONTINUE;
         END IF;
@@ -553,12 +572,12 @@ BEGIN
     IF cardinality(locked_queues) = 0 THEN
         RETURN ARRAY[waiting, more];
     END IF;
-    DELETE FROM /*outbox:table*/outbox_handoff AS h
+    DELETE FROM "billing"."events_handoff" AS h
     USING unnest(locked_queues, locked_keys) AS l(q, k)
     WHERE h.queue = l.q AND h.ordering_key = l.k;
-    SELECT * INTO again FROM /*outbox:table*/outbox_unblock_heads(locked_queues, locked_keys);
+    SELECT * INTO again FROM "billing"."events_unblock_heads"(locked_queues, locked_keys);
     IF again.busy_queues IS NOT NULL THEN
-        INSERT INTO /*outbox:table*/outbox_handoff (queue, ordering_key)
+        INSERT INTO "billing"."events_handoff" (queue, ordering_key)
         SELECT b.q, b.k FROM unnest(again.busy_queues, again.busy_keys) AS b(q, k);
         waiting := waiting + cardinality(again.busy_queues);
     END IF;
@@ -569,26 +588,26 @@ $$;
 
 -- Schema 11's insert side and statement trigger.
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_insert() RETURNS trigger
+CREATE OR REPLACE FUNCTION "billing"."events_key_insert"() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'INSERT' THEN
-        RAISE EXCEPTION '% runs only as the BEFORE INSERT row trigger of %', /*outbox:literal*/'outbox_key_insert', /*outbox:literal*/'outbox'
+    IF TG_RELID <> '"billing"."events"'::regclass OR TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'INSERT' THEN
+        RAISE EXCEPTION '% runs only as the BEFORE INSERT row trigger of %', '"billing"."events_key_insert"', '"billing"."events"'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    PERFORM pg_advisory_xact_lock(/*outbox:table*/outbox_key_lock(NEW.queue, NEW.ordering_key));
+    PERFORM pg_advisory_xact_lock("billing"."events_key_lock"(NEW.queue, NEW.ordering_key));
     IF NEW.blocked AND current_setting('transaction_isolation') = 'read committed' THEN
         -- More rows of the key follow: they may skip this trigger (its
         -- WHEN), and the statement trigger checks them.
         PERFORM set_config('outboxgen.insert_key',
             octet_length(NEW.queue)::text || E'\x1f' || NEW.queue || E'\x1f' || NEW.ordering_key, true);
     END IF;
-    NEW.id := nextval(/*outbox:literal*/'outbox_id_seq');
+    NEW.id := nextval('"billing"."events_id_seq"');
     IF current_setting('transaction_isolation') = 'read committed' THEN
         -- The key's newest row, if any (see schema 6).
         SELECT o.queue = NEW.queue AND o.ordering_key = NEW.ordering_key
         INTO NEW.blocked
-        FROM /*outbox:table*/outbox AS o
+        FROM "billing"."events" AS o
         WHERE o.ordering_key IS NOT NULL
           AND (o.queue, o.ordering_key, o.id) <= (NEW.queue COLLATE "C", NEW.ordering_key COLLATE "C", 9223372036854775807)
         ORDER BY o.queue DESC, o.ordering_key DESC, o.id DESC
@@ -604,15 +623,15 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_notify() RETURNS trigger
+CREATE OR REPLACE FUNCTION "billing"."events_notify"() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     keys record;
     seen bigint;
     earlier boolean;
 BEGIN
-    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT' OR TG_OP <> 'INSERT' THEN
-        RAISE EXCEPTION '% runs only as the AFTER INSERT statement trigger of %', /*outbox:literal*/'outbox_notify', /*outbox:literal*/'outbox'
+    IF TG_RELID <> '"billing"."events"'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'STATEMENT' OR TG_OP <> 'INSERT' THEN
+        RAISE EXCEPTION '% runs only as the AFTER INSERT statement trigger of %', '"billing"."events_notify"', '"billing"."events"'
             USING ERRCODE = 'insufficient_privilege';
     END IF;
     IF current_setting('outboxgen.insert_key', true) <> '' THEN
@@ -630,7 +649,7 @@ BEGIN
             INTO keys
             FROM (SELECT n.queue, n.ordering_key, min(n.id) AS first, (array_agg(n.blocked ORDER BY n.id))[1] AS first_blocked,
                          count(*) AS rows,
-                         pg_advisory_xact_lock(/*outbox:table*/outbox_key_lock(n.queue, n.ordering_key))::text AS locked
+                         pg_advisory_xact_lock("billing"."events_key_lock"(n.queue, n.ordering_key))::text AS locked
                   FROM new_rows AS n WHERE n.ordering_key IS NOT NULL
                   GROUP BY n.queue, n.ordering_key HAVING bool_or(n.blocked)) AS f;
             FOR i IN 1 .. coalesce(cardinality(keys.q), 0) LOOP
@@ -638,12 +657,12 @@ BEGIN
                 -- the key's rows from the statement's first on, or every
                 -- row with an id from the statement's first on.
                 SELECT (SELECT count(*)
-                        FROM /*outbox:table*/outbox AS o
+                        FROM "billing"."events" AS o
                         WHERE o.ordering_key IS NOT NULL AND o.queue = keys.q[i] AND o.ordering_key = keys.k[i]
                           AND o.id >= keys.first[i]),
                        NOT keys.first_blocked[i] OR coalesce(
                        (SELECT o.queue = keys.q[i] AND o.ordering_key = keys.k[i]
-                        FROM /*outbox:table*/outbox AS o
+                        FROM "billing"."events" AS o
                         WHERE o.ordering_key IS NOT NULL
                           AND (o.queue, o.ordering_key, o.id) < (keys.q[i] COLLATE "C", keys.k[i] COLLATE "C", keys.first[i])
                         ORDER BY o.queue DESC, o.ordering_key DESC, o.id DESC
@@ -658,7 +677,7 @@ BEGIN
                     -- The key's head (its trigger skipped, or its earlier
                     -- rows left since), as the trigger would decide it
                     -- now; announced below with the statement's rows.
-                    UPDATE /*outbox:table*/outbox AS o SET blocked = false WHERE o.id = keys.first[i];
+                    UPDATE "billing"."events" AS o SET blocked = false WHERE o.id = keys.first[i];
                 END IF;
             END LOOP;
         END IF;
@@ -666,23 +685,25 @@ BEGIN
         SELECT array_agg(k.queue) AS q, array_agg(k.ordering_key) AS k INTO keys
         FROM (SELECT DISTINCT n.queue, n.ordering_key FROM new_rows AS n WHERE n.ordering_key IS NOT NULL) AS k;
         IF keys.q IS NOT NULL THEN
-            PERFORM /*outbox:table*/outbox_record_hand_offs(keys.q, keys.k);
+            PERFORM "billing"."events_record_hand_offs"(keys.q, keys.k);
         END IF;
     END IF;
-    IF pg_sequence_last_value(/*outbox:literal*/'outbox_sleep_horizon') <= date_part('epoch', now()) * 1000 THEN
+    IF pg_sequence_last_value('"billing"."events_sleep_horizon"') <= date_part('epoch', now()) * 1000 THEN
         RETURN NULL;
     END IF;
     IF current_setting('transaction_isolation') = 'read committed'
-       AND NOT EXISTS (SELECT 1 FROM /*outbox:table*/outbox_sleepers AS s WHERE s.until > now()) THEN
+       AND NOT EXISTS (SELECT 1 FROM "billing"."events_sleepers" AS s WHERE s.until > now()) THEN
         RETURN NULL;
     END IF;
-    PERFORM /*outbox:table*/outbox_wake(q.queue, q.due)
+    PERFORM "billing"."events_wake"(q.queue, q.due)
     FROM (SELECT DISTINCT n.queue, n.next_attempt_at <= now() AS due FROM new_rows AS n) AS q;
     RETURN NULL;
 END;
 $$;
 -- +goose StatementEnd
 
-DROP FUNCTION /*outbox:table*/outbox_unblock_heads(text[], text[], bigint[]);
-DROP FUNCTION /*outbox:table*/outbox_record_hand_offs(text[], text[], bigint[]);
-ALTER TABLE /*outbox:table*/outbox_handoff DROP COLUMN after_id;
+DROP FUNCTION "billing"."events_unblock_heads"(text[], text[], bigint[]);
+DROP FUNCTION "billing"."events_record_hand_offs"(text[], text[], bigint[]);
+ALTER TABLE "billing"."events_handoff" DROP COLUMN after_id;
+DROP INDEX "billing"."events_sleepers_until_idx";
+DROP INDEX "billing"."events_locks_ids_idx";
