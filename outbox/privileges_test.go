@@ -709,7 +709,10 @@ func TestPrivilegesInTheCatalogAreTheDeclaredOnes(t *testing.T) {
 			t.Errorf("%s is a %s that runs as %q; declared a %s that runs as %q", name, c.kind, c.runsAs, d.kind, d.runsAs)
 		}
 		if c.runsAs == "migrator" {
-			if diff := cmp.Diff([]string{"search_path=pg_catalog, pg_temp"}, c.config); diff != "" {
+			// The search path pinned; the key triggers also plan without
+			// bitmap scans (schema 12).
+			config := slices.DeleteFunc(slices.Clone(c.config), func(s string) bool { return s == "enable_bitmapscan=off" })
+			if diff := cmp.Diff([]string{"search_path=pg_catalog, pg_temp"}, config); diff != "" {
 				t.Errorf("%s runs as the migrator with settings (-want +got):\n%s", name, diff)
 			}
 			if len(d.grants["PUBLIC"]) > 0 {

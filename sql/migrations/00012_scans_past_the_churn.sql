@@ -37,7 +37,12 @@
 -- The lookups are ranges over the index's (ordering_key, id) under an
 -- equality on queue: that order is the ordering index's alone, so no plan
 -- walks the primary key, and the range's bounds on the key column end the
--- scan at the key's last (or first) entry.
+-- scan at the key's last (or first) entry. The functions that run them
+-- plan without bitmap scans (enable_bitmapscan off for their own
+-- statements): once the table is analyzed, a key of few live rows is
+-- estimated as cheaper to read whole through a bitmap and sort, which
+-- reads every entry the snapshot keeps where the index scan stops at the
+-- first live one (210 blocks against 6 for a key with rows, measured).
 --
 -- The records of claims by lock are found by the rows they name, through
 -- a GiST index on their ids: the claims look them up only for rows whose
@@ -159,7 +164,7 @@ $$;
 -- statement deleted, and recorded with it.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_hand_on() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_bitmapscan = off AS $$
 DECLARE
     heads record;
     again record;
@@ -231,7 +236,7 @@ $$;
 -- stopped.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_hand_off(queues text[], max_keys integer) RETURNS integer[]
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_bitmapscan = off AS $$
 DECLARE
     k record;
     waiting integer := 0;
@@ -295,7 +300,7 @@ $$;
 -- to the first live row of any key.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_insert() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_bitmapscan = off AS $$
 BEGIN
     IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'INSERT' THEN
         RAISE EXCEPTION '% runs only as the BEFORE INSERT row trigger of %', /*outbox:literal*/'outbox_key_insert', /*outbox:literal*/'outbox'
@@ -334,7 +339,7 @@ $$;
 -- the key before the statement's first bounded the same way.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_notify() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_bitmapscan = off AS $$
 DECLARE
     keys record;
     seen bigint;
