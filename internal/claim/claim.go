@@ -199,7 +199,7 @@ func (c *byLease) Claim(_ context.Context, n int32) (int, error) {
 		return 0, err
 	}
 	sent := time.Now()
-	l := c.floors.begin(sent)
+	l := c.floors.begin(sent, readsBoth)
 	if len(r.Queues) > 1 {
 		p := db.ClaimParams{Token: token, Queues: r.Queues, Floors: make([]time.Time, len(r.Queues)), MaxRows: n,
 			LeaseTtlSeconds: ttl, ExpiredWithin: l.expiredWithin}
@@ -325,7 +325,7 @@ func (c *byLease) claimExpired(n int32) (int, error) {
 		return 0, err
 	}
 	sent := time.Now()
-	l := c.floors.begin(sent)
+	l := c.floors.begin(sent, readsExpired)
 	rows, err := c.q.ClaimExpired(r.Writes, db.ClaimExpiredParams{Queues: r.Queues, MaxRows: n, Token: token,
 		LeaseTtlSeconds: r.LeaseTTL.Seconds(), ExpiredWithin: l.expiredWithin})
 	if err == nil {
@@ -917,7 +917,7 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 		past = c.lockedUpTo
 	}
 	c.lockedUpTo = nil
-	l := c.lease.floors.begin(time.Now())
+	l := c.lease.floors.begin(time.Now(), readsDue)
 	got, err := c.lockFrom(ctx, q, n, idle, past, l)
 	if err == nil && len(got) == 0 && past != nil {
 		past = nil
@@ -930,7 +930,6 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 	for i := range got {
 		newest[got[i].Queue] = later(newest[got[i].Queue], got[i].NextAttemptAt)
 	}
-	// A claim by lock reads no expired lease (claimExpired does).
 	c.lease.floors.took(l, newest, false)
 	if past == nil {
 		c.frontLocked = time.Now()

@@ -45,10 +45,21 @@ type floors struct {
 	// asks the next claim to.
 	swept time.Time
 	sweep bool
+	// expiredSwept is when a claim last read every expired lease;
 	// expired is when the last claim that read every expired lease it
-	// could began; zero: none since the last sweep.
-	expired time.Time
+	// could began (zero: none since that sweep).
+	expiredSwept, expired time.Time
 }
+
+// reads is what a claim reads: a queue's rows due, expired leases, or
+// both.
+type reads int
+
+const (
+	readsDue reads = 1 << iota
+	readsExpired
+	readsBoth = readsDue | readsExpired
+)
 
 // newFloors returns floors that sweep every every.
 func newFloors(every time.Duration) *floors {
@@ -57,37 +68,50 @@ func newFloors(every time.Duration) *floors {
 
 // look is where one claim reads from.
 type look struct {
-	// sweep: from every queue's start, and every expired lease.
+	reads reads
+	// sweep: every queue from its start; from is each queue's floor
+	// otherwise (absent: its start).
 	sweep bool
-	// from is each queue's floor (absent: its start).
-	from map[string]time.Time
-	// expiredWithin bounds how long ago the expired leases it reads
-	// expired, in seconds; nil: every one.
+	from  map[string]time.Time
+	// sweepExpired: every expired lease; expiredWithin bounds how long
+	// ago the expired leases it reads expired otherwise, in seconds (nil:
+	// every one).
+	sweepExpired  bool
 	expiredWithin *float64
 	started       time.Time
 }
 
-// begin returns where a claim that starts now reads from.
-func (f *floors) begin(now time.Time) look {
+// begin returns where a claim that starts now and reads r reads from.
+// Rows due and expired leases are swept each on their own clock, so a
+// claim that reads only one of them leaves the other's sweep to the next
+// claim that reads it.
+func (f *floors) begin(now time.Time, r reads) look {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for q, t := range f.low {
-		if at, ok := f.at[q]; ok && t.Before(at) {
-			f.set(q, t)
+	l := look{reads: r, started: now}
+	if r&readsDue != 0 {
+		for q, t := range f.low {
+			if at, ok := f.at[q]; ok && t.Before(at) {
+				f.set(q, t)
+			}
+		}
+		clear(f.low)
+		if f.sweep || f.swept.IsZero() || now.Sub(f.swept) >= f.every {
+			f.sweep, f.swept, l.sweep = false, now, true
+		} else {
+			l.from = make(map[string]time.Time, len(f.at))
+			for q, t := range f.at {
+				l.from[q] = t
+			}
 		}
 	}
-	clear(f.low)
-	if f.sweep || f.swept.IsZero() || now.Sub(f.swept) >= f.every {
-		f.sweep, f.swept, f.expired = false, now, time.Time{}
-		return look{sweep: true, started: now}
-	}
-	l := look{from: make(map[string]time.Time, len(f.at)), started: now}
-	for q, t := range f.at {
-		l.from[q] = t
-	}
-	if !f.expired.IsZero() {
-		within := (now.Sub(f.expired) + FloorMargin).Seconds()
-		l.expiredWithin = &within
+	if r&readsExpired != 0 {
+		if f.expiredSwept.IsZero() || now.Sub(f.expiredSwept) >= f.every {
+			f.expiredSwept, f.expired, l.sweepExpired = now, time.Time{}, true
+		} else if !f.expired.IsZero() {
+			within := (now.Sub(f.expired) + FloorMargin).Seconds()
+			l.expiredWithin = &within
+		}
 	}
 	return l
 }
@@ -108,18 +132,19 @@ func (l look) floorOr(queue string) time.Time {
 
 // took records what a claim that read from l found: newest is, per
 // queue, the latest next_attempt_at of the rows it took; all says whether
-// it took fewer rows than it asked for, and so every expired lease it
-// could.
+// it took fewer rows than it asked for, and so every row it could.
 func (f *floors) took(l look, newest map[string]time.Time, all bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for q, t := range newest {
-		t = t.Add(-FloorMargin)
-		if at, ok := f.at[q]; l.sweep || !ok || t.After(at) {
-			f.set(q, t)
+	if l.reads&readsDue != 0 {
+		for q, t := range newest {
+			t = t.Add(-FloorMargin)
+			if at, ok := f.at[q]; l.sweep || !ok || t.After(at) {
+				f.set(q, t)
+			}
 		}
 	}
-	if all && (l.sweep || !f.expired.IsZero()) {
+	if l.reads&readsExpired != 0 && all && (l.sweepExpired || !f.expired.IsZero()) {
 		f.expired = l.started
 	}
 }

@@ -21,14 +21,14 @@ func TestFloorsLookFromWhereClaimsStopped(t *testing.T) {
 	every := 5 * time.Second
 	f := newFloors(every)
 	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	l := f.begin(t0)
-	if !l.sweep || l.floor("a") != nil || l.expiredWithin != nil {
+	l := f.begin(t0, readsBoth)
+	if !l.sweep || !l.sweepExpired || l.floor("a") != nil || l.expiredWithin != nil {
 		t.Fatalf("first claim: %+v, want a sweep", l)
 	}
 	f.took(l, map[string]time.Time{"a": t0.Add(-time.Minute)}, true)
 
-	l = f.begin(t0.Add(time.Second))
-	if l.sweep {
+	l = f.begin(t0.Add(time.Second), readsBoth)
+	if l.sweep || l.sweepExpired {
 		t.Fatal("second claim sweeps")
 	}
 	if diff := cmp.Diff(t0.Add(-time.Minute-FloorMargin), *l.floor("a")); diff != "" {
@@ -43,7 +43,7 @@ func TestFloorsLookFromWhereClaimsStopped(t *testing.T) {
 	// A claim that took all it asked for leaves the expired leases'
 	// bound where it was; an older row than the floor does not move it.
 	f.took(l, map[string]time.Time{"a": t0.Add(-2 * time.Minute)}, false)
-	l = f.begin(t0.Add(2 * time.Second))
+	l = f.begin(t0.Add(2*time.Second), readsBoth)
 	if diff := cmp.Diff(t0.Add(-time.Minute-FloorMargin), *l.floor("a")); diff != "" {
 		t.Errorf("a's floor after an older row (-want +got):\n%s", diff)
 	}
@@ -58,28 +58,36 @@ func TestFloorsLookFromWhereClaimsStopped(t *testing.T) {
 		{Kind: lease.Retry, D: &lease.Delivery{Row: db.ClaimRow{Queue: "a", OrderingKey: &key, CreatedAt: t0.Add(-time.Hour), NextAttemptAt: t0.Add(-time.Hour)}}},
 		{Kind: lease.Ack, D: &lease.Delivery{Row: db.ClaimRow{Queue: "a", CreatedAt: t0.Add(-time.Hour), NextAttemptAt: t0.Add(-time.Hour)}}},
 	})
-	l = f.begin(t0.Add(3 * time.Second))
+	l = f.begin(t0.Add(3*time.Second), readsBoth)
 	if diff := cmp.Diff(t0.Add(-3*time.Minute-FloorMargin), *l.floor("a")); diff != "" {
 		t.Errorf("a's floor after a row given back (-want +got):\n%s", diff)
 	}
 	f.handedOn([]lease.Outcome{{Kind: lease.Ack, D: &lease.Delivery{Row: db.ClaimRow{Queue: "a", OrderingKey: &key,
 		CreatedAt: t0.Add(-4 * time.Minute), NextAttemptAt: t0.Add(time.Hour)}}}})
-	l = f.begin(t0.Add(3 * time.Second))
+	l = f.begin(t0.Add(3*time.Second), readsBoth)
 	if diff := cmp.Diff(t0.Add(-4*time.Minute-FloorMargin), *l.floor("a")); diff != "" {
 		t.Errorf("a's floor after its key was handed on (-want +got):\n%s", diff)
 	}
 	f.gaveBack([]*lease.Delivery{{Row: db.ClaimRow{Queue: "a", NextAttemptAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)}}})
-	if l = f.begin(t0.Add(4 * time.Second)); l.floor("a") != nil {
+	if l = f.begin(t0.Add(4*time.Second), readsBoth); l.floor("a") != nil {
 		t.Errorf("a's floor after a row dated year 1: %v, want none", l.floor("a"))
 	}
 
-	// Every MaxFetchInterval, and after behind, a sweep.
-	if l = f.begin(t0.Add(every)); !l.sweep || l.expiredWithin != nil {
-		t.Errorf("a claim MaxFetchInterval after the last sweep: %+v", l)
+	// Every MaxFetchInterval, and after behind, a sweep; rows due and
+	// expired leases each on their own clock.
+	if l = f.begin(t0.Add(every), readsExpired); !l.sweepExpired || l.sweep || l.expiredWithin != nil {
+		t.Errorf("a read of expired leases MaxFetchInterval after the last sweep: %+v", l)
+	}
+	f.took(l, nil, true)
+	if l = f.begin(t0.Add(every), readsDue); !l.sweep || l.sweepExpired {
+		t.Errorf("a read of rows due MaxFetchInterval after the last sweep, just after one of expired leases: %+v", l)
 	}
 	f.took(l, map[string]time.Time{"a": t0}, true)
+	if l = f.begin(t0.Add(every+time.Second), readsBoth); l.sweep || l.sweepExpired || l.expiredWithin == nil {
+		t.Errorf("a claim a second after both sweeps: %+v", l)
+	}
 	f.behind()
-	if l = f.begin(t0.Add(every + time.Second)); !l.sweep {
+	if l = f.begin(t0.Add(every+time.Second), readsBoth); !l.sweep || l.sweepExpired {
 		t.Errorf("a claim after behind: %+v", l)
 	}
 }
