@@ -483,7 +483,7 @@ const (
 )
 
 func (x *explainer) claim(ctx context.Context, name string, batch int, plan string) error {
-	return x.explain(ctx, name, fmt.Sprintf("EXECUTE claim_queue(gen_random_uuid(), 30, '%s', %d)", topic, batch), plan)
+	return x.explain(ctx, name, fmt.Sprintf("EXECUTE claim_queue(gen_random_uuid(), 30, '%s', NULL, %d, NULL)", topic, batch), plan)
 }
 
 func (x *explainer) handOver(ctx context.Context, name string, id int64, plan string) error {

@@ -335,7 +335,9 @@ func (l *claimAckLoop) run(ctx context.Context, env *benchEnv, n int) (time.Dura
 		t0 := time.Now()
 		var id int64
 		token := pgtype.UUID{Bytes: uuid.New(), Valid: true}
-		rows, err := conn.Query(ctx, l.claim, token, 30.0, topic, int32(1))
+		// From the queue's start, and every expired lease: nothing is
+		// held, so the floors would save nothing.
+		rows, err := conn.Query(ctx, l.claim, token, 30.0, topic, (*time.Time)(nil), int32(1), (*float64)(nil))
 		if err != nil {
 			return 0, err
 		}
@@ -343,7 +345,7 @@ func (l *claimAckLoop) run(ctx context.Context, env *benchEnv, n int) (time.Dura
 		for rows.Next() {
 			var r db.ClaimQueueRow
 			if err := rows.Scan(&r.ID, &r.Payload, &r.Headers, &r.OrderingKey, &r.TimerID,
-				&r.CreatedAt, &r.AttemptsCount, &r.DeliveriesCount, &r.SinceFirstAttemptSeconds, &r.Recheck); err != nil {
+				&r.CreatedAt, &r.AttemptsCount, &r.DeliveriesCount, &r.SinceFirstAttemptSeconds, &r.NextAttemptAt, &r.Recheck); err != nil {
 				rows.Close()
 				return 0, err
 			}
