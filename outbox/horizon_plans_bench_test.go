@@ -581,9 +581,10 @@ var hotPathTriggerStatements = []struct {
 		    ORDER BY o.queue, o.ordering_key, o.id LIMIT 1
 		) AS h ON true`, nil},
 	// outbox_notify and outbox_wake: whether anyone sleeps.
-	{"trg-notify-sleepers", `SELECT EXISTS (SELECT 1 FROM outbox_sleepers AS s WHERE s.until > now())`, nil},
-	{"trg-wake-sleepers", `SELECT EXISTS (SELECT 1 FROM outbox_sleepers AS s WHERE s.until > now() AND $1 = ANY (s.queues))`,
-		[]any{hotPathQueue}},
+	{"trg-notify-sleepers", `SELECT coalesce((SELECT true FROM outbox_sleepers AS s WHERE s.until > now()
+		ORDER BY s.until DESC LIMIT 1), false)`, nil},
+	{"trg-wake-sleepers", `SELECT coalesce((SELECT true FROM outbox_sleepers AS s WHERE s.until > now() AND $1 = ANY (s.queues)
+		ORDER BY s.until DESC LIMIT 1), false)`, []any{hotPathQueue}},
 	// outbox_set_sleep_horizon, after every change to the sleep records.
 	{"trg-sleep-horizon", `SELECT ceil(date_part('epoch', max(s.until)) * 1000)::bigint
 		FROM outbox_sleepers AS s WHERE s.until > now()`, nil},

@@ -409,12 +409,40 @@ BEGIN
         RETURN NULL;
     END IF;
     IF current_setting('transaction_isolation') = 'read committed'
-       AND NOT EXISTS (SELECT 1 FROM "public"."outbox_sleepers" AS s WHERE s.until > now()) THEN
+       AND NOT coalesce((SELECT true FROM "public"."outbox_sleepers" AS s WHERE s.until > now()
+                          ORDER BY s.until DESC LIMIT 1), false) THEN
         RETURN NULL;
     END IF;
     PERFORM "public"."outbox_wake"(q.queue, q.due)
     FROM (SELECT DISTINCT n.queue, n.next_attempt_at <= now() AS due FROM new_rows AS n) AS q;
     RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+-- A queue's sleep records, newest first through the index on until: as a
+-- scalar subquery (an EXISTS drops the order), so that no plan reads the
+-- table whole, which a held snapshot fills with versions.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION "public"."outbox_wake"(q text, due boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_sequence_last_value('"public"."outbox_sleep_horizon"') <= date_part('epoch', now()) * 1000 THEN
+        RETURN;
+    END IF;
+    IF current_setting('transaction_isolation') = 'read committed'
+       AND NOT coalesce((
+           SELECT true FROM "public"."outbox_sleepers" AS s
+           WHERE s.until > now() AND q = ANY (s.queues)
+           ORDER BY s.until DESC LIMIT 1), false) THEN
+        RETURN;
+    END IF;
+    IF NOT "public"."outbox_may_notify"() THEN
+        RETURN;
+    END IF;
+    PERFORM pg_notify(
+        CASE WHEN due THEN 'outbox_outbox' ELSE 'outbox_outbox:scheduled' END,
+        q);
 END;
 $$;
 -- +goose StatementEnd
@@ -703,6 +731,29 @@ BEGIN
     PERFORM "public"."outbox_wake"(q.queue, q.due)
     FROM (SELECT DISTINCT n.queue, n.next_attempt_at <= now() AS due FROM new_rows AS n) AS q;
     RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION "public"."outbox_wake"(q text, due boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_sequence_last_value('"public"."outbox_sleep_horizon"') <= date_part('epoch', now()) * 1000 THEN
+        RETURN;
+    END IF;
+    IF current_setting('transaction_isolation') = 'read committed'
+       AND NOT EXISTS (
+           SELECT 1 FROM "public"."outbox_sleepers" AS s
+           WHERE s.until > now() AND q = ANY (s.queues)) THEN
+        RETURN;
+    END IF;
+    IF NOT "public"."outbox_may_notify"() THEN
+        RETURN;
+    END IF;
+    PERFORM pg_notify(
+        CASE WHEN due THEN 'outbox_outbox' ELSE 'outbox_outbox:scheduled' END,
+        q);
 END;
 $$;
 -- +goose StatementEnd
