@@ -119,7 +119,10 @@ func (e *Env) bounded() *db.Queries {
 //     transaction and a record, which only claims of many rows amortise.
 //     A MinLockedClaim of 0 (a test's) claims by lock only.
 func New(env *Env) Claimer {
-	byL := &byLease{env: env, q: env.bounded(), floors: newFloors(env.MaxFetchInterval)}
+	// An expired lease is taken over LeaseTTL after its holder stopped
+	// extending it; one that expired unseen by the bounded reads waits at
+	// most as long again.
+	byL := &byLease{env: env, q: env.bounded(), floors: newFloors(env.MaxFetchInterval, max(env.MaxFetchInterval, env.LeaseTTL))}
 	if !LocksRows(env.LockWindow, env.Pool.Config().MaxConns) {
 		return byL
 	}

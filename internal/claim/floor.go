@@ -7,12 +7,22 @@ import (
 	"github.com/outboxgen/outboxgen/internal/lease"
 )
 
-// FloorMargin is how far before the newest row its last claim of a queue
-// took (by next_attempt_at) the next claim of the queue looks, and how
-// far before the last complete read of expired leases the next one looks.
-// A row dated up to this long before where the claims stopped (by its
-// publisher's transaction, which began earlier) is still found at once.
+// FloorMargin is how far before the newest row its last claims of a queue
+// took (by next_attempt_at) a claim of the queue looks at least every
+// floorWideEvery, and how far before the last complete read of expired
+// leases. A row dated up to this long before where the claims stopped
+// (by its publisher's transaction, which began earlier) is found within
+// floorWideEvery.
 const FloorMargin = time.Second
+
+// floorNear is how far before where the claims stopped the other claims
+// look: a publisher's transaction shorter than that is found at once.
+// Every claim walks the entries of the rows taken in its margin again (a
+// held snapshot keeps them), so the margin of most claims is short.
+const (
+	floorNear      = 50 * time.Millisecond
+	floorWideEvery = 100 * time.Millisecond
+)
 
 // floors is where a subscriber's claims look from in each queue.
 //
@@ -20,9 +30,10 @@ const FloorMargin = time.Second
 // keeps the index entries of every row claimed or deleted since it
 // began, and an index scan cannot even mark them dead: a claim that
 // reads a queue from its start walks every one of them. So each claim
-// reads a queue from its floor, FloorMargin before the newest row that
-// the subscriber's last claim of the queue took, and reads expired
-// leases from FloorMargin before its last claim that read them all.
+// reads a queue from its floor, floorNear (FloorMargin every
+// floorWideEvery) before the newest row that the subscriber's claims of
+// the queue took, and reads expired leases from as long before its last
+// claim that read them all.
 //
 // A row can land behind a floor: a publisher's transaction open longer
 // than FloorMargin, a row given back, a key's next row unblocked by a
@@ -33,14 +44,17 @@ const FloorMargin = time.Second
 // from every queue's start, so a row behind a floor waits at most that
 // long.
 type floors struct {
-	every time.Duration
+	// every is how often rows due are swept, expiredEvery expired leases.
+	every, expiredEvery time.Duration
 
 	mu sync.Mutex
-	// at is each queue's floor; a queue without one is read from its
-	// start.
+	// at is, per queue, the newest next_attempt_at its claims took; a
+	// queue without one is read from its start.
 	at map[string]time.Time
 	// low is how far the floors go back before the next claim.
 	low map[string]time.Time
+	// wide is when a claim last looked FloorMargin back.
+	wide time.Time
 	// swept is when a claim last read every queue from its start; sweep
 	// asks the next claim to.
 	swept time.Time
@@ -61,9 +75,10 @@ const (
 	readsBoth = readsDue | readsExpired
 )
 
-// newFloors returns floors that sweep every every.
-func newFloors(every time.Duration) *floors {
-	return &floors{every: every, at: map[string]time.Time{}, low: map[string]time.Time{}}
+// newFloors returns floors that sweep rows due every every, and expired
+// leases every expiredEvery.
+func newFloors(every, expiredEvery time.Duration) *floors {
+	return &floors{every: every, expiredEvery: expiredEvery, at: map[string]time.Time{}, low: map[string]time.Time{}}
 }
 
 // look is where one claim reads from.
@@ -89,6 +104,10 @@ func (f *floors) begin(now time.Time, r reads) look {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	l := look{reads: r, started: now}
+	margin := floorNear
+	if now.Sub(f.wide) >= floorWideEvery {
+		margin, f.wide = FloorMargin, now
+	}
 	if r&readsDue != 0 {
 		for q, t := range f.low {
 			if at, ok := f.at[q]; ok && t.Before(at) {
@@ -101,15 +120,15 @@ func (f *floors) begin(now time.Time, r reads) look {
 		} else {
 			l.from = make(map[string]time.Time, len(f.at))
 			for q, t := range f.at {
-				l.from[q] = t
+				l.from[q] = t.Add(-margin)
 			}
 		}
 	}
 	if r&readsExpired != 0 {
-		if f.expiredSwept.IsZero() || now.Sub(f.expiredSwept) >= f.every {
+		if f.expiredSwept.IsZero() || now.Sub(f.expiredSwept) >= f.expiredEvery {
 			f.expiredSwept, f.expired, l.sweepExpired = now, time.Time{}, true
 		} else if !f.expired.IsZero() {
-			within := (now.Sub(f.expired) + FloorMargin).Seconds()
+			within := (now.Sub(f.expired) + margin).Seconds()
 			l.expiredWithin = &within
 		}
 	}
@@ -138,7 +157,6 @@ func (f *floors) took(l look, newest map[string]time.Time, all bool) {
 	defer f.mu.Unlock()
 	if l.reads&readsDue != 0 {
 		for q, t := range newest {
-			t = t.Add(-FloorMargin)
 			if at, ok := f.at[q]; l.sweep || !ok || t.After(at) {
 				f.set(q, t)
 			}
@@ -160,10 +178,9 @@ func (f *floors) set(queue string, t time.Time) {
 	f.at[queue] = t
 }
 
-// lower makes the next claim of queue look from FloorMargin before at,
+// lower makes the next claim of queue look from at (less its margin),
 // or earlier: a row due at at went back behind the floor.
 func (f *floors) lower(queue string, at time.Time) {
-	at = at.Add(-FloorMargin)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if t, ok := f.low[queue]; !ok || at.Before(t) {

@@ -11,21 +11,26 @@ import (
 // deafness.
 
 // Notified wakes the fetcher for a notification about one of its queues,
-// and runs the hand-overs first when it announces one.
+// and runs the hand-overs first when it announces one. A hand-over, or a
+// row given back (announced on the same channel), puts a row behind
+// where the claims look: the next claim reads from the queues' start.
 func (r *run) Notified(channel, payload string) {
 	if !r.wants(payload) {
 		return
 	}
 	if channel == r.s.HandoffChannel {
 		r.handoffs.pending.Store(true)
+		r.claims.Behind()
 	}
 	r.wakeFetcher()
 }
 
-// Listening runs the hand-overs and claims at once after a (re)connect:
-// notifications sent while the hub was down are lost.
+// Listening runs the hand-overs and claims at once, from the queues'
+// start, after a (re)connect: notifications sent while the hub was down
+// are lost.
 func (r *run) Listening() {
 	r.handoffs.pending.Store(true)
+	r.claims.Behind()
 	r.wakeFetcher()
 }
 

@@ -49,11 +49,16 @@
 -- version another transaction locked (sql/queries/claim.sql), instead of
 -- reading every record, one per claim by lock since the hold began.
 --
--- The sleep records that hold are found through an index on until:
--- writers' wake-ups and the sleep horizon read only the records whose
--- sleep has not lapsed (a record is deleted when its subscriber wakes,
--- and each sleep has a record of its own), instead of every version of
--- every record.
+-- The sleep records that hold are found through an index on until,
+-- newest first: writers' wake-ups and the sleep horizon read only the
+-- records whose sleep has not lapsed (a record is deleted when its
+-- subscriber wakes, and each sleep has a record of its own), instead of
+-- every version of every record.
+--
+-- The subscribers' claims read each queue from where they stopped
+-- (internal/claim's floors). A row given back (its lease cleared, due from
+-- before now) lands behind that, so it is announced on the hand-over
+-- channel too, on which the subscribers read their queues from the start.
 --
 -- Upgrading: <table>_handoff gains the nullable column after_id; records
 -- already there keep NULL. Two indexes are built (<table>_locks and
@@ -446,6 +451,32 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- A row whose lease is cleared without moving it later (released: a
+-- stopping subscriber's unstarted rows, rows a record of a claim by lock
+-- names) keeps its place in its queue's order, behind where the
+-- subscribers' claims look: it is announced on the hand-over channel too,
+-- whose subscribers then read their queues from the start. A retry is due
+-- from now on, where the claims look.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_notify_release() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'UPDATE' THEN
+        RAISE EXCEPTION '% runs only as the AFTER UPDATE row trigger of %', /*outbox:literal*/'outbox_notify_release', /*outbox:literal*/'outbox'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    PERFORM /*outbox:table*/outbox_wake(NEW.queue, NEW.next_attempt_at <= now());
+    IF NEW.next_attempt_at < now() AND /*outbox:table*/outbox_may_notify() THEN
+        -- Given back (a release), due from before now: behind where the
+        -- subscribers' claims look. The hand-over channel asks them to
+        -- look from their queues' start.
+        PERFORM pg_notify(/*outbox:channel*/'outbox_outbox:handoff', NEW.queue);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
 DROP FUNCTION /*outbox:table*/outbox_unblock_heads(text[], text[]);
 REVOKE ALL ON FUNCTION
     /*outbox:table*/outbox_record_hand_offs(text[], text[], bigint[]),
@@ -753,6 +784,20 @@ BEGIN
     PERFORM pg_notify(
         CASE WHEN due THEN /*outbox:channel*/'outbox_outbox' ELSE /*outbox:channel*/'outbox_outbox:scheduled' END,
         q);
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_notify_release() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'UPDATE' THEN
+        RAISE EXCEPTION '% runs only as the AFTER UPDATE row trigger of %', /*outbox:literal*/'outbox_notify_release', /*outbox:literal*/'outbox'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    PERFORM /*outbox:table*/outbox_wake(NEW.queue, NEW.next_attempt_at <= now());
+    RETURN NULL;
 END;
 $$;
 -- +goose StatementEnd
