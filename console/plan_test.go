@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -289,7 +291,13 @@ func TestConsoleQueriesAreIndexBounded(t *testing.T) {
 	}
 	for _, s := range stmts {
 		if s.Err != nil {
-			t.Errorf("%s failed: %v", nameOf(s.SQL), s.Err)
+			if k := keyOf(s); !strings.Contains(s.SQL+k.args, fx.db.Schema) && isUndefinedSchema(s.Err) {
+				// The pages list every outbox of the database, and
+				// another test may drop its outbox meanwhile.
+				t.Logf("%s (another outbox, gone): %v", nameOf(s.SQL), s.Err)
+			} else {
+				t.Errorf("%s failed: %v", nameOf(s.SQL), s.Err)
+			}
 		}
 		switch kindOf(s.SQL) {
 		case "begin", "commit", "rollback", "set_config", "listen":
@@ -327,4 +335,11 @@ func TestConsoleQueriesAreIndexBounded(t *testing.T) {
 	if explained == 0 {
 		t.Error("no statement was explained")
 	}
+}
+
+// isUndefinedSchema reports whether err is PostgreSQL's
+// invalid_schema_name: the statement named a schema that is gone.
+func isUndefinedSchema(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "3F000"
 }

@@ -43,6 +43,7 @@ func hotPathSlack(base int) int { return 4 + base/10 }
 // path sends one it does not measure. Those that still grow are listed,
 // with why, in hotPathGrowing.
 func TestHotPathStatementsStepOverNoRowAHeldSnapshotKeeps(t *testing.T) {
+	t.Parallel()
 	// Each outbox holds its snapshot until its subtest ends: the tests
 	// that hold one take turns.
 	measure := func(n int) map[string][2]hotPathCost {
