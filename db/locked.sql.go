@@ -244,7 +244,13 @@ func (q *Queries) LeaseLocked(ctx context.Context, arg LeaseLockedParams) (int64
 }
 
 const lock = `-- name: Lock :many
-WITH candidates AS (
+WITH held AS MATERIALIZED (
+    -- The records that hold (until > now()), through the index on until:
+    -- those of claims made within a lease, not every record.
+    SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
+    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+    WHERE l.until > now()
+), candidates AS (
     SELECT p.id, p.queue, p.next_attempt_at, p.payload, p.headers, p.ordering_key, p.timer_id, p.created_at, p.attempts_count, p.deliveries_count, p.first_attempt_at FROM (
         SELECT unnest($3::text[]) AS name, unnest($4::timestamptz[]) AS after_at,
                unnest($5::bigint[]) AS after_id
@@ -258,7 +264,7 @@ WITH candidates AS (
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
           AND (o.next_attempt_at, o.id) > (CASE WHEN q.after_id = -9223372036854775808 THEN '-infinity' ELSE q.after_at END, q.after_id)
-          AND (o.xmax = '0'::xid OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> o.id AND l.until > now()))
+          AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
         LIMIT $6::integer
         FOR UPDATE OF o SKIP LOCKED
@@ -376,7 +382,9 @@ WHERE o.queue = $2::text
   AND NOT o.blocked
   AND o.next_attempt_at <= now()
   AND (o.next_attempt_at, o.id) > (coalesce($3::timestamptz, '-infinity'), coalesce($4::bigint, -9223372036854775808))
-  AND (o.xmax = '0'::xid OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> o.id AND l.until > now()))
+  AND NOT o.id <@ (SELECT coalesce(range_agg(r.ids), '{}')::int8multirange
+                   FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+                   WHERE l.until > now())
 ORDER BY o.next_attempt_at, o.id
 LIMIT $5::integer
 FOR UPDATE OF o SKIP LOCKED
@@ -425,8 +433,7 @@ type LockQueueRow struct {
 //
 // Rows that the record of an ended claim still holds (RecordLock) are
 // passed by, as a claim by lease passes them: that claim's handlers may
-// still run. As in Claim, only rows whose version another transaction
-// locked look the records up.
+// still run: the records that hold, read through the index on until.
 //
 // The transaction id and the timeout are set once, by an InitPlan run
 // when the first row comes, before its lock: a claim that finds nothing

@@ -129,8 +129,9 @@ const (
 	// hotPathClaim is the rows of one claim, as a subscriber's batch.
 	hotPathClaim = 50
 	// hotPathChurnTTL is the lease, in seconds, of the churn's claims by
-	// lease: short, so that every lease it wrote has expired when the
-	// statements are measured, as after a hold longer than LeaseTTL.
+	// lease and the hold of its records of claims by lock: short, so that
+	// every one has ended when the statements are measured, as after a
+	// hold longer than LeaseTTL.
 	hotPathChurnTTL = 1
 	// hotPathExpiredWithin is how long ago, in seconds, the expired
 	// leases a claim reads expired: a subscriber that claims all the time
@@ -295,7 +296,7 @@ func (h *hotPathBench) drainByLock() int {
 		return 0
 	}
 	lower, upper := claim.Runs(idsOf(rows, func(r db.LockQueueRow) int64 { return r.ID }))
-	_, err = h.q.RecordLock(h.ctx, db.RecordLockParams{Lower: lower, Upper: upper, Xid: rows[0].Xid, LeaseTtlSeconds: 30})
+	_, err = h.q.RecordLock(h.ctx, db.RecordLockParams{Lower: lower, Upper: upper, Xid: rows[0].Xid, LeaseTtlSeconds: hotPathChurnTTL})
 	h.must(err, "RecordLock")
 	h.must(q.ConfirmLocked(h.ctx), "ConfirmLocked")
 	_, err = q.DeleteLocked(h.ctx, db.DeleteLockedParams{Lower: lower, Upper: upper})

@@ -15,13 +15,14 @@
 -- <table>_locks, until its lease would have expired: that claim's
 -- handler may still run) is passed by. A row of such a record whose hold
 -- ended counts that claim's delivery, which ended without an outcome,
--- and leaves the record, so it is counted once. Only a row whose version
--- another transaction locked (its xmax is set; see recheck below) can be
--- named by a record, as a claim by lock locked it: only those rows look
--- the records up, each through the GiST index on their ids (schema 12),
--- which holds no entry for the row versions of other rows. Reading every
--- record instead walked every record a held vacuum horizon keeps, one per
--- claim by lock since it began. Joining the picked rows to a list of the
+-- and leaves the record, so it is counted once. The records that hold are
+-- read once per statement through the index on until (schema 12): those
+-- of the claims made within a lease. Only a row whose version another
+-- transaction locked (its xmax is set; see recheck below) can be named by
+-- a record that lapsed, as a claim by lock locked it: only those rows look
+-- the lapsed records up, each through the GiST index on their ids. Reading
+-- every record instead walked every record a held vacuum horizon keeps,
+-- one per claim by lock since it began. Joining the picked rows to a list of the
 -- counted ones was planned as a nested loop, quadratic in the rows, and
 -- a claim of 5,000 rows that a crashed claim by lock had named took 17 s.
 -- Every record naming a row
@@ -60,7 +61,13 @@
 -- may have held it, and recorded it after this statement's snapshot. The
 -- caller reads the records again for those rows (RecordedAmong) before
 -- any handler gets them.
-WITH candidates AS (
+WITH held AS MATERIALIZED (
+    -- The records that hold (until > now()), through the index on until:
+    -- those of claims made within a lease, not every record.
+    SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
+    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+    WHERE l.until > now()
+), candidates AS (
     SELECT p.id, p.queue, p.next_attempt_at, p.recheck
     FROM (SELECT unnest(@queues::text[]) AS name, unnest(@floors::timestamptz[]) AS floor) AS q
     CROSS JOIN LATERAL (
@@ -71,7 +78,7 @@ WITH candidates AS (
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
           AND o.next_attempt_at >= CASE WHEN q.floor > '0001-01-01 00:00:00+00' THEN q.floor ELSE '-infinity' END
-          AND (o.xmax = '0'::xid OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> o.id AND l.until > now()))
+          AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
@@ -130,7 +137,13 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
 -- across queues (one queue needs none),
 -- and with Claim's columns but the queue, which the caller named
 -- (recheck among them).
-WITH candidates AS (
+WITH held AS MATERIALIZED (
+    -- The records that hold (until > now()), through the index on until:
+    -- those of claims made within a lease, not every record.
+    SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
+    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+    WHERE l.until > now()
+), candidates AS (
     SELECT p.id, p.next_attempt_at, p.recheck
     FROM (
         SELECT o.id, o.next_attempt_at, NOT o.xmax = '0'::xid AS recheck
@@ -140,7 +153,7 @@ WITH candidates AS (
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
           AND o.next_attempt_at >= coalesce(sqlc.narg(floor)::timestamptz, '-infinity')
-          AND (o.xmax = '0'::xid OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> o.id AND l.until > now()))
+          AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED

@@ -21,8 +21,7 @@
 --
 -- Rows that the record of an ended claim still holds (RecordLock) are
 -- passed by, as a claim by lease passes them: that claim's handlers may
--- still run. As in Claim, only rows whose version another transaction
--- locked look the records up.
+-- still run: the records that hold, read through the index on until.
 --
 -- The transaction id and the timeout are set once, by an InitPlan run
 -- when the first row comes, before its lock: a claim that finds nothing
@@ -46,7 +45,9 @@ WHERE o.queue = @queue::text
   AND NOT o.blocked
   AND o.next_attempt_at <= now()
   AND (o.next_attempt_at, o.id) > (coalesce(sqlc.narg(after_at)::timestamptz, '-infinity'), coalesce(sqlc.narg(after_id)::bigint, -9223372036854775808))
-  AND (o.xmax = '0'::xid OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> o.id AND l.until > now()))
+  AND NOT o.id <@ (SELECT coalesce(range_agg(r.ids), '{}')::int8multirange
+                   FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+                   WHERE l.until > now())
 ORDER BY o.next_attempt_at, o.id
 LIMIT @max_rows::integer
 FOR UPDATE OF o SKIP LOCKED;
@@ -60,7 +61,13 @@ FOR UPDATE OF o SKIP LOCKED;
 -- its caller locks again, past what it has, in the queues that had more.
 -- The timeout and the transaction id are set and read once, by an
 -- InitPlan run when the first row leaves, after every lock is taken.
-WITH candidates AS (
+WITH held AS MATERIALIZED (
+    -- The records that hold (until > now()), through the index on until:
+    -- those of claims made within a lease, not every record.
+    SELECT coalesce(range_agg(r.ids), '{}')::int8multirange AS ids
+    FROM /*outbox:table*/outbox_locks AS l CROSS JOIN LATERAL unnest(l.ids) AS r(ids)
+    WHERE l.until > now()
+), candidates AS (
     SELECT p.* FROM (
         SELECT unnest(@queues::text[]) AS name, unnest(@after_at::timestamptz[]) AS after_at,
                unnest(@after_id::bigint[]) AS after_id
@@ -74,7 +81,7 @@ WITH candidates AS (
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
           AND (o.next_attempt_at, o.id) > (CASE WHEN q.after_id = -9223372036854775808 THEN '-infinity' ELSE q.after_at END, q.after_id)
-          AND (o.xmax = '0'::xid OR NOT EXISTS (SELECT FROM /*outbox:table*/outbox_locks AS l WHERE l.ids @> o.id AND l.until > now()))
+          AND NOT o.id <@ (SELECT h.ids FROM held AS h)
         ORDER BY o.next_attempt_at, o.id
         LIMIT @per_queue::integer
         FOR UPDATE OF o SKIP LOCKED

@@ -45,10 +45,12 @@
 -- reads every entry the snapshot keeps where the index scan stops at the
 -- first live one (210 blocks against 6 for a key with rows, measured).
 --
--- The records of claims by lock are found by the rows they name, through
--- a GiST index on their ids: the claims look them up only for rows whose
--- version another transaction locked (sql/queries/claim.sql), instead of
--- reading every record, one per claim by lock since the hold began.
+-- The records of claims by lock are read through indexes: those that
+-- hold by their until (the claims of the last lease), and those that name
+-- a row through a GiST index on their ids, which the claims read only for
+-- rows whose version another transaction locked (sql/queries/claim.sql),
+-- instead of reading every record, one per claim by lock since the hold
+-- began.
 --
 -- The sleep records that hold are found through an index on until,
 -- newest first: writers' wake-ups and the sleep horizon read only the
@@ -69,9 +71,12 @@
 -- +goose Up
 ALTER TABLE "public"."outbox_handoff" ADD COLUMN after_id bigint;
 
--- The records of claims by lock that name a row, found by the row.
+-- The records of claims by lock that name a row, found by the row; and
+-- those that hold, found by how long they hold.
 CREATE INDEX "outbox_locks_ids_idx"
     ON "public"."outbox_locks" USING gist (ids);
+CREATE INDEX "outbox_locks_until_idx"
+    ON "public"."outbox_locks" (until);
 
 -- The sleep records that hold, found by how long they hold.
 CREATE INDEX "outbox_sleepers_until_idx"
@@ -807,4 +812,5 @@ DROP FUNCTION "public"."outbox_unblock_heads"(text[], text[], bigint[]);
 DROP FUNCTION "public"."outbox_record_hand_offs"(text[], text[], bigint[]);
 ALTER TABLE "public"."outbox_handoff" DROP COLUMN after_id;
 DROP INDEX "public"."outbox_sleepers_until_idx";
+DROP INDEX "public"."outbox_locks_until_idx";
 DROP INDEX "public"."outbox_locks_ids_idx";
