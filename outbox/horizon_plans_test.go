@@ -23,9 +23,6 @@ var hotPathGrowing = map[string]string{
 	"record-lock": "while <table>_locks is a few dozen pages, the planner reads it whole rather than " +
 		"through the index on the records' ids",
 	"recorded-among": "as record-lock",
-	"lock-queue": "before <table>_locks is first analyzed, the planner reads it whole for the records that hold " +
-		"rather than through the index on until",
-	"lock": "as lock-queue",
 }
 
 // hotPathSlack is how many more blocks after hotPathRows rows than after
