@@ -210,44 +210,38 @@ func (c *byLease) Claim(_ context.Context, n int32) (int, error) {
 			p.Floors[i] = l.floorOr(q)
 		}
 		rows, err := c.q.Claim(sctx, p)
+		due := func(r *db.ClaimRow) (string, time.Time) { return r.Queue, r.NextAttemptAt }
 		if err == nil {
-			newest := map[string]time.Time{}
-			for i := range rows {
-				newest[rows[i].Queue] = later(newest[rows[i].Queue], rows[i].NextAttemptAt)
-			}
-			c.floors.took(l, newest, len(rows) < int(n))
+			c.floors.took(l, newestDue(rows, due), len(rows) < int(n))
 		}
-		rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimRow) (int64, bool) { return r.ID, r.Recheck },
-			func(r *db.ClaimRow) (string, time.Time) { return r.Queue, r.NextAttemptAt })
+		rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimRow) (int64, bool) { return r.ID, r.Recheck }, due)
 		r.Hand(r.Leases.Add(r.HandlerCtx, rows, token, sent))
 		return len(rows), err
 	}
 	queue := r.Queues[0]
 	rows, err := c.q.ClaimQueue(sctx, db.ClaimQueueParams{Token: token, Queue: queue, Floor: l.floor(queue), MaxRows: n,
 		LeaseTtlSeconds: ttl, ExpiredWithin: l.expiredWithin})
+	due := func(r *db.ClaimQueueRow) (string, time.Time) { return queue, r.NextAttemptAt }
 	if err == nil {
-		var newest map[string]time.Time
-		for i := range rows {
-			if i == 0 {
-				newest = map[string]time.Time{}
-			}
-			newest[queue] = later(newest[queue], rows[i].NextAttemptAt)
-		}
-		c.floors.took(l, newest, len(rows) < int(n))
+		c.floors.took(l, newestDue(rows, due), len(rows) < int(n))
 	}
-	rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimQueueRow) (int64, bool) { return r.ID, r.Recheck },
-		func(r *db.ClaimQueueRow) (string, time.Time) { return queue, r.NextAttemptAt })
+	rows = giveBackRecorded(c, rows, token, sent, func(r *db.ClaimQueueRow) (int64, bool) { return r.ID, r.Recheck }, due)
 	fill := func(i int, c *db.ClaimRow) { fillClaimRow(c, &rows[i], queue) }
 	r.Hand(r.Leases.AddEach(r.HandlerCtx, len(rows), fill, token, sent))
 	return len(rows), err
 }
 
-// later returns the later of a and b.
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
+// newestDue returns, per queue, the latest next_attempt_at among rows, as
+// due reads a row's queue and next_attempt_at.
+func newestDue[R any](rows []R, due func(*R) (queue string, at time.Time)) map[string]time.Time {
+	newest := make(map[string]time.Time)
+	for i := range rows {
+		q, at := due(&rows[i])
+		if t, ok := newest[q]; !ok || at.After(t) {
+			newest[q] = at
+		}
 	}
-	return a
+	return newest
 }
 
 // giveBackRecorded returns rows, which a claim by lease took with token,
@@ -929,11 +923,7 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 	if err != nil {
 		return nil, err
 	}
-	newest := make(map[string]time.Time, len(r.Queues))
-	for i := range got {
-		newest[got[i].Queue] = later(newest[got[i].Queue], got[i].NextAttemptAt)
-	}
-	c.lease.floors.took(l, newest, false)
+	c.lease.floors.took(l, newestDue(got, func(r *db.LockRow) (string, time.Time) { return r.Queue, r.NextAttemptAt }), false)
 	if past == nil {
 		c.frontLocked = time.Now()
 	}
