@@ -374,6 +374,9 @@ type byLock struct {
 	// a locked claim last looked from the queues' start.
 	lockedUpTo  map[string]lockCursor
 	frontLocked time.Time
+	// turn is which queue a claim with fewer rows left than queues
+	// locks first.
+	turn int
 }
 
 // HandedOn lowers the floors to the keys' next rows.
@@ -943,7 +946,9 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 // one queue locks in one statement. One of several locks no row it does
 // not hand out: each statement (at most lockRounds) locks at most an
 // equal share of what is left in each queue, and the next looks again,
-// past what the claim has, in the queues that filled their share.
+// past what the claim has, in the queues that filled their share. With
+// fewer rows left than queues, a statement reads as many queues as rows
+// are left, a row each, the queues taking turns.
 func (k *byLock) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor, l look) ([]db.LockRow, error) {
 	r := k.env
 	got := make([]db.LockRow, 0, n)
@@ -969,7 +974,20 @@ func (k *byLock) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int6
 	active := r.Queues
 	for round := 0; round < lockRounds && len(active) > 0 && len(got) < int(n); round++ {
 		left := n - int32(len(got))
-		share := max(left/int32(len(active)), 1)
+		var rest []string
+		if int(left) < len(active) {
+			// Fewer rows left than queues: a row each from left of them,
+			// taking turns, the others left for the next round. A
+			// statement locks its share of every queue it reads and
+			// hands out only left rows; a row locked and not handed out
+			// would stay locked while the claim is open, and the claims
+			// after it would start past it.
+			from := k.turn % len(active)
+			turned := append(slices.Clone(active[from:]), active[:from]...)
+			active, rest = turned[:left], turned[left:]
+			k.turn++
+		}
+		share := left / int32(len(active))
 		p := db.LockParams{Queues: active, PerQueue: share, MaxRows: left, IdleTimeoutMs: idle,
 			AfterAt: make([]time.Time, len(active)), AfterID: make([]int64, len(active))}
 		for i, name := range active {
@@ -994,7 +1012,7 @@ func (k *byLock) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int6
 				more = append(more, name)
 			}
 		}
-		active = more
+		active = append(more, rest...)
 	}
 	return got, nil
 }

@@ -130,6 +130,52 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 	}
 }
 
+// A locked claim of fewer rows than it has queues locks only the rows it
+// hands out, one of each of as many queues as it asks rows of, the queues
+// taking turns; a queue that has none leaves its row to another. Every
+// row is taken by a claim after it, none passed by.
+func TestLockedClaimOfFewerRowsThanQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := New(e.env("a", "b", "c")).(*byLock)
+	var a, b []int64
+	for range 2 {
+		a = append(a, e.publish("a"))
+		b = append(b, e.publish("b"))
+	}
+	// free counts the rows of the queues no transaction has locked.
+	free := func() int {
+		t.Helper()
+		tx, err := e.DB.Pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(context.Background())
+		var n int
+		if err := tx.QueryRow(e.ctx, `SELECT count(*) FROM (SELECT id FROM outbox FOR UPDATE SKIP LOCKED) AS f`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// The second claim asks a row of b and of c, which has none, and
+	// takes b's next row in its place; the third has a's turn.
+	handed := 0
+	for i, want := range [][]int64{{a[0]}, {b[0], b[1]}, {a[1]}} {
+		if i == InFlight {
+			<-c.locks // a place among the claims in flight
+		}
+		c.locks <- struct{}{} // the claims stay open
+		locked, _ := e.lockRows(c, int32(len(want)))
+		if d := cmp.Diff(want, locked); d != "" {
+			t.Errorf("claim %d of %d rows (-want +got):\n%s", i+1, len(want), d)
+		}
+		handed += len(locked)
+		if n := free(); n != 4-handed {
+			t.Errorf("%d rows free after claims that handed out %d of 4; want %d", n, handed, 4-handed)
+		}
+	}
+}
+
 // New is the one place that chooses how a run claims: the default
 // mixes claims by lock and by lease, a negative LockWindow (a
 // transactional subscriber's too) or a pool too small to lock claims by
