@@ -183,6 +183,11 @@ func (f *floors) set(queue string, t time.Time) {
 func (f *floors) lower(queue string, at time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lowerLocked(queue, at)
+}
+
+// lowerLocked is lower with f.mu held.
+func (f *floors) lowerLocked(queue string, at time.Time) {
 	if t, ok := f.low[queue]; !ok || at.Before(t) {
 		f.low[queue] = at
 	}
@@ -197,8 +202,10 @@ func (f *floors) behind() {
 
 // gaveBack lowers the floors to the rows of ds, given back unhandled.
 func (f *floors) gaveBack(ds []*lease.Delivery) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, d := range ds {
-		f.lower(d.Row.Queue, d.Row.NextAttemptAt)
+		f.lowerLocked(d.Row.Queue, d.Row.NextAttemptAt)
 	}
 }
 
@@ -207,13 +214,15 @@ func (f *floors) gaveBack(ds []*lease.Delivery) {
 // after the row deleted, so it is due from the deleted row's creation on
 // (unless its publisher dated it otherwise).
 func (f *floors) handedOn(os []lease.Outcome) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, o := range os {
 		if r := &o.D.Row; r.OrderingKey != nil && o.Kind != lease.Retry {
 			at := r.NextAttemptAt
 			if r.CreatedAt.Before(at) {
 				at = r.CreatedAt
 			}
-			f.lower(r.Queue, at)
+			f.lowerLocked(r.Queue, at)
 		}
 	}
 }
