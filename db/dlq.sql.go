@@ -55,7 +55,9 @@ func (q *Queries) CountDeadLetters(ctx context.Context, arg CountDeadLettersPara
 const deadLetterWithLease = `-- name: DeadLetterWithLease :execrows
 WITH d AS (
     DELETE FROM /*outbox:table*/outbox AS o
-    WHERE o.id = $4 AND o.acquired_token = $5::uuid
+    WHERE o.id = $4
+      -- Matched as lease.sql's statements match it, by id only.
+      AND o.acquired_token IS NOT DISTINCT FROM $5::uuid AND $5::uuid IS NOT NULL
     RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
               o.deliveries_count, o.attempts_count, o.created_at, o.last_error
 )

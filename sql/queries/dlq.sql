@@ -7,7 +7,9 @@
 -- attempt count saturates as MarkPendingWithLease's does.
 WITH d AS (
     DELETE FROM /*outbox:table*/outbox AS o
-    WHERE o.id = @id AND o.acquired_token = @token::uuid
+    WHERE o.id = @id
+      -- Matched as lease.sql's statements match it, by id only.
+      AND o.acquired_token IS NOT DISTINCT FROM @token::uuid AND @token::uuid IS NOT NULL
     RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
               o.deliveries_count, o.attempts_count, o.created_at, o.last_error
 )

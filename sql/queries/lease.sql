@@ -5,16 +5,26 @@
 -- claim share its token, and one row can be delivered twice to one
 -- subscriber (a reclaim after its lease expired), so only the pair tells
 -- deliveries apart.
+--
+-- The token is matched with IS NOT DISTINCT FROM and a token that is not
+-- NULL: the same rows as "=", but a form from which the planner cannot
+-- prove the lease index's predicate (acquired_token IS NOT NULL), so it
+-- reads the rows by id. A held vacuum horizon keeps an entry in that index
+-- for every lease written since it began, and statistics taken with a few
+-- leases live make the index look a few pages long: joined against it, a
+-- batch of ten ids read thousands of blocks.
 
 -- name: DeleteWithLease :execrows
 DELETE FROM /*outbox:table*/outbox AS o
-WHERE o.id = @id AND o.acquired_token = @token::uuid;
+WHERE o.id = @id
+  AND o.acquired_token IS NOT DISTINCT FROM @token::uuid AND @token::uuid IS NOT NULL;
 
 -- name: DeleteBatchWithLease :many
 -- Returns the leases it deleted; one missing from the result was lost.
 DELETE FROM /*outbox:table*/outbox AS o
 USING (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token) AS l
-WHERE o.id = l.id AND o.acquired_token = l.token
+WHERE o.id = l.id
+  AND o.acquired_token IS NOT DISTINCT FROM l.token AND l.token IS NOT NULL
 RETURNING o.id, o.acquired_token AS token;
 
 -- name: MarkPendingWithLease :execrows
@@ -31,7 +41,8 @@ SET acquired_token   = NULL,
     first_attempt_at = coalesce(o.first_attempt_at, now()),
     last_attempt_at  = now(),
     last_error       = sqlc.narg(last_error)::text
-WHERE o.id = @id AND o.acquired_token = @token::uuid;
+WHERE o.id = @id
+  AND o.acquired_token IS NOT DISTINCT FROM @token::uuid AND @token::uuid IS NOT NULL;
 
 -- name: MarkPendingBatchWithLease :many
 -- The batch form of MarkPendingWithLease: one delay and error per row.
@@ -51,7 +62,8 @@ SET acquired_token   = NULL,
     last_attempt_at  = now(),
     last_error       = l.last_error
 FROM l
-WHERE o.id = l.id AND o.acquired_token = l.token
+WHERE o.id = l.id
+  AND o.acquired_token IS NOT DISTINCT FROM l.token AND l.token IS NOT NULL
 RETURNING l.id::bigint AS id, l.token::uuid AS token;
 
 -- name: ExtendLeases :many
@@ -61,7 +73,8 @@ RETURNING l.id::bigint AS id, l.token::uuid AS token;
 UPDATE /*outbox:table*/outbox AS o
 SET lease_expires_at = now() + make_interval(secs => @lease_ttl_seconds::float8)
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@tokens::uuid[]) AS token) AS l
-WHERE o.id = l.id AND o.acquired_token = l.token
+WHERE o.id = l.id
+  AND o.acquired_token IS NOT DISTINCT FROM l.token AND l.token IS NOT NULL
 RETURNING o.id, o.acquired_token AS token;
 
 -- name: ReleaseBatchWithLease :many
@@ -78,7 +91,8 @@ SET acquired_token   = NULL,
     lease_expires_at = NULL,
     deliveries_count = greatest(o.deliveries_count - 1, 0)
 FROM l
-WHERE o.id = l.id AND o.acquired_token = l.token
+WHERE o.id = l.id
+  AND o.acquired_token IS NOT DISTINCT FROM l.token AND l.token IS NOT NULL
 RETURNING l.id::bigint AS id, l.token::uuid AS token;
 
 -- name: IdleInTransactionTimeout :one
