@@ -656,8 +656,15 @@ func (h *hotPathBench) costOf(name, sql string, args ...any) hotPathCost {
 	if err := tx.QueryRow(h.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
 		h.tb.Fatalf("EXPLAIN %s: %v", name, err)
 	}
-	after := h.blocks(tx)
-	c := hotPathCost{name: name, plan: plan[0].Plan.Hit + plan[0].Plan.Read, rels: map[string]int{}, scans: plan[0].Plan.scanBuffers()}
+	c := blocksBetween(name, before, h.blocks(tx))
+	c.plan, c.scans = plan[0].Plan.Hit+plan[0].Plan.Read, plan[0].Plan.scanBuffers()
+	return c
+}
+
+// blocksBetween is what a statement called name touched: the blocks per
+// relation asked for between the counts before and after it.
+func blocksBetween(name string, before, after map[string]int) hotPathCost {
+	c := hotPathCost{name: name, rels: map[string]int{}}
 	for rel, n := range after {
 		if d := n - before[rel]; d > 0 {
 			c.rels[rel] = d

@@ -137,13 +137,5 @@ func (h *hotPathBench) costGeneric(name, sql string, args ...any) hotPathCost {
 	before := h.blocks(tx)
 	_, err = tx.Exec(h.ctx, sql, args...)
 	h.must(err, name)
-	after := h.blocks(tx)
-	c := hotPathCost{name: name, rels: map[string]int{}}
-	for rel, n := range after {
-		if d := n - before[rel]; d > 0 {
-			c.rels[rel] = d
-			c.all += d
-		}
-	}
-	return c
+	return blocksBetween(name, before, h.blocks(tx))
 }
