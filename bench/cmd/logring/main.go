@@ -62,7 +62,8 @@ func main() {
 	writers := flag.Int("writers", 8, "publishing connections of a rotate run")
 	which := flag.String("run", "drain,rotate", "measurements to run")
 	held := flag.Bool("held", false, "hold a REPEATABLE READ snapshot, idle, on a connection of its own for the whole run, as a report or pg_dump would")
-	flag.BoolVar(&dispatchKeys, "dispatch", true, "keyed drains run each key's rows one after another on a pool of workers (false: to see what that costs)")
+	flag.BoolVar(&dispatch, "dispatch", true, "drains hand every row to a pool of workers, each key's rows one after another (false: to see what that costs)")
+	flag.BoolVar(&explainRead, "explain", false, "print the plan of each drain's first read of lane 0")
 	flag.BoolVar(&probeKeys, "probe", true, "keyed drains ask the state table which of a batch's keys it holds (false: to see what the probe costs)")
 	flag.Parse()
 	if *dsn == "" {
@@ -148,8 +149,8 @@ func must(err error) {
 	}
 }
 
-// probeKeys is -probe, dispatchKeys -dispatch.
-var probeKeys, dispatchKeys bool
+// probeKeys is -probe, dispatch -dispatch, explainRead -explain.
+var probeKeys, dispatch, explainRead bool
 
 // reader is one lane reader: it claims a free lane, reads the batch after
 // the lane's newest progress, hands it out, and writes the progress.
@@ -206,7 +207,7 @@ func (r *reader) claim(ctx context.Context) (int, error) {
 	// txid order, cut after the txid where the batch fills (whole
 	// transactions). Custom plans (the simple protocol): the partitions
 	// outside slots are pruned when planning, so not even locked.
-	q := `SELECT id, txid::text::bigint, ordering_key FROM ` + s + `.log
+	q := `SELECT id, txid::text::bigint AS t, ordering_key FROM ` + s + `.log
 		WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND txid >= $4::text::xid8
 		  AND NOT pg_visible_in_snapshot(txid, $5::pg_snapshot) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
 		ORDER BY txid, id LIMIT $7`
@@ -229,7 +230,7 @@ func (r *reader) claim(ctx context.Context) (int, error) {
 		// Full: the rest of the last transaction's rows, then a
 		// progress that says everything up to that txid is done.
 		last := got[len(got)-1]
-		rows, err := tx.Query(ctx, `SELECT id, txid::text::bigint, ordering_key FROM `+s+`.log
+		rows, err := tx.Query(ctx, `SELECT id, txid::text::bigint AS t, ordering_key FROM `+s+`.log
 			WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND txid = $4::text::xid8 AND id > $5 ORDER BY id`,
 			pgx.QueryExecModeSimpleProtocol, slots, queue, lane, strconv.FormatUint(last.txid, 10), last.id)
 		if err != nil {
@@ -293,18 +294,33 @@ func (r *reader) claim(ctx context.Context) (int, error) {
 	return len(got), nil
 }
 
-// handle hands the batch out: each key's rows one after another, in id
-// order, on a pool of workers; unkeyed rows have nothing to do.
+// handle hands the batch out on a pool of workers, as a subscriber does:
+// an unkeyed row is a unit of work of its own, a key's rows one unit run
+// one after another in id order.
 func (r *reader) handle(got []batchRow) {
-	if !r.keyed || !dispatchKeys {
+	if !dispatch {
 		return
 	}
-	byKey := map[string][]int64{}
-	for _, b := range got {
-		byKey[*b.key] = append(byKey[*b.key], b.id)
+	var units [][]int64
+	if r.keyed {
+		at := map[string]int{}
+		for _, b := range got {
+			i, ok := at[*b.key]
+			if !ok {
+				i = len(units)
+				at[*b.key] = i
+				units = append(units, nil)
+			}
+			units[i] = append(units[i], b.id)
+		}
+	} else {
+		units = make([][]int64, len(got))
+		for i, b := range got {
+			units[i] = []int64{b.id}
+		}
 	}
 	var wg sync.WaitGroup
-	work := make(chan []int64)
+	work := make(chan []int64, 64)
 	for range 8 {
 		wg.Go(func() {
 			for ids := range work {
@@ -314,7 +330,7 @@ func (r *reader) handle(got []batchRow) {
 			}
 		})
 	}
-	for _, ids := range byKey {
+	for _, ids := range units {
 		work <- ids
 	}
 	close(work)
@@ -388,6 +404,20 @@ func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int, keyed bool) fl
 		must(err)
 	}
 	must(exec(ctx, pool, "VACUUM ANALYZE "+s+".log"))
+	if explainRead {
+		var prev string
+		var from int64
+		must(pool.QueryRow(ctx, `SELECT snap::text, pg_snapshot_xmin(snap)::text::bigint FROM `+s+`.progress
+			WHERE queue = $1 AND lane = 0 ORDER BY seq DESC LIMIT 1`, queue).Scan(&prev, &from))
+		rows, err := pool.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS) SELECT id, txid::text::bigint AS t, ordering_key FROM `+s+`.log
+			WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = 0 AND txid >= $3::text::xid8
+			  AND NOT pg_visible_in_snapshot(txid, $4::pg_snapshot) AND pg_visible_in_snapshot(txid, pg_current_snapshot())
+			ORDER BY txid, id LIMIT $5`, pgx.QueryExecModeSimpleProtocol, []int16{0, 1, 2, 3}, queue, strconv.FormatInt(from, 10), prev, batch)
+		must(err)
+		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		must(err)
+		fmt.Printf("keyed=%v:\n%s\n", keyed, strings.Join(plan, "\n"))
+	}
 	r := &reader{pool: pool, schema: s, batch: batch, keyed: keyed, seen: &sync.Map{}, dup: &atomic.Int64{}, got: &atomic.Int64{}}
 	start := time.Now()
 	var wg sync.WaitGroup
