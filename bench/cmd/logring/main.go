@@ -60,7 +60,7 @@ func main() {
 	hold := flag.Duration("hold", 20*time.Millisecond, "how long a rotate run's reader keeps each batch open, as a handler would")
 	every := flag.Duration("every", time.Second, "how often the rotator tries to turn the ring")
 	writers := flag.Int("writers", 8, "publishing connections of a rotate run")
-	which := flag.String("run", "drain,rotate", "measurements to run")
+	which := flag.String("run", "drain,rotate,publish", "measurements to run: drain, rotate, publish")
 	held := flag.Bool("held", false, "hold a REPEATABLE READ snapshot, idle, on a connection of its own for the whole run, as a report or pg_dump would")
 	flag.BoolVar(&dispatch, "dispatch", true, "drains hand every row to a pool of workers, each key's rows one after another (false: to see what that costs)")
 	flag.BoolVar(&explainRead, "explain", false, "print the plan of each drain's first read of lane 0")
@@ -91,6 +91,63 @@ func main() {
 	if strings.Contains(*which, "rotate") {
 		rotations(ctx, pool, *rounds, *batch, *dur, *hold, *every, *writers)
 	}
+	if strings.Contains(*which, "publish") {
+		publishes(ctx, *dsn, *rounds, *dur)
+	}
+}
+
+// publishes measures one-row publishing transactions into the ring
+// against the same INSERT into a bare table (an identity primary key, no
+// partitions, no txid or slot), at 8 and 32 connections, ABBA. Commits
+// do not wait for the disk (synchronous_commit off), so the figures are
+// the server's work, not the disk's.
+func publishes(ctx context.Context, dsn string, rounds int, dur time.Duration) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	must(err)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	cfg.MaxConns = 32
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	must(err)
+	defer pool.Close()
+	fmt.Printf("publish: one-row transactions, synchronous_commit off, %v per run\n", dur)
+	for _, writers := range []int{8, 32} {
+		res := map[string][]float64{}
+		for i := range rounds {
+			order := []string{"log", "bare", "bare", "log"}
+			if i%2 == 1 {
+				order = []string{"bare", "log", "log", "bare"}
+			}
+			for _, table := range order {
+				res[table] = append(res[table], publishRun(ctx, pool, table, writers, dur))
+			}
+		}
+		ring, bare := median(res["log"]), median(res["bare"])
+		fmt.Printf("  %2d writers: ring %8.0f/s  bare table %8.0f/s  ring/bare %.2fx  (ring %v, bare %v)\n",
+			writers, ring, bare, ring/bare, res["log"], res["bare"])
+	}
+}
+
+// publishRun inserts one row per transaction into table of a fresh ring
+// from writers connections for dur, and returns rows per second.
+func publishRun(ctx context.Context, pool *pgxpool.Pool, table string, writers int, dur time.Duration) float64 {
+	s := schema(ctx, pool)
+	defer func() { _ = exec(context.Background(), pool, "DROP SCHEMA "+s+" CASCADE") }()
+	sql := `INSERT INTO ` + s + `.` + table + ` (queue, payload, lane) VALUES ($1, '\x7b7d', 0)`
+	stopAt := time.Now().Add(dur)
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			for time.Now().Before(stopAt) {
+				if _, err := pool.Exec(ctx, sql, queue); err != nil {
+					log.Fatalf("publish: %v", err)
+				}
+				n.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return float64(n.Load()) / dur.Seconds()
 }
 
 // schema makes a fresh schema with the ring in it and returns its name.
@@ -100,11 +157,13 @@ func schema(ctx context.Context, pool *pgxpool.Pool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "SET LOCAL search_path = %s;\n", name)
 	// The slot is read from a sequence, outside any snapshot: a turn is
-	// seen at once. txid is declared before slot, so its default runs
+	// seen at once. pg_sequence_last_value, not a SELECT from the
+	// sequence: that runs a query per row, which cost a quarter of a
+	// one-row publish. txid is declared before slot, so its default runs
 	// first: a transaction has its xid before it reads the slot.
 	fmt.Fprintf(&b, `CREATE SEQUENCE slot_seq MINVALUE 0 MAXVALUE %d START 0 CYCLE;
 SELECT nextval('slot_seq');
-CREATE FUNCTION cur_slot() RETURNS smallint LANGUAGE sql VOLATILE AS 'SELECT last_value::smallint FROM %s.slot_seq';
+CREATE FUNCTION cur_slot() RETURNS smallint LANGUAGE sql VOLATILE AS 'SELECT pg_sequence_last_value(''%s.slot_seq'')::smallint';
 CREATE TABLE log (
 	id bigint GENERATED ALWAYS AS IDENTITY,
 	queue text COLLATE "C" NOT NULL,
@@ -128,6 +187,14 @@ INSERT INTO progress (queue, lane, snap) SELECT '%[1]s', l, pg_current_snapshot(
 CREATE TABLE turns (slot smallint PRIMARY KEY, done_below xid8);
 INSERT INTO turns SELECT p, NULL FROM generate_series(0, %[3]d) AS p;
 CREATE TABLE state (queue text COLLATE "C", ordering_key text COLLATE "C", id bigint);
+CREATE TABLE bare (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	queue text COLLATE "C" NOT NULL,
+	payload bytea NOT NULL,
+	ordering_key text COLLATE "C",
+	created_at timestamptz NOT NULL DEFAULT now(),
+	lane smallint NOT NULL
+);
 CREATE INDEX state_key_idx ON state (queue, ordering_key);
 `, queue, lanes-1, ring-1)
 	tx, err := pool.Begin(ctx)
