@@ -32,6 +32,7 @@ import (
 	"log"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,6 +43,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxgen/outboxgen/bench/internal/procstat"
 )
 
 // ring is the number of partitions, lanes the number of lanes per queue.
@@ -434,14 +437,17 @@ func cutSnapshot(cur string, xmax uint64) string {
 // drains measures unkeyed and keyed drains of n rows, ABBA.
 func drains(ctx context.Context, pool *pgxpool.Pool, n, rounds, batch int) {
 	res := map[bool][]float64{}
+	cpu, wal := map[bool][]float64{}, map[bool][]float64{}
 	for i := range rounds {
 		order := []bool{false, true, true, false}
 		if i%2 == 1 {
 			order = []bool{true, false, false, true}
 		}
 		for _, keyed := range order {
-			rate := drain(ctx, pool, n, batch, keyed)
+			rate, c := drain(ctx, pool, n, batch, keyed)
 			res[keyed] = append(res[keyed], rate)
+			cpu[keyed] = append(cpu[keyed], c.cpu)
+			wal[keyed] = append(wal[keyed], c.wal)
 		}
 	}
 	un, ke := median(res[false]), median(res[true])
@@ -449,11 +455,13 @@ func drains(ctx context.Context, pool *pgxpool.Pool, n, rounds, batch int) {
 	fmt.Printf("  unkeyed  %8.0f rows/s  %v\n", un, res[false])
 	fmt.Printf("  keyed    %8.0f rows/s  %v (10 rows on each of %d keys)\n", ke, res[true], n/10)
 	fmt.Printf("  keyed / unkeyed: %.2fx\n", ke/un)
+	fmt.Printf("  server per row drained (every postgres process on this machine): unkeyed %.2f µs, %.1f B of WAL; keyed %.2f µs, %.1f B of WAL\n",
+		median(cpu[false]), median(wal[false]), median(cpu[true]), median(wal[true]))
 }
 
 // drain fills a fresh ring with n rows, in transactions of 100, and times
 // lanes readers that drain it.
-func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int, keyed bool) float64 {
+func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int, keyed bool) (float64, drainCost) {
 	s := schema(ctx, pool)
 	defer func() { _ = exec(context.Background(), pool, "DROP SCHEMA "+s+" CASCADE") }()
 	for done := 0; done < n; done += 100 {
@@ -486,6 +494,7 @@ func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int, keyed bool) fl
 		fmt.Printf("keyed=%v:\n%s\n", keyed, strings.Join(plan, "\n"))
 	}
 	r := &reader{pool: pool, schema: s, batch: batch, keyed: keyed, seen: &sync.Map{}, dup: &atomic.Int64{}, got: &atomic.Int64{}}
+	cpu0, wal0 := serverCPU(), walPosition(ctx, pool)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range lanes {
@@ -499,10 +508,35 @@ func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int, keyed bool) fl
 	}
 	wg.Wait()
 	took := time.Since(start)
+	c := drainCost{cpu: float64(serverCPU()-cpu0) / float64(time.Microsecond) / float64(n),
+		wal: float64(walPosition(ctx, pool)-wal0) / float64(n)}
 	if r.got.Load() != int64(n) || r.dup.Load() != 0 {
 		log.Fatalf("drain: delivered %d of %d, %d twice", r.got.Load(), n, r.dup.Load())
 	}
-	return float64(n) / took.Seconds()
+	return float64(n) / took.Seconds(), c
+}
+
+// drainCost is what a drain cost the server per row: CPU in µs, WAL in
+// bytes.
+type drainCost struct{ cpu, wal float64 }
+
+// serverCPU is the CPU every postgres process on this machine has used.
+func serverCPU() time.Duration {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var ticks int64
+	for _, p := range stats {
+		if t, ok := procstat.Read(p); ok && t.Command == "postgres" {
+			ticks += t.User + t.System + t.ChildUser + t.ChildSystem
+		}
+	}
+	return procstat.Duration(ticks)
+}
+
+// walPosition is the server's WAL insert position in bytes.
+func walPosition(ctx context.Context, pool *pgxpool.Pool) int64 {
+	var pos int64
+	must(pool.QueryRow(ctx, "SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint").Scan(&pos))
+	return pos
 }
 
 func median(v []float64) float64 {
