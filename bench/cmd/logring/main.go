@@ -181,7 +181,7 @@ CREATE TABLE log (
 	for p := range ring {
 		fmt.Fprintf(&b, "CREATE TABLE log_p%d PARTITION OF log FOR VALUES IN (%d) WITH (autovacuum_enabled = off);\n", p, p)
 	}
-	fmt.Fprintf(&b, `CREATE INDEX log_lane_idx ON log (queue, lane, txid);
+	fmt.Fprintf(&b, `CREATE INDEX log_lane_idx ON log (queue, lane, txid, id);
 CREATE TABLE lanes (queue text COLLATE "C", lane smallint, PRIMARY KEY (queue, lane));
 INSERT INTO lanes SELECT '%[1]s', l FROM generate_series(0, %[2]d) AS l;
 CREATE TABLE progress (queue text COLLATE "C", lane smallint, seq bigint GENERATED ALWAYS AS IDENTITY, snap pg_snapshot NOT NULL,
@@ -244,6 +244,12 @@ type batchRow struct {
 	key  *string
 }
 
+// scanBatchRow reads one row of a batch.
+func scanBatchRow(row pgx.CollectableRow) (batchRow, error) {
+	var b batchRow
+	return b, row.Scan(&b.id, &b.txid, &b.key)
+}
+
 // claim takes one batch of a free lane and ends it; it returns the rows
 // handed out, 0 when no lane was free or the lane had nothing.
 func (r *reader) claim(ctx context.Context) (int, error) {
@@ -275,23 +281,18 @@ func (r *reader) claim(ctx context.Context) (int, error) {
 	}
 	// Rows visible now and not in the previous batch's snapshot, in
 	// txid order, cut after the txid where the batch fills (whole
-	// transactions). Custom plans (the simple protocol): the partitions
-	// outside slots are pruned when planning, so not even locked.
-	q := `SELECT id, txid::text::bigint AS t, ordering_key FROM ` + s + `.log
-		WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND txid >= $4::text::xid8
-		  AND NOT pg_visible_in_snapshot(txid, $5::pg_snapshot) AND pg_visible_in_snapshot(txid, $6::pg_snapshot)
+	// transactions). An unnamed statement, planned for its arguments
+	// each time: the partitions outside slots are pruned when planning,
+	// so not even locked.
+	q := `SELECT id, txid, ordering_key FROM ` + s + `.log
+		WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND txid >= $4::xid8
+		  AND NOT pg_visible_in_snapshot(txid, $5::text::pg_snapshot) AND pg_visible_in_snapshot(txid, $6::text::pg_snapshot)
 		ORDER BY txid, id LIMIT $7`
-	rows, err := tx.Query(ctx, q, pgx.QueryExecModeSimpleProtocol, slots, queue, lane, strconv.FormatUint(from, 10), prev, cur, r.batch)
+	rows, err := tx.Query(ctx, q, pgx.QueryExecModeExec, slots, queue, lane, from, prev, cur, r.batch)
 	if err != nil {
 		return 0, err
 	}
-	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (batchRow, error) {
-		var b batchRow
-		var t int64
-		err := row.Scan(&b.id, &t, &b.key)
-		b.txid = uint64(t)
-		return b, err
-	})
+	got, err := pgx.CollectRows(rows, scanBatchRow)
 	if err != nil {
 		return 0, err
 	}
@@ -300,19 +301,13 @@ func (r *reader) claim(ctx context.Context) (int, error) {
 		// Full: the rest of the last transaction's rows, then a
 		// progress that says everything up to that txid is done.
 		last := got[len(got)-1]
-		rows, err := tx.Query(ctx, `SELECT id, txid::text::bigint AS t, ordering_key FROM `+s+`.log
-			WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND txid = $4::text::xid8 AND id > $5 ORDER BY id`,
-			pgx.QueryExecModeSimpleProtocol, slots, queue, lane, strconv.FormatUint(last.txid, 10), last.id)
+		rows, err := tx.Query(ctx, `SELECT id, txid, ordering_key FROM `+s+`.log
+			WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND txid = $4::xid8 AND id > $5 ORDER BY id`,
+			pgx.QueryExecModeExec, slots, queue, lane, last.txid, last.id)
 		if err != nil {
 			return 0, err
 		}
-		rest, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (batchRow, error) {
-			var b batchRow
-			var t int64
-			err := row.Scan(&b.id, &t, &b.key)
-			b.txid = uint64(t)
-			return b, err
-		})
+		rest, err := pgx.CollectRows(rows, scanBatchRow)
 		if err != nil {
 			return 0, err
 		}
