@@ -244,6 +244,16 @@ type batchRow struct {
 	key  *string
 }
 
+// laneRead is the read of a lane's batch in schema s: slots, queue,
+// lane, the previous progress's xmin, that progress, the current
+// snapshot, and the most rows.
+func laneRead(s string) string {
+	return `SELECT id, txid, ordering_key FROM ` + s + `.log
+		WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND txid >= $4::xid8
+		  AND NOT pg_visible_in_snapshot(txid, $5::text::pg_snapshot) AND pg_visible_in_snapshot(txid, $6::text::pg_snapshot)
+		ORDER BY txid, id LIMIT $7`
+}
+
 // scanBatchRow reads one row of a batch.
 func scanBatchRow(row pgx.CollectableRow) (batchRow, error) {
 	var b batchRow
@@ -284,11 +294,7 @@ func (r *reader) claim(ctx context.Context) (int, error) {
 	// transactions). An unnamed statement, planned for its arguments
 	// each time: the partitions outside slots are pruned when planning,
 	// so not even locked.
-	q := `SELECT id, txid, ordering_key FROM ` + s + `.log
-		WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND txid >= $4::xid8
-		  AND NOT pg_visible_in_snapshot(txid, $5::text::pg_snapshot) AND pg_visible_in_snapshot(txid, $6::text::pg_snapshot)
-		ORDER BY txid, id LIMIT $7`
-	rows, err := tx.Query(ctx, q, pgx.QueryExecModeExec, slots, queue, lane, from, prev, cur, r.batch)
+	rows, err := tx.Query(ctx, laneRead(s), pgx.QueryExecModeExec, slots, queue, lane, from, prev, cur, r.batch)
 	if err != nil {
 		return 0, err
 	}
@@ -475,14 +481,12 @@ func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int, keyed bool) (f
 	}
 	must(exec(ctx, pool, "VACUUM ANALYZE "+s+".log"))
 	if explainRead {
-		var prev string
-		var from int64
-		must(pool.QueryRow(ctx, `SELECT snap::text, pg_snapshot_xmin(snap)::text::bigint FROM `+s+`.progress
-			WHERE queue = $1 AND lane = 0 ORDER BY seq DESC LIMIT 1`, queue).Scan(&prev, &from))
-		rows, err := pool.Query(ctx, `EXPLAIN (ANALYZE, BUFFERS) SELECT id, txid::text::bigint AS t, ordering_key FROM `+s+`.log
-			WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = 0 AND txid >= $3::text::xid8
-			  AND NOT pg_visible_in_snapshot(txid, $4::pg_snapshot) AND pg_visible_in_snapshot(txid, pg_current_snapshot())
-			ORDER BY txid, id LIMIT $5`, pgx.QueryExecModeSimpleProtocol, []int16{0, 1, 2, 3}, queue, strconv.FormatInt(from, 10), prev, batch)
+		var prev, cur string
+		var from uint64
+		must(pool.QueryRow(ctx, `SELECT snap::text, pg_current_snapshot()::text, pg_snapshot_xmin(snap) FROM `+s+`.progress
+			WHERE queue = $1 AND lane = 0 ORDER BY seq DESC LIMIT 1`, queue).Scan(&prev, &cur, &from))
+		rows, err := pool.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS) "+laneRead(s), pgx.QueryExecModeExec,
+			[]int16{0, 1, 2, 3}, queue, 0, from, prev, cur, batch)
 		must(err)
 		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		must(err)
