@@ -102,26 +102,12 @@ func TestLockedClaimOfSeveralQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 		locked, _ := e.lockRows(c, n)
 		return locked
 	}
-	// free counts the rows of both queues no transaction has locked.
-	free := func() int {
-		t.Helper()
-		tx, err := e.DB.Pool.Begin(e.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(context.Background())
-		var n int
-		if err := tx.QueryRow(e.ctx, `SELECT count(*) FROM (SELECT id FROM outbox WHERE queue IN ('a', 'b') FOR UPDATE SKIP LOCKED) AS f`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 	c.locks <- struct{}{} // the claim being made
 	want := []int64{a[0], b[0], a[1], b[1], a[2], a[3]}
 	if d := cmp.Diff(want, lock(6)); d != "" {
 		t.Errorf("first claim (-want +got):\n%s", d)
 	}
-	if n := free(); n != 6 {
+	if n := e.unlocked(); n != 6 {
 		t.Errorf("%d rows free after a claim that handed out 6 of 12; want 6", n)
 	}
 	c.locks <- struct{}{} // the first claim stays open
@@ -143,20 +129,6 @@ func TestLockedClaimOfFewerRowsThanQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 		a = append(a, e.publish("a"))
 		b = append(b, e.publish("b"))
 	}
-	// free counts the rows of the queues no transaction has locked.
-	free := func() int {
-		t.Helper()
-		tx, err := e.DB.Pool.Begin(e.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(context.Background())
-		var n int
-		if err := tx.QueryRow(e.ctx, `SELECT count(*) FROM (SELECT id FROM outbox FOR UPDATE SKIP LOCKED) AS f`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 	// The second claim asks a row of b and of c, which has none, and
 	// takes b's next row in its place; the third has a's turn.
 	handed := 0
@@ -170,7 +142,7 @@ func TestLockedClaimOfFewerRowsThanQueuesLocksOnlyWhatItHandsOut(t *testing.T) {
 			t.Errorf("claim %d of %d rows (-want +got):\n%s", i+1, len(want), d)
 		}
 		handed += len(locked)
-		if n := free(); n != 4-handed {
+		if n := e.unlocked(); n != 4-handed {
 			t.Errorf("%d rows free after claims that handed out %d of 4; want %d", n, handed, 4-handed)
 		}
 	}

@@ -37,6 +37,21 @@ func (e *env) publish(queue string) int64 {
 	return e.Publish(e.t, queue)
 }
 
+// unlocked counts the rows of e's outbox that no transaction has locked.
+func (e *env) unlocked() int {
+	e.t.Helper()
+	tx, err := e.DB.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var n int
+	if err := tx.QueryRow(e.ctx, `SELECT count(*) FROM (SELECT id FROM outbox FOR UPDATE SKIP LOCKED) AS f`).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
 // env returns the Env of a run of queues on e's pool, with the public
 // defaults, that claims by lock only (MinLockedClaim 0) and drops what it
 // is handed.
