@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"path/filepath"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -39,7 +38,7 @@ func cpuClock() cpuUse {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	client := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	return cpuUse{client: client, server: serverCPU(), wal: walPosition()}
+	return cpuUse{client: client, server: procstat.Postgres(), wal: walPosition()}
 }
 
 // walPosition is the server's WAL insert position in bytes, or 0 when it
@@ -54,17 +53,6 @@ func walPosition() int64 {
 		return 0
 	}
 	return pos
-}
-
-func serverCPU() time.Duration {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var ticks int64
-	for _, p := range stats {
-		if t, ok := procstat.Read(p); ok && t.Command == "postgres" {
-			ticks += t.User + t.System + t.ChildUser + t.ChildSystem
-		}
-	}
-	return procstat.Duration(ticks)
 }
 
 // cpuSamples holds, per contender, the CPU each round used.

@@ -32,7 +32,6 @@ import (
 	"log"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -493,7 +492,7 @@ func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int, keyed bool) (f
 		fmt.Printf("keyed=%v:\n%s\n", keyed, strings.Join(plan, "\n"))
 	}
 	r := &reader{pool: pool, schema: s, batch: batch, keyed: keyed, seen: &sync.Map{}, dup: &atomic.Int64{}, got: &atomic.Int64{}}
-	cpu0, wal0 := serverCPU(), walPosition(ctx, pool)
+	cpu0, wal0 := procstat.Postgres(), walPosition(ctx, pool)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range lanes {
@@ -507,7 +506,7 @@ func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int, keyed bool) (f
 	}
 	wg.Wait()
 	took := time.Since(start)
-	c := drainCost{cpu: float64(serverCPU()-cpu0) / float64(time.Microsecond) / float64(n),
+	c := drainCost{cpu: float64(procstat.Postgres()-cpu0) / float64(time.Microsecond) / float64(n),
 		wal: float64(walPosition(ctx, pool)-wal0) / float64(n)}
 	if r.got.Load() != int64(n) || r.dup.Load() != 0 {
 		log.Fatalf("drain: delivered %d of %d, %d twice", r.got.Load(), n, r.dup.Load())
@@ -518,18 +517,6 @@ func drain(ctx context.Context, pool *pgxpool.Pool, n, batch int, keyed bool) (f
 // drainCost is what a drain cost the server per row: CPU in µs, WAL in
 // bytes.
 type drainCost struct{ cpu, wal float64 }
-
-// serverCPU is the CPU every postgres process on this machine has used.
-func serverCPU() time.Duration {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var ticks int64
-	for _, p := range stats {
-		if t, ok := procstat.Read(p); ok && t.Command == "postgres" {
-			ticks += t.User + t.System + t.ChildUser + t.ChildSystem
-		}
-	}
-	return procstat.Duration(ticks)
-}
 
 // walPosition is the server's WAL insert position in bytes.
 func walPosition(ctx context.Context, pool *pgxpool.Pool) int64 {
