@@ -686,11 +686,11 @@ func rotateOnce(ctx context.Context, pool *pgxpool.Pool, s string) (turned, trun
 		return 0, 0, 0, err
 	}
 	if empty {
-		// Turn, then record below which txid the old partition is done
-		// being written: every writer that read the old slot had its
-		// xid by then.
 		// The next partition is marked as written before any writer
-		// can write into it, so that no reader leaves it out.
+		// can write into it, so that no reader leaves it out; then the
+		// turn; then below which txid the old partition is done being
+		// written: every writer that read the old slot had its xid by
+		// then.
 		if _, err := pool.Exec(ctx, `UPDATE `+s+`.turns SET done_below = NULL WHERE slot = $1`, next); err != nil {
 			return 0, 0, 0, err
 		}
@@ -715,36 +715,42 @@ func rotateOnce(ctx context.Context, pool *pgxpool.Pool, s string) (turned, trun
 		return 0, 0, 0, err
 	}
 	for _, p := range done {
-		tx, err := pool.Begin(ctx)
+		did, locked, err := truncate(ctx, pool, s+".log_p"+strconv.Itoa(int(p)))
 		if err != nil {
 			return 0, 0, 0, err
 		}
-		part := s + ".log_p" + strconv.Itoa(int(p))
-		_, err = tx.Exec(ctx, `LOCK TABLE `+part+` IN ACCESS EXCLUSIVE MODE NOWAIT`)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
-			busy++
-			_ = tx.Rollback(ctx)
-			continue
-		} else if err != nil {
-			_ = tx.Rollback(ctx)
-			return 0, 0, 0, err
-		}
-		var n int64
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+part).Scan(&n); err != nil {
-			_ = tx.Rollback(ctx)
-			return 0, 0, 0, err
-		}
-		if n > 0 {
-			if _, err := tx.Exec(ctx, `TRUNCATE `+part); err != nil {
-				_ = tx.Rollback(ctx)
-				return 0, 0, 0, err
-			}
+		if did {
 			truncated++
 		}
-		if err := tx.Commit(ctx); err != nil {
-			return 0, 0, 0, err
+		if locked {
+			busy++
 		}
 	}
 	return turned, truncated, busy, nil
+}
+
+// truncate empties the partition part unless it is empty already; locked
+// says it was not tried because a transaction holds a lock on it.
+func truncate(ctx context.Context, pool *pgxpool.Pool, part string) (did, locked bool, err error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return false, false, err
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(ctx, `LOCK TABLE `+part+` IN ACCESS EXCLUSIVE MODE NOWAIT`)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return false, true, nil
+	} else if err != nil {
+		return false, false, err
+	}
+	var rows bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+part+`)`).Scan(&rows); err != nil {
+		return false, false, err
+	}
+	if rows {
+		if _, err := tx.Exec(ctx, `TRUNCATE `+part); err != nil {
+			return false, false, err
+		}
+	}
+	return rows, false, tx.Commit(ctx)
 }
