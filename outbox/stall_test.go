@@ -118,8 +118,16 @@ func TestStalledConnectionsCostAtMostTheQueryTimeout(t *testing.T) {
 	if _, err := pub.Publish(e.ctx, e.pubPool, "after", nil); err != nil {
 		t.Fatal(err)
 	}
-	if p := waitFor(t, handled, "after the stall (a subscriber stuck on its stalled connections delivers nothing)"); p != "after" {
-		t.Errorf("handled %q, want after", p)
+	// "before" may come again first: its acknowledgement can be the
+	// statement the stall caught, and its lease then ends.
+	for again := 0; ; again++ {
+		p := waitFor(t, handled, "after the stall (a subscriber stuck on its stalled connections delivers nothing)")
+		if p == "after" {
+			break
+		}
+		if p != "before" || again == 3 {
+			t.Fatalf("handled %q (%d times again), want after", p, again)
+		}
 	}
 	eventually(t, "the acknowledgement", func() bool { return e.count("outbox") == 0 })
 }
