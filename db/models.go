@@ -59,6 +59,98 @@ type OutboxLock struct {
 	Until     time.Time
 }
 
+type OutboxRing struct {
+	ID            int64
+	Queue         string
+	Payload       []byte
+	Headers       []byte
+	OrderingKey   *string
+	CreatedAt     time.Time
+	NextAttemptAt time.Time
+	Txid          pgtype.Uint64
+	Slot          int16
+	Lane          int16
+}
+
+type OutboxRingClaim struct {
+	Queue    string
+	Lane     int16
+	AfterSeq int64
+	Xid      pgtype.Uint64
+	Snap     interface{}
+}
+
+type OutboxRingLane struct {
+	Queue string
+	Lane  int16
+}
+
+type OutboxRingP0 struct {
+	ID            int64
+	Queue         string
+	Payload       []byte
+	Headers       []byte
+	OrderingKey   *string
+	CreatedAt     time.Time
+	NextAttemptAt time.Time
+	Txid          pgtype.Uint64
+	Slot          int16
+	Lane          int16
+}
+
+type OutboxRingP1 struct {
+	ID            int64
+	Queue         string
+	Payload       []byte
+	Headers       []byte
+	OrderingKey   *string
+	CreatedAt     time.Time
+	NextAttemptAt time.Time
+	Txid          pgtype.Uint64
+	Slot          int16
+	Lane          int16
+}
+
+type OutboxRingP2 struct {
+	ID            int64
+	Queue         string
+	Payload       []byte
+	Headers       []byte
+	OrderingKey   *string
+	CreatedAt     time.Time
+	NextAttemptAt time.Time
+	Txid          pgtype.Uint64
+	Slot          int16
+	Lane          int16
+}
+
+type OutboxRingP3 struct {
+	ID            int64
+	Queue         string
+	Payload       []byte
+	Headers       []byte
+	OrderingKey   *string
+	CreatedAt     time.Time
+	NextAttemptAt time.Time
+	Txid          pgtype.Uint64
+	Slot          int16
+	Lane          int16
+}
+
+type OutboxRingProgress struct {
+	Queue string
+	Lane  int16
+	Seq   int64
+	Snap  interface{}
+	At    time.Time
+}
+
+type OutboxRingTurn struct {
+	Slot      int16
+	DoneBelow pgtype.Uint64
+	Since     time.Time
+}
+
 type OutboxSleeper struct {
 	ID     pgtype.UUID
 	Queues []string

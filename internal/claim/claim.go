@@ -102,6 +102,12 @@ type Env struct {
 	Report func(os []lease.Outcome, matched map[lease.Lease]bool)
 	// Wake asks the run's fetcher to claim now.
 	Wake func()
+
+	// Ring: the outbox has the log tier's ring beside its table (package
+	// ring), and the run claims from both. RingTurnAge is how long
+	// writers write into one partition (RingTurnAge when zero).
+	Ring        bool
+	RingTurnAge time.Duration
 }
 
 // bounded returns the queries on the pool, each bounded by QueryTimeout.
@@ -123,6 +129,15 @@ func New(env *Env) Claimer {
 	// extending it; one that expired unseen by the bounded reads waits at
 	// most as long again.
 	byL := &byLease{env: env, q: env.bounded(), floors: newFloors(env.MaxFetchInterval, max(env.MaxFetchInterval, env.LeaseTTL))}
+	state := newState(env, byL)
+	if !env.Ring {
+		return state
+	}
+	return &byRing{env: env, state: state, lock: &byLock{env: env, lease: byL, locks: make(chan struct{}, InFlight)}}
+}
+
+// newState returns how a run with env claims from the outbox table.
+func newState(env *Env, byL *byLease) Claimer {
 	if !LocksRows(env.LockWindow, env.Pool.Config().MaxConns) {
 		return byL
 	}
@@ -467,6 +482,9 @@ type lockedClaim struct {
 	ended bool // the end's transaction has ended: outcomes go at once
 	// settled is closed when every row has an outcome or was given up.
 	settled chan struct{}
+	// end writes the claim's end in its transaction; nil: a claim of
+	// the outbox table's rows (byLock.writeLockEnd).
+	end func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error
 }
 
 // Keep keeps o, the outcome of a row of the claim, for the claim's end,
@@ -734,6 +752,9 @@ func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 		e.lease(d)
 	}
 	givenUp := slices.DeleteFunc(slices.Clone(unsettled), func(d *lease.Delivery) bool { return slices.Contains(running, d) })
+	for _, d := range givenUp {
+		e.givenUp = append(e.givenUp, d.Row.ID)
+	}
 	// The deliveries of ended claims that this claim counted leave their
 	// records only for the rows it handed to a handler: a row given back
 	// keeps its count there, for the claim that takes it next.
@@ -786,10 +807,12 @@ func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 	}
 }
 
-// lockEnd is what a locked claim's end writes.
+// lockEnd is what a locked claim's end writes: the rows it deletes, those
+// it leases (with their delivery counts), and those no handler started,
+// which it gives up.
 type lockEnd struct {
-	deleted, leased []int64
-	deliveries      []int32
+	deleted, leased, givenUp []int64
+	deliveries               []int32
 }
 
 // lease adds d's row to the rows the end leases.
@@ -862,6 +885,9 @@ func (k *byLock) endLockTx(c *lockedClaim, e *lockEnd, done []lease.Outcome, tok
 // its own: one statement that did all three cost the server twice as
 // much per row.
 func (k *byLock) writeLockEnd(ctx context.Context, q *db.Queries, c *lockedClaim, e *lockEnd, token pgtype.UUID) error {
+	if c.end != nil {
+		return c.end(ctx, q, e, token)
+	}
 	r := k.env
 	if len(e.deleted) > 0 {
 		lower, upper := Runs(e.deleted)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/ring"
 )
 
 // The claim conformance suite through the engine's run: each promise a
@@ -22,35 +24,73 @@ import (
 
 // claimerKind is one claimer a subscriber can run, and how to choose it.
 type claimerKind struct {
-	name string // the claimer's type, as claim.New returns it
-	set  func(s *Subscriber)
+	label string // the subtest's name
+	name  string // the claimer's type, as claim.New returns it
+	set   func(s *Subscriber)
+	// ring: rows are published into the log tier's ring, beside the
+	// outbox table, and the subscriber claims from both.
+	ring bool
 }
 
 var claimerKinds = []claimerKind{
-	{"*claim.byLease", func(s *Subscriber) { s.LockWindow = -1 }},
-	{"*claim.byLock", func(s *Subscriber) { s.MinLockedClaim = 0 }},
-	{"*claim.mixed", func(s *Subscriber) { s.MinLockedClaim = 32 }},
+	{"byLease", "*claim.byLease", func(s *Subscriber) { s.LockWindow = -1 }, false},
+	{"byLock", "*claim.byLock", func(s *Subscriber) { s.MinLockedClaim = 0 }, false},
+	{"mixed", "*claim.mixed", func(s *Subscriber) { s.MinLockedClaim = 32 }, false},
+	{"ring-byLock", "*claim.byRing", func(s *Subscriber) { s.MinLockedClaim = 0 }, true},
+	{"ring-byLease", "*claim.byRing", func(s *Subscriber) { s.LockWindow = -1 }, true},
 }
 
 // forEachClaimer runs test as a parallel subtest for every claimer kind,
-// with a subscriber of queues that claims with it.
-func forEachClaimer(t *testing.T, test func(t *testing.T, e *env, sub func() *Subscriber)) {
+// with a subscriber of queues that claims with it, and the function that
+// publishes a row the way that kind's rows are written.
+func forEachClaimer(t *testing.T, test func(t *testing.T, e *env, sub func() *Subscriber, publish func(db.PublishParams) int64)) {
 	t.Helper()
 	for _, k := range claimerKinds {
-		t.Run(k.name, func(t *testing.T) {
+		t.Run(k.label, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
+			publish := func(p db.PublishParams) int64 {
+				t.Helper()
+				id, err := e.Q.Publish(e.ctx, p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return id
+			}
+			if k.ring {
+				if err := ring.Create(e.ctx, e.DB.Pool, e.Names); err != nil {
+					t.Fatal(err)
+				}
+				publish = func(p db.PublishParams) int64 {
+					t.Helper()
+					return e.publishRing(p)
+				}
+			}
 			sub := func() *Subscriber {
 				s := e.subscriber("q")
 				k.set(s)
+				s.Ring = k.ring
 				if got := fmt.Sprintf("%T", newRun(e.ctx, s).claims); got != k.name {
 					t.Fatalf("the subscriber claims with %s; want %s", got, k.name)
 				}
 				return s
 			}
-			test(t, e, sub)
+			test(t, e, sub, publish)
 		})
 	}
+}
+
+// publishRing inserts a row into the ring as a plain SQL writer does, and
+// returns its id.
+func (e *env) publishRing(p db.PublishParams) int64 {
+	e.t.Helper()
+	var id int64
+	err := e.DB.Pool.QueryRow(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key) VALUES ($1, $2, $3) RETURNING id`,
+		p.Queue, p.Payload, p.OrderingKey).Scan(&id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return id
 }
 
 // handling records which handler ran which row when.
@@ -119,7 +159,7 @@ func (c *recordedCall) Handle(ctx context.Context) error {
 // time, in the order they were published.
 func TestClaimersDrainAQueueKeepingEachRowAndKeyToOneHandler(t *testing.T) {
 	t.Parallel()
-	forEachClaimer(t, func(t *testing.T, e *env, sub func() *Subscriber) {
+	forEachClaimer(t, func(t *testing.T, e *env, sub func() *Subscriber, publish func(db.PublishParams) int64) {
 		const keys, rows = 8, 400
 		want := map[string][]int64{}
 		for i := range rows {
@@ -128,10 +168,7 @@ func TestClaimersDrainAQueueKeepingEachRowAndKeyToOneHandler(t *testing.T) {
 				k := fmt.Sprint(i % keys)
 				p.OrderingKey = &k
 			}
-			id, err := e.Q.Publish(e.ctx, p)
-			if err != nil {
-				t.Fatal(err)
-			}
+			id := publish(p)
 			if p.OrderingKey != nil {
 				want[*p.OrderingKey] = append(want[*p.OrderingKey], id)
 			}
@@ -154,11 +191,16 @@ func TestClaimersDrainAQueueKeepingEachRowAndKeyToOneHandler(t *testing.T) {
 			if err := e.DB.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox").Scan(&left); err != nil {
 				t.Fatal(err)
 			}
-			if left == 0 {
+			h.mu.Lock()
+			handled := len(h.done)
+			h.mu.Unlock()
+			// Rows in the ring are not in the outbox table: drained is
+			// every row handled, and none left there.
+			if left == 0 && handled >= rows {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%d of %d rows left after a minute", left, rows)
+				t.Fatalf("%d of %d rows left, %d handled after a minute", left, rows, handled)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -174,8 +216,13 @@ func TestClaimersDrainAQueueKeepingEachRowAndKeyToOneHandler(t *testing.T) {
 		}
 		for k, ids := range want {
 			// A row handled twice (a redelivery) may repeat, never reorder.
+			// A keyed row of the ring takes a new id, in order, when it
+			// moves into the outbox table.
 			got := slices.Compact(slices.Clone(h.order[k]))
-			if !slices.Equal(got, ids) {
+			if len(got) != len(ids) || !slices.IsSorted(got) {
+				t.Errorf("key %s handled in the order %v; want %d rows in the order published", k, got, len(ids))
+			}
+			if !slices.Equal(got, ids) && !strings.Contains(t.Name(), "/ring-") {
 				t.Errorf("key %s handled in the order %v; want %v", k, got, ids)
 			}
 		}
@@ -186,9 +233,9 @@ func TestClaimersDrainAQueueKeepingEachRowAndKeyToOneHandler(t *testing.T) {
 // not start: another claimer takes them without waiting for a lease.
 func TestClaimerStopGivesBackUnstartedRows(t *testing.T) {
 	t.Parallel()
-	forEachClaimer(t, func(t *testing.T, e *env, sub func() *Subscriber) {
+	forEachClaimer(t, func(t *testing.T, e *env, sub func() *Subscriber, publish func(db.PublishParams) int64) {
 		for range 10 {
-			e.publish("q")
+			publish(db.PublishParams{Queue: "q", Payload: []byte(`{}`)})
 		}
 		s := sub()
 		s.Workers = 0 // no handler starts
@@ -210,8 +257,20 @@ func TestClaimerStopGivesBackUnstartedRows(t *testing.T) {
 		other := newRun(e.ctx, sub())
 		defer other.stopWrites()
 		defer close(other.stopping)
-		if n, err := other.claims.Claim(e.ctx, 10); err != nil || n != 10 {
-			t.Errorf("after the stop another claim took %d rows, %v; want all 10", n, err)
+		// One claim of the outbox table takes them all; claims of the
+		// ring take a lane each, and the rows given back in the table.
+		taken := map[int64]bool{}
+		deadline = time.Now().Add(10 * time.Second)
+		for len(taken) < 10 && time.Now().Before(deadline) {
+			if _, err := other.claims.Claim(e.ctx, 10); err != nil {
+				t.Fatal(err)
+			}
+			for len(other.buf) > 0 {
+				taken[(<-other.buf).Row.ID] = true
+			}
+		}
+		if len(taken) != 10 {
+			t.Errorf("after the stop another claimer took %d rows; want all 10", len(taken))
 		}
 	})
 }

@@ -49,6 +49,11 @@ type Subscriber struct {
 	// MinLockedClaim is the fewest rows a claim must have found for the
 	// next one to claim by lock; 0 or negative: every claim by lock.
 	MinLockedClaim int
+	// Ring: the outbox has the log tier's ring (package ring) beside its
+	// table, and the subscriber claims from both (claim.Env.Ring).
+	// RingTurnAge is how long writers write into one of its partitions.
+	Ring        bool
+	RingTurnAge time.Duration
 
 	Retry    Retry
 	Metrics  MetricsRecorder  // nil: none

@@ -1,0 +1,363 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
+	"github.com/outboxgen/outboxgen/internal/lease"
+	"github.com/outboxgen/outboxgen/internal/ring"
+)
+
+// Claims from the log tier's ring (package ring), beside the outbox
+// table, which holds the rows that need per-row state.
+//
+// An unkeyed lane (0-3) is claimed like a claim by lock: a READ COMMITTED
+// transaction locks the lane, reads its batch (the rows its snapshot sees
+// that the lane's newest progress did not), records the claim on its own
+// (autocommit), and holds the lane while the batch's handlers run. Its
+// end, in the same transaction, inserts the lane's progress, which
+// acknowledges every row of the batch at once, and moves into the outbox
+// table the rows that need state there: leased, the rows whose handlers
+// run on or failed (the lease path writes their retry or dead letter, as
+// after a claim by lock); unleased, the rows no handler started. A claim
+// whose transaction aborted (its subscriber crashed, its connection died)
+// leaves its record: the lane's next reader moves that batch into the
+// outbox table, each row counting the deliveries that claims made of it,
+// and the outbox table's claims deliver them from there.
+//
+// Keyed lanes (4-7) are moved whole into the outbox table by one
+// statement per claim, through its key trigger: a key's rows are
+// delivered in the outbox table's per-key order. Rows not yet due go
+// there too.
+
+// ringIdleProgress is how old a lane's newest progress may be before a
+// claim that found nothing writes a new one: the ring turns only past
+// partitions every lane has progressed past.
+const ringIdleProgress = time.Second
+
+// RingTurnAge is how long writers write into one partition of the ring
+// before a claim moves them on (Env.RingTurnAge, when zero).
+const RingTurnAge = 10 * time.Second
+
+// byRing claims from the ring, and from the outbox table with state, the
+// claimer New would choose without the ring.
+type byRing struct {
+	env   *Env
+	lock  *byLock
+	state Claimer
+	// turn is where the search for a free lane starts.
+	turn int16
+	// turned is when the claimer last tried to turn the ring.
+	turned time.Time
+}
+
+// Ended waits for the claims of the ring and of the outbox table.
+func (c *byRing) Ended() int { return c.state.Ended() + c.lock.Ended() }
+
+// HandedOn lowers the outbox table's floors to the keys' next rows.
+func (c *byRing) HandedOn(os []lease.Outcome) { c.state.HandedOn(os) }
+
+// Behind asks the outbox table's next claim to sweep.
+func (c *byRing) Behind() { c.state.Behind() }
+
+// Claim moves the keyed lanes' new rows into the outbox table, claims a
+// batch of an unkeyed lane, and claims from the outbox table the rows
+// the batch left room for. Every RingTurnAge/4 it turns the ring.
+func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
+	r := c.env
+	age := r.RingTurnAge
+	if age <= 0 {
+		age = RingTurnAge
+	}
+	if time.Since(c.turned) >= age/4 {
+		c.turned = time.Now()
+		if t, err := ring.Turn(r.Writes, r.bounded(), age); err != nil {
+			r.Log.Warn("outbox: turning the ring failed", slog.Any("error", err))
+		} else if t.Busy > 0 {
+			r.Log.Debug("outbox: a lock kept the ring from emptying a partition", slog.Int("partitions", t.Busy))
+		}
+	}
+	if _, err := r.bounded().RingMoveKeyed(r.Writes, db.RingMoveKeyedParams{Queues: r.Queues,
+		IdleProgressSeconds: ringIdleProgress.Seconds()}); err != nil {
+		return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
+	}
+	var got int
+	var err error
+	if LocksRows(r.LockWindow, r.Pool.Config().MaxConns) {
+		got, err = c.claimLane(ctx, n)
+	} else {
+		got, err = c.leaseLane(n)
+	}
+	if err != nil || got >= int(n) {
+		return got, err
+	}
+	more, err := c.state.Claim(ctx, n-int32(got))
+	return got + more, err
+}
+
+// lane is a lane's batch as read in its claim's transaction.
+type lane struct {
+	queue string
+	lane  int16
+	pos   db.RingPositionRow
+	// end is the snapshot the batch ends at: pos.Cur, or the cut after
+	// its last transaction when it filled.
+	end  string
+	rows []db.RingReadRow
+}
+
+// read takes a free unkeyed lane and reads up to n rows of its batch in
+// q's transaction; ok is false when no lane was free. A lane whose last
+// claims aborted has its batch moved into the outbox table instead
+// (rows nil).
+func (c *byRing) read(ctx context.Context, q *db.Queries, n int32) (l lane, ok bool, err error) {
+	r := c.env
+	taken, err := q.RingTakeLane(ctx, db.RingTakeLaneParams{Queues: r.Queues, FromLane: 0, ToLane: 4, Turn: c.turn})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, false, nil
+	} else if err != nil {
+		return l, false, err
+	}
+	c.turn = (taken.Lane + 1) % 4
+	l = lane{queue: taken.Queue, lane: taken.Lane}
+	if l.pos, err = q.RingPosition(ctx, db.RingPositionParams{Queue: l.queue, Lane: l.lane}); err != nil {
+		return l, true, err
+	}
+	l.end = l.pos.Cur
+	if len(l.pos.Crashed) > 0 {
+		moved, err := q.RingMoveCrashed(ctx, db.RingMoveCrashedParams{Crashed: l.pos.Crashed, Prev: l.pos.Prev, Cur: l.pos.Cur,
+			Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
+		if err == nil {
+			r.Log.Info("outbox: moved the rows of ring claims that ended without an outcome to the outbox table",
+				slog.String("queue", l.queue), slog.Int("lane", int(l.lane)), slog.Int64("rows", moved))
+		}
+		return l, true, err
+	}
+	l.rows, err = q.RingRead(ctx, db.RingReadParams{Prev: l.pos.Prev, Cur: l.pos.Cur, Slots: l.pos.Slots, Queue: l.queue,
+		Lane: l.lane, MaxRows: n})
+	if err != nil || len(l.rows) < int(n) {
+		return l, true, err
+	}
+	last := l.rows[len(l.rows)-1]
+	rest, err := q.RingReadRest(ctx, db.RingReadRestParams{Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane,
+		Txid: fmt.Sprint(last.Txid), AfterID: last.ID})
+	if err != nil {
+		return l, true, err
+	}
+	for _, x := range rest {
+		l.rows = append(l.rows, db.RingReadRow(x))
+	}
+	l.end, err = ring.Cut(l.pos.Cur, last.Txid)
+	return l, true, err
+}
+
+// due splits l's rows into those due now, and moves the others into the
+// outbox table, unleased, in q's transaction.
+func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]db.RingReadRow, error) {
+	now := time.Now()
+	var due []db.RingReadRow
+	var later []*db.RingReadRow
+	for i := range l.rows {
+		if l.rows[i].NextAttemptAt.After(now) {
+			later = append(later, &l.rows[i])
+		} else {
+			due = append(due, l.rows[i])
+		}
+	}
+	if len(later) == 0 {
+		return due, nil
+	}
+	m := moves{}
+	for _, x := range later {
+		m.add(x.ID, x.Txid, 0)
+	}
+	return due, c.move(ctx, q, l, m, pgtype.UUID{})
+}
+
+// moves are ring rows to move into the outbox table.
+type moves struct {
+	ids, txids []int64
+	deliveries []int32
+}
+
+func (m *moves) add(id, txid int64, deliveries int32) {
+	m.ids = append(m.ids, id)
+	m.txids = append(m.txids, txid)
+	m.deliveries = append(m.deliveries, deliveries)
+}
+
+// move moves m's rows of l into the outbox table in q's transaction,
+// leased with token when it is valid.
+func (c *byRing) move(ctx context.Context, q *db.Queries, l *lane, m moves, token pgtype.UUID) error {
+	if len(m.ids) == 0 {
+		return nil
+	}
+	n, err := q.RingMove(ctx, db.RingMoveParams{Token: token, LeaseTtlSeconds: c.env.LeaseTTL.Seconds(), Ids: m.ids,
+		Txids: m.txids, Deliveries: m.deliveries, Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
+	if err == nil && int(n) != len(m.ids) {
+		err = fmt.Errorf("outbox: moved %d of %d rows of the ring: %w", n, len(m.ids), errLocksLost)
+	}
+	return err
+}
+
+// claimRow writes ring row x of queue as a claim row: its first
+// delivery.
+func claimRow(row *db.ClaimRow, x *db.RingReadRow, queue string) {
+	*row = db.ClaimRow{ID: x.ID, Queue: queue, Payload: x.Payload, Headers: x.Headers, CreatedAt: x.CreatedAt,
+		NextAttemptAt: x.NextAttemptAt, DeliveriesCount: 1}
+}
+
+// claimLane claims a batch of up to n rows of a free unkeyed lane and
+// holds the lane while its handlers run (see byLock.claimLocked).
+func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
+	k, r := c.lock, c.env
+	select {
+	case k.locks <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	ctx = r.Writes
+	started := false
+	defer func() {
+		if !started {
+			<-k.locks
+		}
+	}()
+	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.Pool, r.QueryTimeout)
+	if err != nil {
+		return 0, err
+	}
+	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
+	sent := time.Now()
+	l, ok, err := c.read(ctx, q, n)
+	if err != nil || !ok {
+		rollback()
+		return 0, err
+	}
+	due, err := c.due(ctx, q, &l)
+	if err != nil {
+		rollback()
+		return 0, err
+	}
+	if len(due) == 0 {
+		// Nothing to hand out: the progress (with the moves, if any)
+		// commits at once.
+		if l.end == l.pos.Prev || (len(l.rows) == 0 && len(l.pos.Crashed) == 0 && l.pos.AgeSeconds < ringIdleProgress.Seconds()) {
+			rollback()
+			return 0, nil
+		}
+		err = q.RingProgress(ctx, db.RingProgressParams{Queue: l.queue, Lane: l.lane, Snap: l.end})
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		if err != nil {
+			rollback()
+		}
+		return 0, err
+	}
+	recorded, err := r.bounded().RingRecord(ctx, db.RingRecordParams{Xid: l.pos.Xid, Queue: l.queue, Lane: l.lane,
+		AfterSeq: l.pos.Seq, Snap: l.end})
+	if err == nil && !recorded {
+		err = errClaimEnded
+	}
+	if err == nil {
+		err = q.RingConfirm(ctx)
+	}
+	if err != nil {
+		rollback()
+		return 0, fmt.Errorf("recording a ring claim: %w", err)
+	}
+	lc := &lockedClaim{tx: tx, open: true, settled: make(chan struct{}), dead: make(chan struct{}), left: len(due),
+		kept: make([]lease.Outcome, 0, len(due))}
+	lc.end = func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error {
+		return c.endLane(ctx, q, &l, e, token)
+	}
+	ds := r.Leases.AddEach(r.HandlerCtx, len(due), func(i int, row *db.ClaimRow) { claimRow(row, &due[i], l.queue) },
+		pgtype.UUID{}, sent)
+	ds[0].Batch.Hold = lc
+	started = true
+	lc.watch(ds[0].Batch)
+	k.lockEnds.Add(1)
+	go k.endLocked(ds[0].Batch, lc)
+	r.Hand(ds)
+	return len(ds), nil
+}
+
+// endLane writes the end of a lane's claim in its transaction: the moves
+// of its rows that need state into the outbox table, then the lane's
+// progress, which acknowledges the rest.
+func (c *byRing) endLane(ctx context.Context, q *db.Queries, l *lane, e *lockEnd, token pgtype.UUID) error {
+	txids := make(map[int64]int64, len(l.rows))
+	for i := range l.rows {
+		txids[l.rows[i].ID] = l.rows[i].Txid
+	}
+	var leased, givenUp moves
+	for i, id := range e.leased {
+		leased.add(id, txids[id], e.deliveries[i])
+	}
+	for _, id := range e.givenUp {
+		givenUp.add(id, txids[id], 0)
+	}
+	if err := c.move(ctx, q, l, leased, token); err != nil {
+		return err
+	}
+	if err := c.move(ctx, q, l, givenUp, pgtype.UUID{}); err != nil {
+		return err
+	}
+	return q.RingProgress(ctx, db.RingProgressParams{Queue: l.queue, Lane: l.lane, Snap: l.end})
+}
+
+// leaseLane claims a batch of up to n rows of a free unkeyed lane by
+// lease: it moves the batch into the outbox table leased, writes the
+// lane's progress and commits, and hands the rows out as a claim by
+// lease does.
+func (c *byRing) leaseLane(n int32) (int, error) {
+	r := c.env
+	ctx := r.Writes
+	token, err := newLeaseToken()
+	if err != nil {
+		return 0, err
+	}
+	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.Pool, r.QueryTimeout)
+	if err != nil {
+		return 0, err
+	}
+	defer rollback()
+	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
+	sent := time.Now()
+	l, ok, err := c.read(ctx, q, n)
+	if err != nil || !ok {
+		return 0, err
+	}
+	due, err := c.due(ctx, q, &l)
+	if err != nil {
+		return 0, err
+	}
+	if l.end == l.pos.Prev || (len(l.rows) == 0 && len(l.pos.Crashed) == 0 && l.pos.AgeSeconds < ringIdleProgress.Seconds()) {
+		return 0, nil
+	}
+	m := moves{}
+	for i := range due {
+		m.add(due[i].ID, due[i].Txid, 1)
+	}
+	if err := c.move(ctx, q, &l, m, token); err != nil {
+		return 0, err
+	}
+	if err := q.RingProgress(ctx, db.RingProgressParams{Queue: l.queue, Lane: l.lane, Snap: l.end}); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	ds := r.Leases.AddEach(r.HandlerCtx, len(due), func(i int, row *db.ClaimRow) { claimRow(row, &due[i], l.queue) }, token, sent)
+	r.Hand(ds)
+	return len(ds), nil
+}

@@ -1,0 +1,126 @@
+// Package ring is the log tier's ring beside an outbox table: its schema
+// (schema.sql, applied with Create), the cut of a batch's snapshot, and
+// the ring's turns. Package claim reads it (claim.Env.Ring); writers
+// INSERT into it like into the outbox table.
+package ring
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/naming"
+)
+
+//go:embed schema.sql
+var schema string
+
+// Create adds the ring to the outbox names n (whose migrations are
+// applied), in one transaction of conn.
+func Create(ctx context.Context, conn interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}, n naming.Names) error {
+	sql, _, err := n.Render(schema)
+	if err != nil {
+		return err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol); err != nil {
+		return fmt.Errorf("outbox: creating the ring: %w", err)
+	}
+	return tx.Commit(ctx)
+}
+
+// Cut returns the snapshot that ends a batch cut after transaction last:
+// every transaction below last+1 that snapshot cur sees is done, those cur
+// saw running stay running. cur is a pg_snapshot's text (xmin:xmax:xips).
+func Cut(cur string, last int64) (string, error) {
+	parts := strings.Split(cur, ":")
+	if len(parts) != 3 {
+		return "", fmt.Errorf("outbox: not a snapshot: %q", cur)
+	}
+	xmax := uint64(last) + 1
+	lowest := xmax
+	var xip []string
+	if parts[2] != "" {
+		for _, x := range strings.Split(parts[2], ",") {
+			v, err := strconv.ParseUint(x, 10, 64)
+			if err != nil {
+				return "", fmt.Errorf("outbox: not a snapshot: %q", cur)
+			}
+			if v < xmax {
+				xip = append(xip, x)
+				lowest = min(lowest, v)
+			}
+		}
+	}
+	curMin, err := strconv.ParseUint(parts[0], 10, 64)
+	if err != nil {
+		return "", fmt.Errorf("outbox: not a snapshot: %q", cur)
+	}
+	return fmt.Sprintf("%d:%d:%s", min(lowest, curMin, xmax), xmax, strings.Join(xip, ",")), nil
+}
+
+// Turned is what one Turn did.
+type Turned struct {
+	// Moved: writers moved to the next partition.
+	Moved bool
+	// Truncated and Busy count the partitions every lane had read past
+	// that were emptied, and those a lock kept (they are tried again).
+	Truncated, Busy int
+}
+
+// Turn moves writers to the next partition when the one they write into
+// is older than age and the next is open, then empties every partition
+// that every lane has read past, and deletes the progress and claim
+// records behind each lane's newest. Each statement commits on its own
+// (q runs on a pool): a reader must see a partition open before a writer
+// can write into it.
+func Turn(ctx context.Context, q *db.Queries, age time.Duration) (Turned, error) {
+	var t Turned
+	st, err := q.RingTurnState(ctx)
+	if err != nil {
+		return t, err
+	}
+	if st.AgeSeconds >= age.Seconds() && st.NextOpen {
+		next, err := q.RingNextSlot(ctx, st.Slot)
+		if err != nil {
+			return t, err
+		}
+		if next.Turned {
+			t.Moved = true
+			if err := q.RingCloseSlot(ctx, st.Slot); err != nil {
+				return t, err
+			}
+		}
+	}
+	done, err := q.RingDoneSlots(ctx)
+	if err != nil {
+		return t, err
+	}
+	for _, s := range done {
+		ok, err := q.RingTruncate(ctx, s)
+		if err != nil {
+			return t, err
+		}
+		if ok {
+			t.Truncated++
+		} else {
+			t.Busy++
+		}
+	}
+	if t.Truncated > 0 {
+		err = q.RingPrune(ctx)
+	}
+	return t, err
+}

@@ -1,0 +1,179 @@
+-- The log tier's ring, beside the outbox table (which stays the state
+-- tier). Not a migration: package ring applies it to an outbox that
+-- claims from a ring (its tests and the benchmarks); shipping it is a
+-- later, numbered migration. Names are written for outbox "outbox" in
+-- schema public, with the migrations' markers.
+--
+-- Every writer INSERTs into outbox_ring; nothing updates or deletes its
+-- rows. A subscriber reads a queue's rows per lane by snapshot
+-- difference: a batch is the rows visible to the claim's snapshot and not
+-- to the lane's newest progress row, whose insert, in the claim's
+-- transaction, acknowledges every row of the batch at once. Rows that
+-- need per-row state (a failure, a handler that outlives LockWindow, a
+-- row not yet due, a keyed row, the rows of a claim that died) go to the
+-- outbox table, whose claims, leases, hand-overs and dead letters serve
+-- them as before. Partitions are emptied by TRUNCATE once every lane has
+-- read past them.
+
+-- Which partition writers write into: read with pg_sequence_last_value,
+-- outside any snapshot, so that a turn is seen at once; a query of the
+-- sequence per row would cost a quarter of a one-row publish.
+CREATE SEQUENCE /*outbox:table*/outbox_ring_slot MINVALUE 0 MAXVALUE 3 START 0 CYCLE;
+
+CREATE FUNCTION /*outbox:table*/outbox_ring_slot_now() RETURNS smallint
+LANGUAGE sql VOLATILE AS $$
+    SELECT coalesce(pg_sequence_last_value(/*outbox:literal*/'outbox_ring_slot'), 0)::smallint
+$$;
+
+-- txid is declared before slot, so its default runs first: a transaction
+-- has its xid before it reads the slot, which is what lets a turn know
+-- below which xid the old partition is no longer written. ids come from
+-- the outbox table's sequence: a row keeps its id when it moves there.
+-- Lanes 0-3 hold unkeyed rows (by id), lanes 4-7 keyed rows (by key), so
+-- a key's rows are read by one reader at a time, in commit order.
+CREATE TABLE /*outbox:table*/outbox_ring (
+    id              bigint      NOT NULL DEFAULT nextval(/*outbox:literal*/'outbox_id_seq'),
+    queue           text        COLLATE "C" NOT NULL,
+    payload         bytea       NOT NULL,
+    headers         jsonb,
+    ordering_key    text        COLLATE "C",
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    txid            xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    slot            smallint    NOT NULL DEFAULT /*outbox:table*/outbox_ring_slot_now(),
+    lane            smallint    NOT NULL GENERATED ALWAYS AS (
+        CASE WHEN ordering_key IS NULL THEN (id % 4)::smallint
+             ELSE (4 + ((hashtext(ordering_key) % 4) + 4) % 4)::smallint END) STORED,
+    CONSTRAINT /*outbox:name*/outbox_ring_queue_chk CHECK (octet_length(queue) BETWEEN 1 AND 255),
+    CONSTRAINT /*outbox:name*/outbox_ring_headers_chk CHECK (headers IS NULL OR jsonb_typeof(headers) = 'object')
+) PARTITION BY LIST (slot);
+
+CREATE TABLE /*outbox:table*/outbox_ring_p0 PARTITION OF /*outbox:table*/outbox_ring FOR VALUES IN (0) WITH (autovacuum_enabled = off);
+CREATE TABLE /*outbox:table*/outbox_ring_p1 PARTITION OF /*outbox:table*/outbox_ring FOR VALUES IN (1) WITH (autovacuum_enabled = off);
+CREATE TABLE /*outbox:table*/outbox_ring_p2 PARTITION OF /*outbox:table*/outbox_ring FOR VALUES IN (2) WITH (autovacuum_enabled = off);
+CREATE TABLE /*outbox:table*/outbox_ring_p3 PARTITION OF /*outbox:table*/outbox_ring FOR VALUES IN (3) WITH (autovacuum_enabled = off);
+
+-- A lane's rows in the order a batch takes them; ending in id, the
+-- partitions' scans merge without a sort.
+CREATE INDEX /*outbox:name*/outbox_ring_lane_idx ON /*outbox:table*/outbox_ring (queue, lane, txid, id);
+
+-- A keyed row draws its id under its key's lock, as in the outbox table:
+-- within a key, id order is commit order.
+-- +goose StatementBegin
+CREATE FUNCTION /*outbox:table*/outbox_ring_key_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(/*outbox:table*/outbox_key_lock(NEW.queue, NEW.ordering_key));
+    NEW.id := nextval(/*outbox:literal*/'outbox_id_seq');
+    RETURN NEW;
+END;
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER /*outbox:name*/outbox_ring_key_insert_trg
+    BEFORE INSERT ON /*outbox:table*/outbox_ring
+    FOR EACH ROW WHEN (NEW.ordering_key IS NOT NULL)
+    EXECUTE FUNCTION /*outbox:table*/outbox_ring_key_insert();
+
+-- Gives a queue its lanes when its first row is written, so that no
+-- partition is emptied before the queue's lanes have read it; then wakes
+-- sleeping subscribers of the statement's queues, as the outbox table's
+-- statement trigger does.
+-- +goose StatementBegin
+CREATE FUNCTION /*outbox:table*/outbox_ring_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO /*outbox:table*/outbox_ring_lanes (queue, lane)
+    SELECT q.queue, l.lane
+    FROM (SELECT DISTINCT n.queue FROM new_rows AS n) AS q, generate_series(0, 7) AS l(lane)
+    WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = q.queue AND x.lane = 0)
+    ON CONFLICT DO NOTHING;
+    IF pg_sequence_last_value(/*outbox:literal*/'outbox_sleep_horizon') <= date_part('epoch', now()) * 1000 THEN
+        RETURN NULL;
+    END IF;
+    PERFORM /*outbox:table*/outbox_wake(q.queue, q.due)
+    FROM (SELECT DISTINCT n.queue, n.next_attempt_at <= now() AS due FROM new_rows AS n) AS q;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER /*outbox:name*/outbox_ring_notify_trg
+    AFTER INSERT ON /*outbox:table*/outbox_ring
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION /*outbox:table*/outbox_ring_notify();
+
+-- One row per lane of a queue, only ever locked: it admits one reader
+-- per lane, and writes no row version.
+CREATE TABLE /*outbox:table*/outbox_ring_lanes (
+    queue text     COLLATE "C" NOT NULL,
+    lane  smallint NOT NULL,
+    PRIMARY KEY (queue, lane)
+);
+
+-- Where each lane's reading stands: the snapshot its last batch ended
+-- at. Append-only, read newest first; a lane without a row reads from
+-- the ring's start.
+CREATE TABLE /*outbox:table*/outbox_ring_progress (
+    queue text        COLLATE "C" NOT NULL,
+    lane  smallint    NOT NULL,
+    seq   bigint      GENERATED ALWAYS AS IDENTITY,
+    snap  pg_snapshot NOT NULL,
+    at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (queue, lane, seq)
+);
+
+-- The record of a batch in progress, committed before its handlers run:
+-- a claim whose transaction aborted delivered the rows its snapshot sees
+-- after the progress it read (after_seq, 0 for none), and the next
+-- reader counts that delivery.
+CREATE TABLE /*outbox:table*/outbox_ring_claims (
+    queue     text        COLLATE "C" NOT NULL,
+    lane      smallint    NOT NULL,
+    after_seq bigint      NOT NULL,
+    xid       xid8        NOT NULL,
+    snap      pg_snapshot NOT NULL,
+    PRIMARY KEY (queue, lane, after_seq, xid)
+);
+
+-- A partition's turn: done_below is the xid below which every writer of
+-- the partition began (set when writers moved on to the next); NULL
+-- while it is written.
+CREATE TABLE /*outbox:table*/outbox_ring_turns (
+    slot       smallint    PRIMARY KEY,
+    done_below xid8,
+    since      timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO /*outbox:table*/outbox_ring_turns (slot) SELECT s FROM generate_series(0, 3) AS s;
+
+-- Empties partition s, and marks it open for writers again, unless a
+-- transaction holds a lock on it (a reader that can still reach it,
+-- pg_dump): then it returns false at once, and the next turn tries
+-- again. TRUNCATE is not MVCC-safe: only partitions every lane has read
+-- past are given.
+-- +goose StatementBegin
+CREATE FUNCTION /*outbox:table*/outbox_ring_truncate(s smallint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    CASE s
+    WHEN 0 THEN
+        LOCK TABLE /*outbox:table*/outbox_ring_p0 IN ACCESS EXCLUSIVE MODE NOWAIT;
+        TRUNCATE /*outbox:table*/outbox_ring_p0;
+    WHEN 1 THEN
+        LOCK TABLE /*outbox:table*/outbox_ring_p1 IN ACCESS EXCLUSIVE MODE NOWAIT;
+        TRUNCATE /*outbox:table*/outbox_ring_p1;
+    WHEN 2 THEN
+        LOCK TABLE /*outbox:table*/outbox_ring_p2 IN ACCESS EXCLUSIVE MODE NOWAIT;
+        TRUNCATE /*outbox:table*/outbox_ring_p2;
+    WHEN 3 THEN
+        LOCK TABLE /*outbox:table*/outbox_ring_p3 IN ACCESS EXCLUSIVE MODE NOWAIT;
+        TRUNCATE /*outbox:table*/outbox_ring_p3;
+    END CASE;
+    UPDATE /*outbox:table*/outbox_ring_turns SET done_below = NULL WHERE slot = s;
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END;
+$$;
+-- +goose StatementEnd

@@ -1,0 +1,258 @@
+-- The log tier's ring (internal/ring/schema.sql): claims that read a
+-- lane's batch by snapshot difference, the moves of rows that need
+-- per-row state into the outbox table, and the ring's turns. A claim of
+-- a lane runs in a READ COMMITTED transaction of its own, which holds the
+-- lane's row lock while the batch's handlers run, and ends by inserting
+-- the lane's progress: that one row acknowledges every row of the batch
+-- that did not move to the outbox table.
+
+-- name: RingTakeLane :one
+-- Locks, in the claim's transaction, a free lane of @queues between
+-- @from_lane and @to_lane (exclusive), starting the search at lane
+-- @turn, and sets the transaction's planner settings: a custom plan for
+-- every statement, so that the read locks only the partitions it names
+-- (a generic plan locks all of them before pruning, and an open claim
+-- would then keep the ring from turning); and no bitmap scans, so that a
+-- lane's read stops at its batch's last row instead of reading, and
+-- sorting, the lane's whole backlog.
+SELECT l.queue, l.lane,
+       set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
+       set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan
+FROM /*outbox:table*/outbox_ring_lanes AS l
+WHERE l.queue = ANY (@queues::text[]) AND l.lane >= @from_lane::smallint AND l.lane < @to_lane::smallint
+ORDER BY mod(l.lane - (@turn::smallint) + 8, 8), l.queue
+LIMIT 1
+FOR UPDATE SKIP LOCKED;
+
+-- name: RingPosition :one
+-- Where lane @lane of @queue stands, read in the claim's transaction:
+-- its newest progress (seq 0 and the empty snapshot when it has none:
+-- the lane reads from the ring's start) and its age; the transaction's
+-- snapshot and id; the partitions the batch can reach (those not done
+-- below the progress's xmin); and the snapshots of the claims after that
+-- progress whose transactions aborted (crashed or lost deliveries).
+SELECT coalesce(p.seq, 0)::bigint AS seq,
+       coalesce(p.snap, '1:1:'::pg_snapshot)::text AS prev,
+       coalesce(extract(epoch FROM now() - p.at), 1e9)::float8 AS age_seconds,
+       pg_current_snapshot()::text AS cur,
+       pg_current_xact_id()::text::bigint AS xid,
+       coalesce((SELECT array_agg(t.slot ORDER BY t.slot) FROM /*outbox:table*/outbox_ring_turns AS t
+                 WHERE t.done_below IS NULL OR t.done_below > pg_snapshot_xmin(coalesce(p.snap, '1:1:'::pg_snapshot))),
+                '{}')::smallint[] AS slots,
+       coalesce((SELECT array_agg(c.snap::text) FROM /*outbox:table*/outbox_ring_claims AS c
+                 WHERE c.queue = @queue AND c.lane = @lane AND c.after_seq = coalesce(p.seq, 0)
+                   AND pg_xact_status(c.xid) = 'aborted'),
+                '{}')::text[] AS crashed
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT g.seq, g.snap, g.at FROM /*outbox:table*/outbox_ring_progress AS g
+    WHERE g.queue = @queue AND g.lane = @lane
+    ORDER BY g.seq DESC LIMIT 1) AS p ON true;
+
+-- name: RingRead :many
+-- Up to @max_rows rows of the batch of lane @lane of @queue: visible to
+-- snapshot @cur and not to @prev, in the partitions @slots, in (txid, id)
+-- order. A batch that fills is cut after its last transaction's rows
+-- (RingReadRest) and its progress says so (a snapshot whose xmin is the
+-- next txid).
+SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid::text::bigint AS txid
+FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
+JOIN /*outbox:table*/outbox_ring AS r
+  ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
+ AND r.txid >= pg_snapshot_xmin(b.prev)
+ AND NOT pg_visible_in_snapshot(r.txid, b.prev)
+ AND pg_visible_in_snapshot(r.txid, b.cur)
+ORDER BY r.queue, r.lane, r.txid, r.id
+LIMIT @max_rows;
+
+-- name: RingReadRest :many
+-- The rows of transaction @txid in lane @lane of @queue after row
+-- @after_id: the rest of a full batch's last transaction.
+SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid::text::bigint AS txid
+FROM /*outbox:table*/outbox_ring AS r
+WHERE r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
+  AND r.txid = (@txid::text)::xid8 AND r.id > @after_id
+ORDER BY r.queue, r.lane, r.txid, r.id;
+
+-- name: RingRecord :one
+-- Records, in a transaction of its own (autocommit), that the claim of
+-- transaction @xid read the batch of lane @lane of @queue after progress
+-- @after_seq up to snapshot @snap. It records nothing, and recorded is
+-- false, when that transaction is no longer in progress: its lane is
+-- free, and its rows must not be handed to handlers.
+WITH session AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit, (@xid::bigint)::text::xid8 AS xid
+), record AS (
+    INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap)
+    SELECT @queue, @lane, @after_seq, session.xid, (@snap::text)::pg_snapshot
+    FROM session
+    WHERE pg_xact_status(session.xid) = 'in progress'
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM record) AS recorded;
+
+-- name: RingConfirm :exec
+-- Runs in the claim's transaction once its record has committed: that it
+-- succeeds shows the transaction, and so the lane's lock, outlived the
+-- record's commit.
+SELECT 1;
+
+-- name: RingMove :execrows
+-- Moves rows @ids (of transactions @txids) of lane @lane of @queue, in
+-- the partitions @slots, into the outbox table with their ids, each with
+-- its delivery count @deliveries, leased with @token for
+-- @lease_ttl_seconds when @token is set (rows whose handlers run on, or
+-- whose failure the lease path writes next), else waiting for a claim
+-- (rows no handler started, rows not yet due). Fewer rows moved than given
+-- means the ring no longer holds them.
+INSERT INTO /*outbox:table*/outbox
+    (id, queue, payload, headers, created_at, next_attempt_at, deliveries_count, acquired_token, acquired_at, lease_expires_at)
+OVERRIDING SYSTEM VALUE
+SELECT r.id, r.queue, r.payload, r.headers, r.created_at, r.next_attempt_at, m.deliveries,
+       l.token,
+       CASE WHEN l.token IS NOT NULL THEN clock_timestamp() END,
+       CASE WHEN l.token IS NOT NULL THEN clock_timestamp() + make_interval(secs => l.ttl) END
+FROM (SELECT sqlc.narg(token)::uuid AS token, @lease_ttl_seconds::float8 AS ttl) AS l
+CROSS JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@txids::bigint[]) AS txid, unnest(@deliveries::integer[]) AS deliveries) AS m
+JOIN /*outbox:table*/outbox_ring AS r
+  ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane AND r.txid = m.txid::text::xid8 AND r.id = m.id;
+
+-- name: RingMoveCrashed :execrows
+-- Moves the batch of lane @lane of @queue between snapshots @prev and
+-- @cur, in the partitions @slots, into the outbox table, unleased, each
+-- row with the deliveries that claims whose transactions aborted made of
+-- it (those of the snapshots @crashed that see it): from there, each row
+-- counts toward MaxDeliveries on its own, so a row that kills its
+-- subscriber does not take its batch down with it again.
+INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, created_at, next_attempt_at, deliveries_count)
+OVERRIDING SYSTEM VALUE
+SELECT r.id, r.queue, r.payload, r.headers, r.created_at, r.next_attempt_at,
+       (SELECT count(*) FROM unnest(@crashed::text[]) AS c(snap) WHERE pg_visible_in_snapshot(r.txid, c.snap::pg_snapshot))::integer
+FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
+JOIN /*outbox:table*/outbox_ring AS r
+  ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
+ AND r.txid >= pg_snapshot_xmin(b.prev)
+ AND NOT pg_visible_in_snapshot(r.txid, b.prev)
+ AND pg_visible_in_snapshot(r.txid, b.cur)
+ORDER BY r.id;
+
+-- name: RingMoveKeyed :one
+-- Moves, in one transaction of its own (autocommit), the rows of the free
+-- keyed lanes (4 to 7) of @queues that their newest progress has not seen
+-- into the outbox table, in id order, through the table's key trigger: a
+-- key's rows take the outbox table's per-key order, hand-overs and
+-- leases, behind the key's rows already there. Then writes each lane's
+-- progress, when rows of it moved or its newest is older than
+-- @idle_progress_seconds (so that the ring can turn past an idle lane).
+-- Returns how many rows moved.
+WITH lane AS MATERIALIZED (
+    SELECT l.queue, l.lane FROM /*outbox:table*/outbox_ring_lanes AS l
+    WHERE l.queue = ANY (@queues::text[]) AND l.lane >= 4 AND l.lane < 8
+    FOR UPDATE SKIP LOCKED
+), pos AS MATERIALIZED (
+    SELECT lane.queue, lane.lane,
+           coalesce(p.snap, '1:1:'::pg_snapshot) AS prev,
+           coalesce(extract(epoch FROM now() - p.at), 1e9) AS age,
+           pg_current_snapshot() AS cur
+    FROM lane
+    LEFT JOIN LATERAL (
+        SELECT g.snap, g.at FROM /*outbox:table*/outbox_ring_progress AS g
+        WHERE g.queue = lane.queue AND g.lane = lane.lane
+        ORDER BY g.seq DESC LIMIT 1) AS p ON true
+), batch AS MATERIALIZED (
+    SELECT r.id, r.queue, r.lane, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at
+    FROM pos
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.queue = pos.queue AND r.lane = pos.lane
+     AND r.txid >= pg_snapshot_xmin(pos.prev)
+     AND NOT pg_visible_in_snapshot(r.txid, pos.prev)
+     AND pg_visible_in_snapshot(r.txid, pos.cur)
+), moved AS (
+    INSERT INTO /*outbox:table*/outbox (queue, payload, headers, ordering_key, created_at, next_attempt_at)
+    SELECT b.queue, b.payload, b.headers, b.ordering_key, b.created_at, b.next_attempt_at
+    FROM batch AS b
+    ORDER BY b.id
+    RETURNING 1
+), progress AS (
+    INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap)
+    SELECT pos.queue, pos.lane, pos.cur FROM pos
+    WHERE pos.age > @idle_progress_seconds::float8
+       OR EXISTS (SELECT FROM batch AS b WHERE b.queue = pos.queue AND b.lane = pos.lane)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved)::integer AS moved, (SELECT count(*) FROM progress)::integer AS progressed;
+
+-- name: RingProgress :exec
+-- Acknowledges, in the claim's transaction, every row of the batch of
+-- lane @lane of @queue up to snapshot @snap that did not move to the
+-- outbox table: the lane's next batch starts there.
+INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap)
+VALUES (@queue, @lane, (@snap::text)::pg_snapshot);
+
+-- name: RingTurnState :one
+-- The partition writers write into, how long since they moved there, and
+-- whether the next one is empty and may be written (a turn may move
+-- writers there).
+SELECT t.slot, extract(epoch FROM now() - t.since)::float8 AS age_seconds,
+       (SELECT n.done_below IS NULL FROM /*outbox:table*/outbox_ring_turns AS n WHERE n.slot = (t.slot + 1) % 4)::boolean AS next_open
+FROM /*outbox:table*/outbox_ring_turns AS t
+WHERE t.slot = /*outbox:table*/outbox_ring_slot_now();
+
+-- name: RingNextSlot :one
+-- Moves writers from partition @slot to the next, unless another turn
+-- moved them already or runs now; returns the partition writers write
+-- into after it, and whether this statement moved them.
+SELECT coalesce(t.moved, /*outbox:table*/outbox_ring_slot_now())::smallint AS slot, (t.moved IS NOT NULL)::boolean AS turned
+FROM (SELECT 1) AS one
+LEFT JOIN (
+    SELECT nextval(/*outbox:literal*/'outbox_ring_slot')::smallint AS moved
+    FROM (SELECT 1) AS x
+    WHERE pg_try_advisory_xact_lock(/*outbox:literal*/'outbox_ring_slot'::regclass::oid::bigint)
+      AND /*outbox:table*/outbox_ring_slot_now() = @slot::smallint
+) AS t ON true;
+
+-- name: RingCloseSlot :exec
+-- Marks partition @slot, which writers left, as no longer written, and
+-- the next as written since now; in a statement after the turn: every
+-- writer that read the old slot had its xid by then, so each is below
+-- this snapshot's xmax.
+UPDATE /*outbox:table*/outbox_ring_turns AS t
+SET done_below = CASE WHEN t.slot = a.slot THEN pg_snapshot_xmax(pg_current_snapshot()) END,
+    since = CASE WHEN t.slot = a.slot THEN t.since ELSE now() END
+FROM (SELECT (@slot::smallint) AS slot) AS a
+WHERE t.slot = a.slot OR t.slot = (a.slot + 1) % 4;
+
+-- name: RingDoneSlots :many
+-- The partitions, other than the one written, that every lane of every
+-- queue has read past: each lane's newest progress has an xmin at or past
+-- the partition's done_below. A lane with no progress holds them all.
+SELECT t.slot FROM /*outbox:table*/outbox_ring_turns AS t
+WHERE t.done_below IS NOT NULL
+  AND t.slot <> /*outbox:table*/outbox_ring_slot_now()
+  AND NOT EXISTS (
+      SELECT FROM /*outbox:table*/outbox_ring_lanes AS l
+      WHERE coalesce((SELECT pg_snapshot_xmin(g.snap) FROM /*outbox:table*/outbox_ring_progress AS g
+                      WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1), '0'::xid8) < t.done_below)
+ORDER BY t.slot;
+
+-- name: RingTruncate :one
+-- Empties partition @slot unless a transaction holds a lock on it.
+SELECT /*outbox:table*/outbox_ring_truncate(@slot::smallint) AS truncated;
+
+-- name: RingPrune :exec
+-- Deletes the progress rows behind each lane's newest, and the records of
+-- claims after them: every read is of the newest, so these are behind
+-- every scan.
+WITH newest AS (
+    SELECT l.queue, l.lane,
+           (SELECT g.seq FROM /*outbox:table*/outbox_ring_progress AS g
+            WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS seq
+    FROM /*outbox:table*/outbox_ring_lanes AS l
+), progress AS (
+    DELETE FROM /*outbox:table*/outbox_ring_progress AS g
+    USING newest AS n
+    WHERE g.queue = n.queue AND g.lane = n.lane AND g.seq < n.seq
+)
+DELETE FROM /*outbox:table*/outbox_ring_claims AS c
+USING newest AS n
+WHERE c.queue = n.queue AND c.lane = n.lane AND c.after_seq < n.seq;
