@@ -30,12 +30,6 @@ func setup(t *testing.T) *env {
 	return &env{t: t, ctx: t.Context(), Outbox: o}
 }
 
-// publish inserts a row of queue and returns its id.
-func (e *env) publish(queue string) int64 {
-	e.t.Helper()
-	return e.Publish(e.t, queue)
-}
-
 // subscriber returns a subscriber of queues on e's pool, with the public
 // defaults but a discarded log, a handler that succeeds and claims by
 // lock only (MinLockedClaim 0).
