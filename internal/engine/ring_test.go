@@ -17,8 +17,10 @@ import (
 // retryNow retries every failure at once.
 type retryNow struct{}
 
-func (retryNow) NextDelay(int, time.Duration, error) (time.Duration, bool, error) { return 0, true, nil }
-func (retryNow) Allow(int, time.Duration, time.Duration, error) (bool, error)     { return true, nil }
+func (retryNow) NextDelay(int, time.Duration, error) (time.Duration, bool, error) {
+	return 0, true, nil
+}
+func (retryNow) Allow(int, time.Duration, time.Duration, error) (bool, error) { return true, nil }
 
 // failingOnce fails the first delivery of each row in fail, and records
 // the deliveries of every row.

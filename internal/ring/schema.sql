@@ -19,6 +19,9 @@
 -- outside any snapshot, so that a turn is seen at once; a query of the
 -- sequence per row would cost a quarter of a one-row publish.
 CREATE SEQUENCE /*outbox:table*/outbox_ring_slot MINVALUE 0 MAXVALUE 3 START 0 CYCLE;
+-- Called once, so that its last value is the partition written (0) and
+-- the next turn moves writers to 1.
+SELECT nextval(/*outbox:literal*/'outbox_ring_slot');
 
 CREATE FUNCTION /*outbox:table*/outbox_ring_slot_now() RETURNS smallint
 LANGUAGE sql VOLATILE AS $$

@@ -224,15 +224,25 @@ WHERE t.slot = a.slot OR t.slot = (a.slot + 1) % 4;
 
 -- name: RingDoneSlots :many
 -- The partitions, other than the one written, that every lane of every
--- queue has read past: each lane's newest progress has an xmin at or past
--- the partition's done_below. A lane with no progress holds them all.
+-- queue has read past: no lane has a row there that its newest progress
+-- does not see. Only the rows of transactions between that snapshot's
+-- xmin and the partition's done_below are looked at (those below xmin are
+-- seen): a transaction that wrote nothing into the ring, however long it
+-- runs, does not hold the ring back. A lane with no progress sees nothing.
 SELECT t.slot FROM /*outbox:table*/outbox_ring_turns AS t
 WHERE t.done_below IS NOT NULL
   AND t.slot <> /*outbox:table*/outbox_ring_slot_now()
   AND NOT EXISTS (
       SELECT FROM /*outbox:table*/outbox_ring_lanes AS l
-      WHERE coalesce((SELECT pg_snapshot_xmin(g.snap) FROM /*outbox:table*/outbox_ring_progress AS g
-                      WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1), '0'::xid8) < t.done_below)
+      CROSS JOIN LATERAL (
+          SELECT coalesce((SELECT g.snap FROM /*outbox:table*/outbox_ring_progress AS g
+                           WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1),
+                          '1:1:'::pg_snapshot) AS snap) AS p
+      WHERE EXISTS (
+          SELECT FROM /*outbox:table*/outbox_ring AS r
+          WHERE r.slot = t.slot AND r.queue = l.queue AND r.lane = l.lane
+            AND r.txid >= pg_snapshot_xmin(p.snap) AND r.txid < t.done_below
+            AND NOT pg_visible_in_snapshot(r.txid, p.snap)))
 ORDER BY t.slot;
 
 -- name: RingTruncate :one

@@ -1,0 +1,171 @@
+package claim
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/outboxgen/outboxgen/internal/lease"
+	"github.com/outboxgen/outboxgen/internal/ring"
+)
+
+// ringEnv is e with the ring created; publish writes n rows of queue q
+// into it as a plain SQL writer does, and returns their ids.
+func (e *env) ring() func(n int) []int64 {
+	e.t.Helper()
+	if err := ring.Create(e.ctx, e.DB.Pool, e.Names); err != nil {
+		e.t.Fatal(err)
+	}
+	return func(n int) []int64 {
+		e.t.Helper()
+		rows, err := e.DB.Pool.Query(e.ctx, `INSERT INTO outbox_ring (queue, payload) SELECT 'q', '\x7b7d' FROM generate_series(1, $1) RETURNING id`, n)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				e.t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		if err := rows.Err(); err != nil {
+			e.t.Fatal(err)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+}
+
+// A claim of a lane whose transaction dies (its backend terminated while
+// the batch's handlers run) counts as a delivery: the lane's next reader
+// moves that batch into the outbox table, each row with one delivery,
+// and the next claim of it is the second.
+func TestRingClaimThatDiesCountsTowardMaxDeliveries(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publish := e.ring()
+	ids := publish(8) // one transaction: every row in one batch per lane
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5 * time.Second }, "q")
+	n, err := h.Claim(e.ctx, 100)
+	if err != nil || n == 0 {
+		t.Fatalf("claim: %d rows, %v", n, err)
+	}
+	first := h.ids()
+	h.mu.Lock()
+	pid := h.handed[0].Batch.Hold.(*lockedClaim).tx.Conn().PgConn().PID()
+	h.mu.Unlock()
+	if _, err := e.DB.Pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	h.stop()
+
+	next := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5 * time.Second }, "q")
+	got := map[int64]int32{}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < len(ids) && time.Now().Before(deadline) {
+		if _, err := next.Claim(e.ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		next.mu.Lock()
+		for _, d := range next.handed {
+			// The first delivery of each: a claim's rows that its window
+			// gives back are counted again by the next.
+			if _, ok := got[d.Row.ID]; !ok {
+				got[d.Row.ID] = d.Row.DeliveriesCount
+			}
+		}
+		next.mu.Unlock()
+	}
+	want := map[int64]int32{}
+	for _, id := range ids {
+		want[id] = 1
+	}
+	for _, id := range first {
+		want[id] = 2
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("deliveries counted (-want +got):\n%s", diff)
+	}
+}
+
+// The ring turns: once writers moved on and every lane has read past a
+// partition, a turn empties it; a partition a lane has not read past
+// keeps its rows, and so does one whose reader holds it.
+func TestRingTurnsOnlyPastWhatEveryLaneRead(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.ring()
+	// Rows of two lanes only (0 and 1, by id): the claimer's two claims
+	// in flight hold them all.
+	next := int64(1 << 40)
+	publish := func(n int) {
+		t.Helper()
+		if _, err := e.DB.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (id, queue, payload)
+			SELECT $1::bigint + 4 * (g / 2) + g % 2, 'q', '\x7b7d' FROM generate_series(0, $2 - 1) AS g`, next, n); err != nil {
+			t.Fatal(err)
+		}
+		next += int64(4 * n)
+	}
+	publish(20)
+	q := e.Q
+	count := func() int {
+		var n int
+		if err := e.DB.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox_ring").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	turn, err := ring.Turn(e.ctx, q, 0)
+	if err != nil || !turn.Moved || turn.Truncated != 0 {
+		t.Fatalf("first turn: %+v, %v; want writers moved, nothing emptied before any lane read", turn, err)
+	}
+	publish(4) // into the next partition
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow, env.RingTurnAge = true, time.Minute, time.Hour }, "q")
+	// Every lane reads: each claim takes one unkeyed lane and moves the
+	// keyed lanes; a lane that found nothing writes its progress once
+	// its last is a second old.
+	deadline := time.Now().Add(20 * time.Second)
+	var handed []*lease.Delivery
+	for time.Now().Before(deadline) {
+		if _, err := h.Claim(e.ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		handed = slices.Clone(h.handed)
+		h.mu.Unlock()
+		if len(handed) == 24 {
+			break
+		}
+	}
+	if len(handed) != 24 {
+		t.Fatalf("%d of 24 rows handed out", len(handed))
+	}
+	// The claims hold their lanes: the partition's rows stay.
+	if turn, err := ring.Turn(e.ctx, q, time.Hour); err != nil || turn.Truncated != 0 {
+		t.Fatalf("turn while lanes hold the batches: %+v, %v; want nothing emptied", turn, err)
+	}
+	if n := count(); n != 24 {
+		t.Fatalf("%d rows in the ring; want 24", n)
+	}
+	for _, d := range handed {
+		d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
+	}
+	h.stop()
+	deadline = time.Now().Add(20 * time.Second)
+	for count() != 4 && time.Now().Before(deadline) {
+		if _, err := h.Claim(e.ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ring.Turn(e.ctx, q, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := count(); n != 4 {
+		t.Errorf("%d rows in the ring after every lane read past the first partition; want the 4 of the next", n)
+	}
+}
