@@ -49,7 +49,7 @@ func TestRingClaimThatDiesCountsTowardMaxDeliveries(t *testing.T) {
 	e := setup(t)
 	publish := e.ring()
 	ids := publish(8) // one transaction: every row in one batch per lane
-	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5 * time.Second }, "q")
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
 	n, err := h.Claim(e.ctx, 100)
 	if err != nil || n == 0 {
 		t.Fatalf("claim: %d rows, %v", n, err)
@@ -63,7 +63,7 @@ func TestRingClaimThatDiesCountsTowardMaxDeliveries(t *testing.T) {
 	}
 	h.stop()
 
-	next := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5 * time.Second }, "q")
+	next := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
 	got := map[int64]int32{}
 	deadline := time.Now().Add(10 * time.Second)
 	for len(got) < len(ids) && time.Now().Before(deadline) {
