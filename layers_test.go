@@ -13,7 +13,7 @@ import (
 var layers = [][]string{
 	{"db"},
 	{"internal/dbx", "internal/crew", "internal/naming", "internal/msgtype"},
-	{"internal/wakeup", "internal/lease"},
+	{"internal/wakeup", "internal/lease", "internal/ring"},
 	{"internal/claim"},
 	{"internal/engine"},
 	{"outbox"},

@@ -28,6 +28,16 @@ var notOnTheOutbox = map[string]string{
 	"IdleInTransactionTimeout":     "reads a setting",
 }
 
+// onlyWithTheRing are the statements of claims from the log tier's ring
+// (claim.Env.Ring), which no subscriber runs by default: the ring is
+// measured under a held horizon by its own soak before it is shipped.
+var onlyWithTheRing = map[string]bool{
+	"RingConfirm": true, "RingMove": true, "RingMoveCrashed": true, "RingMoveKeyed": true, "RingPosition": true,
+	"RingProgress": true, "RingRead": true, "RingReadRest": true, "RingRecord": true, "RingTakeLane": true,
+	"RingTurnState": true, "RingNextSlot": true, "RingCloseSlot": true, "RingDoneSlots": true, "RingTruncate": true,
+	"RingPrune": true,
+}
+
 // queryMethods returns the generated queries (the methods of
 // db.Queries), each with the statement it sends: the name of the SQL
 // constant it passes, or its own name when it passes none. Two methods
@@ -139,6 +149,9 @@ func TestEveryHotPathQueryIsMeasuredUnderAHeldSnapshot(t *testing.T) {
 	}
 	var unmeasured, stale []string
 	exempt := map[string]bool{}
+	for q := range onlyWithTheRing {
+		exempt[methods[q]] = true
+	}
 	for q := range notOnTheOutbox {
 		exempt[methods[q]] = true
 		if !hot[methods[q]] {
