@@ -683,13 +683,20 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 		return 0, nil
 	}
 	ds := r.Leases.AddEach(r.HandlerCtx, handed, fill, pgtype.UUID{}, sent)
-	ds[0].Batch.Hold = lc
 	started = true
-	lc.watch(ds[0].Batch)
-	c.lockEnds.Add(1)
-	go c.endLocked(ds[0].Batch, lc)
-	r.Hand(ds)
+	c.hold(ds, lc)
 	return len(ds), nil
+}
+
+// hold hands ds, the rows of locked claim lc, to the run: lc holds them
+// until endLocked ends it, which frees lc's place among the claims in
+// flight.
+func (k *byLock) hold(ds []*lease.Delivery, lc *lockedClaim) {
+	ds[0].Batch.Hold = lc
+	lc.watch(ds[0].Batch)
+	k.lockEnds.Add(1)
+	go k.endLocked(ds[0].Batch, lc)
+	k.env.Hand(ds)
 }
 
 // endLocked ends the locked claim c of batch b when every row is settled,

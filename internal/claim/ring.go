@@ -114,6 +114,13 @@ type lane struct {
 	rows []db.RingReadRow
 }
 
+// unchanged reports whether l's claim has no progress to write: its
+// batch ends where the lane stood, or found nothing while the lane's
+// newest progress is younger than ringIdleProgress.
+func (l *lane) unchanged() bool {
+	return l.end == l.pos.Prev || (len(l.rows) == 0 && len(l.pos.Crashed) == 0 && l.pos.AgeSeconds < ringIdleProgress.Seconds())
+}
+
 // read takes a free unkeyed lane and reads up to n rows of its batch in
 // q's transaction; ok is false when no lane was free. A lane whose last
 // claims aborted has its batch moved into the outbox table instead
@@ -250,7 +257,7 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 	if len(due) == 0 {
 		// Nothing to hand out: the progress (with the moves, if any)
 		// commits at once.
-		if l.end == l.pos.Prev || (len(l.rows) == 0 && len(l.pos.Crashed) == 0 && l.pos.AgeSeconds < ringIdleProgress.Seconds()) {
+		if l.unchanged() {
 			rollback()
 			return 0, nil
 		}
@@ -282,12 +289,8 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 	}
 	ds := r.Leases.AddEach(r.HandlerCtx, len(due), func(i int, row *db.ClaimRow) { claimRow(row, &due[i], l.queue) },
 		pgtype.UUID{}, sent)
-	ds[0].Batch.Hold = lc
 	started = true
-	lc.watch(ds[0].Batch)
-	k.lockEnds.Add(1)
-	go k.endLocked(ds[0].Batch, lc)
-	r.Hand(ds)
+	k.hold(ds, lc)
 	return len(ds), nil
 }
 
@@ -341,7 +344,7 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if l.end == l.pos.Prev || (len(l.rows) == 0 && len(l.pos.Crashed) == 0 && l.pos.AgeSeconds < ringIdleProgress.Seconds()) {
+	if l.unchanged() {
 		return 0, nil
 	}
 	m := moves{}
