@@ -41,6 +41,11 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 	return nil
 }
 
+// ringInsert names the concurrent suite's contender that writes into the
+// log tier's ring (its defaults, its lane and key columns, its statement
+// trigger) with the bare INSERT any writer uses.
+const ringInsert = "bare INSERT into the ring, nobody asleep"
+
 func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers int) error {
 	cfg := env.pool.Config().Copy()
 	cfg.MaxConns, cfg.MinConns = int32(publishers), int32(publishers)
@@ -173,6 +178,7 @@ func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers
 		{"bare INSERT, plain table (primary key and pending index)", concurrently(minimal, false, false, bare(minimal))},
 		{"bare INSERT into the outbox, nobody asleep", concurrently(table("outbox"), false, false, bare(table("outbox")))},
 		{"outbox Publish, nobody asleep", concurrently(table("outbox"), false, false, publish)},
+		{ringInsert, concurrently(ringTable.Sanitize(), false, false, bare(ringTable.Sanitize()))},
 		{"outbox Publish, a subscriber handling", concurrently(table("outbox"), false, true, publish)},
 	}
 	if publishers == 32 {
@@ -199,7 +205,7 @@ func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers
 	}
 	report(o.out, s, names, n, "op", "bare INSERT, no trigger")
 	base := "bare INSERT, plain table (primary key and pending index)"
-	for _, name := range []string{"outbox Publish, nobody asleep", "outbox Publish, a subscriber handling"} {
+	for _, name := range []string{"outbox Publish, nobody asleep", "outbox Publish, a subscriber handling", ringInsert} {
 		fmt.Fprintf(o.out, "%s / %s = %.2fx\n", name, base, rate(median(s[name]), n)/rate(median(s[base]), n))
 	}
 	return nil

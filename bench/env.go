@@ -22,8 +22,14 @@ const (
 	schemaOurs      = "outboxbench"
 	schemaRiver     = "outboxbench_river"
 	schemaWatermill = "outboxbench_watermill"
+	// schemaRing holds an outbox with the log tier's ring beside its
+	// table (package ring): its subscribers claim from both.
+	schemaRing = "outboxbench_ring"
 	topic           = "orders"
 )
+
+// benchSchemas are the schemas newBenchEnv creates, and close drops.
+var benchSchemas = []string{schemaOurs, schemaRiver, schemaWatermill, schemaRing}
 
 // order is the message every contender writes: about 120 bytes of JSON.
 type order struct {
@@ -45,6 +51,7 @@ type benchEnv struct {
 	pool      *pgxpool.Pool
 	stdDB     *sql.DB
 	ob        *outbox.Outbox
+	ring      *outbox.Outbox
 	river     *river.Client[pgx.Tx]
 	watermill *wsql.Publisher
 }
@@ -68,7 +75,7 @@ func newBenchEnv(ctx context.Context, dsn string) (*benchEnv, error) {
 }
 
 func (e *benchEnv) setup(ctx context.Context) error {
-	for _, s := range []string{schemaOurs, schemaRiver, schemaWatermill} {
+	for _, s := range benchSchemas {
 		id := pgx.Identifier{s}.Sanitize()
 		if _, err := e.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+id+" CASCADE; CREATE SCHEMA "+id); err != nil {
 			return fmt.Errorf("create schema %s: %w", s, err)
@@ -83,6 +90,9 @@ func (e *benchEnv) setup(ctx context.Context) error {
 		return err
 	}
 	e.ob = ob
+	if e.ring, err = ringOutbox(ctx, e.pool); err != nil {
+		return err
+	}
 
 	driver := riverpgxv5.New(e.pool)
 	migrator, err := rivermigrate.New(driver, &rivermigrate.Config{Schema: schemaRiver})
@@ -125,14 +135,15 @@ func (e *benchEnv) reset(ctx context.Context) error {
 		pgx.Identifier{schemaOurs, "outbox_dlq"}.Sanitize()+", "+
 		pgx.Identifier{schemaOurs, "outbox_handoff"}.Sanitize()+", "+
 		pgx.Identifier{schemaRiver, "river_job"}.Sanitize()+", "+
-		pgx.Identifier{schemaWatermill, "watermill_" + topic}.Sanitize())
+		pgx.Identifier{schemaWatermill, "watermill_" + topic}.Sanitize()+", "+
+		ringTables())
 	return err
 }
 
 func (e *benchEnv) close() {
 	ctx := context.Background()
 	if e.ob != nil {
-		for _, s := range []string{schemaOurs, schemaRiver, schemaWatermill} {
+		for _, s := range benchSchemas {
 			_, _ = e.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{s}.Sanitize()+" CASCADE")
 		}
 	}

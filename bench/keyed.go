@@ -36,17 +36,21 @@ func keyName(i int) string { return "key-" + strconv.Itoa(i) }
 // keyIndex inverts keyName.
 func keyIndex(k string) (int, error) { return strconv.Atoi(strings.TrimPrefix(k, "key-")) }
 
+// outboxTable is the bench outbox's table.
+var outboxTable = pgx.Identifier{schemaOurs, "outbox"}
+
 // insertRowsSQL is PublishBatch's statement with one ordering key per row
-// instead of one per call: plain SQL, as any writer may use. Keyed rows go
-// through the table's insert trigger, which blocks all but a key's head.
-func insertRowsSQL() string {
-	return "INSERT INTO " + pgx.Identifier{schemaOurs, "outbox"}.Sanitize() + " AS o (queue, payload, headers, ordering_key)" +
+// instead of one per call, into table: plain SQL, as any writer may use.
+// Keyed rows go through the outbox table's insert trigger, which blocks
+// all but a key's head (the ring's takes the key's lock alone).
+func insertRowsSQL(table pgx.Identifier) string {
+	return "INSERT INTO " + table.Sanitize() + " AS o (queue, payload, headers, ordering_key)" +
 		" SELECT $1::text, u.p, $2::jsonb, u.k FROM unnest($3::bytea[], $4::text[]) AS u(p, k) RETURNING o.id"
 }
 
-// insertRows writes orders first..first+len(keys)-1 in one statement, row
-// i with keys[i] (nil: no key).
-func insertRows(ctx context.Context, env *benchEnv, first int, keys []*string) error {
+// insertRows writes orders first..first+len(keys)-1 into table in one
+// statement, row i with keys[i] (nil: no key).
+func insertRows(ctx context.Context, env *benchEnv, table pgx.Identifier, first int, keys []*string) error {
 	payloads := make([][]byte, len(keys))
 	for i := range keys {
 		b, err := jsonOrder(first + i)
@@ -55,7 +59,7 @@ func insertRows(ctx context.Context, env *benchEnv, first int, keys []*string) e
 		}
 		payloads[i] = b
 	}
-	rows, err := env.pool.Query(ctx, insertRowsSQL(), topic, benchHeaders, payloads, keys)
+	rows, err := env.pool.Query(ctx, insertRowsSQL(table), topic, benchHeaders, payloads, keys)
 	if err != nil {
 		return err
 	}
@@ -73,11 +77,11 @@ func insertRows(ctx context.Context, env *benchEnv, first int, keys []*string) e
 	return nil
 }
 
-// keyedBacklog writes n orders; with keys > 0, order i gets key i mod
+// keyedBacklog writes n orders into table; with keys > 0, order i gets key i mod
 // keys, so the rows of a key are spread over the backlog. Each statement
 // writes drainBatch rows (at most drainBatch keys per transaction: every
 // key takes an advisory lock until commit).
-func keyedBacklog(ctx context.Context, env *benchEnv, n, keys int) error {
+func keyedBacklog(ctx context.Context, env *benchEnv, table pgx.Identifier, n, keys int) error {
 	ks := make([]*string, drainBatch)
 	for first := 0; first < n; first += drainBatch {
 		for i := range ks {
@@ -87,7 +91,7 @@ func keyedBacklog(ctx context.Context, env *benchEnv, n, keys int) error {
 				ks[i] = &k
 			}
 		}
-		if err := insertRows(ctx, env, first, ks); err != nil {
+		if err := insertRows(ctx, env, table, first, ks); err != nil {
 			return err
 		}
 	}
@@ -158,7 +162,7 @@ func runKeyedDrain(ctx context.Context, env *benchEnv, o options) error {
 	keys := n / rowsPerKey
 	drain := func(keys int, cfg func() *outbox.SubscriberConfig[order]) func(int) (time.Duration, error) {
 		return func(n int) (time.Duration, error) {
-			if err := keyedBacklog(ctx, env, n, keys); err != nil {
+			if err := keyedBacklog(ctx, env, outboxTable, n, keys); err != nil {
 				return 0, err
 			}
 			var done atomic.Int64
@@ -506,7 +510,7 @@ func runKeyedBatch(ctx context.Context, env *benchEnv, o options) error {
 					keys[i] = &k
 				}
 			}
-			return insertRows(ctx, env, first, keys)
+			return insertRows(ctx, env, outboxTable, first, keys)
 		})
 	}
 	const (

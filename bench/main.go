@@ -82,6 +82,7 @@ var suites = []suite{
 	{"concurrent", runConcurrentPublish},
 	{"batch", runBatch},
 	{"drain", runDrain},
+	{"ring", runRingDrain},
 	{"latency", runLatency},
 	{"scaleout", runScaleOut},
 	{"memory", runMemory},

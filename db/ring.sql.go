@@ -324,6 +324,18 @@ func (q *Queries) RingPosition(ctx context.Context, arg RingPositionParams) (Rin
 	return i, err
 }
 
+const ringPresent = `-- name: RingPresent :one
+SELECT (to_regclass(/*outbox:literal*/'outbox_ring') IS NOT NULL)::boolean AS present
+`
+
+// Whether the outbox has the ring beside its table.
+func (q *Queries) RingPresent(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, ringPresent)
+	var present bool
+	err := row.Scan(&present)
+	return present, err
+}
+
 const ringProgress = `-- name: RingProgress :exec
 INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap)
 VALUES ($1, $2, ($3::text)::pg_snapshot)
@@ -539,7 +551,8 @@ const ringTakeLane = `-- name: RingTakeLane :one
 
 SELECT l.queue, l.lane,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
-       set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan
+       set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
+       set_config('jit', 'off', true) AS jit
 FROM /*outbox:table*/outbox_ring_lanes AS l
 WHERE l.queue = ANY ($1::text[]) AND l.lane >= $2::smallint AND l.lane < $3::smallint
 ORDER BY mod(l.lane - ($4::smallint) + 8, 8), l.queue
@@ -559,6 +572,7 @@ type RingTakeLaneRow struct {
 	Lane             int16
 	PlanCacheMode    string
 	EnableBitmapscan string
+	Jit              string
 }
 
 // The log tier's ring (internal/ring/schema.sql): claims that read a
@@ -575,7 +589,9 @@ type RingTakeLaneRow struct {
 // (a generic plan locks all of them before pruning, and an open claim
 // would then keep the ring from turning); and no bitmap scans, so that a
 // lane's read stops at its batch's last row instead of reading, and
-// sorting, the lane's whole backlog.
+// sorting, the lane's whole backlog; and no JIT: the ring's small tables
+// are never vacuumed, and estimates made without their statistics pass
+// jit_above_cost, whose compilation takes longer than the statements.
 func (q *Queries) RingTakeLane(ctx context.Context, arg RingTakeLaneParams) (RingTakeLaneRow, error) {
 	row := q.db.QueryRow(ctx, ringTakeLane,
 		arg.Queues,
@@ -589,6 +605,7 @@ func (q *Queries) RingTakeLane(ctx context.Context, arg RingTakeLaneParams) (Rin
 		&i.Lane,
 		&i.PlanCacheMode,
 		&i.EnableBitmapscan,
+		&i.Jit,
 	)
 	return i, err
 }

@@ -79,7 +79,7 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 	}
 	if time.Since(c.turned) >= age/4 {
 		c.turned = time.Now()
-		if t, err := ring.Turn(r.Writes, r.bounded(), age); err != nil {
+		if t, err := ring.Turn(r.Writes, r.Pool, r.Queries, r.QueryTimeout, age); err != nil {
 			r.Log.Warn("outbox: turning the ring failed", slog.Any("error", err))
 		} else if t.Busy > 0 {
 			r.Log.Debug("outbox: a lock kept the ring from emptying a partition", slog.Int("partitions", t.Busy))

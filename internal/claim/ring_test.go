@@ -111,7 +111,6 @@ func TestRingTurnsOnlyPastWhatEveryLaneRead(t *testing.T) {
 		next += int64(4 * n)
 	}
 	publish(20)
-	q := e.Q
 	count := func() int {
 		var n int
 		if err := e.DB.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox_ring").Scan(&n); err != nil {
@@ -119,7 +118,7 @@ func TestRingTurnsOnlyPastWhatEveryLaneRead(t *testing.T) {
 		}
 		return n
 	}
-	turn, err := ring.Turn(e.ctx, q, 0)
+	turn, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, 0)
 	if err != nil || !turn.Moved || turn.Truncated != 0 {
 		t.Fatalf("first turn: %+v, %v; want writers moved, nothing emptied before any lane read", turn, err)
 	}
@@ -145,7 +144,7 @@ func TestRingTurnsOnlyPastWhatEveryLaneRead(t *testing.T) {
 		t.Fatalf("%d of 24 rows handed out", len(handed))
 	}
 	// The claims hold their lanes: the partition's rows stay.
-	if turn, err := ring.Turn(e.ctx, q, time.Hour); err != nil || turn.Truncated != 0 {
+	if turn, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, time.Hour); err != nil || turn.Truncated != 0 {
 		t.Fatalf("turn while lanes hold the batches: %+v, %v; want nothing emptied", turn, err)
 	}
 	if n := count(); n != 24 {
@@ -160,7 +159,7 @@ func TestRingTurnsOnlyPastWhatEveryLaneRead(t *testing.T) {
 		if _, err := h.Claim(e.ctx, 100); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ring.Turn(e.ctx, q, time.Hour); err != nil {
+		if _, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(100 * time.Millisecond)

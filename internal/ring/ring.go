@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
+	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/naming"
 )
 
@@ -80,14 +81,26 @@ type Turned struct {
 	Truncated, Busy int
 }
 
+// Pool is what Turn runs on: a pgxpool.Pool.
+type Pool interface {
+	db.DBTX
+	dbx.Beginner
+}
+
 // Turn moves writers to the next partition when the one they write into
 // is older than age and the next is open, then empties every partition
 // that every lane has read past, and deletes the progress and claim
-// records behind each lane's newest. Each statement commits on its own
-// (q runs on a pool): a reader must see a partition open before a writer
-// can write into it.
-func Turn(ctx context.Context, q *db.Queries, age time.Duration) (Turned, error) {
+// records behind each lane's newest. Each statement runs on its own on
+// pool, within timeout (queries renders them for the outbox): a reader
+// must see a partition open before a writer can write into it. The
+// search for the partitions every lane has read past runs in a
+// transaction with JIT off: the planner has no statistics of the lanes
+// and turns tables (they are never vacuumed), and its estimate passes
+// jit_above_cost, whose compilation took 0.6 s where the search takes
+// a millisecond.
+func Turn(ctx context.Context, pool Pool, queries func(db.DBTX) *db.Queries, timeout, age time.Duration) (Turned, error) {
 	var t Turned
+	q := queries(dbx.Bounded{Inner: pool, Timeout: timeout})
 	st, err := q.RingTurnState(ctx)
 	if err != nil {
 		return t, err
@@ -104,7 +117,7 @@ func Turn(ctx context.Context, q *db.Queries, age time.Duration) (Turned, error)
 			}
 		}
 	}
-	done, err := q.RingDoneSlots(ctx)
+	done, err := doneSlots(ctx, pool, queries, timeout)
 	if err != nil {
 		return t, err
 	}
@@ -123,4 +136,19 @@ func Turn(ctx context.Context, q *db.Queries, age time.Duration) (Turned, error)
 		err = q.RingPrune(ctx)
 	}
 	return t, err
+}
+
+// doneSlots returns the partitions every lane has read past, read in a
+// transaction of its own with JIT off.
+func doneSlots(ctx context.Context, pool Pool, queries func(db.DBTX) *db.Queries, timeout time.Duration) ([]int16, error) {
+	tx, rollback, err := dbx.BeginReadCommitted(ctx, pool, timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer rollback()
+	q := queries(dbx.Bounded{Inner: tx, Timeout: timeout})
+	if err := q.NoJIT(ctx); err != nil {
+		return nil, err
+	}
+	return q.RingDoneSlots(ctx)
 }

@@ -14,10 +14,13 @@
 -- (a generic plan locks all of them before pruning, and an open claim
 -- would then keep the ring from turning); and no bitmap scans, so that a
 -- lane's read stops at its batch's last row instead of reading, and
--- sorting, the lane's whole backlog.
+-- sorting, the lane's whole backlog; and no JIT: the ring's small tables
+-- are never vacuumed, and estimates made without their statistics pass
+-- jit_above_cost, whose compilation takes longer than the statements.
 SELECT l.queue, l.lane,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
-       set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan
+       set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
+       set_config('jit', 'off', true) AS jit
 FROM /*outbox:table*/outbox_ring_lanes AS l
 WHERE l.queue = ANY (@queues::text[]) AND l.lane >= @from_lane::smallint AND l.lane < @to_lane::smallint
 ORDER BY mod(l.lane - (@turn::smallint) + 8, 8), l.queue
@@ -266,3 +269,7 @@ WITH newest AS (
 DELETE FROM /*outbox:table*/outbox_ring_claims AS c
 USING newest AS n
 WHERE c.queue = n.queue AND c.lane = n.lane AND c.after_seq < n.seq;
+
+-- name: RingPresent :one
+-- Whether the outbox has the ring beside its table.
+SELECT (to_regclass(/*outbox:literal*/'outbox_ring') IS NOT NULL)::boolean AS present;
