@@ -475,6 +475,8 @@ type lockedClaim struct {
 	open bool            // outcomes are kept here, to be written at the end
 	left int             // rows not settled
 	kept []lease.Outcome // outcomes of settled rows
+	// gaveUp are the settled rows no handler started (GiveUp).
+	gaveUp []*lease.Delivery
 	// late are the outcomes of rows settled while the end was written:
 	// they go the lease path's way once its transaction has ended, as a
 	// write that ran before the commit would not see the end's lease.
@@ -508,8 +510,10 @@ func (c *lockedClaim) Keep(o lease.Outcome) bool {
 }
 
 // GiveUp gives up d, a row no handler started (the subscriber is
-// stopping): the claim's end leaves it unwritten, so its lock is released
-// at commit. False means the claim has ended and d holds a written lease.
+// stopping): the claim's end leaves a row of the outbox table unwritten,
+// so its lock is released at commit, and moves a row of the ring into the
+// outbox table, unleased. False means the claim has ended and d holds a
+// written lease.
 func (c *lockedClaim) GiveUp(d *lease.Delivery) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -517,6 +521,7 @@ func (c *lockedClaim) GiveUp(d *lease.Delivery) bool {
 		return false
 	}
 	d.Settled = true
+	c.gaveUp = append(c.gaveUp, d)
 	c.settle()
 	return true
 }
@@ -759,6 +764,7 @@ func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 		e.lease(d)
 	}
 	givenUp := slices.DeleteFunc(slices.Clone(unsettled), func(d *lease.Delivery) bool { return slices.Contains(running, d) })
+	givenUp = append(givenUp, c.gaveUp...)
 	for _, d := range givenUp {
 		e.givenUp = append(e.givenUp, d.Row.ID)
 	}

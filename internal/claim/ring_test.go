@@ -168,3 +168,50 @@ func TestRingTurnsOnlyPastWhatEveryLaneRead(t *testing.T) {
 		t.Errorf("%d rows in the ring after every lane read past the first partition; want the 4 of the next", n)
 	}
 }
+
+// Rows of a lane's claim that the subscriber gives up while the claim is
+// open (it stops before any handler started them) move into the outbox
+// table unleased when the claim ends: the lane's progress passes them,
+// and the outbox table is where they are claimed next.
+func TestRingRowsGivenUpBeforeTheEndMoveToTheTable(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publish := e.ring()
+	publish(8)
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
+	if n, err := h.Claim(e.ctx, 100); err != nil || n == 0 {
+		t.Fatalf("claim: %d rows, %v", n, err)
+	}
+	h.mu.Lock()
+	handed := slices.Clone(h.handed)
+	h.mu.Unlock()
+	for _, d := range handed {
+		if !d.Batch.Hold.GiveUp(d) {
+			t.Fatalf("row %d: the claim ended before its rows were given up", d.Row.ID)
+		}
+	}
+	h.stop()
+	var want []int64
+	for _, d := range handed {
+		want = append(want, d.Row.ID)
+	}
+	slices.Sort(want)
+	var got []int64
+	rows, err := e.DB.Pool.Query(e.ctx, "SELECT id FROM outbox WHERE acquired_token IS NULL ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("given-up rows in the outbox table, unleased (-want +got):\n%s", diff)
+	}
+}
