@@ -25,7 +25,7 @@ const (
 	// schemaRing holds an outbox with the log tier's ring beside its
 	// table (package ring): its subscribers claim from both.
 	schemaRing = "outboxbench_ring"
-	topic           = "orders"
+	topic      = "orders"
 )
 
 // benchSchemas are the schemas newBenchEnv creates, and close drops.

@@ -83,6 +83,7 @@ var suites = []suite{
 	{"batch", runBatch},
 	{"drain", runDrain},
 	{"ring", runRingDrain},
+	{"ringturn", runRingTurn},
 	{"latency", runLatency},
 	{"scaleout", runScaleOut},
 	{"memory", runMemory},

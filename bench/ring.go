@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"text/tabwriter"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/naming"
 	"github.com/outboxgen/outboxgen/internal/ring"
 	"github.com/outboxgen/outboxgen/outbox"
@@ -180,5 +184,161 @@ func runRingDrain(ctx context.Context, env *benchEnv, o options) error {
 			fmt.Fprintf(o.out, "%s / %s = %.2fx\n", ringUnkeyed, w, rate(median(s[ringUnkeyed]), n)/rate(median(s[w]), n))
 		}
 	}
+	return nil
+}
+
+// ringTurnEvery is how often the ringturn suite's turner turns the ring,
+// and ringTurnAge how long writers write into one partition there: a
+// turn every few hundred milliseconds, where a subscriber's own are
+// every RingTurnAge/4 (10 s).
+const (
+	ringTurnEvery = 250 * time.Millisecond
+	ringTurnAge   = time.Second
+)
+
+// runRingTurn measures whether turning the ring makes writers wait: 8
+// writers INSERT one row per statement into the ring while a Subscriber
+// at its defaults (claims by lock, each holding its lane and the
+// partitions it reads until its batch ends) drains them, with and without
+// a turner that moves writers on every ringTurnAge and empties the
+// partitions every lane has read past (TRUNCATE, which gives up at once
+// when a reader holds the partition). Reported: each INSERT's latency,
+// the writers' throughput, and what the turns did; every row must be
+// handled, and the ring drained, before a run ends.
+func runRingTurn(ctx context.Context, env *benchEnv, o options) error {
+	n := max(int(40000*o.scale), 8)
+	names := naming.Names{Schema: schemaRing, Table: naming.DefaultTable}
+	cache := naming.NewCache(names)
+	queries := func(c db.DBTX) *db.Queries { return db.New(naming.DBTX{Inner: c, Cache: cache}) }
+	type result struct {
+		lat     []time.Duration
+		took    time.Duration
+		turns   ring.Turned
+		handled int
+	}
+	run := func(turning bool) (result, error) {
+		var res result
+		if err := env.reset(ctx); err != nil {
+			return res, err
+		}
+		var seen sync.Map
+		var handled atomic.Int64
+		sub, err := outbox.NewSubscriber(env.ring, []string{topic}, func(_ context.Context, m *outbox.Message[order]) error {
+			if _, dup := seen.LoadOrStore(m.ID, true); !dup {
+				handled.Add(1)
+			}
+			return nil
+		}, defaultConfig[order]())
+		if err != nil {
+			return res, err
+		}
+		rctx, stop := context.WithCancel(ctx)
+		defer stop()
+		subDone := make(chan error, 1)
+		go func() { subDone <- sub.Run(rctx) }()
+		turnerDone := make(chan error, 1)
+		go func() {
+			if !turning {
+				turnerDone <- nil
+				return
+			}
+			t := time.NewTicker(ringTurnEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-rctx.Done():
+					turnerDone <- nil
+					return
+				case <-t.C:
+				}
+				tu, err := ring.Turn(rctx, env.pool, queries, 5*time.Second, ringTurnAge)
+				if err != nil && rctx.Err() == nil {
+					turnerDone <- err
+					return
+				}
+				res.turns.Moved = res.turns.Moved || tu.Moved
+				res.turns.Truncated += tu.Truncated
+				res.turns.Busy += tu.Busy
+			}
+		}()
+		payload, err := jsonOrder(0)
+		if err != nil {
+			return res, err
+		}
+		insert := "INSERT INTO " + ringTable.Sanitize() + " (queue, payload, headers) VALUES ($1, $2, $3)"
+		var next atomic.Int64
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		start := time.Now()
+		for range 8 {
+			wg.Go(func() {
+				lat := make([]time.Duration, 0, n/8+1)
+				defer func() {
+					mu.Lock()
+					res.lat = append(res.lat, lat...)
+					mu.Unlock()
+				}()
+				for next.Add(1) <= int64(n) {
+					t0 := time.Now()
+					if _, err := env.pool.Exec(ctx, insert, topic, payload, benchHeaders); err != nil {
+						errs <- err
+						return
+					}
+					lat = append(lat, time.Since(t0))
+				}
+			})
+		}
+		wg.Wait()
+		res.took = time.Since(start)
+		close(errs)
+		if err := <-errs; err != nil {
+			return res, err
+		}
+		werr := waitFor(ctx, &handled, n)
+		if werr == nil {
+			werr = waitRingDrained(ctx, env)
+		}
+		stop()
+		res.handled = int(handled.Load())
+		return res, errors.Join(werr, <-subDone, <-turnerDone)
+	}
+	contenders := []string{"turning every " + ringTurnAge.String(), "not turning"}
+	lat := map[string][]time.Duration{}
+	took := map[string][]time.Duration{}
+	turns := ring.Turned{}
+	for r := range o.rounds {
+		for i := range contenders {
+			name := contenders[(i+r)%len(contenders)]
+			res, err := run(name != "not turning")
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if res.handled != n {
+				return fmt.Errorf("%s: %d of %d rows handled", name, res.handled, n)
+			}
+			lat[name] = append(lat[name], res.lat...)
+			took[name] = append(took[name], res.took)
+			if name != "not turning" {
+				turns.Moved = turns.Moved || res.turns.Moved
+				turns.Truncated += res.turns.Truncated
+				turns.Busy += res.turns.Busy
+			}
+		}
+	}
+	fmt.Fprintf(o.out, "%d one-row INSERTs into the ring by 8 writers, a Subscriber at its defaults draining; every row handled\n", n)
+	tw := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "contender\tINSERT p50\tp99\tp99.9\tmax\tINSERTs/s\t")
+	for _, name := range contenders {
+		l := lat[name]
+		slices.Sort(l)
+		q := func(f float64) time.Duration { return l[int(f*float64(len(l)-1))].Round(10 * time.Microsecond) }
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%v\t%.0f\t\n", name, q(0.5), q(0.99), q(0.999), q(1), rate(median(took[name]), n))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(o.out, "turns: writers moved on: %v; partitions emptied: %d; emptyings a reader's lock put off: %d\n",
+		turns.Moved, turns.Truncated, turns.Busy)
 	return nil
 }
