@@ -55,31 +55,31 @@ func ringTables() string {
 	return strings.Join(ts, ", ")
 }
 
-// ringDrainedSQL is true when the ring outbox's table is empty and every
-// lane's newest progress has passed the lane's newest row: its snapshot's
-// xmin is above the row's transaction, so every row of the lane is
-// behind it (the backlog committed before the drain began).
-func ringDrainedSQL() string {
-	t := func(name string) string { return pgx.Identifier{schemaRing, name}.Sanitize() }
-	return "SELECT NOT EXISTS (SELECT 1 FROM " + t("outbox") + ") AND NOT EXISTS (" +
-		" SELECT 1 FROM " + t("outbox_ring_lanes") + " AS l" +
-		" CROSS JOIN LATERAL (SELECT r.txid FROM " + t("outbox_ring") + " AS r" +
-		"  WHERE r.queue = l.queue AND r.lane = l.lane ORDER BY r.txid DESC LIMIT 1) AS m" +
-		" WHERE NOT coalesce((SELECT pg_snapshot_xmin(p.snap) > m.txid FROM " + t("outbox_ring_progress") + " AS p" +
-		"  WHERE p.queue = l.queue AND p.lane = l.lane ORDER BY p.seq DESC LIMIT 1), false))"
+// ringQueries renders the generated queries for the bench's ring outbox.
+func ringQueries() func(db.DBTX) *db.Queries {
+	cache := naming.NewCache(naming.Names{Schema: schemaRing, Table: naming.DefaultTable})
+	return func(c db.DBTX) *db.Queries { return db.New(naming.DBTX{Inner: c, Cache: cache}) }
 }
 
-// waitRingDrained polls until ringDrainedSQL holds, for up to 2 minutes.
+// waitRingDrained polls until the ring outbox's table is empty and every
+// row of its ring was read past (ring.Unread), for up to 2 minutes.
 func waitRingDrained(ctx context.Context, env *benchEnv) error {
-	q := ringDrainedSQL()
+	queries := ringQueries()
+	empty := "SELECT NOT EXISTS (SELECT 1 FROM " + pgx.Identifier{schemaRing, "outbox"}.Sanitize() + ")"
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var drained bool
-		if err := env.pool.QueryRow(ctx, q).Scan(&drained); err != nil {
+		if err := env.pool.QueryRow(ctx, empty).Scan(&drained); err != nil {
 			return err
 		}
 		if drained {
-			return nil
+			unread, err := ring.Unread(ctx, env.pool, queries, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			if unread == 0 {
+				return nil
+			}
 		}
 		if time.Now().After(deadline) {
 			return errors.New("ring outbox not drained after 2 minutes")
@@ -207,9 +207,7 @@ const (
 // handled, and the ring drained, before a run ends.
 func runRingTurn(ctx context.Context, env *benchEnv, o options) error {
 	n := max(int(40000*o.scale), 8)
-	names := naming.Names{Schema: schemaRing, Table: naming.DefaultTable}
-	cache := naming.NewCache(names)
-	queries := func(c db.DBTX) *db.Queries { return db.New(naming.DBTX{Inner: c, Cache: cache}) }
+	queries := ringQueries()
 	type result struct {
 		lat     []time.Duration
 		took    time.Duration

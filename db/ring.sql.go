@@ -644,3 +644,26 @@ func (q *Queries) RingTurnState(ctx context.Context) (RingTurnStateRow, error) {
 	err := row.Scan(&i.Slot, &i.AgeSeconds, &i.NextOpen)
 	return i, err
 }
+
+const ringUnread = `-- name: RingUnread :one
+SELECT coalesce(sum(u.n), 0)::bigint AS unread
+FROM /*outbox:table*/outbox_ring_lanes AS l
+CROSS JOIN LATERAL (
+    SELECT coalesce((SELECT g.snap FROM /*outbox:table*/outbox_ring_progress AS g
+                     WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1),
+                    '1:1:'::pg_snapshot) AS snap) AS p
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
+    WHERE r.queue = l.queue AND r.lane = l.lane
+      AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
+`
+
+// How many committed rows of the ring the newest progress of their lane
+// has not seen: the rows still to be read. Bounded per lane by the
+// index, from the progress's xmin.
+func (q *Queries) RingUnread(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, ringUnread)
+	var unread int64
+	err := row.Scan(&unread)
+	return unread, err
+}

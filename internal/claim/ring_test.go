@@ -215,3 +215,56 @@ func TestRingRowsGivenUpBeforeTheEndMoveToTheTable(t *testing.T) {
 		t.Errorf("given-up rows in the outbox table, unleased (-want +got):\n%s", diff)
 	}
 }
+
+// ring.Unread counts the rows no lane's progress has seen: all of them
+// before any claim and while a claim holds its batch (its progress
+// commits with its end), and none once every lane's claim ended with
+// every row acknowledged.
+func TestRingUnreadCountsWhatNoLaneReadPast(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publish := e.ring()
+	ids := publish(8)
+	unread := func() int64 {
+		t.Helper()
+		n, err := ring.Unread(e.ctx, e.DB.Pool, e.Queries, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := unread(); n != int64(len(ids)) {
+		t.Fatalf("%d rows unread before any claim; want %d", n, len(ids))
+	}
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
+	acked := 0
+	ack := func() {
+		h.mu.Lock()
+		handed := slices.Clone(h.handed[acked:])
+		h.mu.Unlock()
+		for _, d := range handed {
+			d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
+		}
+		acked += len(handed)
+	}
+	if n, err := h.Claim(e.ctx, 100); err != nil || n == 0 {
+		t.Fatalf("claim: %d rows, %v", n, err)
+	}
+	if n := unread(); n != int64(len(ids)) {
+		t.Errorf("%d rows unread while a claim holds its batch; want %d", n, len(ids))
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for acked < len(ids) && time.Now().Before(deadline) {
+		ack()
+		if _, err := h.Claim(e.ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.stop()
+	if acked != len(ids) {
+		t.Fatalf("%d of %d rows handed out", acked, len(ids))
+	}
+	if n := unread(); n != 0 {
+		t.Errorf("%d rows unread after every claim ended acknowledged; want 0", n)
+	}
+}

@@ -273,3 +273,18 @@ WHERE c.queue = n.queue AND c.lane = n.lane AND c.after_seq < n.seq;
 -- name: RingPresent :one
 -- Whether the outbox has the ring beside its table.
 SELECT (to_regclass(/*outbox:literal*/'outbox_ring') IS NOT NULL)::boolean AS present;
+
+-- name: RingUnread :one
+-- How many committed rows of the ring the newest progress of their lane
+-- has not seen: the rows still to be read. Bounded per lane by the
+-- index, from the progress's xmin.
+SELECT coalesce(sum(u.n), 0)::bigint AS unread
+FROM /*outbox:table*/outbox_ring_lanes AS l
+CROSS JOIN LATERAL (
+    SELECT coalesce((SELECT g.snap FROM /*outbox:table*/outbox_ring_progress AS g
+                     WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1),
+                    '1:1:'::pg_snapshot) AS snap) AS p
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
+    WHERE r.queue = l.queue AND r.lane = l.lane
+      AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u;
