@@ -549,27 +549,33 @@ func (q *Queries) RingRecord(ctx context.Context, arg RingRecordParams) (bool, e
 
 const ringTakeLane = `-- name: RingTakeLane :one
 
-SELECT l.queue, l.lane,
+SELECT l.queue, l.lane, s.pos::integer AS pos,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
        set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
        set_config('jit', 'off', true) AS jit
-FROM /*outbox:table*/outbox_ring_lanes AS l
-WHERE l.queue = ANY ($1::text[]) AND l.lane >= $2::smallint AND l.lane < $3::smallint
-ORDER BY mod(l.lane - ($4::smallint) + 8, 8), l.queue
+FROM (SELECT $1::text[] AS queues, $2::smallint AS from_lane, $3::smallint AS to_lane,
+             $4::integer AS turn) AS p
+JOIN /*outbox:table*/outbox_ring_lanes AS l
+  ON l.queue = ANY (p.queues) AND l.lane >= p.from_lane AND l.lane < p.to_lane
+CROSS JOIN LATERAL (
+    SELECT (array_position(p.queues, l.queue::text) - 1) * (p.to_lane - p.from_lane) + (l.lane - p.from_lane) AS pos,
+           cardinality(p.queues) * (p.to_lane - p.from_lane) AS span) AS s
+ORDER BY mod(s.pos - p.turn + s.span, s.span)
 LIMIT 1
-FOR UPDATE SKIP LOCKED
+FOR UPDATE OF l SKIP LOCKED
 `
 
 type RingTakeLaneParams struct {
 	Queues   []string
 	FromLane int16
 	ToLane   int16
-	Turn     int16
+	Turn     int32
 }
 
 type RingTakeLaneRow struct {
 	Queue            string
 	Lane             int16
+	Pos              int32
 	PlanCacheMode    string
 	EnableBitmapscan string
 	Jit              string
@@ -583,15 +589,18 @@ type RingTakeLaneRow struct {
 // the lane's progress: that one row acknowledges every row of the batch
 // that did not move to the outbox table.
 // Locks, in the claim's transaction, a free lane of @queues between
-// @from_lane and @to_lane (exclusive), starting the search at lane
-// @turn, and sets the transaction's planner settings: a custom plan for
-// every statement, so that the read locks only the partitions it names
-// (a generic plan locks all of them before pruning, and an open claim
-// would then keep the ring from turning); and no bitmap scans, so that a
-// lane's read stops at its batch's last row instead of reading, and
-// sorting, the lane's whole backlog; and no JIT: the ring's small tables
-// are never vacuumed, and estimates made without their statistics pass
-// jit_above_cost, whose compilation takes longer than the statements.
+// @from_lane and @to_lane (exclusive), the search going round every
+// (queue, lane) of them from position @turn (a queue's lanes one after
+// another, in the order of @queues), so that no queue's lanes wait while
+// another's are free; returns the lane's position. It sets the
+// transaction's planner settings: a custom plan for every statement, so
+// that the read locks only the partitions it names (a generic plan locks
+// all of them before pruning, and an open claim would then keep the ring
+// from turning); no bitmap scans, so that a lane's read stops at its
+// batch's last row instead of reading, and sorting, the lane's whole
+// backlog; and no JIT: the ring's small tables are never vacuumed, and
+// estimates made without their statistics pass jit_above_cost, whose
+// compilation takes longer than the statements.
 func (q *Queries) RingTakeLane(ctx context.Context, arg RingTakeLaneParams) (RingTakeLaneRow, error) {
 	row := q.db.QueryRow(ctx, ringTakeLane,
 		arg.Queues,
@@ -603,6 +612,7 @@ func (q *Queries) RingTakeLane(ctx context.Context, arg RingTakeLaneParams) (Rin
 	err := row.Scan(
 		&i.Queue,
 		&i.Lane,
+		&i.Pos,
 		&i.PlanCacheMode,
 		&i.EnableBitmapscan,
 		&i.Jit,

@@ -53,8 +53,9 @@ type byRing struct {
 	env   *Env
 	lock  *byLock
 	state Claimer
-	// turn is where the search for a free lane starts.
-	turn int16
+	// turn is where the search for a free lane starts: a position among
+	// the (queue, lane) pairs (RingTakeLane).
+	turn int32
 	// turned is when the claimer last tried to turn the ring.
 	turned time.Time
 }
@@ -133,7 +134,7 @@ func (c *byRing) read(ctx context.Context, q *db.Queries, n int32) (l lane, ok b
 	} else if err != nil {
 		return l, false, err
 	}
-	c.turn = (taken.Lane + 1) % 4
+	c.turn = taken.Pos + 1
 	l = lane{queue: taken.Queue, lane: taken.Lane}
 	if l.pos, err = q.RingPosition(ctx, db.RingPositionParams{Queue: l.queue, Lane: l.lane}); err != nil {
 		return l, true, err

@@ -268,3 +268,40 @@ func TestRingUnreadCountsWhatNoLaneReadPast(t *testing.T) {
 		t.Errorf("%d rows unread after every claim ended acknowledged; want 0", n)
 	}
 }
+
+// A subscriber of several queues reads every queue's lanes in turn: a
+// queue listed first, whose lanes are always free, does not keep the
+// others' lanes unread.
+func TestRingClaimsGoRoundEveryQueuesLanes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.ring()
+	if _, err := e.DB.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload)
+		SELECT q, '\x7b7d' FROM generate_series(1, 8), unnest(ARRAY['a', 'b']) AS q`); err != nil {
+		t.Fatal(err)
+	}
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "a", "b")
+	acked := 0
+	for range 8 { // one claim per (queue, lane)
+		if _, err := h.Claim(e.ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		handed := slices.Clone(h.handed[acked:])
+		h.mu.Unlock()
+		for _, d := range handed {
+			d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
+		}
+		acked += len(handed)
+	}
+	h.stop()
+	got := map[string]int{}
+	h.mu.Lock()
+	for _, d := range h.handed {
+		got[d.Row.Queue]++
+	}
+	h.mu.Unlock()
+	if diff := cmp.Diff(map[string]int{"a": 8, "b": 8}, got); diff != "" {
+		t.Errorf("rows handed out per queue after a claim per lane (-want +got):\n%s", diff)
+	}
+}

@@ -8,24 +8,32 @@
 
 -- name: RingTakeLane :one
 -- Locks, in the claim's transaction, a free lane of @queues between
--- @from_lane and @to_lane (exclusive), starting the search at lane
--- @turn, and sets the transaction's planner settings: a custom plan for
--- every statement, so that the read locks only the partitions it names
--- (a generic plan locks all of them before pruning, and an open claim
--- would then keep the ring from turning); and no bitmap scans, so that a
--- lane's read stops at its batch's last row instead of reading, and
--- sorting, the lane's whole backlog; and no JIT: the ring's small tables
--- are never vacuumed, and estimates made without their statistics pass
--- jit_above_cost, whose compilation takes longer than the statements.
-SELECT l.queue, l.lane,
+-- @from_lane and @to_lane (exclusive), the search going round every
+-- (queue, lane) of them from position @turn (a queue's lanes one after
+-- another, in the order of @queues), so that no queue's lanes wait while
+-- another's are free; returns the lane's position. It sets the
+-- transaction's planner settings: a custom plan for every statement, so
+-- that the read locks only the partitions it names (a generic plan locks
+-- all of them before pruning, and an open claim would then keep the ring
+-- from turning); no bitmap scans, so that a lane's read stops at its
+-- batch's last row instead of reading, and sorting, the lane's whole
+-- backlog; and no JIT: the ring's small tables are never vacuumed, and
+-- estimates made without their statistics pass jit_above_cost, whose
+-- compilation takes longer than the statements.
+SELECT l.queue, l.lane, s.pos::integer AS pos,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
        set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
        set_config('jit', 'off', true) AS jit
-FROM /*outbox:table*/outbox_ring_lanes AS l
-WHERE l.queue = ANY (@queues::text[]) AND l.lane >= @from_lane::smallint AND l.lane < @to_lane::smallint
-ORDER BY mod(l.lane - (@turn::smallint) + 8, 8), l.queue
+FROM (SELECT @queues::text[] AS queues, @from_lane::smallint AS from_lane, @to_lane::smallint AS to_lane,
+             @turn::integer AS turn) AS p
+JOIN /*outbox:table*/outbox_ring_lanes AS l
+  ON l.queue = ANY (p.queues) AND l.lane >= p.from_lane AND l.lane < p.to_lane
+CROSS JOIN LATERAL (
+    SELECT (array_position(p.queues, l.queue::text) - 1) * (p.to_lane - p.from_lane) + (l.lane - p.from_lane) AS pos,
+           cardinality(p.queues) * (p.to_lane - p.from_lane) AS span) AS s
+ORDER BY mod(s.pos - p.turn + s.span, s.span)
 LIMIT 1
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF l SKIP LOCKED;
 
 -- name: RingPosition :one
 -- Where lane @lane of @queue stands, read in the claim's transaction:
