@@ -51,6 +51,7 @@ type options struct {
 	port     int           // the private cluster's port; 0: a free one
 	drain    time.Duration // wait at the end for due rows
 	schema   string
+	ring     bool // write into the log tier's ring instead of Publish
 }
 
 func main() {
@@ -68,6 +69,7 @@ func main() {
 	flag.IntVar(&o.port, "port", 0, "the private cluster's port (-cluster); 0 takes a free one")
 	flag.DurationVar(&o.drain, "drain", time.Minute, "how long to wait at the end for due rows to be handled")
 	flag.StringVar(&o.schema, "schema", "outboxgen_soak", "schema of the soak's outbox; dropped and recreated")
+	flag.BoolVar(&o.ring, "ring", false, "add the log tier's ring (internal/ring) beside the outbox table and write every message into it with a plain SQL INSERT instead of Publish")
 	flag.Parse()
 	if err := o.check(); err != nil {
 		fmt.Fprintln(os.Stderr, "soak:", err)
@@ -206,6 +208,13 @@ func run(ctx context.Context, o *options, dsn string) (*result, error) {
 	probe, err := newDBProbe(ctx, pool, o.schema)
 	if err != nil {
 		return nil, err
+	}
+	if o.ring {
+		if s.ring, err = newRingWriter(ctx, pool, o.schema); err != nil {
+			return nil, err
+		}
+		probe.unread = s.ring.unread
+		fmt.Printf("soak: writing into the ring beside the outbox table (-ring)\n")
 	}
 	fmt.Printf("soak: %v at %.0f msgs/s from %d writers on %s\n", o.duration, o.rate, o.writers, probe.server)
 	fmt.Printf("soak: autovacuum %s; claim server time: %s\n", probe.autovacuum, probe.statementsNote())

@@ -152,6 +152,8 @@ type soak struct {
 	ob   *outbox.Outbox
 	pool *pgxpool.Pool
 	pubs map[string]*outbox.Publisher[Event]
+	// ring, when set, writes the messages into the ring instead (-ring).
+	ring *ringWriter
 
 	latency   *commitLatency // immediate messages: commit to first handler call
 	lateness  *commitLatency // reminders: due time to first handler call
@@ -280,6 +282,12 @@ func (s *soak) publishTx(ctx context.Context, first, k int64) error {
 	}
 	slices.SortStableFunc(msgs, func(a, b msg) int { return strings.Compare(a.e.Customer, b.e.Customer) })
 	for _, m := range msgs {
+		if s.ring != nil {
+			if err := s.ring.write(tctx, tx, m.e, m.opts); err != nil {
+				return err
+			}
+			continue
+		}
 		if _, err := s.pubs[queueOf(m.e.Seq)].Publish(tctx, tx, m.e, m.opts); err != nil {
 			return err
 		}
@@ -350,6 +358,11 @@ func (s *soak) account(ctx context.Context, p *dbProbe) (accounting, error) {
 	if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+p.table).Scan(&a.queued); err != nil {
 		return a, err
 	}
+	unread, err := p.ringUnread(ctx)
+	if err != nil {
+		return a, err
+	}
+	a.queued += unread
 	a.lost = a.published - a.acked - a.terminal - a.dlq - a.queued
 	return a, nil
 }

@@ -22,6 +22,18 @@ type dbProbe struct {
 	server     string
 	autovacuum string
 	statements bool // pg_stat_statements is loaded and installed
+	// unread counts the rows of the ring no lane has read past (-ring);
+	// nil: the outbox has no ring.
+	unread func(ctx context.Context) (int64, error)
+}
+
+// ringUnread counts the ring's rows no lane has read past: 0 without a
+// ring.
+func (p *dbProbe) ringUnread(ctx context.Context) (int64, error) {
+	if p.unread == nil {
+		return 0, nil
+	}
+	return p.unread(ctx)
 }
 
 func newDBProbe(ctx context.Context, pool *pgxpool.Pool, schema string) (*dbProbe, error) {
@@ -92,6 +104,13 @@ func (p *dbProbe) waitDue(ctx context.Context, limit time.Duration) (all, due in
 	for {
 		err := p.pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE next_attempt_at <= now() OR acquired_token IS NOT NULL), count(*) FROM "+p.table).
 			Scan(&due, &all)
+		if err == nil {
+			// The ring's unread rows are all due: a row not yet due
+			// moves into the table when its lane reads it.
+			var unread int64
+			unread, err = p.ringUnread(ctx)
+			due, all = due+unread, all+unread
+		}
 		if err != nil || due == 0 || time.Now().After(deadline) {
 			return all, due, err
 		}
