@@ -85,6 +85,44 @@ func (q *Queries) RingDoneSlots(ctx context.Context) ([]int16, error) {
 	return items, nil
 }
 
+const ringLockKeyedLanes = `-- name: RingLockKeyedLanes :many
+SELECT l.queue, l.lane, set_config('jit', 'off', true) AS jit
+FROM /*outbox:table*/outbox_ring_lanes AS l
+WHERE l.queue = ANY ($1::text[]) AND l.lane >= 4 AND l.lane < 8
+ORDER BY l.queue, l.lane
+FOR UPDATE SKIP LOCKED
+`
+
+type RingLockKeyedLanesRow struct {
+	Queue string
+	Lane  int16
+	Jit   string
+}
+
+// Locks, in the keyed move's transaction, the free keyed lanes (4 to 7)
+// of @queues, and turns JIT off for the move (see RingTakeLane). The move
+// is the transaction's next statement: its snapshot, taken after these
+// locks, sees the progress of every move that held them before.
+func (q *Queries) RingLockKeyedLanes(ctx context.Context, queues []string) ([]RingLockKeyedLanesRow, error) {
+	rows, err := q.db.Query(ctx, ringLockKeyedLanes, queues)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RingLockKeyedLanesRow{}
+	for rows.Next() {
+		var i RingLockKeyedLanesRow
+		if err := rows.Scan(&i.Queue, &i.Lane, &i.Jit); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const ringMove = `-- name: RingMove :execrows
 INSERT INTO /*outbox:table*/outbox
     (id, queue, payload, headers, created_at, next_attempt_at, deliveries_count, acquired_token, acquired_at, lease_expires_at)
@@ -180,9 +218,7 @@ func (q *Queries) RingMoveCrashed(ctx context.Context, arg RingMoveCrashedParams
 
 const ringMoveKeyed = `-- name: RingMoveKeyed :one
 WITH lane AS MATERIALIZED (
-    SELECT l.queue, l.lane FROM /*outbox:table*/outbox_ring_lanes AS l
-    WHERE l.queue = ANY ($1::text[]) AND l.lane >= 4 AND l.lane < 8
-    FOR UPDATE SKIP LOCKED
+    SELECT unnest($1::text[]) AS queue, unnest($2::smallint[]) AS lane
 ), pos AS MATERIALIZED (
     SELECT lane.queue, lane.lane,
            coalesce(p.snap, '1:1:'::pg_snapshot) AS prev,
@@ -210,7 +246,7 @@ WITH lane AS MATERIALIZED (
 ), progress AS (
     INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap)
     SELECT pos.queue, pos.lane, pos.cur FROM pos
-    WHERE pos.age > $2::float8
+    WHERE pos.age > $3::float8
        OR EXISTS (SELECT FROM batch AS b WHERE b.queue = pos.queue AND b.lane = pos.lane)
     RETURNING 1
 )
@@ -218,7 +254,8 @@ SELECT (SELECT count(*) FROM moved)::integer AS moved, (SELECT count(*) FROM pro
 `
 
 type RingMoveKeyedParams struct {
-	Queues              []string
+	LaneQueues          []string
+	Lanes               []int16
 	IdleProgressSeconds float64
 }
 
@@ -227,16 +264,16 @@ type RingMoveKeyedRow struct {
 	Progressed int32
 }
 
-// Moves, in one transaction of its own (autocommit), the rows of the free
-// keyed lanes (4 to 7) of @queues that their newest progress has not seen
-// into the outbox table, in id order, through the table's key trigger: a
-// key's rows take the outbox table's per-key order, hand-overs and
-// leases, behind the key's rows already there. Then writes each lane's
-// progress, when rows of it moved or its newest is older than
-// @idle_progress_seconds (so that the ring can turn past an idle lane).
-// Returns how many rows moved.
+// Moves the rows of the keyed lanes (@lane_queues, @lanes), which the
+// transaction locked (RingLockKeyedLanes), that their newest progress
+// has not seen into the outbox table, in id order, through the table's
+// key trigger: a key's rows take the outbox table's per-key order,
+// hand-overs and leases, behind the key's rows already there. Then
+// writes each lane's progress, when rows of it moved or its newest is
+// older than @idle_progress_seconds (so that the ring can turn past an
+// idle lane). Returns how many rows moved.
 func (q *Queries) RingMoveKeyed(ctx context.Context, arg RingMoveKeyedParams) (RingMoveKeyedRow, error) {
-	row := q.db.QueryRow(ctx, ringMoveKeyed, arg.Queues, arg.IdleProgressSeconds)
+	row := q.db.QueryRow(ctx, ringMoveKeyed, arg.LaneQueues, arg.Lanes, arg.IdleProgressSeconds)
 	var i RingMoveKeyedRow
 	err := row.Scan(&i.Moved, &i.Progressed)
 	return i, err

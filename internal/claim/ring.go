@@ -86,8 +86,7 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 			r.Log.Debug("outbox: a lock kept the ring from emptying a partition", slog.Int("partitions", t.Busy))
 		}
 	}
-	if _, err := r.bounded().RingMoveKeyed(r.Writes, db.RingMoveKeyedParams{Queues: r.Queues,
-		IdleProgressSeconds: ringIdleProgress.Seconds()}); err != nil {
+	if err := c.moveKeyed(); err != nil {
 		return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
 	}
 	var got int
@@ -102,6 +101,34 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 	}
 	more, err := c.state.Claim(ctx, n-int32(got))
 	return got + more, err
+}
+
+// moveKeyed moves the new rows of the free keyed lanes into the outbox
+// table, in a transaction of its own: one statement locks the lanes, the
+// next moves their rows. In one statement, the snapshot would be taken
+// before the locks, and a lane whose last mover committed in between
+// would have its rows moved twice.
+func (c *byRing) moveKeyed() error {
+	r := c.env
+	ctx := r.Writes
+	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.Pool, r.QueryTimeout)
+	if err != nil {
+		return err
+	}
+	defer rollback()
+	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
+	lanes, err := q.RingLockKeyedLanes(ctx, r.Queues)
+	if err != nil || len(lanes) == 0 {
+		return err
+	}
+	p := db.RingMoveKeyedParams{IdleProgressSeconds: ringIdleProgress.Seconds()}
+	for _, l := range lanes {
+		p.LaneQueues, p.Lanes = append(p.LaneQueues, l.Queue), append(p.Lanes, l.Lane)
+	}
+	if _, err := q.RingMoveKeyed(ctx, p); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // lane is a lane's batch as read in its claim's transaction.

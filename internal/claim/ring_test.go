@@ -1,7 +1,9 @@
 package claim
 
 import (
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -303,5 +305,62 @@ func TestRingClaimsGoRoundEveryQueuesLanes(t *testing.T) {
 	h.mu.Unlock()
 	if diff := cmp.Diff(map[string]int{"a": 8, "b": 8}, got); diff != "" {
 		t.Errorf("rows handed out per queue after a claim per lane (-want +got):\n%s", diff)
+	}
+}
+
+// Keyed rows move from the ring into the outbox table once each, however
+// many subscribers move the keyed lanes at once while writers commit: a
+// mover reads a lane's progress after it holds the lane, so a move that
+// committed just before is never repeated.
+func TestRingKeyedRowsMoveOnceUnderConcurrentMovers(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.ring()
+	movers := []*harness{
+		e.harness(func(env *Env) { env.Ring = true }, "q"),
+		e.harness(func(env *Env) { env.Ring = true }, "q"),
+	}
+	const writes = 300
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(done)
+		for i := range writes {
+			if _, err := e.DB.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key) VALUES ('q', '\x7b7d', $1)`,
+				fmt.Sprint("key-", i%16)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	for _, m := range movers {
+		wg.Go(func() {
+			r := m.Claimer.(*byRing)
+			for {
+				if err := r.moveKeyed(); err != nil {
+					t.Error(err)
+					return
+				}
+				select {
+				case <-done:
+					if err := r.moveKeyed(); err != nil { // what the last writes left
+						t.Error(err)
+					}
+					return
+				default:
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, m := range movers {
+		m.stop()
+	}
+	var moved int
+	if err := e.DB.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox").Scan(&moved); err != nil {
+		t.Fatal(err)
+	}
+	if moved != writes {
+		t.Errorf("%d rows in the outbox table from %d keyed rows written into the ring", moved, writes)
 	}
 }

@@ -147,19 +147,28 @@ JOIN /*outbox:table*/outbox_ring AS r
  AND pg_visible_in_snapshot(r.txid, b.cur)
 ORDER BY r.id;
 
+-- name: RingLockKeyedLanes :many
+-- Locks, in the keyed move's transaction, the free keyed lanes (4 to 7)
+-- of @queues, and turns JIT off for the move (see RingTakeLane). The move
+-- is the transaction's next statement: its snapshot, taken after these
+-- locks, sees the progress of every move that held them before.
+SELECT l.queue, l.lane, set_config('jit', 'off', true) AS jit
+FROM /*outbox:table*/outbox_ring_lanes AS l
+WHERE l.queue = ANY (@queues::text[]) AND l.lane >= 4 AND l.lane < 8
+ORDER BY l.queue, l.lane
+FOR UPDATE SKIP LOCKED;
+
 -- name: RingMoveKeyed :one
--- Moves, in one transaction of its own (autocommit), the rows of the free
--- keyed lanes (4 to 7) of @queues that their newest progress has not seen
--- into the outbox table, in id order, through the table's key trigger: a
--- key's rows take the outbox table's per-key order, hand-overs and
--- leases, behind the key's rows already there. Then writes each lane's
--- progress, when rows of it moved or its newest is older than
--- @idle_progress_seconds (so that the ring can turn past an idle lane).
--- Returns how many rows moved.
+-- Moves the rows of the keyed lanes (@lane_queues, @lanes), which the
+-- transaction locked (RingLockKeyedLanes), that their newest progress
+-- has not seen into the outbox table, in id order, through the table's
+-- key trigger: a key's rows take the outbox table's per-key order,
+-- hand-overs and leases, behind the key's rows already there. Then
+-- writes each lane's progress, when rows of it moved or its newest is
+-- older than @idle_progress_seconds (so that the ring can turn past an
+-- idle lane). Returns how many rows moved.
 WITH lane AS MATERIALIZED (
-    SELECT l.queue, l.lane FROM /*outbox:table*/outbox_ring_lanes AS l
-    WHERE l.queue = ANY (@queues::text[]) AND l.lane >= 4 AND l.lane < 8
-    FOR UPDATE SKIP LOCKED
+    SELECT unnest(@lane_queues::text[]) AS queue, unnest(@lanes::smallint[]) AS lane
 ), pos AS MATERIALIZED (
     SELECT lane.queue, lane.lane,
            coalesce(p.snap, '1:1:'::pg_snapshot) AS prev,
