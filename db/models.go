@@ -67,7 +67,7 @@ type OutboxRing struct {
 	OrderingKey   *string
 	CreatedAt     time.Time
 	NextAttemptAt time.Time
-	Txid          pgtype.Uint64
+	Txid          uint64
 	Slot          int16
 	Lane          int16
 }
@@ -76,7 +76,7 @@ type OutboxRingClaim struct {
 	Queue    string
 	Lane     int16
 	AfterSeq int64
-	Xid      pgtype.Uint64
+	Xid      uint64
 	Snap     interface{}
 }
 
@@ -93,7 +93,7 @@ type OutboxRingP0 struct {
 	OrderingKey   *string
 	CreatedAt     time.Time
 	NextAttemptAt time.Time
-	Txid          pgtype.Uint64
+	Txid          uint64
 	Slot          int16
 	Lane          int16
 }
@@ -106,7 +106,7 @@ type OutboxRingP1 struct {
 	OrderingKey   *string
 	CreatedAt     time.Time
 	NextAttemptAt time.Time
-	Txid          pgtype.Uint64
+	Txid          uint64
 	Slot          int16
 	Lane          int16
 }
@@ -119,7 +119,7 @@ type OutboxRingP2 struct {
 	OrderingKey   *string
 	CreatedAt     time.Time
 	NextAttemptAt time.Time
-	Txid          pgtype.Uint64
+	Txid          uint64
 	Slot          int16
 	Lane          int16
 }
@@ -132,7 +132,7 @@ type OutboxRingP3 struct {
 	OrderingKey   *string
 	CreatedAt     time.Time
 	NextAttemptAt time.Time
-	Txid          pgtype.Uint64
+	Txid          uint64
 	Slot          int16
 	Lane          int16
 }

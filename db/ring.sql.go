@@ -417,7 +417,7 @@ func (q *Queries) RingPrune(ctx context.Context) error {
 }
 
 const ringRead = `-- name: RingRead :many
-SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid::text::bigint AS txid
+SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid
 FROM (SELECT ($1::text)::pg_snapshot AS prev, ($2::text)::pg_snapshot AS cur) AS b
 JOIN /*outbox:table*/outbox_ring AS r
   ON r.slot = ANY ($3::smallint[]) AND r.queue = $4 AND r.lane = $5
@@ -443,7 +443,7 @@ type RingReadRow struct {
 	Headers       []byte
 	CreatedAt     time.Time
 	NextAttemptAt time.Time
-	Txid          int64
+	Txid          uint64
 }
 
 // Up to @max_rows rows of the batch of lane @lane of @queue: visible to
@@ -486,7 +486,7 @@ func (q *Queries) RingRead(ctx context.Context, arg RingReadParams) ([]RingReadR
 }
 
 const ringReadRest = `-- name: RingReadRest :many
-SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid::text::bigint AS txid
+SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid
 FROM /*outbox:table*/outbox_ring AS r
 WHERE r.slot = ANY ($1::smallint[]) AND r.queue = $2 AND r.lane = $3
   AND r.txid = ($4::text)::xid8 AND r.id > $5
@@ -507,7 +507,7 @@ type RingReadRestRow struct {
 	Headers       []byte
 	CreatedAt     time.Time
 	NextAttemptAt time.Time
-	Txid          int64
+	Txid          uint64
 }
 
 // The rows of transaction @txid in lane @lane of @queue after row

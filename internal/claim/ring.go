@@ -190,7 +190,7 @@ func (c *byRing) read(ctx context.Context, q *db.Queries, n int32) (l lane, ok b
 	for _, x := range rest {
 		l.rows = append(l.rows, db.RingReadRow(x))
 	}
-	l.end, err = ring.Cut(l.pos.Cur, last.Txid)
+	l.end, err = ring.Cut(l.pos.Cur, int64(last.Txid))
 	return l, true, err
 }
 
@@ -212,7 +212,7 @@ func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]db.RingRead
 	}
 	m := moves{}
 	for _, x := range later {
-		m.add(x.ID, x.Txid, 0)
+		m.add(x.ID, int64(x.Txid), 0)
 	}
 	return due, c.move(ctx, q, l, m, pgtype.UUID{})
 }
@@ -328,7 +328,7 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 func (c *byRing) endLane(ctx context.Context, q *db.Queries, l *lane, e *lockEnd, token pgtype.UUID) error {
 	txids := make(map[int64]int64, len(l.rows))
 	for i := range l.rows {
-		txids[l.rows[i].ID] = l.rows[i].Txid
+		txids[l.rows[i].ID] = int64(l.rows[i].Txid)
 	}
 	var leased, givenUp moves
 	for i, id := range e.leased {
@@ -377,7 +377,7 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 	}
 	m := moves{}
 	for i := range due {
-		m.add(due[i].ID, due[i].Txid, 1)
+		m.add(due[i].ID, int64(due[i].Txid), 1)
 	}
 	if err := c.move(ctx, q, &l, m, token); err != nil {
 		return 0, err

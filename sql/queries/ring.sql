@@ -66,7 +66,7 @@ LEFT JOIN LATERAL (
 -- order. A batch that fills is cut after its last transaction's rows
 -- (RingReadRest) and its progress says so (a snapshot whose xmin is the
 -- next txid).
-SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid::text::bigint AS txid
+SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid
 FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
 JOIN /*outbox:table*/outbox_ring AS r
   ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
@@ -79,7 +79,7 @@ LIMIT @max_rows;
 -- name: RingReadRest :many
 -- The rows of transaction @txid in lane @lane of @queue after row
 -- @after_id: the rest of a full batch's last transaction.
-SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid::text::bigint AS txid
+SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid
 FROM /*outbox:table*/outbox_ring AS r
 WHERE r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
   AND r.txid = (@txid::text)::xid8 AND r.id > @after_id
