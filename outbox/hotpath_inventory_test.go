@@ -29,13 +29,14 @@ var notOnTheOutbox = map[string]string{
 }
 
 // onlyWithTheRing are the statements of claims from the log tier's ring
-// (claim.Env.Ring), which no subscriber runs by default: the ring is
-// measured under a held horizon by its own soak before it is shipped.
+// (claim.Env.Ring), which a subscriber runs only on an outbox that has
+// the ring (ring.Create; no migration ships it): the ring is measured
+// under a held horizon by its own soak (soak -ring) before it is shipped.
 var onlyWithTheRing = map[string]bool{
 	"RingConfirm": true, "RingMove": true, "RingMoveCrashed": true, "RingMoveKeyed": true, "RingPosition": true,
 	"RingProgress": true, "RingRead": true, "RingReadRest": true, "RingRecord": true, "RingTakeLane": true,
 	"RingTurnState": true, "RingNextSlot": true, "RingCloseSlot": true, "RingDoneSlots": true, "RingTruncate": true,
-	"RingPrune": true,
+	"RingPrune": true, "RingLockKeyedLanes": true,
 }
 
 // queryMethods returns the generated queries (the methods of
