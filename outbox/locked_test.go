@@ -225,7 +225,10 @@ func TestAbortedLockedClaimsCountTowardsMaxDeliveries(t *testing.T) {
 	seen := make(chan int, 10)
 	cfg := lockingConfig(nil)
 	cfg.MaxDeliveries = 2
-	cfg.LeaseTTL, cfg.LockWindow = time.Second, 300*time.Millisecond
+	// The subscriber finds its claim's backend gone when the window ends;
+	// the test ends the backend within the window, which a slow machine
+	// needs to be more than a moment (the claim would write leases first).
+	cfg.LeaseTTL, cfg.LockWindow = 6*time.Second, 3*time.Second
 	s := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
 		seen <- m.Deliveries
 		<-ctx.Done()

@@ -486,11 +486,13 @@ func TestUnannouncedHandOverIsCompletedBySweep(t *testing.T) {
 
 	e.exec("CREATE OR REPLACE FUNCTION outbox_notify_queue_usage() RETURNS float8 LANGUAGE sql AS 'SELECT 0.9::float8'")
 	e.ack(head)
-	if err := publisher.Commit(e.ctx); err != nil {
-		t.Fatal(err)
-	}
+	// Counted before the row behind it commits: from then on the sweep may
+	// complete it at any moment.
 	if n := e.handOffs(); n != 1 {
 		t.Fatalf("%d hand-overs recorded, want 1", n)
+	}
+	if err := publisher.Commit(e.ctx); err != nil {
+		t.Fatal(err)
 	}
 	if p := waitFor(t, handled, "the row behind the unannounced hand-over"); p != "next" {
 		t.Errorf("handled %q", p)
