@@ -25,6 +25,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -67,6 +68,7 @@ func main() {
 	flag.BoolVar(&dispatch, "dispatch", true, "drains hand every row to a pool of workers, each key's rows one after another (false: to see what that costs)")
 	flag.BoolVar(&explainRead, "explain", false, "print the plan of each drain's first read of lane 0")
 	flag.BoolVar(&probeKeys, "probe", true, "keyed drains ask the state table which of a batch's keys it holds (false: to see what the probe costs)")
+	flag.StringVar(&keyRead, "keyread", "txid", "how keyed drains read a lane: txid (batches cut at whole transactions, as unkeyed ones) or id (in id order, the progress holding an id bound; adds an index on (queue, lane, id))")
 	flag.Parse()
 	if *dsn == "" {
 		log.Fatal("logring: set DATABASE_URL or pass -dsn")
@@ -184,7 +186,7 @@ CREATE TABLE log (
 CREATE TABLE lanes (queue text COLLATE "C", lane smallint, PRIMARY KEY (queue, lane));
 INSERT INTO lanes SELECT '%[1]s', l FROM generate_series(0, %[2]d) AS l;
 CREATE TABLE progress (queue text COLLATE "C", lane smallint, seq bigint GENERATED ALWAYS AS IDENTITY, snap pg_snapshot NOT NULL,
-	PRIMARY KEY (queue, lane, seq));
+	below bigint NOT NULL DEFAULT 0, PRIMARY KEY (queue, lane, seq));
 INSERT INTO progress (queue, lane, snap) SELECT '%[1]s', l, pg_current_snapshot() FROM generate_series(0, %[2]d) AS l;
 CREATE TABLE turns (slot smallint PRIMARY KEY, done_below xid8);
 INSERT INTO turns SELECT p, NULL FROM generate_series(0, %[3]d) AS p;
@@ -199,6 +201,9 @@ CREATE TABLE bare (
 );
 CREATE INDEX state_key_idx ON state (queue, ordering_key);
 `, queue, lanes-1, ring-1)
+	if keyRead == "id" {
+		b.WriteString("CREATE INDEX log_lane_id_idx ON log (queue, lane, id);\n")
+	}
 	tx, err := pool.Begin(ctx)
 	must(err)
 	_, err = tx.Exec(ctx, b.String())
@@ -220,6 +225,23 @@ func must(err error) {
 
 // probeKeys is -probe, dispatch -dispatch, explainRead -explain.
 var probeKeys, dispatch, explainRead bool
+
+// keyRead is -keyread: how a keyed drain reads a lane.
+//
+// A batch cut at whole transactions in txid order can break a key's
+// order: a key's rows take ids in commit order (under the key's lock),
+// but a transaction may take its xid before an earlier writer of the key
+// takes its own. With transaction V (xid 100) waiting on the key's lock
+// while U (xid 101) writes the key's row 5 and commits, V writes row 6;
+// a cut after xid 100 hands out row 6 a batch before row 5.
+//
+// Read in id order instead, a batch is every row its snapshot sees that
+// the lane's progress has not consumed, smallest ids first: a progress
+// (snap, below) consumes the rows snap sees with ids up to below. A
+// key's earlier row committed before its later row drew its id, so any
+// snapshot that sees the later row sees the earlier, and its smaller id
+// puts it in the same batch or an earlier one.
+var keyRead string
 
 // reader is one lane reader: it claims a free lane, reads the batch after
 // the lane's newest progress, hands it out, and writes the progress.
@@ -293,16 +315,22 @@ func (r *reader) claim(ctx context.Context) (int, error) {
 	// transactions). An unnamed statement, planned for its arguments
 	// each time: the partitions outside slots are pruned when planning,
 	// so not even locked.
-	rows, err := tx.Query(ctx, laneRead(s), pgx.QueryExecModeExec, slots, queue, lane, from, prev, cur, r.batch)
-	if err != nil {
-		return 0, err
-	}
-	got, err := pgx.CollectRows(rows, scanBatchRow)
-	if err != nil {
-		return 0, err
-	}
+	var got []batchRow
 	snap := cur
-	if len(got) == r.batch {
+	var below int64
+	if r.keyed && keyRead == "id" {
+		got, below, err = r.readByID(ctx, tx, lane, slots, from, prev, cur)
+	} else {
+		var rows pgx.Rows
+		rows, err = tx.Query(ctx, laneRead(s), pgx.QueryExecModeExec, slots, queue, lane, from, prev, cur, r.batch)
+		if err == nil {
+			got, err = pgx.CollectRows(rows, scanBatchRow)
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	if len(got) == r.batch && !(r.keyed && keyRead == "id") {
 		// Full: the rest of the last transaction's rows, then a
 		// progress that says everything up to that txid is done.
 		last := got[len(got)-1]
@@ -350,7 +378,7 @@ func (r *reader) claim(ctx context.Context) (int, error) {
 	if len(got) == 0 && snap == prev {
 		return 0, nil
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO `+s+`.progress (queue, lane, snap) VALUES ($1, $2, $3::pg_snapshot)`, queue, lane, snap); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO `+s+`.progress (queue, lane, snap, below) VALUES ($1, $2, $3::pg_snapshot, $4)`, queue, lane, snap, below); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -362,6 +390,47 @@ func (r *reader) claim(ctx context.Context) (int, error) {
 		r.mark(b.id)
 	}
 	return len(got), nil
+}
+
+// readByID reads a keyed lane's batch in id order (see keyRead): the
+// rows of transactions that committed since the previous progress with
+// ids up to its bound, and up to r.batch rows above the bound that cur
+// sees; below is the new bound.
+func (r *reader) readByID(ctx context.Context, tx pgx.Tx, lane int16, slots []int16, from uint64, prev, cur string) (got []batchRow, below int64, err error) {
+	s := r.schema
+	if err := tx.QueryRow(ctx, `SELECT below FROM `+s+`.progress WHERE queue = $1 AND lane = $2 ORDER BY seq DESC LIMIT 1`,
+		queue, lane).Scan(&below); err != nil {
+		return nil, 0, err
+	}
+	rows, err := tx.Query(ctx, `SELECT id, txid, ordering_key FROM `+s+`.log
+		WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND txid >= $4::xid8 AND id <= $5
+		  AND NOT pg_visible_in_snapshot(txid, $6::text::pg_snapshot) AND pg_visible_in_snapshot(txid, $7::text::pg_snapshot)`,
+		pgx.QueryExecModeExec, slots, queue, lane, from, below, prev, cur)
+	if err != nil {
+		return nil, 0, err
+	}
+	late, err := pgx.CollectRows(rows, scanBatchRow)
+	if err != nil {
+		return nil, 0, err
+	}
+	rows, err = tx.Query(ctx, `SELECT id, txid, ordering_key FROM `+s+`.log
+		WHERE slot = ANY($1::smallint[]) AND queue = $2 AND lane = $3 AND id > $4
+		  AND pg_visible_in_snapshot(txid, $5::text::pg_snapshot)
+		ORDER BY queue, lane, id LIMIT $6`,
+		pgx.QueryExecModeExec, slots, queue, lane, below, cur, r.batch)
+	if err != nil {
+		return nil, 0, err
+	}
+	above, err := pgx.CollectRows(rows, scanBatchRow)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(above) > 0 {
+		below = above[len(above)-1].id
+	}
+	got = append(late, above...)
+	slices.SortFunc(got, func(a, b batchRow) int { return cmp.Compare(a.id, b.id) })
+	return got, below, nil
 }
 
 // handle hands the batch out on a pool of workers, as a subscriber does:
