@@ -78,6 +78,7 @@ type OutboxRingClaim struct {
 	AfterSeq int64
 	Xid      uint64
 	Snap     interface{}
+	Below    int64
 }
 
 type OutboxRingLane struct {
@@ -142,6 +143,7 @@ type OutboxRingProgress struct {
 	Lane  int16
 	Seq   int64
 	Snap  interface{}
+	Below int64
 	At    time.Time
 }
 

@@ -48,14 +48,19 @@ WHERE t.done_below IS NOT NULL
   AND NOT EXISTS (
       SELECT FROM /*outbox:table*/outbox_ring_lanes AS l
       CROSS JOIN LATERAL (
-          SELECT coalesce((SELECT g.snap FROM /*outbox:table*/outbox_ring_progress AS g
-                           WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1),
-                          '1:1:'::pg_snapshot) AS snap) AS p
+          SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+          FROM (SELECT 1) AS one
+          LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                             WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
       WHERE EXISTS (
           SELECT FROM /*outbox:table*/outbox_ring AS r
           WHERE r.slot = t.slot AND r.queue = l.queue AND r.lane = l.lane
             AND r.txid >= pg_snapshot_xmin(p.snap) AND r.txid < t.done_below
-            AND NOT pg_visible_in_snapshot(r.txid, p.snap)))
+            AND NOT pg_visible_in_snapshot(r.txid, p.snap))
+         OR EXISTS (
+          SELECT FROM /*outbox:table*/outbox_ring AS r
+          WHERE r.slot = t.slot AND r.queue = l.queue AND r.lane = l.lane
+            AND r.ordering_key IS NOT NULL AND r.id > p.below))
 ORDER BY t.slot
 `
 
@@ -63,8 +68,9 @@ ORDER BY t.slot
 // queue has read past: no lane has a row there that its newest progress
 // does not see. Only the rows of transactions between that snapshot's
 // xmin and the partition's done_below are looked at (those below xmin are
-// seen): a transaction that wrote nothing into the ring, however long it
-// runs, does not hold the ring back. A lane with no progress sees nothing.
+// seen), and a keyed lane's rows above its progress's id bound: a
+// transaction that wrote nothing into the ring, however long it runs,
+// does not hold the ring back. A lane with no progress sees nothing.
 func (q *Queries) RingDoneSlots(ctx context.Context) ([]int16, error) {
 	rows, err := q.db.Query(ctx, ringDoneSlots)
 	if err != nil {
@@ -78,6 +84,41 @@ func (q *Queries) RingDoneSlots(ctx context.Context) ([]int16, error) {
 			return nil, err
 		}
 		items = append(items, slot)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const ringHeldKeys = `-- name: RingHeldKeys :many
+SELECT k.key::text AS key
+FROM unnest($1::text[]) AS k(key)
+WHERE EXISTS (
+    SELECT FROM /*outbox:table*/outbox AS o
+    WHERE o.ordering_key IS NOT NULL AND o.queue = $2 AND o.ordering_key = k.key COLLATE "C")
+`
+
+type RingHeldKeysParams struct {
+	Keys  []string
+	Queue string
+}
+
+// The keys among @keys of which the outbox table holds a row of @queue:
+// the ring's rows of those keys go behind them.
+func (q *Queries) RingHeldKeys(ctx context.Context, arg RingHeldKeysParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, ringHeldKeys, arg.Keys, arg.Queue)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var key string
+		if err := rows.Scan(&key); err != nil {
+			return nil, err
+		}
+		items = append(items, key)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -125,9 +166,9 @@ func (q *Queries) RingLockKeyedLanes(ctx context.Context, queues []string) ([]Ri
 
 const ringMove = `-- name: RingMove :execrows
 INSERT INTO /*outbox:table*/outbox
-    (id, queue, payload, headers, created_at, next_attempt_at, deliveries_count, acquired_token, acquired_at, lease_expires_at)
+    (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count, acquired_token, acquired_at, lease_expires_at)
 OVERRIDING SYSTEM VALUE
-SELECT r.id, r.queue, r.payload, r.headers, r.created_at, r.next_attempt_at, m.deliveries,
+SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, m.deliveries,
        l.token,
        CASE WHEN l.token IS NOT NULL THEN clock_timestamp() END,
        CASE WHEN l.token IS NOT NULL THEN clock_timestamp() + make_interval(secs => l.ttl) END
@@ -135,6 +176,7 @@ FROM (SELECT $1::uuid AS token, $2::float8 AS ttl) AS l
 CROSS JOIN (SELECT unnest($3::bigint[]) AS id, unnest($4::bigint[]) AS txid, unnest($5::integer[]) AS deliveries) AS m
 JOIN /*outbox:table*/outbox_ring AS r
   ON r.slot = ANY ($6::smallint[]) AND r.queue = $7 AND r.lane = $8 AND r.txid = m.txid::text::xid8 AND r.id = m.id
+ORDER BY r.id
 `
 
 type RingMoveParams struct {
@@ -153,8 +195,10 @@ type RingMoveParams struct {
 // its delivery count @deliveries, leased with @token for
 // @lease_ttl_seconds when @token is set (rows whose handlers run on, or
 // whose failure the lease path writes next), else waiting for a claim
-// (rows no handler started, rows not yet due). Fewer rows moved than given
-// means the ring no longer holds them.
+// (rows no handler started, rows not yet due), in id order: a key's rows
+// take their places behind each other (keeping their ids, see
+// RingTakeLane). Fewer rows moved than given means the ring no longer
+// holds them.
 func (q *Queries) RingMove(ctx context.Context, arg RingMoveParams) (int64, error) {
 	result, err := q.db.Exec(ctx, ringMove,
 		arg.Token,
@@ -172,48 +216,73 @@ func (q *Queries) RingMove(ctx context.Context, arg RingMoveParams) (int64, erro
 	return result.RowsAffected(), nil
 }
 
-const ringMoveCrashed = `-- name: RingMoveCrashed :execrows
-INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, created_at, next_attempt_at, deliveries_count)
+const ringMoveCrashed = `-- name: RingMoveCrashed :one
+WITH moved AS (
+INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count)
 OVERRIDING SYSTEM VALUE
-SELECT r.id, r.queue, r.payload, r.headers, r.created_at, r.next_attempt_at,
-       (SELECT count(*) FROM unnest($1::text[]) AS c(snap) WHERE pg_visible_in_snapshot(r.txid, c.snap::pg_snapshot))::integer
-FROM (SELECT ($2::text)::pg_snapshot AS prev, ($3::text)::pg_snapshot AS cur) AS b
-JOIN /*outbox:table*/outbox_ring AS r
-  ON r.slot = ANY ($4::smallint[]) AND r.queue = $5 AND r.lane = $6
- AND r.txid >= pg_snapshot_xmin(b.prev)
- AND NOT pg_visible_in_snapshot(r.txid, b.prev)
- AND pg_visible_in_snapshot(r.txid, b.cur)
-ORDER BY r.id
+SELECT u.id, u.queue, u.payload, u.headers, u.ordering_key, u.created_at, u.next_attempt_at,
+       (SELECT count(*) FROM generate_subscripts($1::text[], 1) AS c(i)
+        WHERE pg_visible_in_snapshot(u.txid, (($1::text[])[c.i])::pg_snapshot)
+          AND u.id <= ($2::bigint[])[c.i])::integer
+FROM (
+    SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, r.slot, r.lane FROM (SELECT ($3::text)::pg_snapshot AS prev, ($4::text)::pg_snapshot AS cur) AS b
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.slot = ANY ($5::smallint[]) AND r.queue = $6 AND r.lane = $7
+     AND r.txid >= pg_snapshot_xmin(b.prev)
+     AND NOT pg_visible_in_snapshot(r.txid, b.prev)
+     AND pg_visible_in_snapshot(r.txid, b.cur)
+    UNION ALL
+    SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, r.slot, r.lane FROM /*outbox:table*/outbox_ring AS r
+    WHERE r.slot = ANY ($5::smallint[]) AND r.queue = $6 AND r.lane = $7
+      AND r.ordering_key IS NOT NULL AND r.id > $8::bigint
+      AND pg_visible_in_snapshot(r.txid, ($3::text)::pg_snapshot)
+      AND pg_visible_in_snapshot(r.txid, ($4::text)::pg_snapshot)
+) AS u
+ORDER BY u.id
+RETURNING id
+)
+SELECT count(*)::bigint AS moved, coalesce(max(moved.id), 0)::bigint AS last_id FROM moved
 `
 
 type RingMoveCrashedParams struct {
-	Crashed []string
-	Prev    string
-	Cur     string
-	Slots   []int16
-	Queue   string
-	Lane    int16
+	Crashed      []string
+	CrashedBelow []int64
+	Prev         string
+	Cur          string
+	Slots        []int16
+	Queue        string
+	Lane         int16
+	Below        int64
 }
 
-// Moves the batch of lane @lane of @queue between snapshots @prev and
-// @cur, in the partitions @slots, into the outbox table, unleased, each
-// row with the deliveries that claims whose transactions aborted made of
-// it (those of the snapshots @crashed that see it): from there, each row
-// counts toward MaxDeliveries on its own, so a row that kills its
-// subscriber does not take its batch down with it again.
-func (q *Queries) RingMoveCrashed(ctx context.Context, arg RingMoveCrashedParams) (int64, error) {
-	result, err := q.db.Exec(ctx, ringMoveCrashed,
+type RingMoveCrashedRow struct {
+	Moved  int64
+	LastID int64
+}
+
+// Moves the rows of lane @lane of @queue that snapshot @cur sees and the
+// lane's progress (@prev, @below) has not consumed, in the partitions
+// @slots, into the outbox table, unleased, in id order (a keyed row
+// keeps its id and its place behind its key's), each row with the
+// deliveries that claims whose transactions aborted made of it (those of
+// the snapshots @crashed, with bounds @crashed_below, that consumed it):
+// from there, each row counts toward MaxDeliveries on its own, so a row
+// that kills its subscriber does not take its batch down with it again.
+// Returns how many rows moved, and the largest id moved (0 for none).
+func (q *Queries) RingMoveCrashed(ctx context.Context, arg RingMoveCrashedParams) (RingMoveCrashedRow, error) {
+	row := q.db.QueryRow(ctx, ringMoveCrashed,
 		arg.Crashed,
+		arg.CrashedBelow,
 		arg.Prev,
 		arg.Cur,
 		arg.Slots,
 		arg.Queue,
 		arg.Lane,
+		arg.Below,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var i RingMoveCrashedRow
+	err := row.Scan(&i.Moved, &i.LastID)
+	return i, err
 }
 
 const ringMoveKeyed = `-- name: RingMoveKeyed :one
@@ -222,11 +291,12 @@ WITH lane AS MATERIALIZED (
 ), pos AS MATERIALIZED (
     SELECT lane.queue, lane.lane,
            coalesce(p.snap, '1:1:'::pg_snapshot) AS prev,
+           coalesce(p.below, 0) AS below,
            coalesce(extract(epoch FROM now() - p.at), 1e9) AS age,
            pg_current_snapshot() AS cur
     FROM lane
     LEFT JOIN LATERAL (
-        SELECT g.snap, g.at FROM /*outbox:table*/outbox_ring_progress AS g
+        SELECT g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
         WHERE g.queue = lane.queue AND g.lane = lane.lane
         ORDER BY g.seq DESC LIMIT 1) AS p ON true
 ), batch AS MATERIALIZED (
@@ -237,6 +307,14 @@ WITH lane AS MATERIALIZED (
      AND r.txid >= pg_snapshot_xmin(pos.prev)
      AND NOT pg_visible_in_snapshot(r.txid, pos.prev)
      AND pg_visible_in_snapshot(r.txid, pos.cur)
+    UNION ALL
+    SELECT r.id, r.queue, r.lane, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at
+    FROM pos
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.queue = pos.queue AND r.lane = pos.lane
+     AND r.ordering_key IS NOT NULL AND r.id > pos.below
+     AND pg_visible_in_snapshot(r.txid, pos.prev)
+     AND pg_visible_in_snapshot(r.txid, pos.cur)
 ), moved AS (
     INSERT INTO /*outbox:table*/outbox (queue, payload, headers, ordering_key, created_at, next_attempt_at)
     SELECT b.queue, b.payload, b.headers, b.ordering_key, b.created_at, b.next_attempt_at
@@ -244,8 +322,10 @@ WITH lane AS MATERIALIZED (
     ORDER BY b.id
     RETURNING 1
 ), progress AS (
-    INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap)
-    SELECT pos.queue, pos.lane, pos.cur FROM pos
+    INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap, below)
+    SELECT pos.queue, pos.lane, pos.cur,
+           greatest(pos.below, (SELECT max(b.id) FROM batch AS b WHERE b.queue = pos.queue AND b.lane = pos.lane))
+    FROM pos
     WHERE pos.age > $3::float8
        OR EXISTS (SELECT FROM batch AS b WHERE b.queue = pos.queue AND b.lane = pos.lane)
     RETURNING 1
@@ -269,7 +349,8 @@ type RingMoveKeyedRow struct {
 // has not seen into the outbox table, in id order, through the table's
 // key trigger: a key's rows take the outbox table's per-key order,
 // hand-overs and leases, behind the key's rows already there. Then
-// writes each lane's progress, when rows of it moved or its newest is
+// writes each lane's progress (up to the largest id moved: every row
+// the snapshot sees), when rows of it moved or its newest is
 // older than @idle_progress_seconds (so that the ring can turn past an
 // idle lane). Returns how many rows moved.
 func (q *Queries) RingMoveKeyed(ctx context.Context, arg RingMoveKeyedParams) (RingMoveKeyedRow, error) {
@@ -308,19 +389,25 @@ func (q *Queries) RingNextSlot(ctx context.Context, slot int16) (RingNextSlotRow
 const ringPosition = `-- name: RingPosition :one
 SELECT coalesce(p.seq, 0)::bigint AS seq,
        coalesce(p.snap, '1:1:'::pg_snapshot)::text AS prev,
+       coalesce(p.below, 0)::bigint AS below,
        coalesce(extract(epoch FROM now() - p.at), 1e9)::float8 AS age_seconds,
        pg_current_snapshot()::text AS cur,
        pg_current_xact_id()::text::bigint AS xid,
        coalesce((SELECT array_agg(t.slot ORDER BY t.slot) FROM /*outbox:table*/outbox_ring_turns AS t
-                 WHERE t.done_below IS NULL OR t.done_below > pg_snapshot_xmin(coalesce(p.snap, '1:1:'::pg_snapshot))),
+                 WHERE t.done_below IS NULL OR t.done_below > pg_snapshot_xmin(coalesce(p.snap, '1:1:'::pg_snapshot))
+                    OR p.below < 9223372036854775807),
                 '{}')::smallint[] AS slots,
-       coalesce((SELECT array_agg(c.snap::text) FROM /*outbox:table*/outbox_ring_claims AS c
+       coalesce((SELECT array_agg(c.snap::text ORDER BY c.xid) FROM /*outbox:table*/outbox_ring_claims AS c
                  WHERE c.queue = $1 AND c.lane = $2 AND c.after_seq = coalesce(p.seq, 0)
                    AND pg_xact_status(c.xid) = 'aborted'),
-                '{}')::text[] AS crashed
+                '{}')::text[] AS crashed,
+       coalesce((SELECT array_agg(c.below ORDER BY c.xid) FROM /*outbox:table*/outbox_ring_claims AS c
+                 WHERE c.queue = $1 AND c.lane = $2 AND c.after_seq = coalesce(p.seq, 0)
+                   AND pg_xact_status(c.xid) = 'aborted'),
+                '{}')::bigint[] AS crashed_below
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
-    SELECT g.seq, g.snap, g.at FROM /*outbox:table*/outbox_ring_progress AS g
+    SELECT g.seq, g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
     WHERE g.queue = $1 AND g.lane = $2
     ORDER BY g.seq DESC LIMIT 1) AS p ON true
 `
@@ -331,20 +418,24 @@ type RingPositionParams struct {
 }
 
 type RingPositionRow struct {
-	Seq        int64
-	Prev       string
-	AgeSeconds float64
-	Cur        string
-	Xid        int64
-	Slots      []int16
-	Crashed    []string
+	Seq          int64
+	Prev         string
+	Below        int64
+	AgeSeconds   float64
+	Cur          string
+	Xid          int64
+	Slots        []int16
+	Crashed      []string
+	CrashedBelow []int64
 }
 
 // Where lane @lane of @queue stands, read in the claim's transaction:
 // its newest progress (seq 0 and the empty snapshot when it has none:
-// the lane reads from the ring's start) and its age; the transaction's
-// snapshot and id; the partitions the batch can reach (those not done
-// below the progress's xmin); and the snapshots of the claims after that
+// the lane reads from the ring's start), its id bound and its age; the
+// transaction's snapshot and id; the partitions the batch can reach
+// (those not done below the progress's xmin, and every one not emptied
+// since while a keyed lane's bound leaves rows that snapshot saw
+// unread); and the snapshots and bounds of the claims after that
 // progress whose transactions aborted (crashed or lost deliveries).
 func (q *Queries) RingPosition(ctx context.Context, arg RingPositionParams) (RingPositionRow, error) {
 	row := q.db.QueryRow(ctx, ringPosition, arg.Queue, arg.Lane)
@@ -352,11 +443,13 @@ func (q *Queries) RingPosition(ctx context.Context, arg RingPositionParams) (Rin
 	err := row.Scan(
 		&i.Seq,
 		&i.Prev,
+		&i.Below,
 		&i.AgeSeconds,
 		&i.Cur,
 		&i.Xid,
 		&i.Slots,
 		&i.Crashed,
+		&i.CrashedBelow,
 	)
 	return i, err
 }
@@ -374,21 +467,27 @@ func (q *Queries) RingPresent(ctx context.Context) (bool, error) {
 }
 
 const ringProgress = `-- name: RingProgress :exec
-INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap)
-VALUES ($1, $2, ($3::text)::pg_snapshot)
+INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap, below)
+VALUES ($1, $2, ($3::text)::pg_snapshot, $4::bigint)
 `
 
 type RingProgressParams struct {
 	Queue string
 	Lane  int16
 	Snap  string
+	Below int64
 }
 
 // Acknowledges, in the claim's transaction, every row of the batch of
-// lane @lane of @queue up to snapshot @snap that did not move to the
-// outbox table: the lane's next batch starts there.
+// lane @lane of @queue up to snapshot @snap and id @below that did not
+// move to the outbox table: the lane's next batch starts there.
 func (q *Queries) RingProgress(ctx context.Context, arg RingProgressParams) error {
-	_, err := q.db.Exec(ctx, ringProgress, arg.Queue, arg.Lane, arg.Snap)
+	_, err := q.db.Exec(ctx, ringProgress,
+		arg.Queue,
+		arg.Lane,
+		arg.Snap,
+		arg.Below,
+	)
 	return err
 }
 
@@ -485,6 +584,96 @@ func (q *Queries) RingRead(ctx context.Context, arg RingReadParams) ([]RingReadR
 	return items, nil
 }
 
+const ringReadKeyed = `-- name: RingReadKeyed :many
+SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above
+FROM (
+    SELECT r.id, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, false AS above
+    FROM (SELECT ($1::text)::pg_snapshot AS prev, ($2::text)::pg_snapshot AS cur) AS b
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.slot = ANY ($3::smallint[]) AND r.queue = $4 AND r.lane = $5
+     AND r.txid >= pg_snapshot_xmin(b.prev)
+     AND r.id <= $6::bigint
+     AND NOT pg_visible_in_snapshot(r.txid, b.prev)
+     AND pg_visible_in_snapshot(r.txid, b.cur)
+    UNION ALL
+    (SELECT r.id, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, true AS above
+     FROM /*outbox:table*/outbox_ring AS r
+     WHERE r.slot = ANY ($3::smallint[]) AND r.queue = $4 AND r.lane = $5
+       AND r.ordering_key IS NOT NULL AND r.id > $6::bigint
+       AND pg_visible_in_snapshot(r.txid, ($2::text)::pg_snapshot)
+     ORDER BY r.queue, r.lane, r.id
+     LIMIT $7)
+) AS k
+ORDER BY k.id
+`
+
+type RingReadKeyedParams struct {
+	Prev    string
+	Cur     string
+	Slots   []int16
+	Queue   string
+	Lane    int16
+	Below   int64
+	MaxRows int32
+}
+
+type RingReadKeyedRow struct {
+	ID            int64
+	Payload       []byte
+	Headers       []byte
+	OrderingKey   *string
+	CreatedAt     time.Time
+	NextAttemptAt time.Time
+	Txid          uint64
+	Above         bool
+}
+
+// Up to @max_rows rows of the batch of keyed lane @lane of @queue, in id
+// order, which within a key is commit order: the rows that snapshot @cur
+// sees and the lane's progress (@prev, @below) has not consumed. Those
+// of transactions that @prev did not see, with ids up to @below, come
+// whole; above @below, the @max_rows smallest ids (above marks them: the
+// batch's new bound is the largest). A key's earlier row committed
+// before its later row drew its id: every snapshot that sees the later
+// sees the earlier, whose smaller id puts it in the same batch or an
+// earlier one.
+func (q *Queries) RingReadKeyed(ctx context.Context, arg RingReadKeyedParams) ([]RingReadKeyedRow, error) {
+	rows, err := q.db.Query(ctx, ringReadKeyed,
+		arg.Prev,
+		arg.Cur,
+		arg.Slots,
+		arg.Queue,
+		arg.Lane,
+		arg.Below,
+		arg.MaxRows,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RingReadKeyedRow{}
+	for rows.Next() {
+		var i RingReadKeyedRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Payload,
+			&i.Headers,
+			&i.OrderingKey,
+			&i.CreatedAt,
+			&i.NextAttemptAt,
+			&i.Txid,
+			&i.Above,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const ringReadRest = `-- name: RingReadRest :many
 SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid
 FROM /*outbox:table*/outbox_ring AS r
@@ -549,8 +738,8 @@ const ringRecord = `-- name: RingRecord :one
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit, ($1::bigint)::text::xid8 AS xid
 ), record AS (
-    INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap)
-    SELECT $2, $3, $4, session.xid, ($5::text)::pg_snapshot
+    INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap, below)
+    SELECT $2, $3, $4, session.xid, ($5::text)::pg_snapshot, $6::bigint
     FROM session
     WHERE pg_xact_status(session.xid) = 'in progress'
     RETURNING 1
@@ -564,11 +753,12 @@ type RingRecordParams struct {
 	Lane     int16
 	AfterSeq int64
 	Snap     string
+	Below    int64
 }
 
 // Records, in a transaction of its own (autocommit), that the claim of
 // transaction @xid read the batch of lane @lane of @queue after progress
-// @after_seq up to snapshot @snap. It records nothing, and recorded is
+// @after_seq up to snapshot @snap and id @below. It records nothing, and recorded is
 // false, when that transaction is no longer in progress: its lane is
 // free, and its rows must not be handed to handlers.
 func (q *Queries) RingRecord(ctx context.Context, arg RingRecordParams) (bool, error) {
@@ -578,6 +768,7 @@ func (q *Queries) RingRecord(ctx context.Context, arg RingRecordParams) (bool, e
 		arg.Lane,
 		arg.AfterSeq,
 		arg.Snap,
+		arg.Below,
 	)
 	var recorded bool
 	err := row.Scan(&recorded)
@@ -589,7 +780,8 @@ const ringTakeLane = `-- name: RingTakeLane :one
 SELECT l.queue, l.lane, s.pos::integer AS pos,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
        set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
-       set_config('jit', 'off', true) AS jit
+       set_config('jit', 'off', true) AS jit,
+       set_config('outboxgen.ring_move', 'on', true) AS ring_move
 FROM (SELECT $1::text[] AS queues, $2::smallint AS from_lane, $3::smallint AS to_lane,
              $4::integer AS turn) AS p
 JOIN /*outbox:table*/outbox_ring_lanes AS l
@@ -616,6 +808,7 @@ type RingTakeLaneRow struct {
 	PlanCacheMode    string
 	EnableBitmapscan string
 	Jit              string
+	RingMove         string
 }
 
 // The log tier's ring (internal/ring/schema.sql): claims that read a
@@ -637,7 +830,9 @@ type RingTakeLaneRow struct {
 // batch's last row instead of reading, and sorting, the lane's whole
 // backlog; and no JIT: the ring's small tables are never vacuumed, and
 // estimates made without their statistics pass jit_above_cost, whose
-// compilation takes longer than the statements.
+// compilation takes longer than the statements. And it lets the claim's
+// moves of keyed rows into the outbox table keep their ids (the ring's
+// version of the table's key trigger).
 func (q *Queries) RingTakeLane(ctx context.Context, arg RingTakeLaneParams) (RingTakeLaneRow, error) {
 	row := q.db.QueryRow(ctx, ringTakeLane,
 		arg.Queues,
@@ -653,6 +848,7 @@ func (q *Queries) RingTakeLane(ctx context.Context, arg RingTakeLaneParams) (Rin
 		&i.PlanCacheMode,
 		&i.EnableBitmapscan,
 		&i.Jit,
+		&i.RingMove,
 	)
 	return i, err
 }
@@ -693,21 +889,26 @@ func (q *Queries) RingTurnState(ctx context.Context) (RingTurnStateRow, error) {
 }
 
 const ringUnread = `-- name: RingUnread :one
-SELECT coalesce(sum(u.n), 0)::bigint AS unread
+SELECT coalesce(sum(u.n + k.n), 0)::bigint AS unread
 FROM /*outbox:table*/outbox_ring_lanes AS l
 CROSS JOIN LATERAL (
-    SELECT coalesce((SELECT g.snap FROM /*outbox:table*/outbox_ring_progress AS g
-                     WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1),
-                    '1:1:'::pg_snapshot) AS snap) AS p
+    SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+    FROM (SELECT 1) AS one
+    LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                       WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
     WHERE r.queue = l.queue AND r.lane = l.lane
       AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
+    WHERE r.queue = l.queue AND r.lane = l.lane
+      AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)) AS k
 `
 
 // How many committed rows of the ring the newest progress of their lane
-// has not seen: the rows still to be read. Bounded per lane by the
-// index, from the progress's xmin.
+// has not consumed: the rows still to be read. Bounded per lane by the
+// indexes, from the progress's xmin and, for keyed lanes, its id bound.
 func (q *Queries) RingUnread(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, ringUnread)
 	var unread int64

@@ -301,3 +301,121 @@ func TestRingRowsWrittenWhileReadAreDeliveredOnce(t *testing.T) {
 		}
 	})
 }
+
+// keyedDeliveries records the payloads handlers saw per ordering key, in
+// the order they ran, and counts handlers of one key that overlapped.
+type keyedDeliveries struct {
+	mu       sync.Mutex
+	seen     map[string][]string
+	busy     map[string]bool
+	overlaps int
+}
+
+// handler returns a handler that records its deliveries in k and takes
+// at least pause per row.
+func (k *keyedDeliveries) handler(pause time.Duration) func(context.Context, *Message[string]) error {
+	return func(_ context.Context, m *Message[string]) error {
+		k.mu.Lock()
+		if k.seen == nil {
+			k.seen, k.busy = map[string][]string{}, map[string]bool{}
+		}
+		if k.busy[m.OrderingKey] {
+			k.overlaps++
+		}
+		k.busy[m.OrderingKey] = true
+		k.seen[m.OrderingKey] = append(k.seen[m.OrderingKey], m.Payload)
+		k.mu.Unlock()
+		time.Sleep(pause)
+		k.mu.Lock()
+		k.busy[m.OrderingKey] = false
+		k.mu.Unlock()
+		return nil
+	}
+}
+
+// of returns the payloads handled for key so far.
+func (k *keyedDeliveries) of(key string) []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.seen[key])
+}
+
+// A key's rows are delivered in the order they were written even when a
+// writer of a later row took its transaction id before the writer of an
+// earlier one: batches of one row, read in transaction id order and cut
+// there, would deliver the later row first.
+func TestRingKeyOrderHoldsWhenTransactionIDsAreInverted(t *testing.T) {
+	t.Parallel()
+	forEachClaimPath(t, func(t *testing.T, p claimPath) {
+		e := setupRing(t)
+		insert := `INSERT INTO outbox_ring (queue, payload, ordering_key) VALUES ('q', convert_to($1, 'UTF8'), 'k')`
+		// The later writer takes its transaction id first...
+		later, err := e.db.Pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = later.Rollback(context.Background()) }()
+		if _, err := later.Exec(e.ctx, "SELECT pg_current_xact_id()"); err != nil {
+			t.Fatal(err)
+		}
+		// ... the earlier writes the key's first row and commits ...
+		if _, err := e.db.Pool.Exec(e.ctx, insert, "first"); err != nil {
+			t.Fatal(err)
+		}
+		// ... and the later writes the second, under the key's lock.
+		if _, err := later.Exec(e.ctx, insert, "second"); err != nil {
+			t.Fatal(err)
+		}
+		if err := later.Commit(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		var inverted bool
+		if err := e.db.Pool.QueryRow(e.ctx, `SELECT (SELECT txid FROM outbox_ring WHERE payload = 'second')
+			< (SELECT txid FROM outbox_ring WHERE payload = 'first')`).Scan(&inverted); err != nil {
+			t.Fatal(err)
+		}
+		if !inverted {
+			t.Fatal("the second row's transaction id is not below the first's: the test sets nothing up")
+		}
+		var k keyedDeliveries
+		cfg := onPath(p, fastConfig[string](nil))
+		cfg.FetchBatchSize = 1
+		startSub(t, e.ob, []string{"q"}, k.handler(0), cfg)
+		eventually(t, "both rows handled", func() bool { return len(k.of("k")) >= 2 })
+		if diff := cmp.Diff([]string{"first", "second"}, k.of("k")); diff != "" {
+			t.Errorf("deliveries of the key (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// The ring's rows of a key that the outbox table holds rows of (here one
+// not yet due) are delivered after those rows, and a key's ring rows from
+// its first one not yet due wait behind it.
+func TestRingKeyedRowsWaitBehindTheKeysRowsInTheTableAndUnDueRows(t *testing.T) {
+	t.Parallel()
+	forEachClaimPath(t, func(t *testing.T, p claimPath) {
+		e := setupRing(t)
+		pub := newPublisher[string](t, e, "q", nil)
+		// Not due for a while: the ring's rows of its key are read first.
+		if _, err := pub.Publish(e.ctx, e.pubPool, "table", &PublishOpts{OrderingKey: "held", Delay: 500 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key, next_attempt_at)
+			VALUES ('q', 'ring/1', 'held', now()), ('q', 'ring/2', 'held', now()),
+			       ('q', 'soon', 'later', now() + interval '500 milliseconds'), ('q', 'after', 'later', now())`); err != nil {
+			t.Fatal(err)
+		}
+		var k keyedDeliveries
+		startSub(t, e.ob, []string{"q"}, k.handler(time.Millisecond), onPath(p, fastConfig[string](nil)))
+		eventually(t, "every row handled", func() bool { return len(k.of("held")) >= 3 && len(k.of("later")) >= 2 })
+		want := map[string][]string{"held": {"table", "ring/1", "ring/2"}, "later": {"soon", "after"}}
+		got := map[string][]string{"held": k.of("held"), "later": k.of("later")}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("deliveries per key (-want +got):\n%s", diff)
+		}
+		if k.overlaps != 0 {
+			t.Errorf("a key's rows ran in two handlers at once %d times", k.overlaps)
+		}
+		eventually(t, "the outbox table empty", func() bool { return e.count("outbox") == 0 })
+	})
+}

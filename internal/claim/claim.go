@@ -487,6 +487,87 @@ type lockedClaim struct {
 	// end writes the claim's end in its transaction; nil: a claim of
 	// the outbox table's rows (byLock.writeLockEnd).
 	end func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error
+
+	// A claim of a keyed lane of the ring hands a key's rows out one
+	// after another (see chain): next is the row of its key that follows
+	// each row; ready, those whose row before them was acknowledged;
+	// unhanded, the rows not handed out yet; remove stops tracking a row.
+	next     map[*lease.Delivery]*lease.Delivery
+	ready    map[*lease.Delivery]*lease.Delivery
+	unhanded map[*lease.Delivery]bool
+	remove   func(*lease.Delivery)
+}
+
+// chain makes c hand the rows of ds, in id order, one key at a time: it
+// returns each key's first row, to be handed out now; each next row is
+// handed out when the one before it is acknowledged (Next). remove stops
+// tracking a row that will not be handed out.
+func (c *lockedClaim) chain(ds []*lease.Delivery, remove func(*lease.Delivery)) (first []*lease.Delivery) {
+	c.next = make(map[*lease.Delivery]*lease.Delivery)
+	c.ready = make(map[*lease.Delivery]*lease.Delivery)
+	c.unhanded = make(map[*lease.Delivery]bool)
+	c.remove = remove
+	last := make(map[string]*lease.Delivery)
+	for _, d := range ds {
+		key := ""
+		if d.Row.OrderingKey != nil {
+			key = *d.Row.OrderingKey
+		}
+		if before, ok := last[key]; ok {
+			c.next[before] = d
+			c.unhanded[d] = true
+		} else {
+			first = append(first, d)
+		}
+		last[key] = d
+	}
+	return first
+}
+
+// Next returns the row of d's key that follows d, when d was
+// acknowledged while the claim is open; the worker that ran d runs it.
+// Nil otherwise: the claim's end gives the rest of the key up.
+func (c *lockedClaim) Next(d *lease.Delivery) *lease.Delivery {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.ready[d]
+	if f == nil || !c.open {
+		return nil
+	}
+	delete(c.ready, d)
+	delete(c.unhanded, f)
+	return f
+}
+
+// chained lets go the row that follows o's row, as o is kept: Next hands
+// it out when o is an acknowledgement; any other outcome gives up the
+// key's remaining rows, which the claim's end moves behind o's row.
+// Call with mu held.
+func (c *lockedClaim) chained(o lease.Outcome) {
+	f := c.next[o.D]
+	if f == nil {
+		return
+	}
+	if o.Kind == lease.Ack || o.Kind == lease.Drop {
+		c.ready[o.D] = f
+		return
+	}
+	for ; f != nil; f = c.next[f] {
+		delete(c.unhanded, f)
+		c.remove(f)
+		f.Settled = true
+		c.gaveUp = append(c.gaveUp, f)
+		c.settle()
+	}
+}
+
+// dropUnhanded stops tracking the rows the claim never handed out, as
+// its end gives them up. Call with mu held, once the claim is closed.
+func (c *lockedClaim) dropUnhanded() {
+	for d := range c.unhanded {
+		c.remove(d)
+	}
+	c.unhanded = nil
 }
 
 // Keep keeps o, the outcome of a row of the claim, for the claim's end,
@@ -506,6 +587,7 @@ func (c *lockedClaim) Keep(o lease.Outcome) bool {
 	c.kept = append(c.kept, o)
 	o.D.Settled = true
 	c.settle()
+	c.chained(o)
 	return true
 }
 
@@ -689,19 +771,20 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 	}
 	ds := r.Leases.AddEach(r.HandlerCtx, handed, fill, pgtype.UUID{}, sent)
 	started = true
-	c.hold(ds, lc)
+	c.hold(ds, ds, lc)
 	return len(ds), nil
 }
 
-// hold hands ds, the rows of locked claim lc, to the run: lc holds them
+// hold hands handed, of ds, the rows of locked claim lc, to the run (lc
+// hands the others out later, see lockedClaim.chain): lc holds them
 // until endLocked ends it, which frees lc's place among the claims in
 // flight.
-func (k *byLock) hold(ds []*lease.Delivery, lc *lockedClaim) {
+func (k *byLock) hold(ds, handed []*lease.Delivery, lc *lockedClaim) {
 	ds[0].Batch.Hold = lc
 	lc.watch(ds[0].Batch)
 	k.lockEnds.Add(1)
 	go k.endLocked(ds[0].Batch, lc)
-	k.env.Hand(ds)
+	k.env.Hand(handed)
 }
 
 // endLocked ends the locked claim c of batch b when every row is settled,
@@ -760,6 +843,7 @@ func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 	// end fall back to leasing every row, the acknowledged ones are
 	// written with it too.
 	running := r.Leases.LeaseStarted(unsettled, deliveriesOf(kept), token)
+	c.dropUnhanded()
 	for _, d := range running {
 		e.lease(d)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,10 +35,20 @@ import (
 // outbox table, each row counting the deliveries that claims made of it,
 // and the outbox table's claims deliver them from there.
 //
-// Keyed lanes (4-7) are moved whole into the outbox table by one
-// statement per claim, through its key trigger: a key's rows are
-// delivered in the outbox table's per-key order. Rows not yet due go
-// there too.
+// A keyed lane (4-7) is claimed the same way when claims lock, but read
+// in id order, which within a key is commit order, and its progress
+// holds the batch's largest id as well as its snapshot (see
+// RingReadKeyed): a batch cut at a transaction could hand a key's later
+// row out before its earlier one. A key's rows go to handlers one after
+// another: its first row of the batch at once, each next one when the
+// one before it is acknowledged (lockedClaim.Next); a row that fails,
+// or runs past the claim's end, takes the key's remaining rows of the
+// batch with it into the outbox table, behind it. Keys the outbox table
+// already holds, and a key's rows from its first one not yet due, go
+// there at the claim, behind the key's rows there. Moved keyed rows keep
+// their ids (the ring's key trigger). Claims by lease move keyed lanes
+// whole into the outbox table by one statement per claim, through its
+// key trigger, and the outbox table's claims deliver them.
 
 // ringIdleProgress is how old a lane's newest progress may be before a
 // claim that found nothing writes a new one: the ring turns only past
@@ -69,9 +81,10 @@ func (c *byRing) HandedOn(os []lease.Outcome) { c.state.HandedOn(os) }
 // Behind asks the outbox table's next claim to sweep.
 func (c *byRing) Behind() { c.state.Behind() }
 
-// Claim moves the keyed lanes' new rows into the outbox table, claims a
-// batch of an unkeyed lane, and claims from the outbox table the rows
-// the batch left room for. Every RingTurnAge/4 it turns the ring.
+// Claim claims a batch of a lane, and from the outbox table the rows
+// the batch left room for (claims by lease first move the keyed lanes'
+// new rows into the outbox table, and take unkeyed lanes only). Every
+// RingTurnAge/4 it turns the ring.
 func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 	r := c.env
 	age := r.RingTurnAge
@@ -86,14 +99,14 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 			r.Log.Debug("outbox: a lock kept the ring from emptying a partition", slog.Int("partitions", t.Busy))
 		}
 	}
-	if err := c.moveKeyed(); err != nil {
-		return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
-	}
 	var got int
 	var err error
 	if LocksRows(r.LockWindow, r.Pool.Config().MaxConns) {
 		got, err = c.claimLane(ctx, n)
 	} else {
+		if err := c.moveKeyed(); err != nil {
+			return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
+		}
 		got, err = c.leaseLane(n)
 	}
 	if err != nil || got >= int(n) {
@@ -131,31 +144,51 @@ func (c *byRing) moveKeyed() error {
 	return tx.Commit(ctx)
 }
 
+// unkeyedBelow is the id bound of an unkeyed lane's progress: none, the
+// snapshot says it all.
+const unkeyedBelow = math.MaxInt64
+
+// firstKeyedLane is the first of a queue's lanes that hold keyed rows.
+const firstKeyedLane = 4
+
 // lane is a lane's batch as read in its claim's transaction.
 type lane struct {
 	queue string
 	lane  int16
 	pos   db.RingPositionRow
 	// end is the snapshot the batch ends at: pos.Cur, or the cut after
-	// its last transaction when it filled.
-	end  string
-	rows []db.RingReadRow
+	// its last transaction when it filled; below is the largest id the
+	// batch consumes (unkeyedBelow for an unkeyed lane).
+	end   string
+	below int64
+	rows  []db.RingReadRow
+	// keys are the rows' ordering keys, of a keyed lane's batch.
+	keys []*string
 }
+
+// keyed reports whether l holds keyed rows.
+func (l *lane) keyed() bool { return l.lane >= firstKeyedLane }
 
 // unchanged reports whether l's claim has no progress to write: its
 // batch ends where the lane stood, or found nothing while the lane's
 // newest progress is younger than ringIdleProgress.
 func (l *lane) unchanged() bool {
-	return l.end == l.pos.Prev || (len(l.rows) == 0 && len(l.pos.Crashed) == 0 && l.pos.AgeSeconds < ringIdleProgress.Seconds())
+	return (l.end == l.pos.Prev && l.below == l.pos.Below) ||
+		(len(l.rows) == 0 && len(l.pos.Crashed) == 0 && l.pos.AgeSeconds < ringIdleProgress.Seconds())
 }
 
-// read takes a free unkeyed lane and reads up to n rows of its batch in
-// q's transaction; ok is false when no lane was free. A lane whose last
-// claims aborted has its batch moved into the outbox table instead
-// (rows nil).
-func (c *byRing) read(ctx context.Context, q *db.Queries, n int32) (l lane, ok bool, err error) {
+// progress writes l's progress in q's transaction.
+func (l *lane) progress(ctx context.Context, q *db.Queries) error {
+	return q.RingProgress(ctx, db.RingProgressParams{Queue: l.queue, Lane: l.lane, Snap: l.end, Below: l.below})
+}
+
+// read takes a free lane below toLane and reads up to n rows of its
+// batch in q's transaction; ok is false when no lane was free. A lane
+// whose last claims aborted has its batch moved into the outbox table
+// instead (rows nil).
+func (c *byRing) read(ctx context.Context, q *db.Queries, n int32, toLane int16) (l lane, ok bool, err error) {
 	r := c.env
-	taken, err := q.RingTakeLane(ctx, db.RingTakeLaneParams{Queues: r.Queues, FromLane: 0, ToLane: 4, Turn: c.turn})
+	taken, err := q.RingTakeLane(ctx, db.RingTakeLaneParams{Queues: r.Queues, FromLane: 0, ToLane: toLane, Turn: c.turn})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, false, nil
 	} else if err != nil {
@@ -166,15 +199,24 @@ func (c *byRing) read(ctx context.Context, q *db.Queries, n int32) (l lane, ok b
 	if l.pos, err = q.RingPosition(ctx, db.RingPositionParams{Queue: l.queue, Lane: l.lane}); err != nil {
 		return l, true, err
 	}
-	l.end = l.pos.Cur
+	l.end, l.below = l.pos.Cur, unkeyedBelow
+	if l.keyed() {
+		l.below = l.pos.Below
+	}
 	if len(l.pos.Crashed) > 0 {
-		moved, err := q.RingMoveCrashed(ctx, db.RingMoveCrashedParams{Crashed: l.pos.Crashed, Prev: l.pos.Prev, Cur: l.pos.Cur,
-			Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
+		moved, err := q.RingMoveCrashed(ctx, db.RingMoveCrashedParams{Crashed: l.pos.Crashed, CrashedBelow: l.pos.CrashedBelow,
+			Prev: l.pos.Prev, Cur: l.pos.Cur, Below: l.pos.Below, Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
 		if err == nil {
+			if l.keyed() {
+				l.below = max(l.below, moved.LastID)
+			}
 			r.Log.Info("outbox: moved the rows of ring claims that ended without an outcome to the outbox table",
-				slog.String("queue", l.queue), slog.Int("lane", int(l.lane)), slog.Int64("rows", moved))
+				slog.String("queue", l.queue), slog.Int("lane", int(l.lane)), slog.Int64("rows", moved.Moved))
 		}
 		return l, true, err
+	}
+	if l.keyed() {
+		return l, true, c.readKeyed(ctx, q, &l, n)
 	}
 	l.rows, err = q.RingRead(ctx, db.RingReadParams{Prev: l.pos.Prev, Cur: l.pos.Cur, Slots: l.pos.Slots, Queue: l.queue,
 		Lane: l.lane, MaxRows: n})
@@ -194,17 +236,76 @@ func (c *byRing) read(ctx context.Context, q *db.Queries, n int32) (l lane, ok b
 	return l, true, err
 }
 
-// due splits l's rows into those due now, and moves the others into the
-// outbox table, unleased, in q's transaction.
-func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]db.RingReadRow, error) {
+// readKeyed reads up to n rows of keyed lane l's batch, in id order,
+// and the bound they take the lane's progress to.
+func (c *byRing) readKeyed(ctx context.Context, q *db.Queries, l *lane, n int32) error {
+	rows, err := q.RingReadKeyed(ctx, db.RingReadKeyedParams{Prev: l.pos.Prev, Cur: l.pos.Cur, Below: l.pos.Below,
+		Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane, MaxRows: n})
+	if err != nil {
+		return err
+	}
+	l.rows, l.keys = make([]db.RingReadRow, len(rows)), make([]*string, len(rows))
+	for i, x := range rows {
+		l.rows[i] = db.RingReadRow{ID: x.ID, Payload: x.Payload, Headers: x.Headers, CreatedAt: x.CreatedAt,
+			NextAttemptAt: x.NextAttemptAt, Txid: x.Txid}
+		l.keys[i] = x.OrderingKey
+		if x.Above {
+			l.below = max(l.below, x.ID)
+		}
+	}
+	return nil
+}
+
+// keyedDue returns the indexes of l's rows to hand out now, and moves
+// the others into the outbox table, unleased, in q's transaction: the
+// rows of keys the outbox table holds, which go behind the key's rows
+// there, and a key's rows from its first one not yet due.
+func (c *byRing) keyedDue(ctx context.Context, q *db.Queries, l *lane) ([]int, error) {
+	keys := make([]string, 0, len(l.keys))
+	for _, k := range l.keys {
+		keys = append(keys, *k)
+	}
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	var held []string
+	if len(keys) > 0 {
+		var err error
+		if held, err = q.RingHeldKeys(ctx, db.RingHeldKeysParams{Keys: keys, Queue: l.queue}); err != nil {
+			return nil, err
+		}
+	}
+	later := make(map[string]bool, len(held))
+	for _, k := range held {
+		later[k] = true
+	}
 	now := time.Now()
-	var due []db.RingReadRow
+	due := make([]int, 0, len(l.rows))
+	m := moves{}
+	for i := range l.rows {
+		x, k := &l.rows[i], *l.keys[i]
+		if !later[k] && x.NextAttemptAt.After(now) {
+			later[k] = true
+		}
+		if later[k] {
+			m.add(x.ID, int64(x.Txid), 0)
+		} else {
+			due = append(due, i)
+		}
+	}
+	return due, c.move(ctx, q, l, m, pgtype.UUID{})
+}
+
+// due returns the indexes of l's rows due now, and moves the others into
+// the outbox table, unleased, in q's transaction.
+func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error) {
+	now := time.Now()
+	due := make([]int, 0, len(l.rows))
 	var later []*db.RingReadRow
 	for i := range l.rows {
 		if l.rows[i].NextAttemptAt.After(now) {
 			later = append(later, &l.rows[i])
 		} else {
-			due = append(due, l.rows[i])
+			due = append(due, i)
 		}
 	}
 	if len(later) == 0 {
@@ -243,15 +344,15 @@ func (c *byRing) move(ctx context.Context, q *db.Queries, l *lane, m moves, toke
 	return err
 }
 
-// claimRow writes ring row x of queue as a claim row: its first
-// delivery.
-func claimRow(row *db.ClaimRow, x *db.RingReadRow, queue string) {
-	*row = db.ClaimRow{ID: x.ID, Queue: queue, Payload: x.Payload, Headers: x.Headers, CreatedAt: x.CreatedAt,
+// claimRow writes ring row x of queue, of ordering key key (nil for
+// none), as a claim row: its first delivery.
+func claimRow(row *db.ClaimRow, x *db.RingReadRow, queue string, key *string) {
+	*row = db.ClaimRow{ID: x.ID, Queue: queue, Payload: x.Payload, Headers: x.Headers, OrderingKey: key, CreatedAt: x.CreatedAt,
 		NextAttemptAt: x.NextAttemptAt, DeliveriesCount: 1}
 }
 
-// claimLane claims a batch of up to n rows of a free unkeyed lane and
-// holds the lane while its handlers run (see byLock.claimLocked).
+// claimLane claims a batch of up to n rows of a free lane and holds the
+// lane while its handlers run (see byLock.claimLocked).
 func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 	k, r := c.lock, c.env
 	select {
@@ -272,12 +373,17 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 	}
 	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
 	sent := time.Now()
-	l, ok, err := c.read(ctx, q, n)
+	l, ok, err := c.read(ctx, q, n, 2*firstKeyedLane)
 	if err != nil || !ok {
 		rollback()
 		return 0, err
 	}
-	due, err := c.due(ctx, q, &l)
+	var due []int
+	if l.keyed() {
+		due, err = c.keyedDue(ctx, q, &l)
+	} else {
+		due, err = c.due(ctx, q, &l)
+	}
 	if err != nil {
 		rollback()
 		return 0, err
@@ -289,7 +395,7 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 			rollback()
 			return 0, nil
 		}
-		err = q.RingProgress(ctx, db.RingProgressParams{Queue: l.queue, Lane: l.lane, Snap: l.end})
+		err = l.progress(ctx, q)
 		if err == nil {
 			err = tx.Commit(ctx)
 		}
@@ -299,7 +405,7 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 		return 0, err
 	}
 	recorded, err := r.bounded().RingRecord(ctx, db.RingRecordParams{Xid: l.pos.Xid, Queue: l.queue, Lane: l.lane,
-		AfterSeq: l.pos.Seq, Snap: l.end})
+		AfterSeq: l.pos.Seq, Snap: l.end, Below: l.below})
 	if err == nil && !recorded {
 		err = errClaimEnded
 	}
@@ -315,11 +421,21 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 	lc.end = func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error {
 		return c.endLane(ctx, q, &l, e, token)
 	}
-	ds := r.Leases.AddEach(r.HandlerCtx, len(due), func(i int, row *db.ClaimRow) { claimRow(row, &due[i], l.queue) },
-		pgtype.UUID{}, sent)
+	ds := r.Leases.AddEach(r.HandlerCtx, len(due), func(i int, row *db.ClaimRow) {
+		j := due[i]
+		var key *string
+		if l.keys != nil {
+			key = l.keys[j]
+		}
+		claimRow(row, &l.rows[j], l.queue, key)
+	}, pgtype.UUID{}, sent)
+	handed := ds
+	if l.keyed() {
+		handed = lc.chain(ds, r.Leases.Remove)
+	}
 	started = true
-	k.hold(ds, lc)
-	return len(ds), nil
+	k.hold(ds, handed, lc)
+	return len(handed), nil
 }
 
 // endLane writes the end of a lane's claim in its transaction: the moves
@@ -343,7 +459,7 @@ func (c *byRing) endLane(ctx context.Context, q *db.Queries, l *lane, e *lockEnd
 	if err := c.move(ctx, q, l, givenUp, pgtype.UUID{}); err != nil {
 		return err
 	}
-	return q.RingProgress(ctx, db.RingProgressParams{Queue: l.queue, Lane: l.lane, Snap: l.end})
+	return l.progress(ctx, q)
 }
 
 // leaseLane claims a batch of up to n rows of a free unkeyed lane by
@@ -364,7 +480,7 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 	defer rollback()
 	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
 	sent := time.Now()
-	l, ok, err := c.read(ctx, q, n)
+	l, ok, err := c.read(ctx, q, n, firstKeyedLane)
 	if err != nil || !ok {
 		return 0, err
 	}
@@ -376,19 +492,20 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 		return 0, nil
 	}
 	m := moves{}
-	for i := range due {
-		m.add(due[i].ID, int64(due[i].Txid), 1)
+	for _, i := range due {
+		m.add(l.rows[i].ID, int64(l.rows[i].Txid), 1)
 	}
 	if err := c.move(ctx, q, &l, m, token); err != nil {
 		return 0, err
 	}
-	if err := q.RingProgress(ctx, db.RingProgressParams{Queue: l.queue, Lane: l.lane, Snap: l.end}); err != nil {
+	if err := l.progress(ctx, q); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
 	}
-	ds := r.Leases.AddEach(r.HandlerCtx, len(due), func(i int, row *db.ClaimRow) { claimRow(row, &due[i], l.queue) }, token, sent)
+	ds := r.Leases.AddEach(r.HandlerCtx, len(due), func(i int, row *db.ClaimRow) { claimRow(row, &l.rows[due[i]], l.queue, nil) },
+		token, sent)
 	r.Hand(ds)
 	return len(ds), nil
 }

@@ -284,7 +284,7 @@ func TestRingClaimsGoRoundEveryQueuesLanes(t *testing.T) {
 	}
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "a", "b")
 	acked := 0
-	for range 8 { // one claim per (queue, lane)
+	for range 16 { // one claim per (queue, lane), keyed lanes too
 		if _, err := h.Claim(e.ctx, 100); err != nil {
 			t.Fatal(err)
 		}

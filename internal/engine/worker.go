@@ -34,8 +34,26 @@ func (r *run) work(ctx context.Context, w *crew.Worker) {
 			if !r.handle(d, w, decode) {
 				return
 			}
+			for next := follower(d); next != nil; next = follower(next) {
+				if ctx.Err() != nil {
+					r.unstart(next)
+					return
+				}
+				if !r.handle(next, w, decode) {
+					return
+				}
+			}
 		}
 	}
+}
+
+// follower returns the row of d's key that d's claim hands out after d
+// (see lease.Chain), nil for none.
+func follower(d *lease.Delivery) *lease.Delivery {
+	if c, ok := d.Batch.Hold.(lease.Chain); ok {
+		return c.Next(d)
+	}
+	return nil
 }
 
 // handle runs one delivery and hands its outcome to the acknowledger. It

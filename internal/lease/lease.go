@@ -31,6 +31,13 @@ type Hold interface {
 	GiveUp(d *Delivery) bool
 }
 
+// Chain is a Hold that hands a key's rows out one after another: Next
+// returns the row that follows d, once d's outcome let it go (nil when
+// none does), for the worker that ran d to run next.
+type Chain interface {
+	Next(d *Delivery) *Delivery
+}
+
 // ErrLeaseLost is the cause of a handler's context cancellation when the
 // row's lease expired or was taken by a newer claim: the handler's outcome
 // will not be recorded, the newer delivery decides. Check it with

@@ -59,6 +59,9 @@ CREATE TABLE /*outbox:table*/outbox_ring_p3 PARTITION OF /*outbox:table*/outbox_
 -- A lane's rows in the order a batch takes them; ending in id, the
 -- partitions' scans merge without a sort.
 CREATE INDEX /*outbox:name*/outbox_ring_lane_idx ON /*outbox:table*/outbox_ring (queue, lane, txid, id);
+-- A keyed lane's rows in id order, which within a key is commit order:
+-- keyed batches are read in it (see outbox_ring_progress).
+CREATE INDEX /*outbox:name*/outbox_ring_key_idx ON /*outbox:table*/outbox_ring (queue, lane, id) WHERE ordering_key IS NOT NULL;
 
 -- A keyed row draws its id under its key's lock, as in the outbox table:
 -- within a key, id order is commit order.
@@ -115,14 +118,21 @@ CREATE TABLE /*outbox:table*/outbox_ring_lanes (
     PRIMARY KEY (queue, lane)
 );
 
--- Where each lane's reading stands: the snapshot its last batch ended
--- at. Append-only, read newest first; a lane without a row reads from
--- the ring's start.
+-- Where each lane's reading stands: the rows it has consumed are those
+-- snapshot snap sees with ids up to below. Unkeyed lanes end every batch
+-- at a snapshot (below is the largest bigint); keyed lanes read in id
+-- order, and a batch that fills ends at its largest id: a batch cut at
+-- a transaction could hand a key's later row out before its earlier
+-- one, since a transaction may take its xid before an earlier writer of
+-- the key takes its own, while any snapshot that sees a key's later row
+-- sees its earlier one, whose id is smaller. Append-only, read newest
+-- first; a lane without a row reads from the ring's start.
 CREATE TABLE /*outbox:table*/outbox_ring_progress (
     queue text        COLLATE "C" NOT NULL,
     lane  smallint    NOT NULL,
     seq   bigint      GENERATED ALWAYS AS IDENTITY,
     snap  pg_snapshot NOT NULL,
+    below bigint      NOT NULL DEFAULT 9223372036854775807,
     at    timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (queue, lane, seq)
 );
@@ -137,6 +147,7 @@ CREATE TABLE /*outbox:table*/outbox_ring_claims (
     after_seq bigint      NOT NULL,
     xid       xid8        NOT NULL,
     snap      pg_snapshot NOT NULL,
+    below     bigint      NOT NULL DEFAULT 9223372036854775807,
     PRIMARY KEY (queue, lane, after_seq, xid)
 );
 
@@ -177,6 +188,55 @@ BEGIN
     RETURN true;
 EXCEPTION WHEN lock_not_available THEN
     RETURN false;
+END;
+$$;
+-- +goose StatementEnd
+
+-- A keyed row that moves from the ring into the outbox table keeps its
+-- id, as an unkeyed one does: a delivery in flight writes its outcome by
+-- it. The outbox table's key trigger (schema 12's) draws a new id for
+-- every keyed row; here it keeps the id of a row the ring's move gives
+-- (outboxgen.ring_move set in its transaction) when the ring holds a row
+-- of that id and key, so that no writer can choose a keyed row's place.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_insert() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_bitmapscan = off AS $$
+BEGIN
+    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'INSERT' THEN
+        RAISE EXCEPTION '% runs only as the BEFORE INSERT row trigger of %', /*outbox:literal*/'outbox_key_insert', /*outbox:literal*/'outbox'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    PERFORM pg_advisory_xact_lock(/*outbox:table*/outbox_key_lock(NEW.queue, NEW.ordering_key));
+    IF NEW.blocked AND current_setting('transaction_isolation') = 'read committed' THEN
+        -- More rows of the key follow: they may skip this trigger (its
+        -- WHEN), and the statement trigger checks them.
+        PERFORM set_config('outboxgen.insert_key',
+            octet_length(NEW.queue)::text || E'\x1f' || NEW.queue || E'\x1f' || NEW.ordering_key, true);
+    END IF;
+    IF current_setting('outboxgen.ring_move', true) IS DISTINCT FROM 'on' OR NOT EXISTS (
+        SELECT FROM /*outbox:table*/outbox_ring AS r
+        WHERE r.ordering_key IS NOT NULL AND r.queue = NEW.queue
+          AND r.lane = (4 + ((hashtext(NEW.ordering_key) % 4) + 4) % 4)::smallint
+          AND r.id = NEW.id AND r.ordering_key = NEW.ordering_key) THEN
+        NEW.id := nextval(/*outbox:literal*/'outbox_id_seq');
+    END IF;
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        -- The key's newest row, if any (see schema 6), looked for among
+        -- the key's own entries only (schema 12).
+        -- Newest first, as a scalar subquery: an EXISTS would drop the
+        -- order and read up from the key's first (long dead) entries.
+        NEW.blocked := coalesce((
+            SELECT true FROM /*outbox:table*/outbox AS o
+            WHERE o.ordering_key IS NOT NULL AND o.queue = NEW.queue COLLATE "C"
+              AND (o.ordering_key, o.id) <= (NEW.ordering_key COLLATE "C", 9223372036854775807)
+              AND (o.ordering_key, o.id) >= (NEW.ordering_key COLLATE "C", -9223372036854775808)
+            ORDER BY o.queue DESC, o.ordering_key DESC, o.id DESC
+            LIMIT 1), false);
+    ELSE
+        -- The statement trigger records the key's hand-over.
+        NEW.blocked := true;
+    END IF;
+    RETURN NEW;
 END;
 $$;
 -- +goose StatementEnd

@@ -19,11 +19,14 @@
 -- batch's last row instead of reading, and sorting, the lane's whole
 -- backlog; and no JIT: the ring's small tables are never vacuumed, and
 -- estimates made without their statistics pass jit_above_cost, whose
--- compilation takes longer than the statements.
+-- compilation takes longer than the statements. And it lets the claim's
+-- moves of keyed rows into the outbox table keep their ids (the ring's
+-- version of the table's key trigger).
 SELECT l.queue, l.lane, s.pos::integer AS pos,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
        set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
-       set_config('jit', 'off', true) AS jit
+       set_config('jit', 'off', true) AS jit,
+       set_config('outboxgen.ring_move', 'on', true) AS ring_move
 FROM (SELECT @queues::text[] AS queues, @from_lane::smallint AS from_lane, @to_lane::smallint AS to_lane,
              @turn::integer AS turn) AS p
 JOIN /*outbox:table*/outbox_ring_lanes AS l
@@ -38,25 +41,33 @@ FOR UPDATE OF l SKIP LOCKED;
 -- name: RingPosition :one
 -- Where lane @lane of @queue stands, read in the claim's transaction:
 -- its newest progress (seq 0 and the empty snapshot when it has none:
--- the lane reads from the ring's start) and its age; the transaction's
--- snapshot and id; the partitions the batch can reach (those not done
--- below the progress's xmin); and the snapshots of the claims after that
+-- the lane reads from the ring's start), its id bound and its age; the
+-- transaction's snapshot and id; the partitions the batch can reach
+-- (those not done below the progress's xmin, and every one not emptied
+-- since while a keyed lane's bound leaves rows that snapshot saw
+-- unread); and the snapshots and bounds of the claims after that
 -- progress whose transactions aborted (crashed or lost deliveries).
 SELECT coalesce(p.seq, 0)::bigint AS seq,
        coalesce(p.snap, '1:1:'::pg_snapshot)::text AS prev,
+       coalesce(p.below, 0)::bigint AS below,
        coalesce(extract(epoch FROM now() - p.at), 1e9)::float8 AS age_seconds,
        pg_current_snapshot()::text AS cur,
        pg_current_xact_id()::text::bigint AS xid,
        coalesce((SELECT array_agg(t.slot ORDER BY t.slot) FROM /*outbox:table*/outbox_ring_turns AS t
-                 WHERE t.done_below IS NULL OR t.done_below > pg_snapshot_xmin(coalesce(p.snap, '1:1:'::pg_snapshot))),
+                 WHERE t.done_below IS NULL OR t.done_below > pg_snapshot_xmin(coalesce(p.snap, '1:1:'::pg_snapshot))
+                    OR p.below < 9223372036854775807),
                 '{}')::smallint[] AS slots,
-       coalesce((SELECT array_agg(c.snap::text) FROM /*outbox:table*/outbox_ring_claims AS c
+       coalesce((SELECT array_agg(c.snap::text ORDER BY c.xid) FROM /*outbox:table*/outbox_ring_claims AS c
                  WHERE c.queue = @queue AND c.lane = @lane AND c.after_seq = coalesce(p.seq, 0)
                    AND pg_xact_status(c.xid) = 'aborted'),
-                '{}')::text[] AS crashed
+                '{}')::text[] AS crashed,
+       coalesce((SELECT array_agg(c.below ORDER BY c.xid) FROM /*outbox:table*/outbox_ring_claims AS c
+                 WHERE c.queue = @queue AND c.lane = @lane AND c.after_seq = coalesce(p.seq, 0)
+                   AND pg_xact_status(c.xid) = 'aborted'),
+                '{}')::bigint[] AS crashed_below
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
-    SELECT g.seq, g.snap, g.at FROM /*outbox:table*/outbox_ring_progress AS g
+    SELECT g.seq, g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
     WHERE g.queue = @queue AND g.lane = @lane
     ORDER BY g.seq DESC LIMIT 1) AS p ON true;
 
@@ -85,17 +96,57 @@ WHERE r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
   AND r.txid = (@txid::text)::xid8 AND r.id > @after_id
 ORDER BY r.queue, r.lane, r.txid, r.id;
 
+-- name: RingReadKeyed :many
+-- Up to @max_rows rows of the batch of keyed lane @lane of @queue, in id
+-- order, which within a key is commit order: the rows that snapshot @cur
+-- sees and the lane's progress (@prev, @below) has not consumed. Those
+-- of transactions that @prev did not see, with ids up to @below, come
+-- whole; above @below, the @max_rows smallest ids (above marks them: the
+-- batch's new bound is the largest). A key's earlier row committed
+-- before its later row drew its id: every snapshot that sees the later
+-- sees the earlier, whose smaller id puts it in the same batch or an
+-- earlier one.
+SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above
+FROM (
+    SELECT r.id, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, false AS above
+    FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
+     AND r.txid >= pg_snapshot_xmin(b.prev)
+     AND r.id <= @below::bigint
+     AND NOT pg_visible_in_snapshot(r.txid, b.prev)
+     AND pg_visible_in_snapshot(r.txid, b.cur)
+    UNION ALL
+    (SELECT r.id, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, true AS above
+     FROM /*outbox:table*/outbox_ring AS r
+     WHERE r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
+       AND r.ordering_key IS NOT NULL AND r.id > @below::bigint
+       AND pg_visible_in_snapshot(r.txid, (@cur::text)::pg_snapshot)
+     ORDER BY r.queue, r.lane, r.id
+     LIMIT @max_rows)
+) AS k
+ORDER BY k.id;
+
+-- name: RingHeldKeys :many
+-- The keys among @keys of which the outbox table holds a row of @queue:
+-- the ring's rows of those keys go behind them.
+SELECT k.key::text AS key
+FROM unnest(@keys::text[]) AS k(key)
+WHERE EXISTS (
+    SELECT FROM /*outbox:table*/outbox AS o
+    WHERE o.ordering_key IS NOT NULL AND o.queue = @queue AND o.ordering_key = k.key COLLATE "C");
+
 -- name: RingRecord :one
 -- Records, in a transaction of its own (autocommit), that the claim of
 -- transaction @xid read the batch of lane @lane of @queue after progress
--- @after_seq up to snapshot @snap. It records nothing, and recorded is
+-- @after_seq up to snapshot @snap and id @below. It records nothing, and recorded is
 -- false, when that transaction is no longer in progress: its lane is
 -- free, and its rows must not be handed to handlers.
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit, (@xid::bigint)::text::xid8 AS xid
 ), record AS (
-    INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap)
-    SELECT @queue, @lane, @after_seq, session.xid, (@snap::text)::pg_snapshot
+    INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap, below)
+    SELECT @queue, @lane, @after_seq, session.xid, (@snap::text)::pg_snapshot, @below::bigint
     FROM session
     WHERE pg_xact_status(session.xid) = 'in progress'
     RETURNING 1
@@ -114,38 +165,58 @@ SELECT 1;
 -- its delivery count @deliveries, leased with @token for
 -- @lease_ttl_seconds when @token is set (rows whose handlers run on, or
 -- whose failure the lease path writes next), else waiting for a claim
--- (rows no handler started, rows not yet due). Fewer rows moved than given
--- means the ring no longer holds them.
+-- (rows no handler started, rows not yet due), in id order: a key's rows
+-- take their places behind each other (keeping their ids, see
+-- RingTakeLane). Fewer rows moved than given means the ring no longer
+-- holds them.
 INSERT INTO /*outbox:table*/outbox
-    (id, queue, payload, headers, created_at, next_attempt_at, deliveries_count, acquired_token, acquired_at, lease_expires_at)
+    (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count, acquired_token, acquired_at, lease_expires_at)
 OVERRIDING SYSTEM VALUE
-SELECT r.id, r.queue, r.payload, r.headers, r.created_at, r.next_attempt_at, m.deliveries,
+SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, m.deliveries,
        l.token,
        CASE WHEN l.token IS NOT NULL THEN clock_timestamp() END,
        CASE WHEN l.token IS NOT NULL THEN clock_timestamp() + make_interval(secs => l.ttl) END
 FROM (SELECT sqlc.narg(token)::uuid AS token, @lease_ttl_seconds::float8 AS ttl) AS l
 CROSS JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@txids::bigint[]) AS txid, unnest(@deliveries::integer[]) AS deliveries) AS m
 JOIN /*outbox:table*/outbox_ring AS r
-  ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane AND r.txid = m.txid::text::xid8 AND r.id = m.id;
-
--- name: RingMoveCrashed :execrows
--- Moves the batch of lane @lane of @queue between snapshots @prev and
--- @cur, in the partitions @slots, into the outbox table, unleased, each
--- row with the deliveries that claims whose transactions aborted made of
--- it (those of the snapshots @crashed that see it): from there, each row
--- counts toward MaxDeliveries on its own, so a row that kills its
--- subscriber does not take its batch down with it again.
-INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, created_at, next_attempt_at, deliveries_count)
-OVERRIDING SYSTEM VALUE
-SELECT r.id, r.queue, r.payload, r.headers, r.created_at, r.next_attempt_at,
-       (SELECT count(*) FROM unnest(@crashed::text[]) AS c(snap) WHERE pg_visible_in_snapshot(r.txid, c.snap::pg_snapshot))::integer
-FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
-JOIN /*outbox:table*/outbox_ring AS r
-  ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
- AND r.txid >= pg_snapshot_xmin(b.prev)
- AND NOT pg_visible_in_snapshot(r.txid, b.prev)
- AND pg_visible_in_snapshot(r.txid, b.cur)
+  ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane AND r.txid = m.txid::text::xid8 AND r.id = m.id
 ORDER BY r.id;
+
+-- name: RingMoveCrashed :one
+-- Moves the rows of lane @lane of @queue that snapshot @cur sees and the
+-- lane's progress (@prev, @below) has not consumed, in the partitions
+-- @slots, into the outbox table, unleased, in id order (a keyed row
+-- keeps its id and its place behind its key's), each row with the
+-- deliveries that claims whose transactions aborted made of it (those of
+-- the snapshots @crashed, with bounds @crashed_below, that consumed it):
+-- from there, each row counts toward MaxDeliveries on its own, so a row
+-- that kills its subscriber does not take its batch down with it again.
+-- Returns how many rows moved, and the largest id moved (0 for none).
+WITH moved AS (
+INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count)
+OVERRIDING SYSTEM VALUE
+SELECT u.id, u.queue, u.payload, u.headers, u.ordering_key, u.created_at, u.next_attempt_at,
+       (SELECT count(*) FROM generate_subscripts(@crashed::text[], 1) AS c(i)
+        WHERE pg_visible_in_snapshot(u.txid, ((@crashed::text[])[c.i])::pg_snapshot)
+          AND u.id <= (@crashed_below::bigint[])[c.i])::integer
+FROM (
+    SELECT r.* FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
+     AND r.txid >= pg_snapshot_xmin(b.prev)
+     AND NOT pg_visible_in_snapshot(r.txid, b.prev)
+     AND pg_visible_in_snapshot(r.txid, b.cur)
+    UNION ALL
+    SELECT r.* FROM /*outbox:table*/outbox_ring AS r
+    WHERE r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
+      AND r.ordering_key IS NOT NULL AND r.id > @below::bigint
+      AND pg_visible_in_snapshot(r.txid, (@prev::text)::pg_snapshot)
+      AND pg_visible_in_snapshot(r.txid, (@cur::text)::pg_snapshot)
+) AS u
+ORDER BY u.id
+RETURNING id
+)
+SELECT count(*)::bigint AS moved, coalesce(max(moved.id), 0)::bigint AS last_id FROM moved;
 
 -- name: RingLockKeyedLanes :many
 -- Locks, in the keyed move's transaction, the free keyed lanes (4 to 7)
@@ -164,7 +235,8 @@ FOR UPDATE SKIP LOCKED;
 -- has not seen into the outbox table, in id order, through the table's
 -- key trigger: a key's rows take the outbox table's per-key order,
 -- hand-overs and leases, behind the key's rows already there. Then
--- writes each lane's progress, when rows of it moved or its newest is
+-- writes each lane's progress (up to the largest id moved: every row
+-- the snapshot sees), when rows of it moved or its newest is
 -- older than @idle_progress_seconds (so that the ring can turn past an
 -- idle lane). Returns how many rows moved.
 WITH lane AS MATERIALIZED (
@@ -172,11 +244,12 @@ WITH lane AS MATERIALIZED (
 ), pos AS MATERIALIZED (
     SELECT lane.queue, lane.lane,
            coalesce(p.snap, '1:1:'::pg_snapshot) AS prev,
+           coalesce(p.below, 0) AS below,
            coalesce(extract(epoch FROM now() - p.at), 1e9) AS age,
            pg_current_snapshot() AS cur
     FROM lane
     LEFT JOIN LATERAL (
-        SELECT g.snap, g.at FROM /*outbox:table*/outbox_ring_progress AS g
+        SELECT g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
         WHERE g.queue = lane.queue AND g.lane = lane.lane
         ORDER BY g.seq DESC LIMIT 1) AS p ON true
 ), batch AS MATERIALIZED (
@@ -187,6 +260,14 @@ WITH lane AS MATERIALIZED (
      AND r.txid >= pg_snapshot_xmin(pos.prev)
      AND NOT pg_visible_in_snapshot(r.txid, pos.prev)
      AND pg_visible_in_snapshot(r.txid, pos.cur)
+    UNION ALL
+    SELECT r.id, r.queue, r.lane, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at
+    FROM pos
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.queue = pos.queue AND r.lane = pos.lane
+     AND r.ordering_key IS NOT NULL AND r.id > pos.below
+     AND pg_visible_in_snapshot(r.txid, pos.prev)
+     AND pg_visible_in_snapshot(r.txid, pos.cur)
 ), moved AS (
     INSERT INTO /*outbox:table*/outbox (queue, payload, headers, ordering_key, created_at, next_attempt_at)
     SELECT b.queue, b.payload, b.headers, b.ordering_key, b.created_at, b.next_attempt_at
@@ -194,8 +275,10 @@ WITH lane AS MATERIALIZED (
     ORDER BY b.id
     RETURNING 1
 ), progress AS (
-    INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap)
-    SELECT pos.queue, pos.lane, pos.cur FROM pos
+    INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap, below)
+    SELECT pos.queue, pos.lane, pos.cur,
+           greatest(pos.below, (SELECT max(b.id) FROM batch AS b WHERE b.queue = pos.queue AND b.lane = pos.lane))
+    FROM pos
     WHERE pos.age > @idle_progress_seconds::float8
        OR EXISTS (SELECT FROM batch AS b WHERE b.queue = pos.queue AND b.lane = pos.lane)
     RETURNING 1
@@ -204,10 +287,10 @@ SELECT (SELECT count(*) FROM moved)::integer AS moved, (SELECT count(*) FROM pro
 
 -- name: RingProgress :exec
 -- Acknowledges, in the claim's transaction, every row of the batch of
--- lane @lane of @queue up to snapshot @snap that did not move to the
--- outbox table: the lane's next batch starts there.
-INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap)
-VALUES (@queue, @lane, (@snap::text)::pg_snapshot);
+-- lane @lane of @queue up to snapshot @snap and id @below that did not
+-- move to the outbox table: the lane's next batch starts there.
+INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap, below)
+VALUES (@queue, @lane, (@snap::text)::pg_snapshot, @below::bigint);
 
 -- name: RingTurnState :one
 -- The partition writers write into, how long since they moved there, and
@@ -247,22 +330,28 @@ WHERE t.slot = a.slot OR t.slot = (a.slot + 1) % 4;
 -- queue has read past: no lane has a row there that its newest progress
 -- does not see. Only the rows of transactions between that snapshot's
 -- xmin and the partition's done_below are looked at (those below xmin are
--- seen): a transaction that wrote nothing into the ring, however long it
--- runs, does not hold the ring back. A lane with no progress sees nothing.
+-- seen), and a keyed lane's rows above its progress's id bound: a
+-- transaction that wrote nothing into the ring, however long it runs,
+-- does not hold the ring back. A lane with no progress sees nothing.
 SELECT t.slot FROM /*outbox:table*/outbox_ring_turns AS t
 WHERE t.done_below IS NOT NULL
   AND t.slot <> /*outbox:table*/outbox_ring_slot_now()
   AND NOT EXISTS (
       SELECT FROM /*outbox:table*/outbox_ring_lanes AS l
       CROSS JOIN LATERAL (
-          SELECT coalesce((SELECT g.snap FROM /*outbox:table*/outbox_ring_progress AS g
-                           WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1),
-                          '1:1:'::pg_snapshot) AS snap) AS p
+          SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+          FROM (SELECT 1) AS one
+          LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                             WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
       WHERE EXISTS (
           SELECT FROM /*outbox:table*/outbox_ring AS r
           WHERE r.slot = t.slot AND r.queue = l.queue AND r.lane = l.lane
             AND r.txid >= pg_snapshot_xmin(p.snap) AND r.txid < t.done_below
-            AND NOT pg_visible_in_snapshot(r.txid, p.snap)))
+            AND NOT pg_visible_in_snapshot(r.txid, p.snap))
+         OR EXISTS (
+          SELECT FROM /*outbox:table*/outbox_ring AS r
+          WHERE r.slot = t.slot AND r.queue = l.queue AND r.lane = l.lane
+            AND r.ordering_key IS NOT NULL AND r.id > p.below))
 ORDER BY t.slot;
 
 -- name: RingTruncate :one
@@ -293,15 +382,20 @@ SELECT (to_regclass(/*outbox:literal*/'outbox_ring') IS NOT NULL)::boolean AS pr
 
 -- name: RingUnread :one
 -- How many committed rows of the ring the newest progress of their lane
--- has not seen: the rows still to be read. Bounded per lane by the
--- index, from the progress's xmin.
-SELECT coalesce(sum(u.n), 0)::bigint AS unread
+-- has not consumed: the rows still to be read. Bounded per lane by the
+-- indexes, from the progress's xmin and, for keyed lanes, its id bound.
+SELECT coalesce(sum(u.n + k.n), 0)::bigint AS unread
 FROM /*outbox:table*/outbox_ring_lanes AS l
 CROSS JOIN LATERAL (
-    SELECT coalesce((SELECT g.snap FROM /*outbox:table*/outbox_ring_progress AS g
-                     WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1),
-                    '1:1:'::pg_snapshot) AS snap) AS p
+    SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+    FROM (SELECT 1) AS one
+    LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                       WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
     WHERE r.queue = l.queue AND r.lane = l.lane
-      AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u;
+      AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
+    WHERE r.queue = l.queue AND r.lane = l.lane
+      AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)) AS k;
