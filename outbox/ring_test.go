@@ -419,3 +419,38 @@ func TestRingKeyedRowsWaitBehindTheKeysRowsInTheTableAndUnDueRows(t *testing.T) 
 		eventually(t, "the outbox table empty", func() bool { return e.count("outbox") == 0 })
 	})
 }
+
+// A keyed row of the ring whose handler runs past LockWindow moves into
+// the outbox table leased, keeping its id: its acknowledgement lands by
+// that id (no lease lost, no second delivery), and the key's next row
+// runs after it.
+func TestRingKeyedRowPastTheLockWindowKeepsItsID(t *testing.T) {
+	t.Parallel()
+	forEachClaimPath(t, func(t *testing.T, p claimPath) {
+		e := setupRing(t)
+		if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key)
+			VALUES ('q', 'slow', 'k'), ('q', 'next', 'k')`); err != nil {
+			t.Fatal(err)
+		}
+		rec := &events{}
+		var k keyedDeliveries
+		quick := k.handler(0)
+		cfg := fastConfig[string](rec)
+		cfg.LockWindow = 200 * time.Millisecond
+		cfg = onPath(p, cfg)
+		startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+			if m.Payload == "slow" {
+				time.Sleep(3 * 200 * time.Millisecond)
+			}
+			return quick(ctx, m)
+		}, cfg)
+		eventually(t, "both rows handled", func() bool { return len(k.of("k")) >= 2 })
+		eventually(t, "the outbox table empty", func() bool { return e.count("outbox") == 0 })
+		if diff := cmp.Diff([]string{"slow", "next"}, k.of("k")); diff != "" {
+			t.Errorf("deliveries of the key (-want +got):\n%s", diff)
+		}
+		if lost := rec.named(EventLeaseLost); len(lost) != 0 {
+			t.Errorf("leases lost: %+v", lost)
+		}
+	})
+}

@@ -102,7 +102,7 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 	var got int
 	var err error
 	if LocksRows(r.LockWindow, r.Pool.Config().MaxConns) {
-		got, err = c.claimLane(ctx, n)
+		got, err = c.claimLanes(ctx, n)
 	} else {
 		if err := c.moveKeyed(); err != nil {
 			return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
@@ -351,14 +351,29 @@ func claimRow(row *db.ClaimRow, x *db.RingReadRow, queue string, key *string) {
 		NextAttemptAt: x.NextAttemptAt, DeliveriesCount: 1}
 }
 
+// claimLanes claims a batch of up to n rows of the first free lane that
+// has rows to hand out, trying each (queue, lane) at most once: a claim
+// that returned nothing for an empty lane while others have rows would
+// send the run to sleep.
+func (c *byRing) claimLanes(ctx context.Context, n int32) (int, error) {
+	for range 2 * firstKeyedLane * len(c.env.Queues) {
+		got, took, err := c.claimLane(ctx, n)
+		if err != nil || got > 0 || !took {
+			return got, err
+		}
+	}
+	return 0, nil
+}
+
 // claimLane claims a batch of up to n rows of a free lane and holds the
-// lane while its handlers run (see byLock.claimLocked).
-func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
+// lane while its handlers run (see byLock.claimLocked); took reports
+// whether it took a lane.
+func (c *byRing) claimLane(ctx context.Context, n int32) (got int, took bool, err error) {
 	k, r := c.lock, c.env
 	select {
 	case k.locks <- struct{}{}:
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, false, ctx.Err()
 	}
 	ctx = r.Writes
 	started := false
@@ -369,14 +384,14 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 	}()
 	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.Pool, r.QueryTimeout)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
 	sent := time.Now()
 	l, ok, err := c.read(ctx, q, n, 2*firstKeyedLane)
 	if err != nil || !ok {
 		rollback()
-		return 0, err
+		return 0, ok, err
 	}
 	var due []int
 	if l.keyed() {
@@ -386,14 +401,14 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 	}
 	if err != nil {
 		rollback()
-		return 0, err
+		return 0, true, err
 	}
 	if len(due) == 0 {
 		// Nothing to hand out: the progress (with the moves, if any)
 		// commits at once.
 		if l.unchanged() {
 			rollback()
-			return 0, nil
+			return 0, true, nil
 		}
 		err = l.progress(ctx, q)
 		if err == nil {
@@ -402,7 +417,7 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 		if err != nil {
 			rollback()
 		}
-		return 0, err
+		return 0, true, err
 	}
 	recorded, err := r.bounded().RingRecord(ctx, db.RingRecordParams{Xid: l.pos.Xid, Queue: l.queue, Lane: l.lane,
 		AfterSeq: l.pos.Seq, Snap: l.end, Below: l.below})
@@ -414,7 +429,7 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 	}
 	if err != nil {
 		rollback()
-		return 0, fmt.Errorf("recording a ring claim: %w", err)
+		return 0, true, fmt.Errorf("recording a ring claim: %w", err)
 	}
 	lc := &lockedClaim{tx: tx, open: true, settled: make(chan struct{}), dead: make(chan struct{}), left: len(due),
 		kept: make([]lease.Outcome, 0, len(due))}
@@ -435,7 +450,7 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (int, error) {
 	}
 	started = true
 	k.hold(ds, handed, lc)
-	return len(handed), nil
+	return len(handed), true, nil
 }
 
 // endLane writes the end of a lane's claim in its transaction: the moves
