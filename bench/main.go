@@ -84,6 +84,7 @@ var suites = []suite{
 	{"drain", runDrain},
 	{"ring", runRingDrain},
 	{"ringturn", runRingTurn},
+	{"ringturnkeyed", runRingTurnKeyed},
 	{"latency", runLatency},
 	{"scaleout", runScaleOut},
 	{"memory", runMemory},

@@ -206,6 +206,18 @@ const (
 // the writers' throughput, and what the turns did; every row must be
 // handled, and the ring drained, before a run ends.
 func runRingTurn(ctx context.Context, env *benchEnv, o options) error {
+	return ringTurn(ctx, env, o, false)
+}
+
+// runRingTurnKeyed is runRingTurn with writers of keyed rows (1,000
+// keys): a claim of a keyed lane reads every partition not yet emptied,
+// so a turn can empty one only between such claims.
+func runRingTurnKeyed(ctx context.Context, env *benchEnv, o options) error {
+	return ringTurn(ctx, env, o, true)
+}
+
+// ringTurn runs the ringturn suite, its writers' rows keyed or not.
+func ringTurn(ctx context.Context, env *benchEnv, o options, keyed bool) error {
 	n := max(int(40000*o.scale), 8)
 	queries := ringQueries()
 	type result struct {
@@ -263,7 +275,7 @@ func runRingTurn(ctx context.Context, env *benchEnv, o options) error {
 		if err != nil {
 			return res, err
 		}
-		insert := "INSERT INTO " + ringTable.Sanitize() + " (queue, payload, headers) VALUES ($1, $2, $3)"
+		insert := "INSERT INTO " + ringTable.Sanitize() + " (queue, payload, headers, ordering_key) VALUES ($1, $2, $3, $4)"
 		var next atomic.Int64
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -277,9 +289,14 @@ func runRingTurn(ctx context.Context, env *benchEnv, o options) error {
 					res.lat = append(res.lat, lat...)
 					mu.Unlock()
 				}()
-				for next.Add(1) <= int64(n) {
+				for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+					var key *string
+					if keyed {
+						k := fmt.Sprint("k", i%1000)
+						key = &k
+					}
 					t0 := time.Now()
-					if _, err := env.pool.Exec(ctx, insert, topic, payload, benchHeaders); err != nil {
+					if _, err := env.pool.Exec(ctx, insert, topic, payload, benchHeaders, key); err != nil {
 						errs <- err
 						return
 					}
@@ -324,7 +341,11 @@ func runRingTurn(ctx context.Context, env *benchEnv, o options) error {
 			}
 		}
 	}
-	fmt.Fprintf(o.out, "%d one-row INSERTs into the ring by 8 writers, a Subscriber at its defaults draining; every row handled\n", n)
+	rows := "one-row INSERTs"
+	if keyed {
+		rows = "one-row INSERTs of keyed rows (1,000 keys)"
+	}
+	fmt.Fprintf(o.out, "%d %s into the ring by 8 writers, a Subscriber at its defaults draining; every row handled\n", n, rows)
 	tw := tabwriter.NewWriter(o.out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "contender\tINSERT p50\tp99\tp99.9\tmax\tINSERTs/s\t")
 	for _, name := range contenders {
