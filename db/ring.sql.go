@@ -734,6 +734,70 @@ func (q *Queries) RingReadRest(ctx context.Context, arg RingReadRestParams) ([]R
 	return items, nil
 }
 
+const ringReadyLanes = `-- name: RingReadyLanes :many
+SELECT s.pos::integer AS pos
+FROM (SELECT $1::text[] AS queues, $2::smallint AS from_lane, $3::smallint AS to_lane) AS a
+JOIN /*outbox:table*/outbox_ring_lanes AS l
+  ON l.queue = ANY (a.queues) AND l.lane >= a.from_lane AND l.lane < a.to_lane
+CROSS JOIN LATERAL (
+    SELECT (array_position(a.queues, l.queue::text) - 1) * (a.to_lane - a.from_lane) + (l.lane - a.from_lane) AS pos) AS s
+CROSS JOIN LATERAL (
+    SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 0) AS below,
+           coalesce(extract(epoch FROM now() - n.at), 1e9) AS age
+    FROM (SELECT 1) AS one
+    LEFT JOIN LATERAL (SELECT g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
+                       WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
+WHERE p.age > $4::float8
+   OR EXISTS (
+       SELECT FROM /*outbox:table*/outbox_ring AS r
+       WHERE r.queue = l.queue AND r.lane = l.lane
+         AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap))
+   OR EXISTS (
+       SELECT FROM /*outbox:table*/outbox_ring AS r
+       WHERE r.queue = l.queue AND r.lane = l.lane
+         AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap))
+ORDER BY s.pos
+`
+
+type RingReadyLanesParams struct {
+	Queues              []string
+	FromLane            int16
+	ToLane              int16
+	IdleProgressSeconds float64
+}
+
+// The positions (as RingTakeLane counts them) of the lanes of @queues
+// between @from_lane and @to_lane (exclusive) that hold committed rows
+// their newest progress has not consumed, or whose newest progress is
+// older than @idle_progress_seconds (a claim writes a new one, so that
+// the ring turns past the lane). Read in a statement of its own, outside
+// any claim's transaction, so that it holds no partition: a hint of
+// which lanes a claim should take, each probe bounded by an index.
+func (q *Queries) RingReadyLanes(ctx context.Context, arg RingReadyLanesParams) ([]int32, error) {
+	rows, err := q.db.Query(ctx, ringReadyLanes,
+		arg.Queues,
+		arg.FromLane,
+		arg.ToLane,
+		arg.IdleProgressSeconds,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int32{}
+	for rows.Next() {
+		var pos int32
+		if err := rows.Scan(&pos); err != nil {
+			return nil, err
+		}
+		items = append(items, pos)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const ringRecord = `-- name: RingRecord :one
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit, ($1::bigint)::text::xid8 AS xid
@@ -783,12 +847,13 @@ SELECT l.queue, l.lane, s.pos::integer AS pos,
        set_config('jit', 'off', true) AS jit,
        set_config('outboxgen.ring_move', 'on', true) AS ring_move
 FROM (SELECT $1::text[] AS queues, $2::smallint AS from_lane, $3::smallint AS to_lane,
-             $4::integer AS turn) AS p
+             $4::integer AS turn, $5::integer[] AS ready) AS p
 JOIN /*outbox:table*/outbox_ring_lanes AS l
   ON l.queue = ANY (p.queues) AND l.lane >= p.from_lane AND l.lane < p.to_lane
 CROSS JOIN LATERAL (
     SELECT (array_position(p.queues, l.queue::text) - 1) * (p.to_lane - p.from_lane) + (l.lane - p.from_lane) AS pos,
            cardinality(p.queues) * (p.to_lane - p.from_lane) AS span) AS s
+WHERE p.ready IS NULL OR s.pos = ANY (p.ready)
 ORDER BY mod(s.pos - p.turn + s.span, s.span)
 LIMIT 1
 FOR UPDATE OF l SKIP LOCKED
@@ -799,6 +864,7 @@ type RingTakeLaneParams struct {
 	FromLane int16
 	ToLane   int16
 	Turn     int32
+	Ready    []int32
 }
 
 type RingTakeLaneRow struct {
@@ -819,9 +885,10 @@ type RingTakeLaneRow struct {
 // the lane's progress: that one row acknowledges every row of the batch
 // that did not move to the outbox table.
 // Locks, in the claim's transaction, a free lane of @queues between
-// @from_lane and @to_lane (exclusive), the search going round every
-// (queue, lane) of them from position @turn (a queue's lanes one after
-// another, in the order of @queues), so that no queue's lanes wait while
+// @from_lane and @to_lane (exclusive), at one of the positions @ready
+// when it is set (RingReadyLanes), the search going round every (queue,
+// lane) of them from position @turn (a queue's lanes one after another,
+// in the order of @queues), so that no queue's lanes wait while
 // another's are free; returns the lane's position. It sets the
 // transaction's planner settings: a custom plan for every statement, so
 // that the read locks only the partitions it names (a generic plan locks
@@ -839,6 +906,7 @@ func (q *Queries) RingTakeLane(ctx context.Context, arg RingTakeLaneParams) (Rin
 		arg.FromLane,
 		arg.ToLane,
 		arg.Turn,
+		arg.Ready,
 	)
 	var i RingTakeLaneRow
 	err := row.Scan(

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/internal/naming"
+	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/internal/ring"
 )
 
@@ -43,24 +44,8 @@ func (e *env) publishRing(queue string, n int) []int64 {
 // with plain SQL, one statement, and returns their ids.
 func (e *env) publishInto(table, queue string, n int) []int64 {
 	e.t.Helper()
-	rows, err := e.db.Pool.Query(e.ctx, `INSERT INTO `+pgx.Identifier{table}.Sanitize()+` (queue, payload)
+	return pgtest.IDs(e.t, e.db.Pool, `INSERT INTO `+pgx.Identifier{table}.Sanitize()+` (queue, payload)
 		SELECT $1, convert_to(i::text, 'UTF8') FROM generate_series(1, $2) AS i RETURNING id`, queue, n)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	var ids []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			e.t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		e.t.Fatal(err)
-	}
-	slices.Sort(ids)
-	return ids
 }
 
 // handledIDs collects the ids handlers saw, once each.
@@ -99,24 +84,12 @@ func TestRingStopMidBatchLosesNothing(t *testing.T) {
 		e := setupRing(t)
 		ids := e.publishRing("q", 40)
 		var seen handledIDs
-		first, release := make(chan struct{}), make(chan struct{})
-		var once sync.Once
 		cfg := onPath(p, fastConfig[string](nil))
 		cfg.Workers = 1
-		a := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
-			once.Do(func() {
-				close(first)
-				<-release
-			})
+		stopDuringFirstHandler(t, e, cfg, func(_ context.Context, m *Message[string]) error {
 			seen.add(m.ID)
 			return nil
-		}, cfg)
-		<-first
-		a.cancel() // Run's context ends while the handler runs
-		close(release)
-		if err := a.stop(); err != nil {
-			t.Errorf("Run: %v", err)
-		}
+		})
 		startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
 			seen.add(m.ID)
 			return nil
@@ -127,6 +100,28 @@ func TestRingStopMidBatchLosesNothing(t *testing.T) {
 		}
 		eventually(t, "the outbox table empty", func() bool { return e.count("outbox") == 0 })
 	})
+}
+
+// stopDuringFirstHandler runs a subscriber of queue q with cfg and
+// handle, and stops it while its first handler call runs: that call
+// waits for Run's context to end before it goes on.
+func stopDuringFirstHandler(t *testing.T, e *env, cfg *SubscriberConfig[string], handle func(context.Context, *Message[string]) error) {
+	t.Helper()
+	first, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	a := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+		once.Do(func() {
+			close(first)
+			<-release
+		})
+		return handle(ctx, m)
+	}, cfg)
+	<-first
+	a.cancel()
+	close(release)
+	if err := a.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
 }
 
 // publishRingKeyed writes perKey rows on each of keys keys into the ring
@@ -465,23 +460,9 @@ func TestRingKeyedStopMidBatchLosesNothing(t *testing.T) {
 		e.publishRingKeyed("q", keys, perKey)
 		var k keyedDeliveries
 		record := k.handler(0)
-		first, release := make(chan struct{}), make(chan struct{})
-		var once sync.Once
 		cfg := onPath(p, fastConfig[string](nil))
 		cfg.Workers = 2
-		a := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
-			once.Do(func() {
-				close(first)
-				<-release
-			})
-			return record(ctx, m)
-		}, cfg)
-		<-first
-		a.cancel() // Run's context ends while the handler runs
-		close(release)
-		if err := a.stop(); err != nil {
-			t.Errorf("Run: %v", err)
-		}
+		stopDuringFirstHandler(t, e, cfg, record)
 		startSub(t, e.ob, []string{"q"}, record, onPath(p, fastConfig[string](nil)))
 		want := map[string][]string{}
 		for key := 1; key <= keys; key++ {

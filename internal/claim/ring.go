@@ -102,7 +102,7 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 	var got int
 	var err error
 	if LocksRows(r.LockWindow, r.Pool.Config().MaxConns) {
-		got, err = c.claimLanes(ctx, n)
+		got, err = c.claimLanes(ctx, n, age)
 	} else {
 		if err := c.moveKeyed(); err != nil {
 			return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
@@ -182,13 +182,15 @@ func (l *lane) progress(ctx context.Context, q *db.Queries) error {
 	return q.RingProgress(ctx, db.RingProgressParams{Queue: l.queue, Lane: l.lane, Snap: l.end, Below: l.below})
 }
 
-// read takes a free lane below toLane and reads up to n rows of its
-// batch in q's transaction; ok is false when no lane was free. A lane
-// whose last claims aborted has its batch moved into the outbox table
-// instead (rows nil).
-func (c *byRing) read(ctx context.Context, q *db.Queries, n int32, toLane int16) (l lane, ok bool, err error) {
+// read takes a free lane below toLane, at one of the positions ready
+// when it is not nil, and reads up to n rows of its batch in q's
+// transaction; ok is false when no lane was free. A lane whose last
+// claims aborted has its batch moved into the outbox table instead
+// (rows nil).
+func (c *byRing) read(ctx context.Context, q *db.Queries, n int32, toLane int16, ready []int32) (l lane, ok bool, err error) {
 	r := c.env
-	taken, err := q.RingTakeLane(ctx, db.RingTakeLaneParams{Queues: r.Queues, FromLane: 0, ToLane: toLane, Turn: c.turn})
+	taken, err := q.RingTakeLane(ctx, db.RingTakeLaneParams{Queues: r.Queues, FromLane: 0, ToLane: toLane, Turn: c.turn,
+		Ready: ready})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, false, nil
 	} else if err != nil {
@@ -352,12 +354,18 @@ func claimRow(row *db.ClaimRow, x *db.RingReadRow, queue string, key *string) {
 }
 
 // claimLanes claims a batch of up to n rows of the first free lane that
-// has rows to hand out, trying each (queue, lane) at most once: a claim
-// that returned nothing for an empty lane while others have rows would
-// send the run to sleep.
-func (c *byRing) claimLanes(ctx context.Context, n int32) (int, error) {
-	for range 2 * firstKeyedLane * len(c.env.Queues) {
-		got, took, err := c.claimLane(ctx, n)
+// has rows to hand out, among those RingReadyLanes finds (lanes with
+// rows to read, or whose progress is older than a turn's age), trying
+// each at most once: taking lanes that have nothing, one transaction
+// each, made a row wait for a round of every queue's lanes.
+func (c *byRing) claimLanes(ctx context.Context, n int32, age time.Duration) (int, error) {
+	r := c.env
+	ready, err := ring.ReadyLanes(r.Writes, r.Pool, r.Queries, r.QueryTimeout, r.Queues, 2*firstKeyedLane, age)
+	if err != nil || len(ready) == 0 {
+		return 0, err
+	}
+	for range ready {
+		got, took, err := c.claimLane(ctx, n, ready)
 		if err != nil || got > 0 || !took {
 			return got, err
 		}
@@ -368,7 +376,7 @@ func (c *byRing) claimLanes(ctx context.Context, n int32) (int, error) {
 // claimLane claims a batch of up to n rows of a free lane and holds the
 // lane while its handlers run (see byLock.claimLocked); took reports
 // whether it took a lane.
-func (c *byRing) claimLane(ctx context.Context, n int32) (got int, took bool, err error) {
+func (c *byRing) claimLane(ctx context.Context, n int32, ready []int32) (got int, took bool, err error) {
 	k, r := c.lock, c.env
 	select {
 	case k.locks <- struct{}{}:
@@ -388,7 +396,7 @@ func (c *byRing) claimLane(ctx context.Context, n int32) (got int, took bool, er
 	}
 	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
 	sent := time.Now()
-	l, ok, err := c.read(ctx, q, n, 2*firstKeyedLane)
+	l, ok, err := c.read(ctx, q, n, 2*firstKeyedLane, ready)
 	if err != nil || !ok {
 		rollback()
 		return 0, ok, err
@@ -495,7 +503,7 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 	defer rollback()
 	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
 	sent := time.Now()
-	l, ok, err := c.read(ctx, q, n, firstKeyedLane)
+	l, ok, err := c.read(ctx, q, n, firstKeyedLane, nil)
 	if err != nil || !ok {
 		return 0, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/internal/lease"
+	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/internal/ring"
 )
 
@@ -23,24 +24,22 @@ func (e *env) ring() func(n int) []int64 {
 	}
 	return func(n int) []int64 {
 		e.t.Helper()
-		rows, err := e.DB.Pool.Query(e.ctx, `INSERT INTO outbox_ring (queue, payload) SELECT 'q', '\x7b7d' FROM generate_series(1, $1) RETURNING id`, n)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		var ids []int64
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
-				e.t.Fatal(err)
-			}
-			ids = append(ids, id)
-		}
-		if err := rows.Err(); err != nil {
-			e.t.Fatal(err)
-		}
-		slices.Sort(ids)
-		return ids
+		return pgtest.IDs(e.t, e.DB.Pool, `INSERT INTO outbox_ring (queue, payload) SELECT 'q', '\x7b7d' FROM generate_series(1, $1) RETURNING id`, n)
 	}
+}
+
+// endClaimBackend terminates the backend of the locked claim of h's
+// first row handed out, as when its subscriber's process dies, and stops
+// h.
+func (e *env) endClaimBackend(h *harness) {
+	e.t.Helper()
+	h.mu.Lock()
+	pid := h.handed[0].Batch.Hold.(*lockedClaim).tx.Conn().PgConn().PID()
+	h.mu.Unlock()
+	if _, err := e.DB.Pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		e.t.Fatal(err)
+	}
+	h.stop()
 }
 
 // A claim of a lane whose transaction dies (its backend terminated while
@@ -58,13 +57,7 @@ func TestRingClaimThatDiesCountsTowardMaxDeliveries(t *testing.T) {
 		t.Fatalf("claim: %d rows, %v", n, err)
 	}
 	first := h.ids()
-	h.mu.Lock()
-	pid := h.handed[0].Batch.Hold.(*lockedClaim).tx.Conn().PgConn().PID()
-	h.mu.Unlock()
-	if _, err := e.DB.Pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
-		t.Fatal(err)
-	}
-	h.stop()
+	e.endClaimBackend(h)
 
 	next := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
 	got := map[int64]int32{}
@@ -463,13 +456,7 @@ func TestRingKeyedClaimThatDiesMovesTheLaneBehindItsKey(t *testing.T) {
 	if diff := cmp.Diff(ids[:1], h.ids()); diff != "" {
 		t.Fatalf("handed out (-want +got): the key's first row only\n%s", diff)
 	}
-	h.mu.Lock()
-	pid := h.handed[0].Batch.Hold.(*lockedClaim).tx.Conn().PgConn().PID()
-	h.mu.Unlock()
-	if _, err := e.DB.Pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
-		t.Fatal(err)
-	}
-	h.stop()
+	e.endClaimBackend(h)
 
 	next := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
 	type row struct {

@@ -1,8 +1,12 @@
 package pgtest
 
 import (
+	"context"
+	"slices"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
@@ -56,4 +60,20 @@ func (o *Outbox) Publish(tb testing.TB, queue string) int64 {
 		tb.Fatalf("Publish: %v", err)
 	}
 	return id
+}
+
+// IDs runs sql, an INSERT ... RETURNING id with args, on pool and
+// returns the ids it returned, in order.
+func IDs(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) []int64 {
+	tb.Helper()
+	rows, err := pool.Query(context.Background(), sql, args...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	slices.Sort(ids)
+	return ids
 }

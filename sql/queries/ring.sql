@@ -8,9 +8,10 @@
 
 -- name: RingTakeLane :one
 -- Locks, in the claim's transaction, a free lane of @queues between
--- @from_lane and @to_lane (exclusive), the search going round every
--- (queue, lane) of them from position @turn (a queue's lanes one after
--- another, in the order of @queues), so that no queue's lanes wait while
+-- @from_lane and @to_lane (exclusive), at one of the positions @ready
+-- when it is set (RingReadyLanes), the search going round every (queue,
+-- lane) of them from position @turn (a queue's lanes one after another,
+-- in the order of @queues), so that no queue's lanes wait while
 -- another's are free; returns the lane's position. It sets the
 -- transaction's planner settings: a custom plan for every statement, so
 -- that the read locks only the partitions it names (a generic plan locks
@@ -28,15 +29,47 @@ SELECT l.queue, l.lane, s.pos::integer AS pos,
        set_config('jit', 'off', true) AS jit,
        set_config('outboxgen.ring_move', 'on', true) AS ring_move
 FROM (SELECT @queues::text[] AS queues, @from_lane::smallint AS from_lane, @to_lane::smallint AS to_lane,
-             @turn::integer AS turn) AS p
+             @turn::integer AS turn, sqlc.narg(ready)::integer[] AS ready) AS p
 JOIN /*outbox:table*/outbox_ring_lanes AS l
   ON l.queue = ANY (p.queues) AND l.lane >= p.from_lane AND l.lane < p.to_lane
 CROSS JOIN LATERAL (
     SELECT (array_position(p.queues, l.queue::text) - 1) * (p.to_lane - p.from_lane) + (l.lane - p.from_lane) AS pos,
            cardinality(p.queues) * (p.to_lane - p.from_lane) AS span) AS s
+WHERE p.ready IS NULL OR s.pos = ANY (p.ready)
 ORDER BY mod(s.pos - p.turn + s.span, s.span)
 LIMIT 1
 FOR UPDATE OF l SKIP LOCKED;
+
+-- name: RingReadyLanes :many
+-- The positions (as RingTakeLane counts them) of the lanes of @queues
+-- between @from_lane and @to_lane (exclusive) that hold committed rows
+-- their newest progress has not consumed, or whose newest progress is
+-- older than @idle_progress_seconds (a claim writes a new one, so that
+-- the ring turns past the lane). Read in a statement of its own, outside
+-- any claim's transaction, so that it holds no partition: a hint of
+-- which lanes a claim should take, each probe bounded by an index.
+SELECT s.pos::integer AS pos
+FROM (SELECT @queues::text[] AS queues, @from_lane::smallint AS from_lane, @to_lane::smallint AS to_lane) AS a
+JOIN /*outbox:table*/outbox_ring_lanes AS l
+  ON l.queue = ANY (a.queues) AND l.lane >= a.from_lane AND l.lane < a.to_lane
+CROSS JOIN LATERAL (
+    SELECT (array_position(a.queues, l.queue::text) - 1) * (a.to_lane - a.from_lane) + (l.lane - a.from_lane) AS pos) AS s
+CROSS JOIN LATERAL (
+    SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 0) AS below,
+           coalesce(extract(epoch FROM now() - n.at), 1e9) AS age
+    FROM (SELECT 1) AS one
+    LEFT JOIN LATERAL (SELECT g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
+                       WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
+WHERE p.age > @idle_progress_seconds::float8
+   OR EXISTS (
+       SELECT FROM /*outbox:table*/outbox_ring AS r
+       WHERE r.queue = l.queue AND r.lane = l.lane
+         AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap))
+   OR EXISTS (
+       SELECT FROM /*outbox:table*/outbox_ring AS r
+       WHERE r.queue = l.queue AND r.lane = l.lane
+         AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap))
+ORDER BY s.pos;
 
 -- name: RingPosition :one
 -- Where lane @lane of @queue stands, read in the claim's transaction:
