@@ -748,14 +748,17 @@ CROSS JOIN LATERAL (
     LEFT JOIN LATERAL (SELECT g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
                        WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
 WHERE p.age > $4::float8
-   OR EXISTS (
-       SELECT FROM /*outbox:table*/outbox_ring AS r
+   -- Scalar subqueries in each index's order, not EXISTS (which drops
+   -- the order): without the ring's statistics, the planner could
+   -- otherwise read a lane's whole consumed backlog.
+   OR (SELECT true FROM /*outbox:table*/outbox_ring AS r
        WHERE r.queue = l.queue AND r.lane = l.lane
-         AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap))
-   OR EXISTS (
-       SELECT FROM /*outbox:table*/outbox_ring AS r
+         AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)
+       ORDER BY r.queue, r.lane, r.txid, r.id LIMIT 1)
+   OR (SELECT true FROM /*outbox:table*/outbox_ring AS r
        WHERE r.queue = l.queue AND r.lane = l.lane
-         AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap))
+         AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)
+       ORDER BY r.queue, r.lane, r.id LIMIT 1)
 ORDER BY s.pos
 `
 
