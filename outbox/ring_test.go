@@ -493,3 +493,63 @@ func TestRingKeyedStopMidBatchLosesNothing(t *testing.T) {
 		eventually(t, "the outbox table empty", func() bool { return e.count("outbox") == 0 })
 	})
 }
+
+// A keyed row of the ring whose handler outlives LockWindow moves into
+// the outbox table leased; when a newer claim takes its lease there, the
+// old handler's outcome is refused (lease lost, the row stays), and the
+// key's next row waits behind it, blocked, undelivered.
+func TestRingSpilledRowWhoseLeaseIsTakenIsNotClobbered(t *testing.T) {
+	t.Parallel()
+	forEachClaimPath(t, func(t *testing.T, p claimPath) {
+		e := setupRing(t)
+		if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key)
+			VALUES ('q', 'slow', 'k'), ('q', 'next', 'k')`); err != nil {
+			t.Fatal(err)
+		}
+		rec := &events{}
+		var k keyedDeliveries
+		record := k.handler(0)
+		taken := make(chan int64, 1)
+		cfg := fastConfig[string](rec)
+		// The taken lease outlives the test: the row is not delivered again.
+		cfg.LeaseTTL, cfg.LockWindow = time.Minute, 200*time.Millisecond
+		cfg = onPath(p, cfg)
+		startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+			if m.Payload == "slow" {
+				// Once the row is in the outbox table, leased, a newer
+				// claim takes it.
+				for {
+					tag, err := e.db.Pool.Exec(ctx, `UPDATE outbox SET acquired_token = gen_random_uuid()
+						WHERE id = $1 AND acquired_token IS NOT NULL`, m.ID)
+					if err != nil {
+						return err
+					}
+					if tag.RowsAffected() == 1 {
+						break
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				taken <- m.ID
+			}
+			return record(ctx, m)
+		}, cfg)
+		id := waitFor(t, taken, "the slow row's lease taken")
+		eventually(t, "its outcome refused", func() bool { return len(rec.named(EventLeaseLost)) > 0 })
+		if diff := cmp.Diff([]int64{id}, sortedIDs(rec.named(EventLeaseLost))); diff != "" {
+			t.Errorf("lease_lost (-want +got):\n%s", diff)
+		}
+		if _, ok := e.row(id); !ok {
+			t.Error("the row whose lease was taken was deleted")
+		}
+		var blocked bool
+		if err := e.db.Pool.QueryRow(e.ctx, `SELECT blocked FROM outbox WHERE payload = 'next'`).Scan(&blocked); err != nil {
+			t.Fatalf("the key's next row in the outbox table: %v", err)
+		}
+		if !blocked {
+			t.Error("the key's next row is not blocked behind the row whose lease was taken")
+		}
+		if diff := cmp.Diff([]string{"slow"}, k.of("k")); diff != "" {
+			t.Errorf("deliveries of the key (-want +got):\n%s", diff)
+		}
+	})
+}
