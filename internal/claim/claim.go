@@ -507,11 +507,12 @@ func (c *lockedClaim) chain(ds []*lease.Delivery, remove func(*lease.Delivery)) 
 	c.ready = make(map[*lease.Delivery]*lease.Delivery)
 	c.unhanded = make(map[*lease.Delivery]bool)
 	c.remove = remove
-	last := make(map[string]*lease.Delivery)
+	type queueKey struct{ queue, key string }
+	last := make(map[queueKey]*lease.Delivery)
 	for _, d := range ds {
-		key := ""
+		key := queueKey{queue: d.Row.Queue}
 		if d.Row.OrderingKey != nil {
-			key = *d.Row.OrderingKey
+			key.key = *d.Row.OrderingKey
 		}
 		if before, ok := last[key]; ok {
 			c.next[before] = d
