@@ -258,23 +258,29 @@ func (c *byRing) readKeyed(ctx context.Context, q *db.Queries, l *lane, n int32)
 	return nil
 }
 
-// keyedDue returns the indexes of l's rows to hand out now, and moves
-// the others into the outbox table, unleased, in q's transaction: the
-// rows of keys the outbox table holds, which go behind the key's rows
-// there, and a key's rows from its first one not yet due.
-func (c *byRing) keyedDue(ctx context.Context, q *db.Queries, l *lane) ([]int, error) {
+// heldKeys returns the keys of keyed lane l's batch of which the outbox
+// table holds rows (none for an unkeyed lane): one probe per batch.
+func (c *byRing) heldKeys(ctx context.Context, q *db.Queries, l *lane) ([]string, error) {
+	if len(l.keys) == 0 {
+		return nil, nil
+	}
 	keys := make([]string, 0, len(l.keys))
 	for _, k := range l.keys {
 		keys = append(keys, *k)
 	}
 	slices.Sort(keys)
-	keys = slices.Compact(keys)
-	var held []string
-	if len(keys) > 0 {
-		var err error
-		if held, err = q.RingHeldKeys(ctx, db.RingHeldKeysParams{Keys: keys, Queue: l.queue}); err != nil {
-			return nil, err
-		}
+	return q.RingHeldKeys(ctx, db.RingHeldKeysParams{Keys: slices.Compact(keys), Queue: l.queue})
+}
+
+// due returns the indexes of l's rows to hand out now, and moves the
+// others into the outbox table, unleased, in q's transaction: rows not
+// yet due and, in a keyed lane, the rows of keys the outbox table holds,
+// which go behind the key's rows there, and a key's rows from its first
+// one not yet due.
+func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error) {
+	held, err := c.heldKeys(ctx, q, l)
+	if err != nil {
+		return nil, err
 	}
 	later := make(map[string]bool, len(held))
 	for _, k := range held {
@@ -284,38 +290,18 @@ func (c *byRing) keyedDue(ctx context.Context, q *db.Queries, l *lane) ([]int, e
 	due := make([]int, 0, len(l.rows))
 	m := moves{}
 	for i := range l.rows {
-		x, k := &l.rows[i], *l.keys[i]
-		if !later[k] && x.NextAttemptAt.After(now) {
-			later[k] = true
+		x := &l.rows[i]
+		wait := x.NextAttemptAt.After(now)
+		if l.keys != nil {
+			k := *l.keys[i]
+			wait = wait || later[k]
+			later[k] = wait
 		}
-		if later[k] {
+		if wait {
 			m.add(x.ID, int64(x.Txid), 0)
 		} else {
 			due = append(due, i)
 		}
-	}
-	return due, c.move(ctx, q, l, m, pgtype.UUID{})
-}
-
-// due returns the indexes of l's rows due now, and moves the others into
-// the outbox table, unleased, in q's transaction.
-func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error) {
-	now := time.Now()
-	due := make([]int, 0, len(l.rows))
-	var later []*db.RingReadRow
-	for i := range l.rows {
-		if l.rows[i].NextAttemptAt.After(now) {
-			later = append(later, &l.rows[i])
-		} else {
-			due = append(due, i)
-		}
-	}
-	if len(later) == 0 {
-		return due, nil
-	}
-	m := moves{}
-	for _, x := range later {
-		m.add(x.ID, int64(x.Txid), 0)
 	}
 	return due, c.move(ctx, q, l, m, pgtype.UUID{})
 }
@@ -401,12 +387,7 @@ func (c *byRing) claimLane(ctx context.Context, n int32, ready []int32) (got int
 		rollback()
 		return 0, ok, err
 	}
-	var due []int
-	if l.keyed() {
-		due, err = c.keyedDue(ctx, q, &l)
-	} else {
-		due, err = c.due(ctx, q, &l)
-	}
+	due, err := c.due(ctx, q, &l)
 	if err != nil {
 		rollback()
 		return 0, true, err
