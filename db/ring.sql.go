@@ -397,19 +397,18 @@ SELECT coalesce(p.seq, 0)::bigint AS seq,
                  WHERE t.done_below IS NULL OR t.done_below > pg_snapshot_xmin(coalesce(p.snap, '1:1:'::pg_snapshot))
                     OR p.below < 9223372036854775807),
                 '{}')::smallint[] AS slots,
-       coalesce((SELECT array_agg(c.snap::text ORDER BY c.xid) FROM /*outbox:table*/outbox_ring_claims AS c
-                 WHERE c.queue = $1 AND c.lane = $2 AND c.after_seq = coalesce(p.seq, 0)
-                   AND pg_xact_status(c.xid) = 'aborted'),
-                '{}')::text[] AS crashed,
-       coalesce((SELECT array_agg(c.below ORDER BY c.xid) FROM /*outbox:table*/outbox_ring_claims AS c
-                 WHERE c.queue = $1 AND c.lane = $2 AND c.after_seq = coalesce(p.seq, 0)
-                   AND pg_xact_status(c.xid) = 'aborted'),
-                '{}')::bigint[] AS crashed_below
+       coalesce(c.snaps, '{}')::text[] AS crashed,
+       coalesce(c.belows, '{}')::bigint[] AS crashed_below
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
     SELECT g.seq, g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
     WHERE g.queue = $1 AND g.lane = $2
     ORDER BY g.seq DESC LIMIT 1) AS p ON true
+CROSS JOIN LATERAL (
+    SELECT array_agg(a.snap::text ORDER BY a.xid) AS snaps, array_agg(a.below ORDER BY a.xid) AS belows
+    FROM /*outbox:table*/outbox_ring_claims AS a
+    WHERE a.queue = $1 AND a.lane = $2 AND a.after_seq = coalesce(p.seq, 0)
+      AND pg_xact_status(a.xid) = 'aborted') AS c
 `
 
 type RingPositionParams struct {
