@@ -413,6 +413,45 @@ func TestRingKeyedRowsWaitBehindTheKeysRowsInTheTableAndUnDueRows(t *testing.T) 
 	})
 }
 
+// slowThenNext writes the ring rows "slow" and "next" of key "k" and
+// runs a subscriber on path p (LockWindow 200 ms, LeaseTTL ttl) whose
+// handler of "slow" waits until that row is in the outbox table, leased
+// (a claim by lock has ended with it running), and then runs then.
+func slowThenNext(t *testing.T, p claimPath, ttl time.Duration, then func(ctx context.Context, e *env, id int64) error) (
+	*env, *events, *keyedDeliveries) {
+	t.Helper()
+	e := setupRing(t)
+	if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key)
+		VALUES ('q', 'slow', 'k'), ('q', 'next', 'k')`); err != nil {
+		t.Fatal(err)
+	}
+	rec := &events{}
+	k := &keyedDeliveries{}
+	record := k.handler(0)
+	cfg := fastConfig[string](rec)
+	cfg.LeaseTTL, cfg.LockWindow = ttl, 200*time.Millisecond
+	startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+		if m.Payload == "slow" {
+			for {
+				var leased bool
+				if err := e.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM outbox WHERE id = $1 AND acquired_token IS NOT NULL)`,
+					m.ID).Scan(&leased); err != nil {
+					return err
+				}
+				if leased {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := then(ctx, e, m.ID); err != nil {
+				return err
+			}
+		}
+		return record(ctx, m)
+	}, onPath(p, cfg))
+	return e, rec, k
+}
+
 // A keyed row of the ring whose handler runs past LockWindow moves into
 // the outbox table leased, keeping its id: its acknowledgement lands by
 // that id (no lease lost, no second delivery), and the key's next row
@@ -420,23 +459,7 @@ func TestRingKeyedRowsWaitBehindTheKeysRowsInTheTableAndUnDueRows(t *testing.T) 
 func TestRingKeyedRowPastTheLockWindowKeepsItsID(t *testing.T) {
 	t.Parallel()
 	forEachClaimPath(t, func(t *testing.T, p claimPath) {
-		e := setupRing(t)
-		if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key)
-			VALUES ('q', 'slow', 'k'), ('q', 'next', 'k')`); err != nil {
-			t.Fatal(err)
-		}
-		rec := &events{}
-		var k keyedDeliveries
-		quick := k.handler(0)
-		cfg := fastConfig[string](rec)
-		cfg.LockWindow = 200 * time.Millisecond
-		cfg = onPath(p, cfg)
-		startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
-			if m.Payload == "slow" {
-				time.Sleep(3 * 200 * time.Millisecond)
-			}
-			return quick(ctx, m)
-		}, cfg)
+		e, rec, k := slowThenNext(t, p, 5*time.Second, func(context.Context, *env, int64) error { return nil })
 		eventually(t, "both rows handled", func() bool { return len(k.of("k")) >= 2 })
 		eventually(t, "the outbox table empty", func() bool { return e.count("outbox") == 0 })
 		if diff := cmp.Diff([]string{"slow", "next"}, k.of("k")); diff != "" {
@@ -501,38 +524,16 @@ func TestRingKeyedStopMidBatchLosesNothing(t *testing.T) {
 func TestRingSpilledRowWhoseLeaseIsTakenIsNotClobbered(t *testing.T) {
 	t.Parallel()
 	forEachClaimPath(t, func(t *testing.T, p claimPath) {
-		e := setupRing(t)
-		if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key)
-			VALUES ('q', 'slow', 'k'), ('q', 'next', 'k')`); err != nil {
-			t.Fatal(err)
-		}
-		rec := &events{}
-		var k keyedDeliveries
-		record := k.handler(0)
 		taken := make(chan int64, 1)
-		cfg := fastConfig[string](rec)
 		// The taken lease outlives the test: the row is not delivered again.
-		cfg.LeaseTTL, cfg.LockWindow = time.Minute, 200*time.Millisecond
-		cfg = onPath(p, cfg)
-		startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
-			if m.Payload == "slow" {
-				// Once the row is in the outbox table, leased, a newer
-				// claim takes it.
-				for {
-					tag, err := e.db.Pool.Exec(ctx, `UPDATE outbox SET acquired_token = gen_random_uuid()
-						WHERE id = $1 AND acquired_token IS NOT NULL`, m.ID)
-					if err != nil {
-						return err
-					}
-					if tag.RowsAffected() == 1 {
-						break
-					}
-					time.Sleep(10 * time.Millisecond)
-				}
-				taken <- m.ID
+		e, rec, k := slowThenNext(t, p, time.Minute, func(ctx context.Context, e *env, id int64) error {
+			// A newer claim takes the row.
+			if _, err := e.db.Pool.Exec(ctx, "UPDATE outbox SET acquired_token = gen_random_uuid() WHERE id = $1", id); err != nil {
+				return err
 			}
-			return record(ctx, m)
-		}, cfg)
+			taken <- id
+			return nil
+		})
 		id := waitFor(t, taken, "the slow row's lease taken")
 		eventually(t, "its outcome refused", func() bool { return len(rec.named(EventLeaseLost)) > 0 })
 		if diff := cmp.Diff([]int64{id}, sortedIDs(rec.named(EventLeaseLost))); diff != "" {
