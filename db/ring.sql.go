@@ -91,41 +91,6 @@ func (q *Queries) RingDoneSlots(ctx context.Context) ([]int16, error) {
 	return items, nil
 }
 
-const ringHeldKeys = `-- name: RingHeldKeys :many
-SELECT k.key::text AS key
-FROM unnest($1::text[]) AS k(key)
-WHERE EXISTS (
-    SELECT FROM /*outbox:table*/outbox AS o
-    WHERE o.ordering_key IS NOT NULL AND o.queue = $2 AND o.ordering_key = k.key COLLATE "C")
-`
-
-type RingHeldKeysParams struct {
-	Keys  []string
-	Queue string
-}
-
-// The keys among @keys of which the outbox table holds a row of @queue:
-// the ring's rows of those keys go behind them.
-func (q *Queries) RingHeldKeys(ctx context.Context, arg RingHeldKeysParams) ([]string, error) {
-	rows, err := q.db.Query(ctx, ringHeldKeys, arg.Keys, arg.Queue)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []string{}
-	for rows.Next() {
-		var key string
-		if err := rows.Scan(&key); err != nil {
-			return nil, err
-		}
-		items = append(items, key)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const ringLockKeyedLanes = `-- name: RingLockKeyedLanes :many
 SELECT l.queue, l.lane, set_config('jit', 'off', true) AS jit
 FROM /*outbox:table*/outbox_ring_lanes AS l
@@ -141,7 +106,7 @@ type RingLockKeyedLanesRow struct {
 }
 
 // Locks, in the keyed move's transaction, the free keyed lanes (4 to 7)
-// of @queues, and turns JIT off for the move (see RingTakeLane). The move
+// of @queues, and turns JIT off for the move (see RingTakeLanes). The move
 // is the transaction's next statement: its snapshot, taken after these
 // locks, sees the progress of every move that held them before.
 func (q *Queries) RingLockKeyedLanes(ctx context.Context, queues []string) ([]RingLockKeyedLanesRow, error) {
@@ -197,7 +162,7 @@ type RingMoveParams struct {
 // whose failure the lease path writes next), else waiting for a claim
 // (rows no handler started, rows not yet due), in id order: a key's rows
 // take their places behind each other (keeping their ids, see
-// RingTakeLane). Fewer rows moved than given means the ring no longer
+// RingTakeLanes). Fewer rows moved than given means the ring no longer
 // holds them.
 func (q *Queries) RingMove(ctx context.Context, arg RingMoveParams) (int64, error) {
 	result, err := q.db.Exec(ctx, ringMove,
@@ -467,25 +432,28 @@ func (q *Queries) RingPresent(ctx context.Context) (bool, error) {
 
 const ringProgress = `-- name: RingProgress :exec
 INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap, below)
-VALUES ($1, $2, ($3::text)::pg_snapshot, $4::bigint)
+SELECT p.queue, p.lane, p.snap::pg_snapshot, p.below
+FROM (SELECT unnest($1::text[]) AS queue, unnest($2::smallint[]) AS lane, unnest($3::text[]) AS snap,
+             unnest($4::bigint[]) AS below) AS p
 `
 
 type RingProgressParams struct {
-	Queue string
-	Lane  int16
-	Snap  string
-	Below int64
+	Queues []string
+	Lanes  []int16
+	Snaps  []string
+	Belows []int64
 }
 
-// Acknowledges, in the claim's transaction, every row of the batch of
-// lane @lane of @queue up to snapshot @snap and id @below that did not
-// move to the outbox table: the lane's next batch starts there.
+// Acknowledges, in the claim's transaction, of each lane @lanes of
+// @queues, every row of its batch up to snapshot @snaps and id @belows
+// that did not move to the outbox table: the lane's next batch starts
+// there.
 func (q *Queries) RingProgress(ctx context.Context, arg RingProgressParams) error {
 	_, err := q.db.Exec(ctx, ringProgress,
-		arg.Queue,
-		arg.Lane,
-		arg.Snap,
-		arg.Below,
+		arg.Queues,
+		arg.Lanes,
+		arg.Snaps,
+		arg.Belows,
 	)
 	return err
 }
@@ -584,8 +552,7 @@ func (q *Queries) RingRead(ctx context.Context, arg RingReadParams) ([]RingReadR
 }
 
 const ringReadKeyed = `-- name: RingReadKeyed :many
-SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above
-FROM (
+WITH k AS MATERIALIZED (
     SELECT r.id, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, false AS above
     FROM (SELECT ($1::text)::pg_snapshot AS prev, ($2::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
@@ -602,7 +569,16 @@ FROM (
        AND pg_visible_in_snapshot(r.txid, ($2::text)::pg_snapshot)
      ORDER BY r.queue, r.lane, r.id
      LIMIT $7)
-) AS k
+), held AS (
+    SELECT d.key
+    FROM (SELECT DISTINCT k.ordering_key AS key FROM k) AS d
+    WHERE EXISTS (
+        SELECT FROM /*outbox:table*/outbox AS o
+        WHERE o.ordering_key IS NOT NULL AND o.queue = $4 AND o.ordering_key = d.key COLLATE "C")
+)
+SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above,
+       (h.key IS NOT NULL)::boolean AS held
+FROM k LEFT JOIN held AS h ON h.key = k.ordering_key
 ORDER BY k.id
 `
 
@@ -625,6 +601,7 @@ type RingReadKeyedRow struct {
 	NextAttemptAt time.Time
 	Txid          uint64
 	Above         bool
+	Held          bool
 }
 
 // Up to @max_rows rows of the batch of keyed lane @lane of @queue, in id
@@ -635,7 +612,8 @@ type RingReadKeyedRow struct {
 // batch's new bound is the largest). A key's earlier row committed
 // before its later row drew its id: every snapshot that sees the later
 // sees the earlier, whose smaller id puts it in the same batch or an
-// earlier one.
+// earlier one. held marks the rows of keys of which the outbox table
+// holds a row of @queue (one probe per key): they go behind it.
 func (q *Queries) RingReadKeyed(ctx context.Context, arg RingReadKeyedParams) ([]RingReadKeyedRow, error) {
 	rows, err := q.db.Query(ctx, ringReadKeyed,
 		arg.Prev,
@@ -662,6 +640,7 @@ func (q *Queries) RingReadKeyed(ctx context.Context, arg RingReadKeyedParams) ([
 			&i.NextAttemptAt,
 			&i.Txid,
 			&i.Above,
+			&i.Held,
 		); err != nil {
 			return nil, err
 		}
@@ -768,7 +747,7 @@ type RingReadyLanesParams struct {
 	IdleProgressSeconds float64
 }
 
-// The positions (as RingTakeLane counts them) of the lanes of @queues
+// The positions (as RingTakeLanes counts them) of the lanes of @queues
 // between @from_lane and @to_lane (exclusive) that hold committed rows
 // their newest progress has not consumed, or whose newest progress is
 // older than @idle_progress_seconds (a claim writes a new one, so that
@@ -805,8 +784,11 @@ WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit, ($1::bigint)::text::xid8 AS xid
 ), record AS (
     INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap, below)
-    SELECT $2, $3, $4, session.xid, ($5::text)::pg_snapshot, $6::bigint
+    SELECT b.queue, b.lane, b.after_seq, session.xid, b.snap::pg_snapshot, b.below
     FROM session
+    CROSS JOIN (SELECT unnest($2::text[]) AS queue, unnest($3::smallint[]) AS lane,
+                       unnest($4::bigint[]) AS after_seq, unnest($5::text[]) AS snap,
+                       unnest($6::bigint[]) AS below) AS b
     WHERE pg_xact_status(session.xid) = 'in progress'
     RETURNING 1
 )
@@ -814,34 +796,35 @@ SELECT EXISTS (SELECT FROM record) AS recorded
 `
 
 type RingRecordParams struct {
-	Xid      int64
-	Queue    string
-	Lane     int16
-	AfterSeq int64
-	Snap     string
-	Below    int64
+	Xid       int64
+	Queues    []string
+	Lanes     []int16
+	AfterSeqs []int64
+	Snaps     []string
+	Belows    []int64
 }
 
 // Records, in a transaction of its own (autocommit), that the claim of
-// transaction @xid read the batch of lane @lane of @queue after progress
-// @after_seq up to snapshot @snap and id @below. It records nothing, and recorded is
-// false, when that transaction is no longer in progress: its lane is
-// free, and its rows must not be handed to handlers.
+// transaction @xid read, of each lane @lanes of @queues, the batch after
+// progress @after_seqs up to snapshot @snaps and id @belows (arrays of
+// one element per lane). It records nothing, and recorded is false,
+// when that transaction is no longer in progress: its lanes are free,
+// and their rows must not be handed to handlers.
 func (q *Queries) RingRecord(ctx context.Context, arg RingRecordParams) (bool, error) {
 	row := q.db.QueryRow(ctx, ringRecord,
 		arg.Xid,
-		arg.Queue,
-		arg.Lane,
-		arg.AfterSeq,
-		arg.Snap,
-		arg.Below,
+		arg.Queues,
+		arg.Lanes,
+		arg.AfterSeqs,
+		arg.Snaps,
+		arg.Belows,
 	)
 	var recorded bool
 	err := row.Scan(&recorded)
 	return recorded, err
 }
 
-const ringTakeLane = `-- name: RingTakeLane :one
+const ringTakeLanes = `-- name: RingTakeLanes :many
 
 SELECT l.queue, l.lane, s.pos::integer AS pos,
        set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
@@ -857,19 +840,20 @@ CROSS JOIN LATERAL (
            cardinality(p.queues) * (p.to_lane - p.from_lane) AS span) AS s
 WHERE p.ready IS NULL OR s.pos = ANY (p.ready)
 ORDER BY mod(s.pos - p.turn + s.span, s.span)
-LIMIT 1
+LIMIT $6::integer
 FOR UPDATE OF l SKIP LOCKED
 `
 
-type RingTakeLaneParams struct {
+type RingTakeLanesParams struct {
 	Queues   []string
 	FromLane int16
 	ToLane   int16
 	Turn     int32
 	Ready    []int32
+	MaxLanes int32
 }
 
-type RingTakeLaneRow struct {
+type RingTakeLanesRow struct {
 	Queue            string
 	Lane             int16
 	Pos              int32
@@ -886,12 +870,13 @@ type RingTakeLaneRow struct {
 // lane's row lock while the batch's handlers run, and ends by inserting
 // the lane's progress: that one row acknowledges every row of the batch
 // that did not move to the outbox table.
-// Locks, in the claim's transaction, a free lane of @queues between
-// @from_lane and @to_lane (exclusive), at one of the positions @ready
-// when it is set (RingReadyLanes), the search going round every (queue,
-// lane) of them from position @turn (a queue's lanes one after another,
-// in the order of @queues), so that no queue's lanes wait while
-// another's are free; returns the lane's position. It sets the
+// Locks, in the claim's transaction, up to @max_lanes free lanes of
+// @queues between @from_lane and @to_lane (exclusive), at the positions
+// @ready when it is set (RingReadyLanes), the search going round every
+// (queue, lane) of them from position @turn (a queue's lanes one after
+// another, in the order of @queues), so that no queue's lanes wait while
+// another's are free; returns the lanes and their positions, in the
+// search's order. It sets the
 // transaction's planner settings: a custom plan for every statement, so
 // that the read locks only the partitions it names (a generic plan locks
 // all of them before pruning, and an open claim would then keep the ring
@@ -902,25 +887,39 @@ type RingTakeLaneRow struct {
 // compilation takes longer than the statements. And it lets the claim's
 // moves of keyed rows into the outbox table keep their ids (the ring's
 // version of the table's key trigger).
-func (q *Queries) RingTakeLane(ctx context.Context, arg RingTakeLaneParams) (RingTakeLaneRow, error) {
-	row := q.db.QueryRow(ctx, ringTakeLane,
+func (q *Queries) RingTakeLanes(ctx context.Context, arg RingTakeLanesParams) ([]RingTakeLanesRow, error) {
+	rows, err := q.db.Query(ctx, ringTakeLanes,
 		arg.Queues,
 		arg.FromLane,
 		arg.ToLane,
 		arg.Turn,
 		arg.Ready,
+		arg.MaxLanes,
 	)
-	var i RingTakeLaneRow
-	err := row.Scan(
-		&i.Queue,
-		&i.Lane,
-		&i.Pos,
-		&i.PlanCacheMode,
-		&i.EnableBitmapscan,
-		&i.Jit,
-		&i.RingMove,
-	)
-	return i, err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RingTakeLanesRow{}
+	for rows.Next() {
+		var i RingTakeLanesRow
+		if err := rows.Scan(
+			&i.Queue,
+			&i.Lane,
+			&i.Pos,
+			&i.PlanCacheMode,
+			&i.EnableBitmapscan,
+			&i.Jit,
+			&i.RingMove,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const ringTruncate = `-- name: RingTruncate :one

@@ -34,8 +34,8 @@ var notOnTheOutbox = map[string]string{
 // under a held horizon by its own soak (soak -ring) before it is shipped.
 var onlyWithTheRing = map[string]bool{
 	"RingConfirm": true, "RingMove": true, "RingMoveCrashed": true, "RingMoveKeyed": true, "RingPosition": true,
-	"RingProgress": true, "RingRead": true, "RingReadKeyed": true, "RingHeldKeys": true, "RingReadyLanes": true,
-	"RingReadRest": true, "RingRecord": true, "RingTakeLane": true,
+	"RingProgress": true, "RingRead": true, "RingReadKeyed": true, "RingReadyLanes": true,
+	"RingReadRest": true, "RingRecord": true, "RingTakeLanes": true,
 	"RingTurnState": true, "RingNextSlot": true, "RingCloseSlot": true, "RingDoneSlots": true, "RingTruncate": true,
 	"RingPrune": true, "RingLockKeyedLanes": true,
 }

@@ -554,3 +554,61 @@ func TestRingSpilledRowWhoseLeaseIsTakenIsNotClobbered(t *testing.T) {
 		}
 	})
 }
+
+// A claim of the ring's lanes does not hold them for a row whose handler
+// runs on: once the claim's other rows have outcomes, and the slow one
+// has run for some times as long as a claim's rows take, the claim ends,
+// the slow row moves into the outbox table leased (its handler runs on
+// and acknowledges it there), and the rows written into its lane since
+// are delivered while it runs. LockWindow is a minute here, so nothing
+// else would free the lane.
+func TestRingRowThatRunsOnDoesNotHoldItsLane(t *testing.T) {
+	t.Parallel()
+	e := setupRing(t)
+	// inLane0 writes payloads into lane 0 of queue q (an unkeyed row's
+	// lane is its id modulo 4), one transaction.
+	inLane0 := func(payloads ...string) {
+		t.Helper()
+		if _, err := e.db.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (id, queue, payload)
+			SELECT (nextval('outbox_id_seq') + 1) * 4, 'q', convert_to(p, 'UTF8') FROM unnest($1::text[]) AS p`, payloads); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inLane0("slow", "fast-1", "fast-2")
+	rec := &events{}
+	cfg := fastConfig[string](rec)
+	cfg.LeaseTTL, cfg.LockWindow = 2*time.Minute, time.Minute
+	slowRuns, laterRan := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	var order []string
+	startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+		switch m.Payload {
+		case "slow":
+			close(slowRuns)
+			select {
+			case <-laterRan:
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(30 * time.Second):
+			}
+		case "later":
+			close(laterRan)
+		}
+		mu.Lock()
+		order = append(order, m.Payload)
+		mu.Unlock()
+		return nil
+	}, cfg)
+	<-slowRuns
+	inLane0("later")
+	eventually(t, "every row acknowledged", func() bool { return len(rec.named(EventAcked)) == 4 })
+	eventually(t, "the outbox table empty", func() bool { return e.count("outbox") == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if i := slices.Index(order, "later"); i < 0 || i > slices.Index(order, "slow") {
+		t.Errorf("handlers returned in the order %q; want later's before slow's (its lane held no longer)", order)
+	}
+	if lost := rec.named(EventLeaseLost); len(lost) != 0 {
+		t.Errorf("leases lost: %+v", lost)
+	}
+}

@@ -70,6 +70,7 @@ type Env struct {
 	// The subscriber's queues and settings (see outbox.SubscriberConfig).
 	Queues                                               []string
 	LeaseTTL, LockWindow, QueryTimeout, MaxFetchInterval time.Duration
+	MinFetchInterval                                     time.Duration
 	FetchBatchSize                                       int
 	// MinLockedClaim is the fewest rows a claim must have found for the
 	// next one to claim by lock; 0 or negative: every claim by lock.
@@ -133,7 +134,8 @@ func New(env *Env) Claimer {
 	if !env.Ring {
 		return state
 	}
-	return &byRing{env: env, state: state, lock: &byLock{env: env, lease: byL, locks: make(chan struct{}, InFlight)}}
+	return &byRing{env: env, state: state, lock: &byLock{env: env, lease: byL, locks: make(chan struct{}, InFlight),
+		freed: make(chan struct{}, 1)}}
 }
 
 // newState returns how a run with env claims from the outbox table.
@@ -141,7 +143,7 @@ func newState(env *Env, byL *byLease) Claimer {
 	if !LocksRows(env.LockWindow, env.Pool.Config().MaxConns) {
 		return byL
 	}
-	lock := &byLock{env: env, lease: byL, locks: make(chan struct{}, InFlight)}
+	lock := &byLock{env: env, lease: byL, locks: make(chan struct{}, InFlight), freed: make(chan struct{}, 1)}
 	if env.MinLockedClaim <= 0 {
 		return lock
 	}
@@ -375,8 +377,10 @@ func fillClaimRow(c *db.ClaimRow, r *db.ClaimQueueRow, queue string) {
 type byLock struct {
 	env   *Env
 	lease *byLease
-	// locks admits claims by lock: one slot each, InFlight at most.
+	// locks admits claims by lock: one slot each, InFlight at most;
+	// freed is signalled when a claim that held its rows ends.
 	locks chan struct{}
+	freed chan struct{}
 	// lockEnds counts the claims by lock not yet ended.
 	lockEnds sync.WaitGroup
 	// lockUnwritten counts the outcomes of claims by lock whose end could
@@ -496,12 +500,61 @@ type lockedClaim struct {
 	ready    map[*lease.Delivery]*lease.Delivery
 	unhanded map[*lease.Delivery]bool
 	remove   func(*lease.Delivery)
+
+	// A claim whose rows' handlers each run for longer than straggle
+	// (when it is set) ends before LockWindow once every row left has
+	// started (see straggling); took are how long its settled rows took,
+	// from when the claim was held.
+	straggle time.Duration
+	held     time.Time
+	took     []time.Duration
+	// observe, when set, learns how long the claim's rows took (lasted)
+	// when the claim ends.
+	observe func(time.Duration)
 }
 
-// chain makes c hand the rows of ds, in id order, one key at a time: it
-// returns each key's first row, to be handed out now; each next row is
-// handed out when the one before it is acknowledged (Next). remove stops
-// tracking a row that will not be handed out.
+// straggling reports whether c has been held for straggle, and every
+// row of b without an outcome is running (started reports it of rows):
+// ending the claim now leases them, and frees what the claim holds for
+// rows that wait behind them. A row no worker has started yet, or a
+// key's next row not yet handed out, keeps the claim open.
+func (c *lockedClaim) straggling(b *lease.Batch, started func([]*lease.Delivery) bool) bool {
+	c.mu.Lock()
+	var running []*lease.Delivery
+	for _, d := range b.Rows {
+		if !d.Settled {
+			running = append(running, d)
+		}
+	}
+	waiting := len(c.unhanded) > 0 || time.Since(c.held) < c.straggle
+	c.mu.Unlock()
+	return !waiting && len(running) > 0 && started(running)
+}
+
+// lasted returns the median of how long the rows of b took: those
+// without an outcome (still running, or given up) count as taking until
+// now.
+func (c *lockedClaim) lasted(b *lease.Batch) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	took := slices.Clone(c.took)
+	for _, d := range b.Rows {
+		if !d.Settled {
+			took = append(took, time.Since(c.held))
+		}
+	}
+	if len(took) == 0 {
+		return 0
+	}
+	slices.Sort(took)
+	return took[len(took)/2]
+}
+
+// chain makes c hand the keyed rows of ds, in id order, one key at a
+// time: it returns the unkeyed rows and each key's first row, to be
+// handed out now; each next row is handed out when the one before it is
+// acknowledged (Next). remove stops tracking a row that will not be
+// handed out.
 func (c *lockedClaim) chain(ds []*lease.Delivery, remove func(*lease.Delivery)) (first []*lease.Delivery) {
 	c.next = make(map[*lease.Delivery]*lease.Delivery)
 	c.ready = make(map[*lease.Delivery]*lease.Delivery)
@@ -510,10 +563,11 @@ func (c *lockedClaim) chain(ds []*lease.Delivery, remove func(*lease.Delivery)) 
 	type queueKey struct{ queue, key string }
 	last := make(map[queueKey]*lease.Delivery)
 	for _, d := range ds {
-		key := queueKey{queue: d.Row.Queue}
-		if d.Row.OrderingKey != nil {
-			key.key = *d.Row.OrderingKey
+		if d.Row.OrderingKey == nil {
+			first = append(first, d)
+			continue
 		}
+		key := queueKey{queue: d.Row.Queue, key: *d.Row.OrderingKey}
 		if before, ok := last[key]; ok {
 			c.next[before] = d
 			c.unhanded[d] = true
@@ -586,6 +640,9 @@ func (c *lockedClaim) Keep(o lease.Outcome) bool {
 		return true
 	}
 	c.kept = append(c.kept, o)
+	if c.straggle > 0 {
+		c.took = append(c.took, time.Since(c.held))
+	}
 	o.D.Settled = true
 	c.settle()
 	c.chained(o)
@@ -782,6 +839,7 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 // flight.
 func (k *byLock) hold(ds, handed []*lease.Delivery, lc *lockedClaim) {
 	ds[0].Batch.Hold = lc
+	lc.held = time.Now()
 	lc.watch(ds[0].Batch)
 	k.lockEnds.Add(1)
 	go k.endLocked(ds[0].Batch, lc)
@@ -794,7 +852,13 @@ func (k *byLock) hold(ds, handed []*lease.Delivery, lc *lockedClaim) {
 func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 	r := k.env
 	defer k.lockEnds.Done()
-	defer func() { <-k.locks }()
+	defer func() {
+		<-k.locks
+		select {
+		case k.freed <- struct{}{}:
+		default:
+		}
+	}()
 	if b == nil {
 		// Nothing was handed to a handler.
 		if _, err := k.endLockTx(c, &lockEnd{}, nil, pgtype.UUID{}); err != nil && r.Ends.Err() == nil {
@@ -803,14 +867,31 @@ func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 		return
 	}
 	window := time.NewTimer(r.LockWindow)
-	select {
-	case <-c.settled:
-	case <-window.C:
-	case <-r.Stopping:
-	case <-c.dead:
+	var lag <-chan time.Time
+	if c.straggle > 0 {
+		t := time.NewTicker(c.straggle / 2)
+		defer t.Stop()
+		lag = t.C
+	}
+wait:
+	for {
+		select {
+		case <-c.settled:
+		case <-window.C:
+		case <-r.Stopping:
+		case <-c.dead:
+		case <-lag:
+			if !c.straggling(b, r.Leases.Started) {
+				continue
+			}
+		}
+		break wait
 	}
 	window.Stop()
 	c.stopWatching()
+	if c.observe != nil {
+		c.observe(c.lasted(b))
+	}
 
 	token, err := newLeaseToken()
 	c.mu.Lock()

@@ -59,7 +59,7 @@ func (e *env) env(queues ...string) *Env {
 	tracker := lease.NewTracker(30 * time.Second)
 	return &Env{
 		Queues: queues, LeaseTTL: 30 * time.Second, LockWindow: time.Second, QueryTimeout: 30 * time.Second,
-		MaxFetchInterval: 5 * time.Second, FetchBatchSize: 100, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MinFetchInterval: 50 * time.Millisecond, MaxFetchInterval: 5 * time.Second, FetchBatchSize: 100, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Pool: e.DB.Pool, Queries: e.Queries, Leases: &tracker,
 		HandlerCtx: e.ctx, Writes: e.ctx, Ends: e.ctx, Stopping: make(chan struct{}),
 		Hand: func([]*lease.Delivery) {}, Outcomes: make(chan lease.Outcome, 100),

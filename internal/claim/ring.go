@@ -2,14 +2,12 @@ package claim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
-	"slices"
+	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
@@ -59,6 +57,16 @@ const ringIdleProgress = time.Second
 // before a claim moves them on (Env.RingTurnAge, when zero).
 const RingTurnAge = 10 * time.Second
 
+// ringStraggleMin is the least time a claim of lanes holds them for
+// rows that run on, before their handlers' outcomes go the lease path's
+// way (see lockedClaim.straggling): a claim holds its lanes, and rows
+// written into them wait for its end.
+const ringStraggleMin = 20 * time.Millisecond
+
+// ringStraggleRatio is how many times the median time its rows take a
+// claim of lanes waits for its slowest ones (at least ringStraggleMin).
+const ringStraggleRatio = 4
+
 // byRing claims from the ring, and from the outbox table with state, the
 // claimer New would choose without the ring.
 type byRing struct {
@@ -66,10 +74,28 @@ type byRing struct {
 	lock  *byLock
 	state Claimer
 	// turn is where the search for a free lane starts: a position among
-	// the (queue, lane) pairs (RingTakeLane).
+	// the (queue, lane) pairs (RingTakeLanes).
 	turn int32
 	// turned is when the claimer last tried to turn the ring.
 	turned time.Time
+	// typical is a moving average of the median time the rows of a
+	// claim of lanes take, in nanoseconds (see straggle).
+	typical atomic.Int64
+	// full reports that the last claim of lanes filled its batch.
+	full bool
+}
+
+// straggle is how long a claim of lanes waits for its slowest rows once
+// the others have outcomes: ringStraggleRatio times the typical median
+// time of a claim's rows, at least ringStraggleMin.
+func (c *byRing) straggle() time.Duration {
+	return max(ringStraggleMin, ringStraggleRatio*time.Duration(c.typical.Load()))
+}
+
+// observe moves typical an eighth of the way to a claim's median.
+func (c *byRing) observe(median time.Duration) {
+	t := c.typical.Load()
+	c.typical.Store(t + (int64(median)-t)/8)
 }
 
 // Ended waits for the claims of the ring and of the outbox table.
@@ -162,8 +188,14 @@ type lane struct {
 	end   string
 	below int64
 	rows  []db.RingReadRow
-	// keys are the rows' ordering keys, of a keyed lane's batch.
+	// keys are the rows' ordering keys, of a keyed lane's batch; held,
+	// whether the outbox table holds rows of each row's key.
 	keys []*string
+	held []bool
+	// at is the lane's position among the claim's (queue, lane) pairs
+	// (RingTakeLanes); due are the indexes of the rows to hand out.
+	at  int32
+	due []int
 }
 
 // keyed reports whether l holds keyed rows.
@@ -177,29 +209,42 @@ func (l *lane) unchanged() bool {
 		(len(l.rows) == 0 && len(l.pos.Crashed) == 0 && l.pos.AgeSeconds < ringIdleProgress.Seconds())
 }
 
-// progress writes l's progress in q's transaction.
-func (l *lane) progress(ctx context.Context, q *db.Queries) error {
-	return q.RingProgress(ctx, db.RingProgressParams{Queue: l.queue, Lane: l.lane, Snap: l.end, Below: l.below})
+// progress writes the progress of lanes ls in q's transaction, in one
+// statement.
+func progress(ctx context.Context, q *db.Queries, ls ...*lane) error {
+	var p db.RingProgressParams
+	for _, l := range ls {
+		p.Queues, p.Lanes = append(p.Queues, l.queue), append(p.Lanes, l.lane)
+		p.Snaps, p.Belows = append(p.Snaps, l.end), append(p.Belows, l.below)
+	}
+	return q.RingProgress(ctx, p)
 }
 
-// read takes a free lane below toLane, at one of the positions ready
-// when it is not nil, and reads up to n rows of its batch in q's
-// transaction; ok is false when no lane was free. A lane whose last
-// claims aborted has its batch moved into the outbox table instead
-// (rows nil).
-func (c *byRing) read(ctx context.Context, q *db.Queries, n int32, toLane int16, ready []int32) (l lane, ok bool, err error) {
+// take locks, in q's transaction, up to most free lanes below toLane,
+// at the positions ready when it is not nil, from where the last claim
+// stopped (RingTakeLanes).
+func (c *byRing) take(ctx context.Context, q *db.Queries, toLane int16, ready []int32, most int) ([]*lane, error) {
 	r := c.env
-	taken, err := q.RingTakeLane(ctx, db.RingTakeLaneParams{Queues: r.Queues, FromLane: 0, ToLane: toLane, Turn: c.turn,
-		Ready: ready})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return l, false, nil
-	} else if err != nil {
-		return l, false, err
+	taken, err := q.RingTakeLanes(ctx, db.RingTakeLanesParams{Queues: r.Queues, FromLane: 0, ToLane: toLane, Turn: c.turn,
+		Ready: ready, MaxLanes: int32(most)})
+	if err != nil || len(taken) == 0 {
+		return nil, err
 	}
-	c.turn = taken.Pos + 1
-	l = lane{queue: taken.Queue, lane: taken.Lane}
+	c.turn = taken[len(taken)-1].Pos + 1
+	ls := make([]*lane, len(taken))
+	for i, t := range taken {
+		ls[i] = &lane{queue: t.Queue, lane: t.Lane, at: t.Pos}
+	}
+	return ls, nil
+}
+
+// read reads up to n rows of lane l's batch in q's transaction, which
+// holds the lane. A lane whose last claims aborted has its batch moved
+// into the outbox table instead (rows nil).
+func (c *byRing) read(ctx context.Context, q *db.Queries, l *lane, n int32) (err error) {
+	r := c.env
 	if l.pos, err = q.RingPosition(ctx, db.RingPositionParams{Queue: l.queue, Lane: l.lane}); err != nil {
-		return l, true, err
+		return err
 	}
 	l.end, l.below = l.pos.Cur, unkeyedBelow
 	if l.keyed() {
@@ -215,27 +260,27 @@ func (c *byRing) read(ctx context.Context, q *db.Queries, n int32, toLane int16,
 			r.Log.Info("outbox: moved the rows of ring claims that ended without an outcome to the outbox table",
 				slog.String("queue", l.queue), slog.Int("lane", int(l.lane)), slog.Int64("rows", moved.Moved))
 		}
-		return l, true, err
+		return err
 	}
 	if l.keyed() {
-		return l, true, c.readKeyed(ctx, q, &l, n)
+		return c.readKeyed(ctx, q, l, n)
 	}
 	l.rows, err = q.RingRead(ctx, db.RingReadParams{Prev: l.pos.Prev, Cur: l.pos.Cur, Slots: l.pos.Slots, Queue: l.queue,
 		Lane: l.lane, MaxRows: n})
 	if err != nil || len(l.rows) < int(n) {
-		return l, true, err
+		return err
 	}
 	last := l.rows[len(l.rows)-1]
 	rest, err := q.RingReadRest(ctx, db.RingReadRestParams{Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane,
 		Txid: fmt.Sprint(last.Txid), AfterID: last.ID})
 	if err != nil {
-		return l, true, err
+		return err
 	}
 	for _, x := range rest {
 		l.rows = append(l.rows, db.RingReadRow(x))
 	}
 	l.end, err = ring.Cut(l.pos.Cur, int64(last.Txid))
-	return l, true, err
+	return err
 }
 
 // readKeyed reads up to n rows of keyed lane l's batch, in id order,
@@ -246,30 +291,16 @@ func (c *byRing) readKeyed(ctx context.Context, q *db.Queries, l *lane, n int32)
 	if err != nil {
 		return err
 	}
-	l.rows, l.keys = make([]db.RingReadRow, len(rows)), make([]*string, len(rows))
+	l.rows, l.keys, l.held = make([]db.RingReadRow, len(rows)), make([]*string, len(rows)), make([]bool, len(rows))
 	for i, x := range rows {
 		l.rows[i] = db.RingReadRow{ID: x.ID, Payload: x.Payload, Headers: x.Headers, CreatedAt: x.CreatedAt,
 			NextAttemptAt: x.NextAttemptAt, Txid: x.Txid}
-		l.keys[i] = x.OrderingKey
+		l.keys[i], l.held[i] = x.OrderingKey, x.Held
 		if x.Above {
 			l.below = max(l.below, x.ID)
 		}
 	}
 	return nil
-}
-
-// heldKeys returns the keys of keyed lane l's batch of which the outbox
-// table holds rows (none for an unkeyed lane): one probe per batch.
-func (c *byRing) heldKeys(ctx context.Context, q *db.Queries, l *lane) ([]string, error) {
-	if len(l.keys) == 0 {
-		return nil, nil
-	}
-	keys := make([]string, 0, len(l.keys))
-	for _, k := range l.keys {
-		keys = append(keys, *k)
-	}
-	slices.Sort(keys)
-	return q.RingHeldKeys(ctx, db.RingHeldKeysParams{Keys: slices.Compact(keys), Queue: l.queue})
 }
 
 // due returns the indexes of l's rows to hand out now, and moves the
@@ -278,14 +309,7 @@ func (c *byRing) heldKeys(ctx context.Context, q *db.Queries, l *lane) ([]string
 // which go behind the key's rows there, and a key's rows from its first
 // one not yet due.
 func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error) {
-	held, err := c.heldKeys(ctx, q, l)
-	if err != nil {
-		return nil, err
-	}
-	later := make(map[string]bool, len(held))
-	for _, k := range held {
-		later[k] = true
-	}
+	later := make(map[string]bool)
 	now := time.Now()
 	due := make([]int, 0, len(l.rows))
 	m := moves{}
@@ -294,7 +318,7 @@ func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error)
 		wait := x.NextAttemptAt.After(now)
 		if l.keys != nil {
 			k := *l.keys[i]
-			wait = wait || later[k]
+			wait = wait || l.held[i] || later[k]
 			later[k] = wait
 		}
 		if wait {
@@ -339,77 +363,119 @@ func claimRow(row *db.ClaimRow, x *db.RingReadRow, queue string, key *string) {
 		NextAttemptAt: x.NextAttemptAt, DeliveriesCount: 1}
 }
 
-// claimLanes claims a batch of up to n rows of the first free lane that
-// has rows to hand out, among those RingReadyLanes finds (lanes with
-// rows to read, or whose progress is older than a turn's age), trying
-// each at most once: taking lanes that have nothing, one transaction
-// each, made a row wait for a round of every queue's lanes.
+// claimLanes claims up to n rows of the free lanes that have rows to
+// hand out, among those RingReadyLanes finds (lanes with rows to read, or
+// whose progress is older than a turn's age), in one transaction that
+// holds them while the rows' handlers run (see byLock.claimLocked). It
+// takes a share of those lanes (the claims in flight share them), one
+// after another from where the last claim stopped, until the batch is
+// full: a claim of one lane each made a row wait for a round of claims
+// of every lane that had rows. When every lane with rows is held, and
+// one of the subscriber's claims is in flight, it waits up to
+// MinFetchInterval for a claim to end and tries again: returning
+// nothing at once would send the fetcher to wait for as long, or for a
+// writer's notification, while the lanes it waits for come free.
 func (c *byRing) claimLanes(ctx context.Context, n int32, age time.Duration) (int, error) {
-	r := c.env
-	ready, err := ring.ReadyLanes(r.Writes, r.Pool, r.Queries, r.QueryTimeout, r.Queues, 2*firstKeyedLane, age)
-	if err != nil || len(ready) == 0 {
-		return 0, err
-	}
-	for range ready {
-		got, took, err := c.claimLane(ctx, n, ready)
-		if err != nil || got > 0 || !took {
+	for tries := 0; ; tries++ {
+		got, took, busy, err := c.claimFreeLanes(ctx, n, age)
+		if err != nil || got > 0 {
 			return got, err
 		}
+		if !busy {
+			// Lanes taken only to write their progress (they had no rows
+			// to hand out) leave the next lanes to the next try.
+			if took == 0 || tries >= 2*firstKeyedLane*len(c.env.Queues) {
+				return 0, nil
+			}
+			continue
+		}
+		t := time.NewTimer(c.env.MinFetchInterval)
+		select {
+		case <-c.lock.freed:
+			t.Stop()
+		case <-t.C:
+			return 0, nil
+		case <-ctx.Done():
+			t.Stop()
+			return 0, ctx.Err()
+		}
 	}
-	return 0, nil
 }
 
-// claimLane claims a batch of up to n rows of a free lane and holds the
-// lane while its handlers run (see byLock.claimLocked); took reports
-// whether it took a lane.
-func (c *byRing) claimLane(ctx context.Context, n int32, ready []int32) (got int, took bool, err error) {
+// claimFreeLanes is one try of claimLanes: it took lanes; busy reports
+// that it took none while another of the subscriber's claims held
+// lanes.
+func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration) (got, took int, busy bool, err error) {
 	k, r := c.lock, c.env
 	select {
 	case k.locks <- struct{}{}:
 	case <-ctx.Done():
-		return 0, false, ctx.Err()
+		return 0, 0, false, ctx.Err()
 	}
-	ctx = r.Writes
 	started := false
 	defer func() {
 		if !started {
 			<-k.locks
 		}
 	}()
+	ready, err := ring.ReadyLanes(r.Writes, r.Pool, r.Queries, r.QueryTimeout, r.Queues, 2*firstKeyedLane, age)
+	if err != nil || len(ready) == 0 {
+		return 0, 0, false, err
+	}
+	ctx = r.Writes
 	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.Pool, r.QueryTimeout)
 	if err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
 	sent := time.Now()
-	l, ok, err := c.read(ctx, q, n, 2*firstKeyedLane, ready)
-	if err != nil || !ok {
-		rollback()
-		return 0, ok, err
+	// A claim takes its share of the lanes with rows, or one lane while
+	// claims fill their batches: a lane taken after the batch filled
+	// would be held unread.
+	most := (len(ready) + InFlight - 1) / InFlight
+	if c.full {
+		most = 1
 	}
-	due, err := c.due(ctx, q, &l)
+	ls, err := c.readLanes(ctx, q, n, ready, most)
 	if err != nil {
 		rollback()
-		return 0, true, err
+		return 0, 0, false, err
 	}
-	if len(due) == 0 {
+	if len(ls) == 0 {
+		rollback()
+		return 0, 0, len(k.locks) > 1, nil
+	}
+	var changed, handing []*lane
+	for _, l := range ls {
+		if !l.unchanged() {
+			changed = append(changed, l)
+		}
+		if len(l.due) > 0 {
+			handing = append(handing, l)
+		}
+	}
+	if len(handing) == 0 {
 		// Nothing to hand out: the progress (with the moves, if any)
 		// commits at once.
-		if l.unchanged() {
+		if len(changed) == 0 {
 			rollback()
-			return 0, true, nil
+			return 0, len(ls), false, nil
 		}
-		err = l.progress(ctx, q)
+		err = progress(ctx, q, changed...)
 		if err == nil {
 			err = tx.Commit(ctx)
 		}
 		if err != nil {
 			rollback()
 		}
-		return 0, true, err
+		return 0, len(ls), false, err
 	}
-	recorded, err := r.bounded().RingRecord(ctx, db.RingRecordParams{Xid: l.pos.Xid, Queue: l.queue, Lane: l.lane,
-		AfterSeq: l.pos.Seq, Snap: l.end, Below: l.below})
+	rec := db.RingRecordParams{Xid: handing[0].pos.Xid}
+	for _, l := range handing {
+		rec.Queues, rec.Lanes = append(rec.Queues, l.queue), append(rec.Lanes, l.lane)
+		rec.AfterSeqs, rec.Snaps, rec.Belows = append(rec.AfterSeqs, l.pos.Seq), append(rec.Snaps, l.end), append(rec.Belows, l.below)
+	}
+	recorded, err := r.bounded().RingRecord(ctx, rec)
 	if err == nil && !recorded {
 		err = errClaimEnded
 	}
@@ -418,52 +484,115 @@ func (c *byRing) claimLane(ctx context.Context, n int32, ready []int32) (got int
 	}
 	if err != nil {
 		rollback()
-		return 0, true, fmt.Errorf("recording a ring claim: %w", err)
+		return 0, 0, false, fmt.Errorf("recording a ring claim: %w", err)
 	}
-	lc := &lockedClaim{tx: tx, open: true, settled: make(chan struct{}), dead: make(chan struct{}), left: len(due),
-		kept: make([]lease.Outcome, 0, len(due))}
-	lc.end = func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error {
-		return c.endLane(ctx, q, &l, e, token)
+	type at struct {
+		l   *lane
+		row int
 	}
-	ds := r.Leases.AddEach(r.HandlerCtx, len(due), func(i int, row *db.ClaimRow) {
-		j := due[i]
-		var key *string
-		if l.keys != nil {
-			key = l.keys[j]
+	var rows []at
+	keyed := false
+	for _, l := range handing {
+		keyed = keyed || l.keyed()
+		for _, i := range l.due {
+			rows = append(rows, at{l, i})
 		}
-		claimRow(row, &l.rows[j], l.queue, key)
+	}
+	lc := &lockedClaim{tx: tx, open: true, settled: make(chan struct{}), dead: make(chan struct{}), left: len(rows),
+		kept: make([]lease.Outcome, 0, len(rows))}
+	lc.end = func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error {
+		return c.endLanes(ctx, q, ls, changed, e, token)
+	}
+	lc.straggle, lc.observe = c.straggle(), c.observe
+	ds := r.Leases.AddEach(r.HandlerCtx, len(rows), func(i int, row *db.ClaimRow) {
+		x := rows[i]
+		var key *string
+		if x.l.keys != nil {
+			key = x.l.keys[x.row]
+		}
+		claimRow(row, &x.l.rows[x.row], x.l.queue, key)
 	}, pgtype.UUID{}, sent)
 	handed := ds
-	if l.keyed() {
+	if keyed {
 		handed = lc.chain(ds, r.Leases.Remove)
 	}
 	started = true
 	k.hold(ds, handed, lc)
-	return len(handed), true, nil
+	return len(handed), len(ls), false, nil
 }
 
-// endLane writes the end of a lane's claim in its transaction: the moves
-// of its rows that need state into the outbox table, then the lane's
-// progress, which acknowledges the rest.
-func (c *byRing) endLane(ctx context.Context, q *db.Queries, l *lane, e *lockEnd, token pgtype.UUID) error {
-	txids := make(map[int64]int64, len(l.rows))
-	for i := range l.rows {
-		txids[l.rows[i].ID] = int64(l.rows[i].Txid)
+// readLanes takes, in q's transaction, up to most free lanes at the
+// positions ready, and reads their batches, one after another, until n
+// rows are due; it moves the rows not yet due into the outbox table
+// (due). A lane taken after the batch filled is held, unread, until the
+// claim ends, and the next claim starts from it.
+func (c *byRing) readLanes(ctx context.Context, q *db.Queries, n int32, ready []int32, most int) ([]*lane, error) {
+	ls, err := c.take(ctx, q, 2*firstKeyedLane, ready, most)
+	if err != nil {
+		return nil, err
 	}
-	var leased, givenUp moves
+	for _, l := range ls {
+		if n <= 0 {
+			break
+		}
+		if err := c.read(ctx, q, l, n); err != nil {
+			return nil, err
+		}
+		if l.due, err = c.due(ctx, q, l); err != nil {
+			return nil, err
+		}
+		n -= int32(len(l.due))
+		// The next claim starts after the last lane read, so that a lane
+		// taken but not read is not passed over.
+		c.turn = l.at + 1
+	}
+	c.full = n <= 0
+	return ls, nil
+}
+
+// endLanes writes the end of a claim of lanes ls in its transaction: the
+// moves of their rows that need state into the outbox table, then the
+// progress of the lanes changed, which acknowledges the rest.
+func (c *byRing) endLanes(ctx context.Context, q *db.Queries, ls, changed []*lane, e *lockEnd, token pgtype.UUID) error {
+	type at struct {
+		l    *lane
+		txid int64
+	}
+	rows := make(map[int64]at)
+	for _, l := range ls {
+		for i := range l.rows {
+			rows[l.rows[i].ID] = at{l, int64(l.rows[i].Txid)}
+		}
+	}
+	leased, givenUp := make(map[*lane]*moves), make(map[*lane]*moves)
+	add := func(ms map[*lane]*moves, id int64, deliveries int32) {
+		x := rows[id]
+		m := ms[x.l]
+		if m == nil {
+			m = &moves{}
+			ms[x.l] = m
+		}
+		m.add(id, x.txid, deliveries)
+	}
 	for i, id := range e.leased {
-		leased.add(id, txids[id], e.deliveries[i])
+		add(leased, id, e.deliveries[i])
 	}
 	for _, id := range e.givenUp {
-		givenUp.add(id, txids[id], 0)
+		add(givenUp, id, 0)
 	}
-	if err := c.move(ctx, q, l, leased, token); err != nil {
-		return err
+	for _, l := range ls {
+		if m := leased[l]; m != nil {
+			if err := c.move(ctx, q, l, *m, token); err != nil {
+				return err
+			}
+		}
+		if m := givenUp[l]; m != nil {
+			if err := c.move(ctx, q, l, *m, pgtype.UUID{}); err != nil {
+				return err
+			}
+		}
 	}
-	if err := c.move(ctx, q, l, givenUp, pgtype.UUID{}); err != nil {
-		return err
-	}
-	return l.progress(ctx, q)
+	return progress(ctx, q, changed...)
 }
 
 // leaseLane claims a batch of up to n rows of a free unkeyed lane by
@@ -484,11 +613,15 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 	defer rollback()
 	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
 	sent := time.Now()
-	l, ok, err := c.read(ctx, q, n, firstKeyedLane, nil)
-	if err != nil || !ok {
+	ls, err := c.take(ctx, q, firstKeyedLane, nil, 1)
+	if err != nil || len(ls) == 0 {
 		return 0, err
 	}
-	due, err := c.due(ctx, q, &l)
+	l := ls[0]
+	if err := c.read(ctx, q, l, n); err != nil {
+		return 0, err
+	}
+	due, err := c.due(ctx, q, l)
 	if err != nil {
 		return 0, err
 	}
@@ -499,10 +632,10 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 	for _, i := range due {
 		m.add(l.rows[i].ID, int64(l.rows[i].Txid), 1)
 	}
-	if err := c.move(ctx, q, &l, m, token); err != nil {
+	if err := c.move(ctx, q, l, m, token); err != nil {
 		return 0, err
 	}
-	if err := l.progress(ctx, q); err != nil {
+	if err := progress(ctx, q, l); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -492,3 +492,115 @@ func TestRingKeyedClaimThatDiesMovesTheLaneBehindItsKey(t *testing.T) {
 		t.Errorf("the lane's rows in the outbox table (-want +got):\n%s", diff)
 	}
 }
+
+// lanesOf returns the lanes of ds's unkeyed ring rows (a row's id modulo
+// 4), sorted.
+func lanesOf(ds []*lease.Delivery) []int64 {
+	var lanes []int64
+	for _, d := range ds {
+		lanes = append(lanes, d.Row.ID%4)
+	}
+	slices.Sort(lanes)
+	return slices.Compact(lanes)
+}
+
+// lanesFree waits until no transaction holds a lane of e's ring.
+func (e *env) lanesFree() {
+	e.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		tx, err := e.DB.Pool.Begin(e.ctx)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		var free, all int
+		err = tx.QueryRow(e.ctx, `SELECT (SELECT count(*) FROM (SELECT FROM outbox_ring_lanes FOR UPDATE SKIP LOCKED) AS f),
+			(SELECT count(*) FROM outbox_ring_lanes)`).Scan(&free, &all)
+		_ = tx.Rollback(e.ctx)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if free == all {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%d of %d lanes still held", all-free, all)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A claim takes its share of the lanes that have rows, in one
+// transaction: with two claims in flight, half of them each, so that
+// rows in every lane are handed out by the next claims instead of one
+// lane per claim.
+func TestRingClaimTakesItsShareOfTheLanesWithRows(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	write := e.ring()
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
+	// A first claim gives every lane its progress (lanes without one are
+	// ready to be given one).
+	write(1)
+	if _, err := h.Claim(e.ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range h.handed {
+		d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
+	}
+	e.lanesFree()
+	h.handed = nil
+	write(8) // two rows in each unkeyed lane
+	var claims [][]int64
+	for range InFlight {
+		h.mu.Lock()
+		before := len(h.handed)
+		h.mu.Unlock()
+		if _, err := h.Claim(e.ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		claims = append(claims, lanesOf(h.handed[before:]))
+		h.mu.Unlock()
+	}
+	if diff := cmp.Diff([][]int64{{0, 1}, {2, 3}}, claims); diff != "" {
+		t.Errorf("lanes of each claim's rows (-want +got):\n%s", diff)
+	}
+	if got := len(h.ids()); got != 8 {
+		t.Errorf("%d rows handed out; want 8", got)
+	}
+}
+
+// A claim whose batch fills before it reads every lane it took leaves
+// the next claim to start from the first lane it did not read, which
+// then comes first: a lane held unread is never passed over.
+func TestRingLaneTakenButNotReadComesNext(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.ring()(8)
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
+	var lanes [][]int64
+	for i := range 3 {
+		h.mu.Lock()
+		before := len(h.handed)
+		h.mu.Unlock()
+		if _, err := h.Claim(e.ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		h.mu.Lock()
+		handed := slices.Clone(h.handed[before:])
+		h.mu.Unlock()
+		lanes = append(lanes, lanesOf(handed))
+		for _, d := range handed {
+			d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
+		}
+		if i < 2 {
+			e.lanesFree()
+		}
+	}
+	// The first claim took lanes 0 and 1 and read lane 0; the next ones
+	// take a lane each, from lane 1.
+	if diff := cmp.Diff([][]int64{{0}, {1}, {2}}, lanes); diff != "" {
+		t.Errorf("lanes of each claim's rows (-want +got):\n%s", diff)
+	}
+}

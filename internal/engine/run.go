@@ -135,7 +135,7 @@ func newRun(ctx context.Context, s *Subscriber) *run {
 	}
 	r.claims = claim.New(&claim.Env{
 		Queues: s.Queues, LeaseTTL: s.LeaseTTL, LockWindow: s.LockWindow, QueryTimeout: s.QueryTimeout,
-		MaxFetchInterval: s.MaxFetchInterval, FetchBatchSize: s.FetchBatchSize, MinLockedClaim: s.MinLockedClaim, Log: s.Log,
+		MinFetchInterval: s.MinFetchInterval, MaxFetchInterval: s.MaxFetchInterval, FetchBatchSize: s.FetchBatchSize, MinLockedClaim: s.MinLockedClaim, Log: s.Log,
 		Pool: s.Pool, Queries: s.Queries, Leases: &r.leases, HandlerCtx: hctx, Writes: writes, Ends: ends, Stopping: r.stopping,
 		Hand: r.hand, Outcomes: r.outcomes, Report: r.report, Wake: r.wakeFetcher, Ring: s.Ring, RingTurnAge: s.RingTurnAge,
 	})

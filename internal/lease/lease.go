@@ -242,6 +242,18 @@ func (l *Tracker) Remove(d *Delivery) {
 	}
 }
 
+// Started reports whether the handlers of every row of ds have started.
+func (l *Tracker) Started(ds []*Delivery) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, d := range ds {
+		if d.Ctx == nil {
+			return false
+		}
+	}
+	return true
+}
+
 // LeaseStarted splits unsettled, rows of a locked claim that is ending
 // without an outcome: it returns those whose handlers started, which take
 // token, the token of the lease the claim's end writes, and gives up the

@@ -171,17 +171,14 @@ func withoutJIT(ctx context.Context, pool Pool, queries func(db.DBTX) *db.Querie
 	return fn(q)
 }
 
-// ReadyLanes returns the positions (as RingTakeLane counts them) of the
+// ReadyLanes returns the positions (as RingTakeLanes counts them) of the
 // lanes of queues below toLane that hold committed rows their newest
 // progress has not consumed, or whose newest progress is older than idle:
-// the lanes a claim should take. It runs in a transaction of its own,
-// which holds no partition once it returns.
+// the lanes a claim should take. It is one statement in a transaction of
+// its own (autocommit), which holds no partition once it returns; its
+// probes are bounded by indexes, and cost too little for JIT.
 func ReadyLanes(ctx context.Context, pool Pool, queries func(db.DBTX) *db.Queries, timeout time.Duration, queues []string,
-	toLane int16, idle time.Duration) (ready []int32, err error) {
-	err = withoutJIT(ctx, pool, queries, timeout, func(q *db.Queries) error {
-		ready, err = q.RingReadyLanes(ctx, db.RingReadyLanesParams{Queues: queues, FromLane: 0, ToLane: toLane,
-			IdleProgressSeconds: idle.Seconds()})
-		return err
-	})
-	return ready, err
+	toLane int16, idle time.Duration) ([]int32, error) {
+	return queries(dbx.Bounded{Inner: pool, Timeout: timeout}).RingReadyLanes(ctx, db.RingReadyLanesParams{Queues: queues,
+		FromLane: 0, ToLane: toLane, IdleProgressSeconds: idle.Seconds()})
 }

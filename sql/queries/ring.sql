@@ -6,13 +6,14 @@
 -- the lane's progress: that one row acknowledges every row of the batch
 -- that did not move to the outbox table.
 
--- name: RingTakeLane :one
--- Locks, in the claim's transaction, a free lane of @queues between
--- @from_lane and @to_lane (exclusive), at one of the positions @ready
--- when it is set (RingReadyLanes), the search going round every (queue,
--- lane) of them from position @turn (a queue's lanes one after another,
--- in the order of @queues), so that no queue's lanes wait while
--- another's are free; returns the lane's position. It sets the
+-- name: RingTakeLanes :many
+-- Locks, in the claim's transaction, up to @max_lanes free lanes of
+-- @queues between @from_lane and @to_lane (exclusive), at the positions
+-- @ready when it is set (RingReadyLanes), the search going round every
+-- (queue, lane) of them from position @turn (a queue's lanes one after
+-- another, in the order of @queues), so that no queue's lanes wait while
+-- another's are free; returns the lanes and their positions, in the
+-- search's order. It sets the
 -- transaction's planner settings: a custom plan for every statement, so
 -- that the read locks only the partitions it names (a generic plan locks
 -- all of them before pruning, and an open claim would then keep the ring
@@ -37,11 +38,11 @@ CROSS JOIN LATERAL (
            cardinality(p.queues) * (p.to_lane - p.from_lane) AS span) AS s
 WHERE p.ready IS NULL OR s.pos = ANY (p.ready)
 ORDER BY mod(s.pos - p.turn + s.span, s.span)
-LIMIT 1
+LIMIT @max_lanes::integer
 FOR UPDATE OF l SKIP LOCKED;
 
 -- name: RingReadyLanes :many
--- The positions (as RingTakeLane counts them) of the lanes of @queues
+-- The positions (as RingTakeLanes counts them) of the lanes of @queues
 -- between @from_lane and @to_lane (exclusive) that hold committed rows
 -- their newest progress has not consumed, or whose newest progress is
 -- older than @idle_progress_seconds (a claim writes a new one, so that
@@ -140,9 +141,9 @@ ORDER BY r.queue, r.lane, r.txid, r.id;
 -- batch's new bound is the largest). A key's earlier row committed
 -- before its later row drew its id: every snapshot that sees the later
 -- sees the earlier, whose smaller id puts it in the same batch or an
--- earlier one.
-SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above
-FROM (
+-- earlier one. held marks the rows of keys of which the outbox table
+-- holds a row of @queue (one probe per key): they go behind it.
+WITH k AS MATERIALIZED (
     SELECT r.id, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, false AS above
     FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
@@ -159,30 +160,34 @@ FROM (
        AND pg_visible_in_snapshot(r.txid, (@cur::text)::pg_snapshot)
      ORDER BY r.queue, r.lane, r.id
      LIMIT @max_rows)
-) AS k
+), held AS (
+    SELECT d.key
+    FROM (SELECT DISTINCT k.ordering_key AS key FROM k) AS d
+    WHERE EXISTS (
+        SELECT FROM /*outbox:table*/outbox AS o
+        WHERE o.ordering_key IS NOT NULL AND o.queue = @queue AND o.ordering_key = d.key COLLATE "C")
+)
+SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above,
+       (h.key IS NOT NULL)::boolean AS held
+FROM k LEFT JOIN held AS h ON h.key = k.ordering_key
 ORDER BY k.id;
-
--- name: RingHeldKeys :many
--- The keys among @keys of which the outbox table holds a row of @queue:
--- the ring's rows of those keys go behind them.
-SELECT k.key::text AS key
-FROM unnest(@keys::text[]) AS k(key)
-WHERE EXISTS (
-    SELECT FROM /*outbox:table*/outbox AS o
-    WHERE o.ordering_key IS NOT NULL AND o.queue = @queue AND o.ordering_key = k.key COLLATE "C");
 
 -- name: RingRecord :one
 -- Records, in a transaction of its own (autocommit), that the claim of
--- transaction @xid read the batch of lane @lane of @queue after progress
--- @after_seq up to snapshot @snap and id @below. It records nothing, and recorded is
--- false, when that transaction is no longer in progress: its lane is
--- free, and its rows must not be handed to handlers.
+-- transaction @xid read, of each lane @lanes of @queues, the batch after
+-- progress @after_seqs up to snapshot @snaps and id @belows (arrays of
+-- one element per lane). It records nothing, and recorded is false,
+-- when that transaction is no longer in progress: its lanes are free,
+-- and their rows must not be handed to handlers.
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit, (@xid::bigint)::text::xid8 AS xid
 ), record AS (
     INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap, below)
-    SELECT @queue, @lane, @after_seq, session.xid, (@snap::text)::pg_snapshot, @below::bigint
+    SELECT b.queue, b.lane, b.after_seq, session.xid, b.snap::pg_snapshot, b.below
     FROM session
+    CROSS JOIN (SELECT unnest(@queues::text[]) AS queue, unnest(@lanes::smallint[]) AS lane,
+                       unnest(@after_seqs::bigint[]) AS after_seq, unnest(@snaps::text[]) AS snap,
+                       unnest(@belows::bigint[]) AS below) AS b
     WHERE pg_xact_status(session.xid) = 'in progress'
     RETURNING 1
 )
@@ -202,7 +207,7 @@ SELECT 1;
 -- whose failure the lease path writes next), else waiting for a claim
 -- (rows no handler started, rows not yet due), in id order: a key's rows
 -- take their places behind each other (keeping their ids, see
--- RingTakeLane). Fewer rows moved than given means the ring no longer
+-- RingTakeLanes). Fewer rows moved than given means the ring no longer
 -- holds them.
 INSERT INTO /*outbox:table*/outbox
     (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count, acquired_token, acquired_at, lease_expires_at)
@@ -255,7 +260,7 @@ SELECT count(*)::bigint AS moved, coalesce(max(moved.id), 0)::bigint AS last_id 
 
 -- name: RingLockKeyedLanes :many
 -- Locks, in the keyed move's transaction, the free keyed lanes (4 to 7)
--- of @queues, and turns JIT off for the move (see RingTakeLane). The move
+-- of @queues, and turns JIT off for the move (see RingTakeLanes). The move
 -- is the transaction's next statement: its snapshot, taken after these
 -- locks, sees the progress of every move that held them before.
 SELECT l.queue, l.lane, set_config('jit', 'off', true) AS jit
@@ -321,11 +326,14 @@ WITH lane AS MATERIALIZED (
 SELECT (SELECT count(*) FROM moved)::integer AS moved, (SELECT count(*) FROM progress)::integer AS progressed;
 
 -- name: RingProgress :exec
--- Acknowledges, in the claim's transaction, every row of the batch of
--- lane @lane of @queue up to snapshot @snap and id @below that did not
--- move to the outbox table: the lane's next batch starts there.
+-- Acknowledges, in the claim's transaction, of each lane @lanes of
+-- @queues, every row of its batch up to snapshot @snaps and id @belows
+-- that did not move to the outbox table: the lane's next batch starts
+-- there.
 INSERT INTO /*outbox:table*/outbox_ring_progress (queue, lane, snap, below)
-VALUES (@queue, @lane, (@snap::text)::pg_snapshot, @below::bigint);
+SELECT p.queue, p.lane, p.snap::pg_snapshot, p.below
+FROM (SELECT unnest(@queues::text[]) AS queue, unnest(@lanes::smallint[]) AS lane, unnest(@snaps::text[]) AS snap,
+             unnest(@belows::bigint[]) AS below) AS p;
 
 -- name: RingTurnState :one
 -- The partition writers write into, how long since they moved there, and
