@@ -19,21 +19,23 @@ import (
 // Claims from the log tier's ring (package ring), beside the outbox
 // table, which holds the rows that need per-row state.
 //
-// An unkeyed lane (0-3) is claimed like a claim by lock: a READ COMMITTED
-// transaction locks the lane, reads its batch (the rows its snapshot sees
-// that the lane's newest progress did not), records the claim on its own
-// (autocommit), and holds the lane while the batch's handlers run. Its
-// end, in the same transaction, inserts the lane's progress, which
-// acknowledges every row of the batch at once, and moves into the outbox
-// table the rows that need state there: leased, the rows whose handlers
-// run on or failed (the lease path writes their retry or dead letter, as
-// after a claim by lock); unleased, the rows no handler started. A claim
-// whose transaction aborted (its subscriber crashed, its connection died)
-// leaves its record: the lane's next reader moves that batch into the
-// outbox table, each row counting the deliveries that claims made of it,
-// and the outbox table's claims deliver them from there.
+// Unkeyed lanes (0-3) are claimed like a claim by lock: a READ COMMITTED
+// transaction locks its share of the lanes that have rows, reads their
+// batches (the rows its snapshot sees that each lane's newest progress
+// did not), records the claim on its own (autocommit), and holds the
+// lanes while the batches' handlers run. Its end, in the same
+// transaction, inserts the lanes' progress, which acknowledges every row
+// of the batches at once, and moves into the outbox table the rows that
+// need state there: leased, the rows whose handlers run on or failed
+// (the lease path writes their retry or dead letter, as after a claim by
+// lock); unleased, the rows no handler started. A claim whose
+// transaction aborted (its subscriber crashed, its connection died)
+// leaves its record: each lane's next reader moves that lane's batch
+// into the outbox table, each row counting the deliveries that claims
+// made of it, and the outbox table's claims deliver them from there.
 //
-// A keyed lane (4-7) is claimed the same way when claims lock, but read
+// A keyed lane (4-7) is claimed the same way when claims lock (a claim
+// may take keyed and unkeyed lanes together), but read
 // in id order, which within a key is commit order, and its progress
 // holds the batch's largest id as well as its snapshot (see
 // RingReadKeyed): a batch cut at a transaction could hand a key's later
