@@ -91,6 +91,41 @@ func (q *Queries) RingDoneSlots(ctx context.Context) ([]int16, error) {
 	return items, nil
 }
 
+const ringHeldKeys = `-- name: RingHeldKeys :many
+SELECT k.key::text AS key
+FROM unnest($1::text[]) AS k(key)
+WHERE EXISTS (
+    SELECT FROM /*outbox:table*/outbox AS o
+    WHERE o.ordering_key IS NOT NULL AND o.queue = $2 AND o.ordering_key = k.key COLLATE "C")
+`
+
+type RingHeldKeysParams struct {
+	Keys  []string
+	Queue string
+}
+
+// The keys among @keys of which the outbox table holds a row of @queue:
+// the ring's rows of those keys go behind them.
+func (q *Queries) RingHeldKeys(ctx context.Context, arg RingHeldKeysParams) ([]string, error) {
+	rows, err := q.db.Query(ctx, ringHeldKeys, arg.Keys, arg.Queue)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var key string
+		if err := rows.Scan(&key); err != nil {
+			return nil, err
+		}
+		items = append(items, key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const ringLockKeyedLanes = `-- name: RingLockKeyedLanes :many
 SELECT l.queue, l.lane, set_config('jit', 'off', true) AS jit
 FROM /*outbox:table*/outbox_ring_lanes AS l
@@ -552,7 +587,8 @@ func (q *Queries) RingRead(ctx context.Context, arg RingReadParams) ([]RingReadR
 }
 
 const ringReadKeyed = `-- name: RingReadKeyed :many
-WITH k AS MATERIALIZED (
+SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above
+FROM (
     SELECT r.id, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, false AS above
     FROM (SELECT ($1::text)::pg_snapshot AS prev, ($2::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
@@ -569,16 +605,7 @@ WITH k AS MATERIALIZED (
        AND pg_visible_in_snapshot(r.txid, ($2::text)::pg_snapshot)
      ORDER BY r.queue, r.lane, r.id
      LIMIT $7)
-), held AS (
-    SELECT d.key
-    FROM (SELECT DISTINCT k.ordering_key AS key FROM k) AS d
-    WHERE EXISTS (
-        SELECT FROM /*outbox:table*/outbox AS o
-        WHERE o.ordering_key IS NOT NULL AND o.queue = $4 AND o.ordering_key = d.key COLLATE "C")
-)
-SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above,
-       (h.key IS NOT NULL)::boolean AS held
-FROM k LEFT JOIN held AS h ON h.key = k.ordering_key
+) AS k
 ORDER BY k.id
 `
 
@@ -601,7 +628,6 @@ type RingReadKeyedRow struct {
 	NextAttemptAt time.Time
 	Txid          uint64
 	Above         bool
-	Held          bool
 }
 
 // Up to @max_rows rows of the batch of keyed lane @lane of @queue, in id
@@ -612,8 +638,7 @@ type RingReadKeyedRow struct {
 // batch's new bound is the largest). A key's earlier row committed
 // before its later row drew its id: every snapshot that sees the later
 // sees the earlier, whose smaller id puts it in the same batch or an
-// earlier one. held marks the rows of keys of which the outbox table
-// holds a row of @queue (one probe per key): they go behind it.
+// earlier one.
 func (q *Queries) RingReadKeyed(ctx context.Context, arg RingReadKeyedParams) ([]RingReadKeyedRow, error) {
 	rows, err := q.db.Query(ctx, ringReadKeyed,
 		arg.Prev,
@@ -640,7 +665,6 @@ func (q *Queries) RingReadKeyed(ctx context.Context, arg RingReadKeyedParams) ([
 			&i.NextAttemptAt,
 			&i.Txid,
 			&i.Above,
-			&i.Held,
 		); err != nil {
 			return nil, err
 		}

@@ -35,7 +35,7 @@ var notOnTheOutbox = map[string]string{
 var onlyWithTheRing = map[string]bool{
 	"RingConfirm": true, "RingMove": true, "RingMoveCrashed": true, "RingMoveKeyed": true, "RingPosition": true,
 	"RingProgress": true, "RingRead": true, "RingReadKeyed": true, "RingReadyLanes": true,
-	"RingReadRest": true, "RingRecord": true, "RingTakeLanes": true,
+	"RingReadRest": true, "RingRecord": true, "RingHeldKeys": true, "RingTakeLanes": true,
 	"RingTurnState": true, "RingNextSlot": true, "RingCloseSlot": true, "RingDoneSlots": true, "RingTruncate": true,
 	"RingPrune": true, "RingLockKeyedLanes": true,
 }

@@ -612,3 +612,66 @@ func TestRingRowThatRunsOnDoesNotHoldItsLane(t *testing.T) {
 		t.Errorf("leases lost: %+v", lost)
 	}
 }
+
+// A writer cannot choose where a keyed row goes in its key's order: the
+// ring's key trigger keeps the id of a keyed row inserted into the
+// outbox table only for a transaction that holds the lane of the ring's
+// row of that id and key (a reader moving it), not for one that merely
+// sets outboxgen.ring_move. Tried as a role that may insert into the
+// outbox and nothing else, copying a ring row's id and key.
+func TestRingWriterCannotKeepARingRowsID(t *testing.T) {
+	t.Parallel()
+	e := setupRing(t)
+	var ringID int64
+	if err := e.db.Pool.QueryRow(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key) VALUES ('q', 'x', 'k') RETURNING id`).
+		Scan(&ringID); err != nil {
+		t.Fatal(err)
+	}
+	name := e.db.Schema + "_writer"
+	ident := pgx.Identifier{name}.Sanitize()
+	schema := pgx.Identifier{e.db.Schema}.Sanitize()
+	e.exec("CREATE ROLE " + ident + " LOGIN")
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = e.db.Pool.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name)
+		if _, err := e.db.Pool.Exec(ctx, "DROP OWNED BY "+ident+"; DROP ROLE "+ident); err != nil {
+			t.Errorf("drop role %s: %v", name, err)
+		}
+	})
+	e.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + ident)
+	e.exec("GRANT INSERT ON " + schema + ".outbox TO " + ident)
+	e.exec("GRANT USAGE ON SEQUENCE " + schema + ".outbox_id_seq TO " + ident)
+	c, err := pgx.Connect(e.ctx, e.db.URLAs(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	if _, err := c.Exec(e.ctx, "SET search_path = "+schema); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := c.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(e.ctx, `SELECT set_config('outboxgen.ring_move', 'on', true)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(e.ctx, `INSERT INTO outbox (id, queue, payload, ordering_key) OVERRIDING SYSTEM VALUE VALUES ($1, 'q', 'copy', 'k')`, ringID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	rows, err := e.db.Pool.Query(e.ctx, `SELECT id FROM outbox WHERE payload = 'copy'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 1 || ids[0] == ringID {
+		t.Errorf("the writer's row has ids %v; want one id other than the ring row's %d", ids, ringID)
+	}
+}

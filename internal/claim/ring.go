@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -127,21 +128,41 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 			r.Log.Debug("outbox: a lock kept the ring from emptying a partition", slog.Int("partitions", t.Busy))
 		}
 	}
-	var got int
-	var err error
-	if LocksRows(r.LockWindow, r.Pool.Config().MaxConns) {
-		got, err = c.claimLanes(ctx, n, age)
-	} else {
+	if !LocksRows(r.LockWindow, r.Pool.Config().MaxConns) {
 		if err := c.moveKeyed(); err != nil {
 			return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
 		}
-		got, err = c.leaseLane(n)
+		got, err := c.leaseLane(n)
+		if err != nil || got >= int(n) {
+			return got, err
+		}
+		more, err := c.state.Claim(ctx, n-int32(got))
+		return got + more, err
 	}
+	got, busy, err := c.claimLanes(ctx, n, age)
 	if err != nil || got >= int(n) {
 		return got, err
 	}
 	more, err := c.state.Claim(ctx, n-int32(got))
-	return got + more, err
+	if got += more; err != nil || got > 0 || !busy {
+		return got, err
+	}
+	// Every lane with rows is held, one of them by another of this
+	// subscriber's claims: wait up to MinFetchInterval for a claim to
+	// end, and try the lanes again. Returning nothing at once would send
+	// the fetcher to wait for as long, or for a writer's notification,
+	// while the lanes it waits for come free.
+	t := time.NewTimer(r.MinFetchInterval)
+	defer t.Stop()
+	select {
+	case <-c.lock.freed:
+	case <-t.C:
+		return 0, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	got, _, err = c.claimLanes(ctx, n, age)
+	return got, err
 }
 
 // moveKeyed moves the new rows of the free keyed lanes into the outbox
@@ -190,10 +211,8 @@ type lane struct {
 	end   string
 	below int64
 	rows  []db.RingReadRow
-	// keys are the rows' ordering keys, of a keyed lane's batch; held,
-	// whether the outbox table holds rows of each row's key.
+	// keys are the rows' ordering keys, of a keyed lane's batch.
 	keys []*string
-	held []bool
 	// at is the lane's position among the claim's (queue, lane) pairs
 	// (RingTakeLanes); due are the indexes of the rows to hand out.
 	at  int32
@@ -293,16 +312,32 @@ func (c *byRing) readKeyed(ctx context.Context, q *db.Queries, l *lane, n int32)
 	if err != nil {
 		return err
 	}
-	l.rows, l.keys, l.held = make([]db.RingReadRow, len(rows)), make([]*string, len(rows)), make([]bool, len(rows))
+	l.rows, l.keys = make([]db.RingReadRow, len(rows)), make([]*string, len(rows))
 	for i, x := range rows {
 		l.rows[i] = db.RingReadRow{ID: x.ID, Payload: x.Payload, Headers: x.Headers, CreatedAt: x.CreatedAt,
 			NextAttemptAt: x.NextAttemptAt, Txid: x.Txid}
-		l.keys[i], l.held[i] = x.OrderingKey, x.Held
+		l.keys[i] = x.OrderingKey
 		if x.Above {
 			l.below = max(l.below, x.ID)
 		}
 	}
 	return nil
+}
+
+// heldKeys returns the keys of keyed lane l's batch of which the outbox
+// table holds rows (none for an unkeyed lane): one probe per batch. (In
+// the batch's read, the probe cost a keyed drain about a quarter more
+// server CPU per row: the read's rows had to be materialized and joined.)
+func (c *byRing) heldKeys(ctx context.Context, q *db.Queries, l *lane) ([]string, error) {
+	if len(l.keys) == 0 {
+		return nil, nil
+	}
+	keys := make([]string, 0, len(l.keys))
+	for _, k := range l.keys {
+		keys = append(keys, *k)
+	}
+	slices.Sort(keys)
+	return q.RingHeldKeys(ctx, db.RingHeldKeysParams{Keys: slices.Compact(keys), Queue: l.queue})
 }
 
 // due returns the indexes of l's rows to hand out now, and moves the
@@ -311,7 +346,14 @@ func (c *byRing) readKeyed(ctx context.Context, q *db.Queries, l *lane, n int32)
 // which go behind the key's rows there, and a key's rows from its first
 // one not yet due.
 func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error) {
-	later := make(map[string]bool)
+	held, err := c.heldKeys(ctx, q, l)
+	if err != nil {
+		return nil, err
+	}
+	later := make(map[string]bool, len(held))
+	for _, k := range held {
+		later[k] = true
+	}
 	now := time.Now()
 	due := make([]int, 0, len(l.rows))
 	m := moves{}
@@ -320,7 +362,7 @@ func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error)
 		wait := x.NextAttemptAt.After(now)
 		if l.keys != nil {
 			k := *l.keys[i]
-			wait = wait || l.held[i] || later[k]
+			wait = wait || later[k]
 			later[k] = wait
 		}
 		if wait {
@@ -365,54 +407,36 @@ func claimRow(row *db.ClaimRow, x *db.RingReadRow, queue string, key *string) {
 		NextAttemptAt: x.NextAttemptAt, DeliveriesCount: 1}
 }
 
-// claimLanes claims up to n rows of the free lanes that have rows to
-// hand out, among those RingReadyLanes finds (lanes with rows to read, or
-// whose progress is older than a turn's age), in one transaction that
-// holds them while the rows' handlers run (see byLock.claimLocked). It
-// takes a share of those lanes (the claims in flight share them), one
-// after another from where the last claim stopped, until the batch is
-// full: a claim of one lane each made a row wait for a round of claims
-// of every lane that had rows. When every lane with rows is held, and
-// one of the subscriber's claims is in flight, it waits up to
-// MinFetchInterval for a claim to end and tries again: returning
-// nothing at once would send the fetcher to wait for as long, or for a
-// writer's notification, while the lanes it waits for come free.
-func (c *byRing) claimLanes(ctx context.Context, n int32, age time.Duration) (int, error) {
-	for tries := 0; ; tries++ {
-		got, took, busy, err := c.claimFreeLanes(ctx, n, age)
-		if err != nil || got > 0 {
-			return got, err
-		}
-		if !busy {
-			// Lanes taken only to write their progress (they had no rows
-			// to hand out) leave the next lanes to the next try.
-			if took == 0 || tries >= 2*firstKeyedLane*len(c.env.Queues) {
-				return 0, nil
-			}
-			continue
-		}
-		t := time.NewTimer(c.env.MinFetchInterval)
-		select {
-		case <-c.lock.freed:
-			t.Stop()
-		case <-t.C:
-			return 0, nil
-		case <-ctx.Done():
-			t.Stop()
-			return 0, ctx.Err()
-		}
+// claimLanes claims from the ring's lanes (claimFreeLanes), and once
+// more when its first try took only lanes that had nothing to read: it
+// wrote their progress (a lane whose progress is older than a turn's age
+// is ready), and the lanes with rows come next. busy reports that no
+// lane was free while another of the subscriber's claims held lanes.
+func (c *byRing) claimLanes(ctx context.Context, n int32, age time.Duration) (got int, busy bool, err error) {
+	got, read, busy, err := c.claimFreeLanes(ctx, n, age)
+	if err != nil || got > 0 || busy || read != 0 {
+		return got, busy, err
 	}
+	got, _, busy, err = c.claimFreeLanes(ctx, n, age)
+	return got, busy, err
 }
 
-// claimFreeLanes is one try of claimLanes: it took lanes; busy reports
-// that it took none while another of the subscriber's claims held
-// lanes.
-func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration) (got, took int, busy bool, err error) {
+// claimFreeLanes claims up to n rows of the free lanes that have rows
+// to hand out, among those RingReadyLanes finds (lanes with rows to read,
+// or whose progress is older than a turn's age), in one transaction that
+// holds them while the rows' handlers run (see byLock.claimLocked). It
+// takes a share of those lanes (the claims in flight share them), from
+// where the last claim stopped, and reads them one after another until
+// the batch is full: a claim of one lane each made a row wait for a
+// round of claims of every lane that had rows. read is how many rows it
+// read (-1 when it took no lane); busy reports that it took none while
+// another of the subscriber's claims held lanes.
+func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration) (got, read int, busy bool, err error) {
 	k, r := c.lock, c.env
 	select {
 	case k.locks <- struct{}{}:
 	case <-ctx.Done():
-		return 0, 0, false, ctx.Err()
+		return 0, -1, false, ctx.Err()
 	}
 	started := false
 	defer func() {
@@ -422,7 +446,7 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 	}()
 	ready, err := ring.ReadyLanes(r.Writes, r.Pool, r.Queries, r.QueryTimeout, r.Queues, 2*firstKeyedLane, age)
 	if err != nil || len(ready) == 0 {
-		return 0, 0, false, err
+		return 0, -1, false, err
 	}
 	ctx = r.Writes
 	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.Pool, r.QueryTimeout)
@@ -445,7 +469,7 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 	}
 	if len(ls) == 0 {
 		rollback()
-		return 0, 0, len(k.locks) > 1, nil
+		return 0, -1, len(k.locks) > 1, nil
 	}
 	var changed, handing []*lane
 	for _, l := range ls {
@@ -461,7 +485,7 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 		// commits at once.
 		if len(changed) == 0 {
 			rollback()
-			return 0, len(ls), false, nil
+			return 0, rowsRead(ls), false, nil
 		}
 		err = progress(ctx, q, changed...)
 		if err == nil {
@@ -470,7 +494,7 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 		if err != nil {
 			rollback()
 		}
-		return 0, len(ls), false, err
+		return 0, rowsRead(ls), false, err
 	}
 	rec := db.RingRecordParams{Xid: handing[0].pos.Xid}
 	for _, l := range handing {
@@ -520,7 +544,20 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 	}
 	started = true
 	k.hold(ds, handed, lc)
-	return len(handed), len(ls), false, nil
+	return len(handed), rowsRead(ls), false, nil
+}
+
+// rowsRead returns how many rows the claim of lanes ls read, the
+// batches of dead claims it moved counting as one each.
+func rowsRead(ls []*lane) int {
+	n := 0
+	for _, l := range ls {
+		n += len(l.rows)
+		if len(l.pos.Crashed) > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // readLanes takes, in q's transaction, up to most free lanes at the

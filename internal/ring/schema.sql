@@ -197,7 +197,8 @@ $$;
 -- it. The outbox table's key trigger (schema 12's) draws a new id for
 -- every keyed row; here it keeps the id of a row the ring's move gives
 -- (outboxgen.ring_move set in its transaction) when the ring holds a row
--- of that id and key, so that no writer can choose a keyed row's place.
+-- of that id and key, in a lane the moving transaction holds, so that no
+-- writer can choose a keyed row's place.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_insert() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_bitmapscan = off AS $$
@@ -215,9 +216,15 @@ BEGIN
     END IF;
     IF current_setting('outboxgen.ring_move', true) IS DISTINCT FROM 'on' OR NOT EXISTS (
         SELECT FROM /*outbox:table*/outbox_ring AS r
+        JOIN /*outbox:table*/outbox_ring_lanes AS l ON l.queue = r.queue AND l.lane = r.lane
         WHERE r.ordering_key IS NOT NULL AND r.queue = NEW.queue
           AND r.lane = (4 + ((hashtext(NEW.ordering_key) % 4) + 4) % 4)::smallint
-          AND r.id = NEW.id AND r.ordering_key = NEW.ordering_key) THEN
+          AND r.id = NEW.id AND r.ordering_key = NEW.ordering_key
+          -- The inserting transaction holds the row's lane (its lock is
+          -- the lane row's xmax): a reader of the lane is moving it. A
+          -- writer, who may set the setting but cannot lock a lane, never
+          -- chooses a keyed row's place.
+          AND l.xmax = (pg_current_xact_id()::text)::xid) THEN
         NEW.id := nextval(/*outbox:literal*/'outbox_id_seq');
     END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN

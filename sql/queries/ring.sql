@@ -141,9 +141,9 @@ ORDER BY r.queue, r.lane, r.txid, r.id;
 -- batch's new bound is the largest). A key's earlier row committed
 -- before its later row drew its id: every snapshot that sees the later
 -- sees the earlier, whose smaller id puts it in the same batch or an
--- earlier one. held marks the rows of keys of which the outbox table
--- holds a row of @queue (one probe per key): they go behind it.
-WITH k AS MATERIALIZED (
+-- earlier one.
+SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above
+FROM (
     SELECT r.id, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, false AS above
     FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
@@ -160,17 +160,17 @@ WITH k AS MATERIALIZED (
        AND pg_visible_in_snapshot(r.txid, (@cur::text)::pg_snapshot)
      ORDER BY r.queue, r.lane, r.id
      LIMIT @max_rows)
-), held AS (
-    SELECT d.key
-    FROM (SELECT DISTINCT k.ordering_key AS key FROM k) AS d
-    WHERE EXISTS (
-        SELECT FROM /*outbox:table*/outbox AS o
-        WHERE o.ordering_key IS NOT NULL AND o.queue = @queue AND o.ordering_key = d.key COLLATE "C")
-)
-SELECT k.id, k.payload, k.headers, k.ordering_key, k.created_at, k.next_attempt_at, k.txid, k.above,
-       (h.key IS NOT NULL)::boolean AS held
-FROM k LEFT JOIN held AS h ON h.key = k.ordering_key
+) AS k
 ORDER BY k.id;
+
+-- name: RingHeldKeys :many
+-- The keys among @keys of which the outbox table holds a row of @queue:
+-- the ring's rows of those keys go behind them.
+SELECT k.key::text AS key
+FROM unnest(@keys::text[]) AS k(key)
+WHERE EXISTS (
+    SELECT FROM /*outbox:table*/outbox AS o
+    WHERE o.ordering_key IS NOT NULL AND o.queue = @queue AND o.ordering_key = k.key COLLATE "C");
 
 -- name: RingRecord :one
 -- Records, in a transaction of its own (autocommit), that the claim of
