@@ -38,23 +38,9 @@ type outsider struct {
 func (e *roleEnv) newOutsider() *outsider {
 	t := e.t
 	t.Helper()
-	name := e.db.Schema + "_outsider"
+	name, c := e.loginRole("outsider")
 	ident := pgx.Identifier{name}.Sanitize()
-	e.exec("CREATE ROLE " + ident + " LOGIN")
-	e.exec("GRANT USAGE ON SCHEMA " + pgx.Identifier{e.db.Schema}.Sanitize() + " TO " + ident)
 	e.exec("CREATE SCHEMA " + ident + " AUTHORIZATION " + ident)
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, _ = e.db.Pool.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name)
-		if _, err := e.db.Pool.Exec(ctx, "DROP OWNED BY "+ident+"; DROP ROLE "+ident); err != nil {
-			t.Errorf("drop role %s: %v", name, err)
-		}
-	})
-	c, err := pgx.Connect(e.ctx, e.db.URLAs(t, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	// What any role can read of the outbox's columns in the catalog.
 	var cols string
 	if err := c.QueryRow(e.ctx, `SELECT string_agg(quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum)

@@ -627,25 +627,11 @@ func TestRingWriterCannotKeepARingRowsID(t *testing.T) {
 		Scan(&ringID); err != nil {
 		t.Fatal(err)
 	}
-	name := e.db.Schema + "_writer"
+	name, c := e.loginRole("writer")
 	ident := pgx.Identifier{name}.Sanitize()
 	schema := pgx.Identifier{e.db.Schema}.Sanitize()
-	e.exec("CREATE ROLE " + ident + " LOGIN")
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, _ = e.db.Pool.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name)
-		if _, err := e.db.Pool.Exec(ctx, "DROP OWNED BY "+ident+"; DROP ROLE "+ident); err != nil {
-			t.Errorf("drop role %s: %v", name, err)
-		}
-	})
-	e.exec("GRANT USAGE ON SCHEMA " + schema + " TO " + ident)
 	e.exec("GRANT INSERT ON " + schema + ".outbox TO " + ident)
 	e.exec("GRANT USAGE ON SEQUENCE " + schema + ".outbox_id_seq TO " + ident)
-	c, err := pgx.Connect(e.ctx, e.db.URLAs(t, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	if _, err := c.Exec(e.ctx, "SET search_path = "+schema); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
 	"sync"
 	"testing"
@@ -242,26 +241,8 @@ func TestARoleWithoutGrantsCannotStallPublishersOrSleepingSubscribers(t *testing
 	t.Parallel()
 	e := setupRoles(t)
 	ctx := e.ctx
-	outsider := e.db.Schema + "_outsider"
-	ident := pgx.Identifier{outsider}.Sanitize()
-	e.exec("CREATE ROLE " + ident + " LOGIN")
 	// It may look into the schema, as every role may into public.
-	e.exec("GRANT USAGE ON SCHEMA " + pgx.Identifier{e.db.Schema}.Sanitize() + " TO " + ident)
-	t.Cleanup(func() {
-		if _, err := e.db.Pool.Exec(context.Background(), "DROP OWNED BY "+ident+"; DROP ROLE "+ident); err != nil {
-			t.Errorf("drop role %s: %v", outsider, err)
-		}
-	})
-	u, err := url.Parse(e.db.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(outsider)
-	c, err := pgx.Connect(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close(context.Background()) }()
+	_, c := e.loginRole("outsider")
 	table := pgx.Identifier{e.db.Schema, "outbox"}.Sanitize()
 	// Schema 8's lock of key ('q', 'k') and its horizon's, computed from
 	// names every role can read, held for the session.

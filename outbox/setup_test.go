@@ -346,3 +346,28 @@ func claimRows(rows []db.ClaimQueueRow, queue string) []db.ClaimRow {
 
 // newSleepID draws the id of a sleep record.
 func newSleepID() pgtype.UUID { return newToken() }
+
+// loginRole makes the role <schema>_<suffix>, which may log in and look
+// into the test's schema and nothing else, dropped (with what it owns)
+// when the test ends, and connects as it.
+func (e *env) loginRole(suffix string) (name string, conn *pgx.Conn) {
+	t := e.t
+	t.Helper()
+	name = e.db.Schema + "_" + suffix
+	ident := pgx.Identifier{name}.Sanitize()
+	e.exec("CREATE ROLE " + ident + " LOGIN")
+	e.exec("GRANT USAGE ON SCHEMA " + pgx.Identifier{e.db.Schema}.Sanitize() + " TO " + ident)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = e.db.Pool.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name)
+		if _, err := e.db.Pool.Exec(ctx, "DROP OWNED BY "+ident+"; DROP ROLE "+ident); err != nil {
+			t.Errorf("drop role %s: %v", name, err)
+		}
+	})
+	c, err := pgx.Connect(e.ctx, e.db.URLAs(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return name, c
+}

@@ -112,6 +112,28 @@ func (h *harness) stop() {
 	h.Ended()
 }
 
+// claim runs one claim of up to n rows and returns the rows it handed
+// out.
+func (h *harness) claim(t *testing.T, ctx context.Context, n int32) []*lease.Delivery {
+	t.Helper()
+	h.mu.Lock()
+	before := len(h.handed)
+	h.mu.Unlock()
+	if _, err := h.Claim(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.handed[before:])
+}
+
+// ack acknowledges ds, rows of claims by lock.
+func ack(ds []*lease.Delivery) {
+	for _, d := range ds {
+		d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
+	}
+}
+
 // ids returns the ids of the rows the harness was handed, in order.
 func (h *harness) ids() []int64 {
 	h.mu.Lock()

@@ -542,32 +542,21 @@ func TestRingClaimTakesItsShareOfTheLanesWithRows(t *testing.T) {
 	// A first claim gives every lane its progress (lanes without one are
 	// ready to be given one).
 	write(1)
-	if _, err := h.Claim(e.ctx, 100); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range h.handed {
-		d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
-	}
+	ack(h.claim(t, e.ctx, 100))
 	e.lanesFree()
-	h.handed = nil
 	write(8) // two rows in each unkeyed lane
 	var claims [][]int64
+	handed := 0
 	for range InFlight {
-		h.mu.Lock()
-		before := len(h.handed)
-		h.mu.Unlock()
-		if _, err := h.Claim(e.ctx, 100); err != nil {
-			t.Fatal(err)
-		}
-		h.mu.Lock()
-		claims = append(claims, lanesOf(h.handed[before:]))
-		h.mu.Unlock()
+		ds := h.claim(t, e.ctx, 100)
+		claims = append(claims, lanesOf(ds))
+		handed += len(ds)
 	}
 	if diff := cmp.Diff([][]int64{{0, 1}, {2, 3}}, claims); diff != "" {
 		t.Errorf("lanes of each claim's rows (-want +got):\n%s", diff)
 	}
-	if got := len(h.ids()); got != 8 {
-		t.Errorf("%d rows handed out; want 8", got)
+	if handed != 8 {
+		t.Errorf("%d rows handed out; want 8", handed)
 	}
 }
 
@@ -581,19 +570,9 @@ func TestRingLaneTakenButNotReadComesNext(t *testing.T) {
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	var lanes [][]int64
 	for i := range 3 {
-		h.mu.Lock()
-		before := len(h.handed)
-		h.mu.Unlock()
-		if _, err := h.Claim(e.ctx, 2); err != nil {
-			t.Fatal(err)
-		}
-		h.mu.Lock()
-		handed := slices.Clone(h.handed[before:])
-		h.mu.Unlock()
-		lanes = append(lanes, lanesOf(handed))
-		for _, d := range handed {
-			d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
-		}
+		ds := h.claim(t, e.ctx, 2)
+		lanes = append(lanes, lanesOf(ds))
+		ack(ds)
 		if i < 2 {
 			e.lanesFree()
 		}
