@@ -2,6 +2,7 @@ package browser_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -229,7 +230,12 @@ func (p *page) follow(what string, actions ...chromedp.Action[chromedp.Void]) {
 
 // tryFollow is follow returning its error.
 func (p *page) tryFollow(actions ...chromedp.Action[chromedp.Void]) error {
-	ctx, cancel := context.WithTimeout(p.ctx, stepTimeout)
+	return p.tryFollowWithin(stepTimeout, actions...)
+}
+
+// tryFollowWithin is tryFollow with a timeout of its own.
+func (p *page) tryFollowWithin(timeout time.Duration, actions ...chromedp.Action[chromedp.Void]) error {
+	ctx, cancel := context.WithTimeout(p.ctx, timeout)
 	defer cancel()
 	resp, err := chromedp.RunResponse(ctx, actions...)
 	if err != nil {
@@ -243,16 +249,23 @@ func (p *page) tryFollow(actions ...chromedp.Action[chromedp.Void]) error {
 
 // click clicks the element sel selects and waits for the page it leads
 // to. A live page may replace the element between its lookup and the
-// click (the node is gone then): the click is tried again, up to three
-// times.
+// click: the node is gone then, or the click lands on the detached node
+// and leads nowhere (no page comes within a third of stepTimeout, and
+// the tab is where it was). The click is tried again, up to three times.
+// When no response came but the tab moved on, the click led there.
 func (p *page) click(sel string) {
 	p.t.Helper()
 	for try := 1; ; try++ {
-		err := p.tryFollow(chromedp.Click(chromedp.CSS(sel)))
+		before := p.location()
+		err := p.tryFollowWithin(stepTimeout/3, chromedp.Click(chromedp.CSS(sel)))
 		if err == nil {
 			return
 		}
-		if try == 3 || !strings.Contains(err.Error(), "Could not find node with given id") {
+		lost := errors.Is(err, context.DeadlineExceeded)
+		if lost && p.location() != before {
+			return
+		}
+		if try == 3 || !(lost || strings.Contains(err.Error(), "Could not find node with given id")) {
 			p.t.Fatalf("clicking %s: %v", sel, err)
 		}
 	}
