@@ -1,6 +1,7 @@
 package browser_test
 
 import (
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -22,7 +23,20 @@ func TestThePageRefreshesOnlyWhileVisibleAndNotPaused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
+	// Each refresh takes 1.5 s on its way, and says when it arrives: the
+	// pause below comes while one is in flight, and that one must not
+	// replace what a paused page shows.
+	refreshing := make(chan struct{}, 16)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Console-Refresh") != "" {
+			select {
+			case refreshing <- struct{}{}:
+			default:
+			}
+			time.Sleep(1500 * time.Millisecond)
+		}
+		h.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	p := newPage(t, srv.URL)
 	p.open(outboxPath(f) + "/")
@@ -52,6 +66,14 @@ func TestThePageRefreshesOnlyWhileVisibleAndNotPaused(t *testing.T) {
 
 	reloads("visible")
 	pause := func() { p.do("clicking #pause-refresh", chromedp.Click(chromedp.CSS("#pause-refresh"))) }
+	for len(refreshing) > 0 {
+		<-refreshing
+	}
+	select {
+	case <-refreshing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no refresh came within 10 s")
+	}
 	pause()
 	holds("paused")
 	pause()

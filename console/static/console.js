@@ -16,6 +16,11 @@
       fetch(location.href, { credentials: "same-origin", headers: { "X-Console-Refresh": "1" } })
         .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
         .then(function (html) {
+          // Paused or hidden while the page was on its way: keep what is
+          // shown, as a pause promises.
+          if (document.hidden || (pause && pause.checked)) {
+            return;
+          }
           var doc = new DOMParser().parseFromString(html, "text/html");
           var next = doc.getElementById("live");
           var live = document.getElementById("live");
