@@ -900,13 +900,12 @@ type RingTakeLanesRow struct {
 // (queue, lane) of them from position @turn (a queue's lanes one after
 // another, in the order of @queues), so that no queue's lanes wait while
 // another's are free; returns the lanes and their positions, in the
-// search's order. It sets the
-// transaction's planner settings: a custom plan for every statement, so
-// that the read locks only the partitions it names (a generic plan locks
-// all of them before pruning, and an open claim would then keep the ring
-// from turning); no bitmap scans, so that a lane's read stops at its
-// batch's last row instead of reading, and sorting, the lane's whole
-// backlog; and no JIT: the ring's small tables are never vacuumed, and
+// search's order. It sets the transaction's planner settings: a custom
+// plan for every statement, so that the read locks only the partitions
+// it names (a generic plan locks all of them before pruning, and an open
+// claim would then keep the ring from turning); no bitmap scans, so that
+// a lane's read stops at its batch's last row instead of reading, and
+// sorting, the lane's whole backlog; and no JIT: the ring's small tables are never vacuumed, and
 // estimates made without their statistics pass jit_above_cost, whose
 // compilation takes longer than the statements. And it lets the claim's
 // moves of keyed rows into the outbox table keep their ids (the ring's

@@ -143,7 +143,7 @@ func newState(env *Env, byL *byLease) Claimer {
 	if !LocksRows(env.LockWindow, env.Pool.Config().MaxConns) {
 		return byL
 	}
-	lock := &byLock{env: env, lease: byL, locks: make(chan struct{}, InFlight), freed: make(chan struct{}, 1)}
+	lock := &byLock{env: env, lease: byL, locks: make(chan struct{}, InFlight)}
 	if env.MinLockedClaim <= 0 {
 		return lock
 	}
@@ -378,7 +378,8 @@ type byLock struct {
 	env   *Env
 	lease *byLease
 	// locks admits claims by lock: one slot each, InFlight at most;
-	// freed is signalled when a claim that held its rows ends.
+	// freed, when set (the ring's claims wait on it), is signalled when a
+	// claim that held its rows ends.
 	locks chan struct{}
 	freed chan struct{}
 	// lockEnds counts the claims by lock not yet ended.

@@ -128,18 +128,17 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 			r.Log.Debug("outbox: a lock kept the ring from emptying a partition", slog.Int("partitions", t.Busy))
 		}
 	}
-	if !LocksRows(r.LockWindow, r.Pool.Config().MaxConns) {
+	var got int
+	var busy bool
+	var err error
+	if LocksRows(r.LockWindow, r.Pool.Config().MaxConns) {
+		got, busy, err = c.claimLanes(ctx, n, age)
+	} else {
 		if err := c.moveKeyed(); err != nil {
 			return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
 		}
-		got, err := c.leaseLane(n)
-		if err != nil || got >= int(n) {
-			return got, err
-		}
-		more, err := c.state.Claim(ctx, n-int32(got))
-		return got + more, err
+		got, err = c.leaseLane(n)
 	}
-	got, busy, err := c.claimLanes(ctx, n, age)
 	if err != nil || got >= int(n) {
 		return got, err
 	}
@@ -243,7 +242,8 @@ func progress(ctx context.Context, q *db.Queries, ls ...*lane) error {
 
 // take locks, in q's transaction, up to most free lanes below toLane,
 // at the positions ready when it is not nil, from where the last claim
-// stopped (RingTakeLanes).
+// stopped (RingTakeLanes). Its caller moves the turn past the lanes it
+// reads.
 func (c *byRing) take(ctx context.Context, q *db.Queries, toLane int16, ready []int32, most int) ([]*lane, error) {
 	r := c.env
 	taken, err := q.RingTakeLanes(ctx, db.RingTakeLanesParams{Queues: r.Queues, FromLane: 0, ToLane: toLane, Turn: c.turn,
@@ -251,7 +251,6 @@ func (c *byRing) take(ctx context.Context, q *db.Queries, toLane int16, ready []
 	if err != nil || len(taken) == 0 {
 		return nil, err
 	}
-	c.turn = taken[len(taken)-1].Pos + 1
 	ls := make([]*lane, len(taken))
 	for i, t := range taken {
 		ls[i] = &lane{queue: t.Queue, lane: t.Lane, at: t.Pos}
@@ -657,6 +656,7 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 		return 0, err
 	}
 	l := ls[0]
+	c.turn = l.at + 1
 	if err := c.read(ctx, q, l, n); err != nil {
 		return 0, err
 	}
