@@ -146,9 +146,7 @@ func TestRingTurnsOnlyPastWhatEveryLaneRead(t *testing.T) {
 	if n := count(); n != 24 {
 		t.Fatalf("%d rows in the ring; want 24", n)
 	}
-	for _, d := range handed {
-		d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
-	}
+	ack(handed)
 	h.stop()
 	deadline = time.Now().Add(20 * time.Second)
 	for count() != 4 && time.Now().Before(deadline) {
@@ -234,27 +232,18 @@ func TestRingUnreadCountsWhatNoLaneReadPast(t *testing.T) {
 	}
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	acked := 0
-	ack := func() {
-		h.mu.Lock()
-		handed := slices.Clone(h.handed[acked:])
-		h.mu.Unlock()
-		for _, d := range handed {
-			d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
-		}
-		acked += len(handed)
-	}
-	if n, err := h.Claim(e.ctx, 100); err != nil || n == 0 {
-		t.Fatalf("claim: %d rows, %v", n, err)
+	ds := h.claim(t, e.ctx, 100)
+	if len(ds) == 0 {
+		t.Fatal("claim: 0 rows")
 	}
 	if n := unread(); n != int64(len(ids)) {
 		t.Errorf("%d rows unread while a claim holds its batch; want %d", n, len(ids))
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for acked < len(ids) && time.Now().Before(deadline) {
-		ack()
-		if _, err := h.Claim(e.ctx, 100); err != nil {
-			t.Fatal(err)
-		}
+		ack(ds)
+		acked += len(ds)
+		ds = h.claim(t, e.ctx, 100)
 	}
 	h.stop()
 	if acked != len(ids) {
@@ -277,18 +266,8 @@ func TestRingClaimsGoRoundEveryQueuesLanes(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "a", "b")
-	acked := 0
-	for range 16 { // one claim per (queue, lane), keyed lanes too
-		if _, err := h.Claim(e.ctx, 100); err != nil {
-			t.Fatal(err)
-		}
-		h.mu.Lock()
-		handed := slices.Clone(h.handed[acked:])
-		h.mu.Unlock()
-		for _, d := range handed {
-			d.Batch.Hold.Keep(lease.Outcome{D: d, Kind: lease.Ack})
-		}
-		acked += len(handed)
+	for range 16 { // as many claims as (queue, lane) pairs, keyed lanes too
+		ack(h.claim(t, e.ctx, 100))
 	}
 	h.stop()
 	got := map[string]int{}
