@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxgen/outboxgen/internal/naming"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
@@ -659,5 +660,74 @@ func TestRingWriterCannotKeepARingRowsID(t *testing.T) {
 	}
 	if len(ids) != 1 || ids[0] == ringID {
 		t.Errorf("the writer's row has ids %v; want one id other than the ring row's %d", ids, ringID)
+	}
+}
+
+// A ring row's headers reach its handler as the same row's would from
+// the outbox table, on its first delivery and after its retry moved it
+// into the table; and the ring refuses exactly the headers the table
+// refuses, with the same error, so that no row it took can fail its move.
+func TestRingHeadersAreTheTablesHeaders(t *testing.T) {
+	t.Parallel()
+	// Written as text, so that each table parses them itself: a key
+	// twice (the last one wins), an escaped letter and spaces.
+	const written = `{"x-kind": "note", "x-trace":"t\u00e9", "x-dup": "1", "x-dup": "2"}`
+	want := map[string]string{"x-kind": "note", "x-trace": "té", "x-dup": "2"}
+	type seen struct{ first, retried map[string]string }
+	got := map[string]seen{}
+	for _, tier := range []string{"outbox", "outbox_ring"} {
+		e := setupRing(t)
+		id := pgtest.IDs(t, e.db.Pool, `INSERT INTO `+pgx.Identifier{tier}.Sanitize()+` (queue, payload, headers)
+			VALUES ('q', '"x"', $1::text::json) RETURNING id`, written)[0]
+		var mu sync.Mutex
+		var runs []map[string]string
+		cfg := fastConfig[string](nil)
+		cfg.Retry = ConstantRetry{Delay: 10 * time.Millisecond}
+		s := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if m.ID != id {
+				return fmt.Errorf("row %d; only %d was written", m.ID, id)
+			}
+			runs = append(runs, m.Headers)
+			if len(runs) == 1 {
+				return errors.New("once more")
+			}
+			return nil
+		}, cfg)
+		eventually(t, "the row handled twice and acknowledged", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(runs) == 2 && e.count("outbox") == 0
+		})
+		if err := s.stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		got[tier] = seen{runs[0], runs[1]}
+	}
+	for tier, s := range got {
+		if diff := cmp.Diff(seen{want, want}, s, cmp.AllowUnexported(seen{})); diff != "" {
+			t.Errorf("%s: headers on the first delivery and the retry (-want +got):\n%s", tier, diff)
+		}
+	}
+
+	e := setupRing(t)
+	for _, bad := range []string{`[1]`, `"s"`, `{"a": "\u0000"}`, `{"a": "\ud800"}`, `{"a": 1e1000000}`, `{"a": }`} {
+		codes := map[string]string{}
+		for _, tier := range []string{"outbox", "outbox_ring"} {
+			_, err := e.db.Pool.Exec(e.ctx, `INSERT INTO `+pgx.Identifier{tier}.Sanitize()+` (queue, payload, headers)
+				VALUES ('q', '"x"', $1::text::json)`, bad)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) {
+				t.Fatalf("%s took headers %s (err %v)", tier, bad, err)
+			}
+			codes[tier] = pgErr.Code
+		}
+		if codes["outbox"] != codes["outbox_ring"] {
+			t.Errorf("headers %s: the table refused them with %s, the ring with %s", bad, codes["outbox"], codes["outbox_ring"])
+		}
+	}
+	if n := e.count("outbox_ring"); n != 0 {
+		t.Errorf("the ring holds %d rows after refusing every one", n)
 	}
 }

@@ -38,7 +38,14 @@ CREATE TABLE /*outbox:table*/outbox_ring (
     id              bigint      NOT NULL DEFAULT nextval(/*outbox:literal*/'outbox_id_seq'),
     queue           text        COLLATE "C" NOT NULL,
     payload         bytea       NOT NULL,
-    headers         jsonb,
+    -- json, not jsonb as in the outbox table: a row is read out as text
+    -- once, and json's text is its stored form, where jsonb's must be
+    -- rebuilt (about 1 µs of a drained message's server CPU, 3-4x
+    -- json's). Its check casts it to jsonb, so that the ring takes exactly
+    -- the headers the outbox table takes (jsonb refuses \u0000, lone
+    -- surrogates and numbers past numeric's range, which json keeps) and
+    -- a row's move into the table can never fail on them.
+    headers         json,
     ordering_key    text        COLLATE "C",
     created_at      timestamptz NOT NULL DEFAULT now(),
     next_attempt_at timestamptz NOT NULL DEFAULT now(),
@@ -48,7 +55,7 @@ CREATE TABLE /*outbox:table*/outbox_ring (
         CASE WHEN ordering_key IS NULL THEN (id % 4)::smallint
              ELSE (4 + ((hashtext(ordering_key) % 4) + 4) % 4)::smallint END) STORED,
     CONSTRAINT /*outbox:name*/outbox_ring_queue_chk CHECK (octet_length(queue) BETWEEN 1 AND 255),
-    CONSTRAINT /*outbox:name*/outbox_ring_headers_chk CHECK (headers IS NULL OR jsonb_typeof(headers) = 'object')
+    CONSTRAINT /*outbox:name*/outbox_ring_headers_chk CHECK (headers IS NULL OR jsonb_typeof(headers::jsonb) = 'object')
 ) PARTITION BY LIST (slot);
 
 CREATE TABLE /*outbox:table*/outbox_ring_p0 PARTITION OF /*outbox:table*/outbox_ring FOR VALUES IN (0) WITH (autovacuum_enabled = off);
