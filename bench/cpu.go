@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -74,6 +75,7 @@ func startClock() clock {
 	if clockStatements != nil {
 		_ = clockStatements.reset(context.Background())
 	}
+	perfControl("enable")
 	c := clock{start: time.Now()}
 	if measureCPU {
 		c.cpu = cpuClock()
@@ -89,7 +91,23 @@ func (c clock) stop() time.Duration {
 		now := cpuClock()
 		lastCPU = cpuUse{client: now.client - c.cpu.client, server: now.server - c.cpu.server, wal: now.wal - c.cpu.wal}
 	}
+	perfControl("disable")
 	return took
+}
+
+// perfFIFO is the control FIFO of a `perf record --control fifo:...`
+// started disabled (-D -1) (-perf-control): timed runs enable it while
+// their clock runs, so that a profile holds only the work they time.
+var perfFIFO string
+
+// perfControl writes cmd to perfFIFO, when one was given.
+func perfControl(cmd string) {
+	if perfFIFO == "" {
+		return
+	}
+	if err := os.WriteFile(perfFIFO, []byte(cmd+"\n"), 0); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: -perf-control:", err)
+	}
 }
 
 // reportCPU prints, per contender, the median client and server CPU time

@@ -133,6 +133,7 @@ func main() {
 		o.contenders, err = regexp.Compile(v)
 		return err
 	})
+	flag.StringVar(&perfFIFO, "perf-control", "", "control FIFO of a perf record started disabled (perf record -D -1 --control fifo:FIFO): timed runs enable it while their clock runs")
 	flag.StringVar(&memProfile, "memprofile", "", "write an allocation profile of the benchmark process to this file when it ends")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the benchmark process (peers and subscribers alike) to this file")
 	flag.Parse()
@@ -235,7 +236,7 @@ func run(o options, which string) error {
 	if o.cluster {
 		srv, err := localpg.StartCluster(ctx,
 			"shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all",
-			"autovacuum=on", "max_connections=200")
+			"pg_stat_statements.track_planning=on", "autovacuum=on", "max_connections=200")
 		if err != nil {
 			return fmt.Errorf("-cluster: %w", err)
 		}

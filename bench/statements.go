@@ -15,7 +15,7 @@ import (
 )
 
 // statementStats profiles contenders with pg_stat_statements (the -statements
-// flag): the server's execution time per statement, summed over each
+// flag): the server's execution and planning time per statement, summed over each
 // contender's rounds. The statements run inside triggers are listed too
 // when pg_stat_statements.track is all; their time is also counted in the
 // statement that fired them.
@@ -29,7 +29,8 @@ type stmtStat struct {
 	toplevel bool
 	calls    int64
 	rows     int64
-	ms       float64
+	ms       float64 // execution and planning
+	planMs   float64 // planning (pg_stat_statements.track_planning)
 }
 
 // newStatementStats returns nil when pg_stat_statements cannot be read
@@ -73,7 +74,7 @@ func (s *statementStats) reset(ctx context.Context) error {
 }
 
 func (s *statementStats) collect(ctx context.Context, name string) error {
-	rows, err := s.pool.Query(ctx, `SELECT query, toplevel, calls, rows, total_exec_time
+	rows, err := s.pool.Query(ctx, `SELECT query, toplevel, calls, rows, total_exec_time, total_plan_time
 		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 		AND query NOT LIKE '%pg_stat_statements%'`)
 	if err != nil {
@@ -88,9 +89,9 @@ func (s *statementStats) collect(ctx context.Context, name string) error {
 		q            string
 		top          bool
 		calls, nrows int64
-		ms           float64
+		ms, planMs   float64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&q, &top, &calls, &nrows, &ms}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&q, &top, &calls, &nrows, &ms, &planMs}, func() error {
 		key := fmt.Sprintf("%t %s", top, q)
 		st := m[key]
 		if st == nil {
@@ -99,7 +100,8 @@ func (s *statementStats) collect(ctx context.Context, name string) error {
 		}
 		st.calls += calls
 		st.rows += nrows
-		st.ms += ms
+		st.ms += ms + planMs
+		st.planMs += planMs
 		return nil
 	})
 	return err
@@ -126,7 +128,7 @@ func (s *statementStats) report(w io.Writer, order []string, rounds, perRound in
 		msgs := float64(rounds * perRound)
 		fmt.Fprintf(w, "\nserver time, %s: %.1f µs per message in top-level statements\n", name, total*1000/msgs)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  statement\tlevel\tcalls\trows\tmean\tper message\t")
+		fmt.Fprintln(tw, "  statement\tlevel\tcalls\trows\tmean\tper message\tof which planning\t")
 		for _, st := range sts {
 			if st.ms < total/100 {
 				continue
@@ -139,8 +141,8 @@ func (s *statementStats) report(w io.Writer, order []string, rounds, perRound in
 			if len(q) > 70 {
 				q = q[:70] + "..."
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%.1f µs\t%.1f µs\t\n", q, level, st.calls, st.rows,
-				st.ms*1000/float64(max(st.calls, 1)), st.ms*1000/msgs)
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%.1f µs\t%.1f µs\t%.2f µs\t\n", q, level, st.calls, st.rows,
+				st.ms*1000/float64(max(st.calls, 1)), st.ms*1000/msgs, st.planMs*1000/msgs)
 		}
 		_ = tw.Flush()
 	}
