@@ -492,6 +492,8 @@ type lockedClaim struct {
 	// end writes the claim's end in its transaction; nil: a claim of
 	// the outbox table's rows (byLock.writeLockEnd).
 	end func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error
+	// committed, when set, runs once the end's transaction committed e.
+	committed func(e *lockEnd)
 
 	// A claim of a keyed lane of the ring hands a key's rows out one
 	// after another (see chain): next is the row of its key that follows
@@ -1030,7 +1032,10 @@ func (k *byLock) endLockTx(c *lockedClaim, e *lockEnd, done []lease.Outcome, tok
 	for {
 		err = k.writeLockEnd(ctx, q, c, e, token)
 		if err == nil {
-			return fellBack, c.tx.Commit(ctx)
+			if err = c.tx.Commit(ctx); err == nil && c.committed != nil {
+				c.committed(e)
+			}
+			return fellBack, err
 		}
 		if ctx.Err() != nil || c.tx.Conn().IsClosed() {
 			return false, err

@@ -70,12 +70,27 @@ const ringStraggleMin = 20 * time.Millisecond
 // claim of lanes waits for its slowest ones (at least ringStraggleMin).
 const ringStraggleRatio = 4
 
+// ringStateShare is the share of a claimer's time the outbox table's
+// claims that find nothing may take, when a claim of the ring leaves room
+// for them (see byRing.stateDue): after such a claim, the next waits
+// (1/ringStateShare - 1) times as long as it took, at most
+// MinFetchInterval. While the vacuum horizon is held, the table's claim
+// can take ten times its usual time, and running it after every claim of
+// the ring slowed the ring's claims with it.
+const ringStateShare = 10
+
 // byRing claims from the ring, and from the outbox table with state, the
 // claimer New would choose without the ring.
 type byRing struct {
 	env   *Env
 	lock  *byLock
 	state Claimer
+	// stateAt is when the outbox table's next claim may run, after one
+	// that found nothing (see stateDue); stateNews, set when rows may have
+	// come to the table (a claim of the ring moved some there, a key was
+	// handed on), lets it run at once.
+	stateAt   time.Time
+	stateNews atomic.Bool
 	// turn is where the search for a free lane starts: a position among
 	// the (queue, lane) pairs (RingTakeLanes).
 	turn int32
@@ -105,10 +120,41 @@ func (c *byRing) observe(median time.Duration) {
 func (c *byRing) Ended() int { return c.state.Ended() + c.lock.Ended() }
 
 // HandedOn lowers the outbox table's floors to the keys' next rows.
-func (c *byRing) HandedOn(os []lease.Outcome) { c.state.HandedOn(os) }
+func (c *byRing) HandedOn(os []lease.Outcome) {
+	c.state.HandedOn(os)
+	c.stateNews.Store(true)
+}
 
 // Behind asks the outbox table's next claim to sweep.
-func (c *byRing) Behind() { c.state.Behind() }
+func (c *byRing) Behind() {
+	c.state.Behind()
+	c.stateNews.Store(true)
+}
+
+// stateDue reports whether the outbox table's claim runs now, after a
+// claim of the ring that left room: when rows may have come to the table
+// since its last claim, or that claim found rows, or the pace after one
+// that found nothing has passed (ringStateShare).
+func (c *byRing) stateDue() bool {
+	return c.stateNews.Swap(false) || !time.Now().Before(c.stateAt)
+}
+
+// stateClaim runs the outbox table's claim of up to n rows, and sets the
+// pace of the next from what it found and how long it took.
+func (c *byRing) stateClaim(ctx context.Context, n int32) (int, error) {
+	start := time.Now()
+	got, err := c.state.Claim(ctx, n)
+	c.stateAt = time.Time{}
+	if got == 0 && err == nil {
+		took := time.Since(start)
+		c.stateAt = start.Add(took + min(c.env.MinFetchInterval, (ringStateShare-1)*took))
+	}
+	return got, err
+}
+
+// moved tells the outbox table's next claim that a claim of the ring
+// moved rows into the table (its transaction committed).
+func (c *byRing) moved() { c.stateNews.Store(true) }
 
 // Claim claims a batch of a lane, and from the outbox table the rows
 // the batch left room for (claims by lease first move the keyed lanes'
@@ -142,9 +188,14 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 	if err != nil || got >= int(n) {
 		return got, err
 	}
-	more, err := c.state.Claim(ctx, n-int32(got))
-	if got += more; err != nil || got > 0 || !busy {
-		return got, err
+	if c.stateDue() {
+		more, err := c.stateClaim(ctx, n-int32(got))
+		if got += more; err != nil {
+			return got, err
+		}
+	}
+	if got > 0 || !busy {
+		return got, nil
 	}
 	// Every lane with rows is held, one of them by another of this
 	// subscriber's claims: wait up to MinFetchInterval for a claim to
@@ -186,10 +237,17 @@ func (c *byRing) moveKeyed() error {
 	for _, l := range lanes {
 		p.LaneQueues, p.Lanes = append(p.LaneQueues, l.Queue), append(p.Lanes, l.Lane)
 	}
-	if _, err := q.RingMoveKeyed(ctx, p); err != nil {
+	n, err := q.RingMoveKeyed(ctx, p)
+	if err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	if n.Moved > 0 {
+		c.moved()
+	}
+	return nil
 }
 
 // unkeyedBelow is the id bound of an unkeyed lane's progress: none, the
@@ -216,6 +274,10 @@ type lane struct {
 	// (RingTakeLanes); due are the indexes of the rows to hand out.
 	at  int32
 	due []int
+	// spilled reports that the claim moved rows of the lane into the
+	// outbox table unleased: rows not yet due, rows behind their keys
+	// there, or the batches of claims that died.
+	spilled bool
 }
 
 // keyed reports whether l holds keyed rows.
@@ -274,6 +336,7 @@ func (c *byRing) read(ctx context.Context, q *db.Queries, l *lane, n int32) (err
 		moved, err := q.RingMoveCrashed(ctx, db.RingMoveCrashedParams{Crashed: l.pos.Crashed, CrashedBelow: l.pos.CrashedBelow,
 			Prev: l.pos.Prev, Cur: l.pos.Cur, Below: l.pos.Below, Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
 		if err == nil {
+			l.spilled = true
 			if l.keyed() {
 				l.below = max(l.below, moved.LastID)
 			}
@@ -370,6 +433,7 @@ func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error)
 			due = append(due, i)
 		}
 	}
+	l.spilled = l.spilled || len(m.ids) > 0
 	return due, c.move(ctx, q, l, m, pgtype.UUID{})
 }
 
@@ -492,6 +556,8 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 		}
 		if err != nil {
 			rollback()
+		} else if spilled(ls) {
+			c.moved()
 		}
 		return 0, rowsRead(ls), false, err
 	}
@@ -528,6 +594,11 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 	lc.end = func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error {
 		return c.endLanes(ctx, q, ls, changed, e, token)
 	}
+	lc.committed = func(e *lockEnd) {
+		if spilled(ls) || len(e.leased) > 0 || len(e.givenUp) > 0 {
+			c.moved()
+		}
+	}
 	lc.straggle, lc.observe = c.straggle(), c.observe
 	ds := r.Leases.AddEach(r.HandlerCtx, len(rows), func(i int, row *db.ClaimRow) {
 		x := rows[i]
@@ -544,6 +615,12 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 	started = true
 	k.hold(ds, handed, lc)
 	return len(handed), rowsRead(ls), false, nil
+}
+
+// spilled reports whether a claim of lanes ls moved rows of any of them
+// into the outbox table unleased.
+func spilled(ls []*lane) bool {
+	return slices.ContainsFunc(ls, func(l *lane) bool { return l.spilled })
 }
 
 // rowsRead returns how many rows the claim of lanes ls read, the
@@ -679,6 +756,9 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
+	}
+	if l.spilled {
+		c.moved()
 	}
 	ds := r.Leases.AddEach(r.HandlerCtx, len(due), func(i int, row *db.ClaimRow) { claimRow(row, &l.rows[due[i]], l.queue, nil) },
 		token, sent)

@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -561,4 +562,128 @@ func TestRingLaneTakenButNotReadComesNext(t *testing.T) {
 	if diff := cmp.Diff([][]int64{{0}, {1}, {2}}, lanes); diff != "" {
 		t.Errorf("lanes of each claim's rows (-want +got):\n%s", diff)
 	}
+}
+
+// pacedState is the outbox table's claimer of a claimer of the ring,
+// each of whose claims takes at least took, and which records when each
+// started and what it found.
+type pacedState struct {
+	Claimer
+	took   time.Duration
+	mu     sync.Mutex
+	starts []time.Time
+	found  []int
+}
+
+func (s *pacedState) Claim(ctx context.Context, n int32) (int, error) {
+	start := time.Now()
+	time.Sleep(s.took)
+	got, err := s.Claimer.Claim(ctx, n)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.starts, s.found = append(s.starts, start), append(s.found, got)
+	return got, err
+}
+
+func (s *pacedState) calls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.starts)
+}
+
+// After a claim of the outbox table that found nothing, a claimer of the
+// ring claims the table again only once a tenth of its time has gone to
+// such claims (nine times as long as the last one took), however many
+// claims of the ring leave room before then, unless rows may have come
+// to the table since: a claim of the ring moved some there, a key was
+// handed on, or the table's last claim found rows.
+func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publish := e.ring()
+	h := e.harness(func(env *Env) {
+		env.Ring, env.LockWindow = true, time.Minute
+		env.MinFetchInterval = time.Hour // the pace's cap, out of the way
+	}, "q")
+	br := h.Claimer.(*byRing)
+	// Every lane read once, so that each has its progress and the next
+	// claim takes the lane of the next row: claims until one finds no
+	// lane to read.
+	for publish(8); ; {
+		if _, read, _, err := br.claimFreeLanes(e.ctx, 100, RingTurnAge); err != nil || read < 0 {
+			if err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		h.mu.Lock()
+		ds := slices.Clone(h.handed)
+		h.handed = nil
+		h.mu.Unlock()
+		ack(ds)
+		h.Ended()
+	}
+	paced := &pacedState{took: 100 * time.Millisecond}
+	paced.Claimer, br.state = br.state, paced
+	claimOne := func(what string) {
+		t.Helper()
+		ds := h.claim(t, e.ctx, 100)
+		if len(ds) != 1 {
+			t.Fatalf("%s: handed %d rows; want 1", what, len(ds))
+		}
+		ack(ds)
+		h.Ended()
+	}
+
+	for range 6 {
+		publish(1)
+		claimOne("claim of one new row")
+	}
+	paced.mu.Lock()
+	if len(paced.starts) == 0 {
+		t.Fatal("no claim of the ring claimed the table")
+	}
+	for i := 1; i < len(paced.starts); i++ {
+		if gap := paced.starts[i].Sub(paced.starts[i-1]); gap < 10*paced.took {
+			t.Errorf("the table's claims %d and %d, the first of which found nothing, started %v apart; want at least %v",
+				i-1, i, gap, 10*paced.took)
+		}
+	}
+	paced.mu.Unlock()
+
+	step := func(what string, before func()) {
+		t.Helper()
+		before()
+		calls := paced.calls()
+		publish(1)
+		claimOne(what)
+		if got := paced.calls(); got != calls+1 {
+			t.Errorf("%s: the table was claimed %d times at the next claim; want once", what, got-calls)
+		}
+	}
+	step("a key handed on", func() { h.HandedOn(nil) })
+	step("a ring row moved into the table", func() {
+		// Two rows of one lane (by id), the first not yet due.
+		if _, err := e.DB.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (id, queue, payload, next_attempt_at)
+			VALUES (1 << 40, 'q', '\x7b7d', now() + interval '1 hour'), ((1 << 40) + 4, 'q', '\x7b7d', now())`); err != nil {
+			t.Fatal(err)
+		}
+		claimOne("a claim that moves a row not yet due")
+	})
+	// A row written into the table (Behind: a hand-over completed) is
+	// claimed, and the claim after one that found rows claims the table
+	// again.
+	calls := paced.calls()
+	h.Behind()
+	if _, err := e.DB.Pool.Exec(e.ctx, `INSERT INTO outbox (queue, payload) VALUES ('q', '\x7b7d')`); err != nil {
+		t.Fatal(err)
+	}
+	publish(1)
+	ds := h.claim(t, e.ctx, 100)
+	if len(ds) != 2 || paced.calls() != calls+1 {
+		t.Fatalf("handed %d rows in %d claims of the table; want the ring's row and the table's, in one", len(ds), paced.calls()-calls)
+	}
+	ack(ds)
+	h.Ended()
+	step("after a claim of the table that found rows", func() {})
 }
