@@ -99,8 +99,9 @@ type byRing struct {
 	// typical is a moving average of the median time the rows of a
 	// claim of lanes take, in nanoseconds (see straggle).
 	typical atomic.Int64
-	// full reports that the last claim of lanes filled its batch.
-	full bool
+	// full reports that the last claim of lanes filled its batch;
+	// filled, that the last claim of the ring did (by lanes or by lease).
+	full, filled bool
 }
 
 // straggle is how long a claim of lanes waits for its slowest rows once
@@ -158,8 +159,10 @@ func (c *byRing) moved() { c.stateNews.Store(true) }
 
 // Claim claims a batch of a lane, and from the outbox table the rows
 // the batch left room for (claims by lease first move the keyed lanes'
-// new rows into the outbox table, and take unkeyed lanes only). Every
-// RingTurnAge/4 it turns the ring.
+// new rows into the outbox table, and take unkeyed lanes only); after a
+// claim of the ring that filled its batch, the outbox table's claim comes
+// first. The table's claims that find nothing keep to their pace
+// (stateDue). Every RingTurnAge/4 it turns the ring.
 func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 	r := c.env
 	age := r.RingTurnAge
@@ -174,6 +177,17 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 			r.Log.Debug("outbox: a lock kept the ring from emptying a partition", slog.Int("partitions", t.Busy))
 		}
 	}
+	// When the ring filled the last batch, the outbox table's rows
+	// (retries, keys' next rows, rows moved there) go first: after the
+	// ring's claims, they would wait for its whole backlog.
+	first := 0
+	if c.filled && c.stateDue() {
+		var err error
+		if first, err = c.stateClaim(ctx, n); err != nil || first >= int(n) {
+			return first, err
+		}
+		n -= int32(first)
+	}
 	var got int
 	var busy bool
 	var err error
@@ -181,15 +195,16 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 		got, busy, err = c.claimLanes(ctx, n, age)
 	} else {
 		if err := c.moveKeyed(); err != nil {
-			return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
+			return first, fmt.Errorf("moving keyed rows of the ring: %w", err)
 		}
 		got, err = c.leaseLane(n)
 	}
-	if err != nil || got >= int(n) {
+	c.filled = got >= int(n)
+	if got += first; err != nil || c.filled {
 		return got, err
 	}
 	if c.stateDue() {
-		more, err := c.stateClaim(ctx, n-int32(got))
+		more, err := c.stateClaim(ctx, n+int32(first)-int32(got))
 		if got += more; err != nil {
 			return got, err
 		}

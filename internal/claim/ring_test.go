@@ -687,3 +687,30 @@ func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 	h.Ended()
 	step("after a claim of the table that found rows", func() {})
 }
+
+// A row of the outbox table does not wait for the ring's backlog: after
+// a claim of the ring that filled its batch, the next claims the table
+// first.
+func TestRingTableRowsDoNotWaitForTheRingsBacklog(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publish := e.ring()
+	backlog := publish(40)
+	table := pgtest.IDs(t, e.DB.Pool, `INSERT INTO outbox (queue, payload) VALUES ('q', '\x7b7d') RETURNING id`)[0]
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
+	var claims [][]int64
+	for len(claims) < 2 {
+		ds := h.claim(t, e.ctx, 5)
+		var ids []int64
+		for _, d := range ds {
+			ids = append(ids, d.Row.ID)
+		}
+		claims = append(claims, ids)
+		ack(ds)
+		h.Ended()
+	}
+	if !slices.Contains(claims[1], table) {
+		t.Errorf("claims of 5 rows handed %v; want the table's row %d in the second, with the ring's %d rows still waiting",
+			claims, table, len(backlog))
+	}
+}
