@@ -55,7 +55,7 @@ WHERE t.done_below IS NOT NULL
       WHERE EXISTS (
           SELECT FROM /*outbox:table*/outbox_ring AS r
           WHERE r.slot = t.slot AND r.queue = l.queue AND r.lane = l.lane
-            AND r.txid >= pg_snapshot_xmin(p.snap) AND r.txid < t.done_below
+            AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot()) AND r.txid < t.done_below
             AND NOT pg_visible_in_snapshot(r.txid, p.snap))
          OR EXISTS (
           SELECT FROM /*outbox:table*/outbox_ring AS r
@@ -66,11 +66,12 @@ ORDER BY t.slot
 
 // The partitions, other than the one written, that every lane of every
 // queue has read past: no lane has a row there that its newest progress
-// does not see. Only the rows of transactions between that snapshot's
-// xmin and the partition's done_below are looked at (those below xmin are
-// seen), and a keyed lane's rows above its progress's id bound: a
-// transaction that wrote nothing into the ring, however long it runs,
-// does not hold the ring back. A lane with no progress sees nothing.
+// does not see. Only the rows of transactions from where that
+// snapshot's unseen rows start (outbox_ring_since) to the partition's
+// done_below are looked at, and a keyed lane's rows above its
+// progress's id bound: a transaction that wrote nothing into the ring,
+// however long it runs, does not hold the ring back. A lane with no
+// progress sees nothing.
 func (q *Queries) RingDoneSlots(ctx context.Context) ([]int16, error) {
 	rows, err := q.db.Query(ctx, ringDoneSlots)
 	if err != nil {
@@ -228,7 +229,7 @@ FROM (
     SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, r.slot, r.lane FROM (SELECT ($3::text)::pg_snapshot AS prev, ($4::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
       ON r.slot = ANY ($5::smallint[]) AND r.queue = $6 AND r.lane = $7
-     AND r.txid >= pg_snapshot_xmin(b.prev)
+     AND r.txid >= /*outbox:table*/outbox_ring_since(b.prev, b.cur)
      AND NOT pg_visible_in_snapshot(r.txid, b.prev)
      AND pg_visible_in_snapshot(r.txid, b.cur)
     UNION ALL
@@ -304,7 +305,7 @@ WITH lane AS MATERIALIZED (
     FROM pos
     JOIN /*outbox:table*/outbox_ring AS r
       ON r.queue = pos.queue AND r.lane = pos.lane
-     AND r.txid >= pg_snapshot_xmin(pos.prev)
+     AND r.txid >= /*outbox:table*/outbox_ring_since(pos.prev, pos.cur)
      AND NOT pg_visible_in_snapshot(r.txid, pos.prev)
      AND pg_visible_in_snapshot(r.txid, pos.cur)
     UNION ALL
@@ -522,7 +523,7 @@ SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid
 FROM (SELECT ($1::text)::pg_snapshot AS prev, ($2::text)::pg_snapshot AS cur) AS b
 JOIN /*outbox:table*/outbox_ring AS r
   ON r.slot = ANY ($3::smallint[]) AND r.queue = $4 AND r.lane = $5
- AND r.txid >= pg_snapshot_xmin(b.prev)
+ AND r.txid >= /*outbox:table*/outbox_ring_since(b.prev, b.cur)
  AND NOT pg_visible_in_snapshot(r.txid, b.prev)
  AND pg_visible_in_snapshot(r.txid, b.cur)
 ORDER BY r.queue, r.lane, r.txid, r.id
@@ -549,7 +550,8 @@ type RingReadRow struct {
 
 // Up to @max_rows rows of the batch of lane @lane of @queue: visible to
 // snapshot @cur and not to @prev, in the partitions @slots, in (txid, id)
-// order. A batch that fills is cut after its last transaction's rows
+// order, from the first transaction @cur sees done and @prev did not
+// (outbox_ring_since). A batch that fills is cut after its last transaction's rows
 // (RingReadRest) and its progress says so (a snapshot whose xmin is the
 // next txid).
 func (q *Queries) RingRead(ctx context.Context, arg RingReadParams) ([]RingReadRow, error) {
@@ -593,7 +595,7 @@ FROM (
     FROM (SELECT ($1::text)::pg_snapshot AS prev, ($2::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
       ON r.slot = ANY ($3::smallint[]) AND r.queue = $4 AND r.lane = $5
-     AND r.txid >= pg_snapshot_xmin(b.prev)
+     AND r.txid >= /*outbox:table*/outbox_ring_since(b.prev, b.cur)
      AND r.id <= $6::bigint
      AND NOT pg_visible_in_snapshot(r.txid, b.prev)
      AND pg_visible_in_snapshot(r.txid, b.cur)
@@ -755,7 +757,8 @@ WHERE p.age > $4::float8
    -- otherwise read a lane's whole consumed backlog.
    OR (SELECT true FROM /*outbox:table*/outbox_ring AS r
        WHERE r.queue = l.queue AND r.lane = l.lane
-         AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)
+         AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+         AND NOT pg_visible_in_snapshot(r.txid, p.snap)
        ORDER BY r.queue, r.lane, r.txid, r.id LIMIT 1)
    OR (SELECT true FROM /*outbox:table*/outbox_ring AS r
        WHERE r.queue = l.queue AND r.lane = l.lane
@@ -991,7 +994,8 @@ CROSS JOIN LATERAL (
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
     WHERE r.queue = l.queue AND r.lane = l.lane
-      AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
+      AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+      AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
     WHERE r.queue = l.queue AND r.lane = l.lane
@@ -1000,7 +1004,8 @@ CROSS JOIN LATERAL (
 
 // How many committed rows of the ring the newest progress of their lane
 // has not consumed: the rows still to be read. Bounded per lane by the
-// indexes, from the progress's xmin and, for keyed lanes, its id bound.
+// indexes, from where the progress's unseen rows start
+// (outbox_ring_since) and, for keyed lanes, its id bound.
 func (q *Queries) RingUnread(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, ringUnread)
 	var unread int64

@@ -3,7 +3,9 @@ package claim
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/lease"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/internal/ring"
@@ -713,4 +716,96 @@ func TestRingTableRowsDoNotWaitForTheRingsBacklog(t *testing.T) {
 		t.Errorf("claims of 5 rows handed %v; want the table's row %d in the second, with the ring's %d rows still waiting",
 			claims, table, len(backlog))
 	}
+}
+
+// scanSpy runs the ring's reads a claimer sends under EXPLAIN ANALYZE
+// first, where they run, and records how many rows each scanned and
+// dropped: the lanes' reads (RingRead) and the look for lanes with rows
+// (RingReadyLanes).
+type scanSpy struct {
+	db.DBTX
+	mu      *sync.Mutex
+	dropped map[string][]int
+}
+
+func (s scanSpy) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if name := strings.Fields(sql + "   ")[2]; name == "RingRead" || name == "RingReadyLanes" {
+		var plan []struct{ Plan map[string]any }
+		if err := s.DBTX.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&plan); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		s.dropped[name] = append(s.dropped[name], filtered(plan[0].Plan))
+		s.mu.Unlock()
+	}
+	return s.DBTX.Query(ctx, sql, args...)
+}
+
+// filtered returns how many rows the scans of plan n read and dropped
+// by a filter.
+func filtered(n map[string]any) int {
+	removed := 0
+	if v, ok := n["Rows Removed by Filter"].(float64); ok {
+		removed += int(v)
+	}
+	if subs, ok := n["Plans"].([]any); ok {
+		for _, sub := range subs {
+			removed += filtered(sub.(map[string]any))
+		}
+	}
+	return removed
+}
+
+// While a transaction that took an id stays open (holding the vacuum
+// horizon, and every snapshot's xmin where it began), a read of a lane,
+// and the look for lanes with rows, scan no more rows than were written
+// since the lanes' last batches: not the 800 rows their earlier batches
+// consumed since the transaction began. (A scan starts at the first
+// transaction that ran at the last batch and is done now, so other
+// clients' transactions make it read some rows the last batch consumed;
+// the claims of the last rows are tried up to three times.)
+func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publish := e.ring()
+	holder, err := e.DB.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(e.ctx) }()
+	if _, err := holder.Exec(e.ctx, "SELECT pg_current_xact_id()"); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	dropped := map[string][]int{}
+	h := e.harness(func(env *Env) {
+		env.Ring, env.LockWindow = true, time.Minute
+		queries := env.Queries
+		env.Queries = func(d db.DBTX) *db.Queries { return queries(scanSpy{DBTX: d, mu: &mu, dropped: dropped}) }
+	}, "q")
+	drain := func(ids []int64) {
+		t.Helper()
+		for want := len(h.ids()) + len(ids); len(h.ids()) < want; {
+			ack(h.claim(t, e.ctx, 1000))
+			h.Ended()
+		}
+	}
+	for range 4 {
+		drain(publish(200)) // a lane's batch, 50 rows a lane, in each of four claims
+	}
+	var last map[string][]int
+	for range 3 {
+		mu.Lock()
+		clear(dropped)
+		mu.Unlock()
+		drain(publish(8))
+		mu.Lock()
+		last = maps.Clone(dropped)
+		mu.Unlock()
+		if len(last["RingRead"]) > 0 && slices.Max(last["RingRead"]) <= 8 && slices.Max(last["RingReadyLanes"]) <= 8 {
+			return
+		}
+	}
+	t.Errorf("rows that earlier batches consumed, scanned and dropped by each statement of the claims of 8 new rows: %v; want at most 8",
+		last)
 }

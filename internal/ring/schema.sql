@@ -34,6 +34,19 @@ $$;
 -- the outbox table's sequence: a row keeps its id when it moves there.
 -- Lanes 0-3 hold unkeyed rows (by id), lanes 4-7 keyed rows (by key), so
 -- a key's rows are read by one reader at a time, in commit order.
+-- The least transaction id among the rows that snapshot cur sees and
+-- snapshot prev does not: prev's xmax, or the least of the transactions
+-- prev saw running that cur sees done. A scan of those rows in txid
+-- order starts here, not at prev's xmin: a transaction that stays open
+-- (an idle one holding the vacuum horizon, say) keeps every snapshot's
+-- xmin where it began, and a scan from there read again every row
+-- written since, batch after batch.
+CREATE FUNCTION /*outbox:table*/outbox_ring_since(prev pg_snapshot, cur pg_snapshot) RETURNS xid8
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT coalesce((SELECT x FROM pg_snapshot_xip(prev) AS x WHERE pg_visible_in_snapshot(x, cur) ORDER BY x LIMIT 1),
+                    pg_snapshot_xmax(prev))
+$$;
+
 CREATE TABLE /*outbox:table*/outbox_ring (
     id              bigint      NOT NULL DEFAULT nextval(/*outbox:literal*/'outbox_id_seq'),
     queue           text        COLLATE "C" NOT NULL,

@@ -66,7 +66,8 @@ WHERE p.age > @idle_progress_seconds::float8
    -- otherwise read a lane's whole consumed backlog.
    OR (SELECT true FROM /*outbox:table*/outbox_ring AS r
        WHERE r.queue = l.queue AND r.lane = l.lane
-         AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)
+         AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+         AND NOT pg_visible_in_snapshot(r.txid, p.snap)
        ORDER BY r.queue, r.lane, r.txid, r.id LIMIT 1)
    OR (SELECT true FROM /*outbox:table*/outbox_ring AS r
        WHERE r.queue = l.queue AND r.lane = l.lane
@@ -109,14 +110,15 @@ CROSS JOIN LATERAL (
 -- name: RingRead :many
 -- Up to @max_rows rows of the batch of lane @lane of @queue: visible to
 -- snapshot @cur and not to @prev, in the partitions @slots, in (txid, id)
--- order. A batch that fills is cut after its last transaction's rows
+-- order, from the first transaction @cur sees done and @prev did not
+-- (outbox_ring_since). A batch that fills is cut after its last transaction's rows
 -- (RingReadRest) and its progress says so (a snapshot whose xmin is the
 -- next txid).
 SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid
 FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
 JOIN /*outbox:table*/outbox_ring AS r
   ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
- AND r.txid >= pg_snapshot_xmin(b.prev)
+ AND r.txid >= /*outbox:table*/outbox_ring_since(b.prev, b.cur)
  AND NOT pg_visible_in_snapshot(r.txid, b.prev)
  AND pg_visible_in_snapshot(r.txid, b.cur)
 ORDER BY r.queue, r.lane, r.txid, r.id
@@ -147,7 +149,7 @@ FROM (
     FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
       ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
-     AND r.txid >= pg_snapshot_xmin(b.prev)
+     AND r.txid >= /*outbox:table*/outbox_ring_since(b.prev, b.cur)
      AND r.id <= @below::bigint
      AND NOT pg_visible_in_snapshot(r.txid, b.prev)
      AND pg_visible_in_snapshot(r.txid, b.cur)
@@ -242,7 +244,7 @@ FROM (
     SELECT r.* FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
       ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
-     AND r.txid >= pg_snapshot_xmin(b.prev)
+     AND r.txid >= /*outbox:table*/outbox_ring_since(b.prev, b.cur)
      AND NOT pg_visible_in_snapshot(r.txid, b.prev)
      AND pg_visible_in_snapshot(r.txid, b.cur)
     UNION ALL
@@ -296,7 +298,7 @@ WITH lane AS MATERIALIZED (
     FROM pos
     JOIN /*outbox:table*/outbox_ring AS r
       ON r.queue = pos.queue AND r.lane = pos.lane
-     AND r.txid >= pg_snapshot_xmin(pos.prev)
+     AND r.txid >= /*outbox:table*/outbox_ring_since(pos.prev, pos.cur)
      AND NOT pg_visible_in_snapshot(r.txid, pos.prev)
      AND pg_visible_in_snapshot(r.txid, pos.cur)
     UNION ALL
@@ -370,11 +372,12 @@ WHERE t.slot = a.slot OR t.slot = (a.slot + 1) % 4;
 -- name: RingDoneSlots :many
 -- The partitions, other than the one written, that every lane of every
 -- queue has read past: no lane has a row there that its newest progress
--- does not see. Only the rows of transactions between that snapshot's
--- xmin and the partition's done_below are looked at (those below xmin are
--- seen), and a keyed lane's rows above its progress's id bound: a
--- transaction that wrote nothing into the ring, however long it runs,
--- does not hold the ring back. A lane with no progress sees nothing.
+-- does not see. Only the rows of transactions from where that
+-- snapshot's unseen rows start (outbox_ring_since) to the partition's
+-- done_below are looked at, and a keyed lane's rows above its
+-- progress's id bound: a transaction that wrote nothing into the ring,
+-- however long it runs, does not hold the ring back. A lane with no
+-- progress sees nothing.
 SELECT t.slot FROM /*outbox:table*/outbox_ring_turns AS t
 WHERE t.done_below IS NOT NULL
   AND t.slot <> /*outbox:table*/outbox_ring_slot_now()
@@ -388,7 +391,7 @@ WHERE t.done_below IS NOT NULL
       WHERE EXISTS (
           SELECT FROM /*outbox:table*/outbox_ring AS r
           WHERE r.slot = t.slot AND r.queue = l.queue AND r.lane = l.lane
-            AND r.txid >= pg_snapshot_xmin(p.snap) AND r.txid < t.done_below
+            AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot()) AND r.txid < t.done_below
             AND NOT pg_visible_in_snapshot(r.txid, p.snap))
          OR EXISTS (
           SELECT FROM /*outbox:table*/outbox_ring AS r
@@ -425,7 +428,8 @@ SELECT (to_regclass(/*outbox:literal*/'outbox_ring') IS NOT NULL)::boolean AS pr
 -- name: RingUnread :one
 -- How many committed rows of the ring the newest progress of their lane
 -- has not consumed: the rows still to be read. Bounded per lane by the
--- indexes, from the progress's xmin and, for keyed lanes, its id bound.
+-- indexes, from where the progress's unseen rows start
+-- (outbox_ring_since) and, for keyed lanes, its id bound.
 SELECT coalesce(sum(u.n + k.n), 0)::bigint AS unread
 FROM /*outbox:table*/outbox_ring_lanes AS l
 CROSS JOIN LATERAL (
@@ -436,7 +440,8 @@ CROSS JOIN LATERAL (
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
     WHERE r.queue = l.queue AND r.lane = l.lane
-      AND r.txid >= pg_snapshot_xmin(p.snap) AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
+      AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+      AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
 CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
     WHERE r.queue = l.queue AND r.lane = l.lane
