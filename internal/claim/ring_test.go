@@ -809,3 +809,56 @@ func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
 	t.Errorf("rows that earlier batches consumed, scanned and dropped by each statement of the claims of 8 new rows: %v; want at most 8",
 		last)
 }
+
+// A turn empties a partition only if every lane has read it all once no
+// writer holds it: a writer still open when the turn found the partition
+// read past, which commits before the turn locks it, keeps it, and its
+// row is delivered.
+func TestRingTurnKeepsARowCommittedAfterItsPartitionWasFoundReadPast(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publish := e.ring()
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
+	drain := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for len(h.ids()) < want && time.Now().Before(deadline) {
+			ack(h.claim(t, e.ctx, 100))
+			h.Ended()
+		}
+	}
+	drain(len(publish(8)))
+	writer, err := e.DB.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = writer.Rollback(e.ctx) }()
+	var late int64
+	if err := writer.QueryRow(e.ctx, `INSERT INTO outbox_ring (queue, payload) VALUES ('q', '\x7b7d') RETURNING id`).Scan(&late); err != nil {
+		t.Fatal(err)
+	}
+	// Writers move on, and every lane has read what it sees of the
+	// partition the writer wrote into.
+	if turn, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, 0); err != nil || !turn.Moved {
+		t.Fatalf("turn: %+v, %v; want writers moved", turn, err)
+	}
+	drain(8)
+	var slot int16
+	if err := e.DB.Pool.QueryRow(e.ctx, "SELECT slot FROM outbox_ring_turns WHERE done_below IS NOT NULL").Scan(&slot); err != nil {
+		t.Fatal(err)
+	}
+	done, err := e.Q.RingDoneSlots(e.ctx)
+	if err != nil || !slices.Contains(done, slot) {
+		t.Fatalf("partitions read past: %v, %v; want %d, whose writer is still open", done, err, slot)
+	}
+	if err := writer.Commit(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if emptied, err := e.Q.RingTruncate(e.ctx, slot); err != nil || emptied {
+		t.Fatalf("emptying partition %d after its writer committed: %t, %v; want it kept", slot, emptied, err)
+	}
+	drain(9)
+	if ids := h.ids(); !slices.Contains(ids, late) {
+		t.Errorf("rows handed out %v; want the late writer's row %d among them", ids, late)
+	}
+}

@@ -77,7 +77,8 @@ type Turned struct {
 	// Moved: writers moved to the next partition.
 	Moved bool
 	// Truncated and Busy count the partitions every lane had read past
-	// that were emptied, and those a lock kept (they are tried again).
+	// that were emptied, and those that were kept (they are tried
+	// again): by a lock, or by rows found unread once it was taken.
 	Truncated, Busy int
 }
 

@@ -183,26 +183,63 @@ INSERT INTO /*outbox:table*/outbox_ring_turns (slot) SELECT s FROM generate_seri
 
 -- Empties partition s, and marks it open for writers again, unless a
 -- transaction holds a lock on it (a reader that can still reach it,
--- pg_dump): then it returns false at once, and the next turn tries
--- again. TRUNCATE is not MVCC-safe: only partitions every lane has read
--- past are given.
+-- pg_dump, a writer still open): then it returns false at once, and the
+-- next turn tries again. TRUNCATE is not MVCC-safe: only partitions
+-- every lane has read past are given (RingDoneSlots), and it checks
+-- again under the lock, which no writer of the partition holds then: a
+-- writer open at the first check that committed before the lock would
+-- otherwise have lost its rows. A queue that has rows there but no lanes
+-- yet gets its lanes, and keeps the partition until they read it. Its
+-- plans are custom, so that its reads lock only partition s (another
+-- turn may hold another partition's lock); JIT is off, as in doneSlots.
 -- +goose StatementBegin
 CREATE FUNCTION /*outbox:table*/outbox_ring_truncate(s smallint) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET jit = off AS $$
 BEGIN
     CASE s
-    WHEN 0 THEN
-        LOCK TABLE /*outbox:table*/outbox_ring_p0 IN ACCESS EXCLUSIVE MODE NOWAIT;
-        TRUNCATE /*outbox:table*/outbox_ring_p0;
-    WHEN 1 THEN
-        LOCK TABLE /*outbox:table*/outbox_ring_p1 IN ACCESS EXCLUSIVE MODE NOWAIT;
-        TRUNCATE /*outbox:table*/outbox_ring_p1;
-    WHEN 2 THEN
-        LOCK TABLE /*outbox:table*/outbox_ring_p2 IN ACCESS EXCLUSIVE MODE NOWAIT;
-        TRUNCATE /*outbox:table*/outbox_ring_p2;
-    WHEN 3 THEN
-        LOCK TABLE /*outbox:table*/outbox_ring_p3 IN ACCESS EXCLUSIVE MODE NOWAIT;
-        TRUNCATE /*outbox:table*/outbox_ring_p3;
+    WHEN 0 THEN LOCK TABLE /*outbox:table*/outbox_ring_p0 IN ACCESS EXCLUSIVE MODE NOWAIT;
+    WHEN 1 THEN LOCK TABLE /*outbox:table*/outbox_ring_p1 IN ACCESS EXCLUSIVE MODE NOWAIT;
+    WHEN 2 THEN LOCK TABLE /*outbox:table*/outbox_ring_p2 IN ACCESS EXCLUSIVE MODE NOWAIT;
+    WHEN 3 THEN LOCK TABLE /*outbox:table*/outbox_ring_p3 IN ACCESS EXCLUSIVE MODE NOWAIT;
+    END CASE;
+    -- Each queue of the partition, one index probe each.
+    WITH RECURSIVE q(queue) AS (
+        (SELECT r.queue FROM /*outbox:table*/outbox_ring AS r WHERE r.slot = s ORDER BY r.queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.queue FROM /*outbox:table*/outbox_ring AS r
+                WHERE r.slot = s AND r.queue > q.queue ORDER BY r.queue LIMIT 1)
+        FROM q WHERE q.queue IS NOT NULL)
+    INSERT INTO /*outbox:table*/outbox_ring_lanes (queue, lane)
+    SELECT q.queue, l.lane FROM q, generate_series(0, 7) AS l(lane)
+    WHERE q.queue IS NOT NULL
+      AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = q.queue AND x.lane = 0)
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (
+        SELECT FROM /*outbox:table*/outbox_ring_lanes AS l
+        CROSS JOIN LATERAL (
+            SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+            FROM (SELECT 1) AS one
+            LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                               WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
+        WHERE EXISTS (
+            SELECT FROM /*outbox:table*/outbox_ring AS r
+            WHERE r.slot = s AND r.queue = l.queue AND r.lane = l.lane
+              AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+              AND NOT pg_visible_in_snapshot(r.txid, p.snap))
+           OR EXISTS (
+            SELECT FROM /*outbox:table*/outbox_ring AS r
+            WHERE r.slot = s AND r.queue = l.queue AND r.lane = l.lane
+              AND r.ordering_key IS NOT NULL AND r.id > p.below)) THEN
+        RETURN false;
+    END IF;
+    CASE s
+    WHEN 0 THEN TRUNCATE /*outbox:table*/outbox_ring_p0;
+    WHEN 1 THEN TRUNCATE /*outbox:table*/outbox_ring_p1;
+    WHEN 2 THEN TRUNCATE /*outbox:table*/outbox_ring_p2;
+    WHEN 3 THEN TRUNCATE /*outbox:table*/outbox_ring_p3;
     END CASE;
     UPDATE /*outbox:table*/outbox_ring_turns SET done_below = NULL WHERE slot = s;
     RETURN true;
