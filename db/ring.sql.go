@@ -12,6 +12,21 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const ringAddLanes = `-- name: RingAddLanes :exec
+INSERT INTO /*outbox:table*/outbox_ring_lanes (queue, lane)
+SELECT q.queue, l.lane FROM unnest($1::text[]) AS q(queue), generate_series(0, 7) AS l(lane)
+ON CONFLICT DO NOTHING
+`
+
+// Gives each queue of @queues its lanes, unless it has them: a
+// subscriber's queues have their lanes before it claims. (A queue's rows
+// written before any subscriber of it ran get theirs from the turn that
+// finds them: outbox_ring_truncate.)
+func (q *Queries) RingAddLanes(ctx context.Context, queues []string) error {
+	_, err := q.db.Exec(ctx, ringAddLanes, queues)
+	return err
+}
+
 const ringCloseSlot = `-- name: RingCloseSlot :exec
 UPDATE /*outbox:table*/outbox_ring_turns AS t
 SET done_below = CASE WHEN t.slot = a.slot THEN pg_snapshot_xmax(pg_current_snapshot()) END,
@@ -984,28 +999,41 @@ func (q *Queries) RingTurnState(ctx context.Context) (RingTurnStateRow, error) {
 }
 
 const ringUnread = `-- name: RingUnread :one
-SELECT coalesce(sum(u.n + k.n), 0)::bigint AS unread
-FROM /*outbox:table*/outbox_ring_lanes AS l
-CROSS JOIN LATERAL (
-    SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
-    FROM (SELECT 1) AS one
-    LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
-                       WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
-    WHERE r.queue = l.queue AND r.lane = l.lane
-      AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
-      AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
-CROSS JOIN LATERAL (
-    SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
-    WHERE r.queue = l.queue AND r.lane = l.lane
-      AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)) AS k
+WITH RECURSIVE q(queue) AS (
+    (SELECT r.queue FROM /*outbox:table*/outbox_ring AS r ORDER BY r.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.queue FROM /*outbox:table*/outbox_ring AS r WHERE r.queue > q.queue ORDER BY r.queue LIMIT 1)
+    FROM q WHERE q.queue IS NOT NULL
+)
+SELECT (coalesce((
+    SELECT sum(u.n + k.n)
+    FROM /*outbox:table*/outbox_ring_lanes AS l
+    CROSS JOIN LATERAL (
+        SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+        FROM (SELECT 1) AS one
+        LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                           WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
+        WHERE r.queue = l.queue AND r.lane = l.lane
+          AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+          AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
+        WHERE r.queue = l.queue AND r.lane = l.lane
+          AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)) AS k), 0)
+  + coalesce((
+    SELECT sum(c.n) FROM q
+    CROSS JOIN LATERAL (SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r WHERE r.queue = q.queue) AS c
+    WHERE q.queue IS NOT NULL
+      AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = q.queue AND x.lane = 0)), 0))::bigint AS unread
 `
 
 // How many committed rows of the ring the newest progress of their lane
-// has not consumed: the rows still to be read. Bounded per lane by the
-// indexes, from where the progress's unseen rows start
-// (outbox_ring_since) and, for keyed lanes, its id bound.
+// has not consumed: the rows still to be read, those of queues that have
+// no lanes yet included. Bounded per lane by the indexes, from where the
+// progress's unseen rows start (outbox_ring_since) and, for keyed lanes,
+// its id bound; the queues without lanes are found one index probe each.
 func (q *Queries) RingUnread(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, ringUnread)
 	var unread int64

@@ -731,3 +731,50 @@ func TestRingHeadersAreTheTablesHeaders(t *testing.T) {
 		t.Errorf("the ring holds %d rows after refusing every one", n)
 	}
 }
+
+// Writers into the ring notify a queue's channel as writers into the
+// outbox table do: only while a subscriber of the queue sleeps, once per
+// queue, on the scheduled channel for rows not yet due, and in a
+// transaction that writes a queue's rows in several statements too.
+func TestRingWritersNotifyOnlyWhileASubscriberSleeps(t *testing.T) {
+	t.Parallel()
+	e := setupRing(t)
+	l := listen(t, e.db.URL, e.ob.Channel(), e.ob.Channel()+":scheduled")
+	e.sleepOn("sentinel")
+	notes := func(statements ...string) []string {
+		t.Helper()
+		tx, err := e.db.Pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(e.ctx) }()
+		for _, s := range statements {
+			if _, err := tx.Exec(e.ctx, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tx.Commit(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.publish("sentinel")
+		got := l.until("sentinel")
+		slices.Sort(got)
+		return got
+	}
+	const (
+		due   = `INSERT INTO outbox_ring (queue, payload) VALUES ('q', 'x'), ('r', 'y'), ('q', 'z')`
+		later = `INSERT INTO outbox_ring (queue, payload, next_attempt_at) VALUES ('q', 'x', now() + interval '1 hour')`
+	)
+	if got := notes(due, later); len(got) != 0 {
+		t.Errorf("with nobody asleep: %v", got)
+	}
+	e.sleepOn("q")
+	e.sleepOn("r")
+	ch := e.ob.Channel() + ":"
+	if diff := cmp.Diff([]string{ch + "q", ch + "r"}, notes(due, due)); diff != "" {
+		t.Errorf("two statements of due rows (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{ch + "q", ch + "scheduled:q"}, notes(`DELETE FROM outbox_sleepers WHERE 'r' = ANY (queues)`, due, later)); diff != "" {
+		t.Errorf("due and later rows, r's subscriber awake (-want +got):\n%s", diff)
+	}
+}

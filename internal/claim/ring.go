@@ -102,6 +102,9 @@ type byRing struct {
 	// full reports that the last claim of lanes filled its batch;
 	// filled, that the last claim of the ring did (by lanes or by lease).
 	full, filled bool
+	// laned reports that the claimer's queues have their lanes
+	// (RingAddLanes, before its first claim).
+	laned bool
 }
 
 // straggle is how long a claim of lanes waits for its slowest rows once
@@ -168,6 +171,12 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 	age := r.RingTurnAge
 	if age <= 0 {
 		age = RingTurnAge
+	}
+	if !c.laned {
+		if err := r.bounded().RingAddLanes(r.Writes, r.Queues); err != nil {
+			return 0, fmt.Errorf("giving the queues their lanes of the ring: %w", err)
+		}
+		c.laned = true
 	}
 	if time.Since(c.turned) >= age/4 {
 		c.turned = time.Now()

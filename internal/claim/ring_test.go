@@ -32,6 +32,15 @@ func (e *env) ring() func(n int) []int64 {
 	}
 }
 
+// lanes gives queues their lanes of the ring, as a claimer of them does
+// before its first claim, for tests that claim through a claimer's parts.
+func (e *env) lanes(queues ...string) {
+	e.t.Helper()
+	if err := e.Q.RingAddLanes(e.ctx, queues); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 // endClaimBackend terminates the backend of the locked claim of h's
 // first row handed out, as when its subscriber's process dies, and stops
 // h.
@@ -310,6 +319,7 @@ func TestRingKeyedRowsMoveOnceUnderConcurrentMovers(t *testing.T) {
 			}
 		}
 	})
+	e.lanes("q")
 	for _, m := range movers {
 		wg.Go(func() {
 			r := m.Claimer.(*byRing)
@@ -612,6 +622,7 @@ func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 	// Every lane read once, so that each has its progress and the next
 	// claim takes the lane of the next row: claims until one finds no
 	// lane to read.
+	e.lanes("q")
 	for publish(8); ; {
 		if _, read, _, err := br.claimFreeLanes(e.ctx, 100, RingTurnAge); err != nil || read < 0 {
 			if err != nil {
@@ -860,5 +871,34 @@ func TestRingTurnKeepsARowCommittedAfterItsPartitionWasFoundReadPast(t *testing.
 	drain(9)
 	if ids := h.ids(); !slices.Contains(ids, late) {
 		t.Errorf("rows handed out %v; want the late writer's row %d among them", ids, late)
+	}
+}
+
+// Rows of a queue that no claimer has claimed yet (it has no lanes) keep
+// their partition: the turn gives the queue its lanes instead of emptying
+// it, and the queue's first claimer reads them.
+func TestRingTurnKeepsTheRowsOfAQueueWithoutLanes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.ring()
+	ids := pgtest.IDs(t, e.DB.Pool, `INSERT INTO outbox_ring (queue, payload) SELECT 'new', '\x7b7d' FROM generate_series(1, 6) RETURNING id`)
+	for range 2 {
+		if _, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lanes, rows int
+	if err := e.DB.Pool.QueryRow(e.ctx, `SELECT (SELECT count(*) FROM outbox_ring_lanes WHERE queue = 'new'),
+		(SELECT count(*) FROM outbox_ring WHERE queue = 'new')`).Scan(&lanes, &rows); err != nil || lanes != 8 || rows != len(ids) {
+		t.Fatalf("after two turns, the queue has %d lanes and %d rows (%v); want 8 and %d", lanes, rows, err, len(ids))
+	}
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "new")
+	deadline := time.Now().Add(time.Minute)
+	for len(h.ids()) < len(ids) && time.Now().Before(deadline) {
+		ack(h.claim(t, e.ctx, 100))
+		h.Ended()
+	}
+	if diff := cmp.Diff(ids, h.ids()); diff != "" {
+		t.Errorf("rows handed out (-want +got):\n%s", diff)
 	}
 }
