@@ -182,17 +182,49 @@ CREATE TABLE /*outbox:table*/outbox_ring_turns (
 );
 INSERT INTO /*outbox:table*/outbox_ring_turns (slot) SELECT s FROM generate_series(0, 3) AS s;
 
+-- Whether every lane of every queue has read partition s past: no lane
+-- has a row there that its newest progress did not consume (a lane with
+-- no progress consumed nothing). Only the rows from where that
+-- progress's unseen rows start (outbox_ring_since) are looked at, and a
+-- keyed lane's rows above its id bound: a transaction that wrote nothing
+-- into the ring, however long it runs, does not hold the ring back. Its
+-- plans are custom, so that it locks partition s alone.
+-- +goose StatementBegin
+CREATE FUNCTION /*outbox:table*/outbox_ring_read_past(s smallint) RETURNS boolean
+LANGUAGE plpgsql STABLE SET plan_cache_mode = force_custom_plan SET jit = off AS $$
+BEGIN
+    RETURN NOT EXISTS (
+        SELECT FROM /*outbox:table*/outbox_ring_lanes AS l
+        CROSS JOIN LATERAL (
+            SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+            FROM (SELECT 1) AS one
+            LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                               WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
+        WHERE EXISTS (
+            SELECT FROM /*outbox:table*/outbox_ring AS r
+            WHERE r.slot = s AND r.queue = l.queue AND r.lane = l.lane
+              AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+              AND NOT pg_visible_in_snapshot(r.txid, p.snap))
+           OR EXISTS (
+            SELECT FROM /*outbox:table*/outbox_ring AS r
+            WHERE r.slot = s AND r.queue = l.queue AND r.lane = l.lane
+              AND r.ordering_key IS NOT NULL AND r.id > p.below));
+END;
+$$;
+-- +goose StatementEnd
+
 -- Empties partition s, and marks it open for writers again, unless a
 -- transaction holds a lock on it (a reader that can still reach it,
 -- pg_dump, a writer still open): then it returns false at once, and the
 -- next turn tries again. TRUNCATE is not MVCC-safe: only partitions
 -- every lane has read past are given (RingDoneSlots), and it checks
--- again under the lock, which no writer of the partition holds then: a
--- writer open at the first check that committed before the lock would
--- otherwise have lost its rows. A queue that has rows there but no lanes
--- yet gets its lanes, and keeps the partition until they read it. Its
--- plans are custom, so that its reads lock only partition s (another
--- turn may hold another partition's lock); JIT is off, as in doneSlots.
+-- again (outbox_ring_read_past) under the lock, which no writer of the
+-- partition holds then: a writer open at the first check that committed
+-- before the lock would otherwise have lost its rows. A queue that has
+-- rows there but no lanes yet gets its lanes, and keeps the partition
+-- until they read it. Its plans are custom, so that its reads lock only
+-- partition s (another turn may hold another partition's lock); JIT is
+-- off, as in doneSlots.
 -- +goose StatementBegin
 CREATE FUNCTION /*outbox:table*/outbox_ring_truncate(s smallint) RETURNS boolean
 LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET jit = off AS $$
@@ -216,22 +248,7 @@ BEGIN
       AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = q.queue AND x.lane = 0)
     ON CONFLICT DO NOTHING;
     -- Lanes without progress, those made just now included, see nothing.
-    IF EXISTS (
-        SELECT FROM /*outbox:table*/outbox_ring_lanes AS l
-        CROSS JOIN LATERAL (
-            SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
-            FROM (SELECT 1) AS one
-            LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
-                               WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
-        WHERE EXISTS (
-            SELECT FROM /*outbox:table*/outbox_ring AS r
-            WHERE r.slot = s AND r.queue = l.queue AND r.lane = l.lane
-              AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
-              AND NOT pg_visible_in_snapshot(r.txid, p.snap))
-           OR EXISTS (
-            SELECT FROM /*outbox:table*/outbox_ring AS r
-            WHERE r.slot = s AND r.queue = l.queue AND r.lane = l.lane
-              AND r.ordering_key IS NOT NULL AND r.id > p.below)) THEN
+    IF NOT /*outbox:table*/outbox_ring_read_past(s) THEN
         RETURN false;
     END IF;
     CASE s

@@ -370,33 +370,12 @@ FROM (SELECT (@slot::smallint) AS slot) AS a
 WHERE t.slot = a.slot OR t.slot = (a.slot + 1) % 4;
 
 -- name: RingDoneSlots :many
--- The partitions, other than the one written, that every lane of every
--- queue has read past: no lane has a row there that its newest progress
--- does not see. Only the rows of transactions from where that
--- snapshot's unseen rows start (outbox_ring_since) to the partition's
--- done_below are looked at, and a keyed lane's rows above its
--- progress's id bound: a transaction that wrote nothing into the ring,
--- however long it runs, does not hold the ring back. A lane with no
--- progress sees nothing.
+-- The partitions, other than the one written, that writers left and
+-- every lane of every queue has read past (outbox_ring_read_past).
 SELECT t.slot FROM /*outbox:table*/outbox_ring_turns AS t
 WHERE t.done_below IS NOT NULL
   AND t.slot <> /*outbox:table*/outbox_ring_slot_now()
-  AND NOT EXISTS (
-      SELECT FROM /*outbox:table*/outbox_ring_lanes AS l
-      CROSS JOIN LATERAL (
-          SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
-          FROM (SELECT 1) AS one
-          LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
-                             WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
-      WHERE EXISTS (
-          SELECT FROM /*outbox:table*/outbox_ring AS r
-          WHERE r.slot = t.slot AND r.queue = l.queue AND r.lane = l.lane
-            AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot()) AND r.txid < t.done_below
-            AND NOT pg_visible_in_snapshot(r.txid, p.snap))
-         OR EXISTS (
-          SELECT FROM /*outbox:table*/outbox_ring AS r
-          WHERE r.slot = t.slot AND r.queue = l.queue AND r.lane = l.lane
-            AND r.ordering_key IS NOT NULL AND r.id > p.below))
+  AND /*outbox:table*/outbox_ring_read_past(t.slot)
 ORDER BY t.slot;
 
 -- name: RingTruncate :one
