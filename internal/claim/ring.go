@@ -70,11 +70,10 @@ const ringStraggleMin = 20 * time.Millisecond
 // claim of lanes waits for its slowest ones (at least ringStraggleMin).
 const ringStraggleRatio = 4
 
-// ringStateShare is the share of a claimer's time the outbox table's
-// claims that find nothing may take, when a claim of the ring leaves room
-// for them (see byRing.stateDue): after such a claim, the next waits
-// (1/ringStateShare - 1) times as long as it took, at most
-// MinFetchInterval. While the vacuum horizon is held, the table's claim
+// The outbox table's claims that find nothing may take one
+// ringStateShare-th of a claimer's time, when a claim of the ring leaves
+// room for them (see byRing.stateDue): after such a claim, the next waits
+// ringStateShare - 1 times as long as it took, at most MinFetchInterval. While the vacuum horizon is held, the table's claim
 // can take ten times its usual time, and running it after every claim of
 // the ring slowed the ring's claims with it.
 const ringStateShare = 10
