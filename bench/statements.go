@@ -14,11 +14,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// statementStats profiles contenders with pg_stat_statements (the -statements
-// flag): the server's execution and planning time per statement, summed over each
-// contender's rounds. The statements run inside triggers are listed too
-// when pg_stat_statements.track is all; their time is also counted in the
-// statement that fired them.
+// statementStats profiles contenders with pg_stat_statements (the
+// -statements flag): the server's execution and planning time per
+// statement, summed over each contender's rounds. The statements run
+// inside triggers are listed too when pg_stat_statements.track is all;
+// their time is also counted in the statement that fired them.
 type statementStats struct {
 	pool *pgxpool.Pool
 	by   map[string]map[string]*stmtStat // contender -> query -> stats

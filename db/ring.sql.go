@@ -545,9 +545,9 @@ type RingReadRow struct {
 // Up to @max_rows rows of the batch of lane @lane of @queue: visible to
 // snapshot @cur and not to @prev, in the partitions @slots, in (txid, id)
 // order, from the first transaction @cur sees done and @prev did not
-// (outbox_ring_since). A batch that fills is cut after its last transaction's rows
-// (RingReadRest) and its progress says so (a snapshot whose xmin is the
-// next txid).
+// (outbox_ring_since). A batch that fills is cut after its last
+// transaction's rows (RingReadRest) and its progress says so (a snapshot
+// whose xmin is the next txid).
 func (q *Queries) RingRead(ctx context.Context, arg RingReadParams) ([]RingReadRow, error) {
 	rows, err := q.db.Query(ctx, ringRead,
 		arg.Prev,
@@ -907,9 +907,10 @@ type RingTakeLanesRow struct {
 // it names (a generic plan locks all of them before pruning, and an open
 // claim would then keep the ring from turning); no bitmap scans, so that
 // a lane's read stops at its batch's last row instead of reading, and
-// sorting, the lane's whole backlog; and no JIT: the ring's small tables are never vacuumed, and
-// estimates made without their statistics pass jit_above_cost, whose
-// compilation takes longer than the statements. And it lets the claim's
+// sorting, the lane's whole backlog; and no JIT: the ring's small tables
+// are never vacuumed, and estimates made without their statistics pass
+// jit_above_cost, whose compilation takes longer than the statements.
+// And it lets the claim's
 // moves of keyed rows into the outbox table keep their ids (the ring's
 // version of the table's key trigger).
 func (q *Queries) RingTakeLanes(ctx context.Context, arg RingTakeLanesParams) ([]RingTakeLanesRow, error) {

@@ -36,8 +36,8 @@ var onlyWithTheRing = map[string]bool{
 	"RingConfirm": true, "RingMove": true, "RingMoveCrashed": true, "RingMoveKeyed": true, "RingPosition": true,
 	"RingProgress": true, "RingRead": true, "RingReadKeyed": true, "RingReadyLanes": true,
 	"RingReadRest": true, "RingRecord": true, "RingHeldKeys": true, "RingTakeLanes": true,
-	"RingTurnState": true, "RingNextSlot": true, "RingCloseSlot": true, "RingDoneSlots": true, "RingTruncate": true, "RingAddLanes": true,
-	"RingPrune": true, "RingLockKeyedLanes": true,
+	"RingTurnState": true, "RingNextSlot": true, "RingCloseSlot": true, "RingDoneSlots": true, "RingTruncate": true,
+	"RingPrune": true, "RingLockKeyedLanes": true, "RingAddLanes": true,
 }
 
 // queryMethods returns the generated queries (the methods of

@@ -73,9 +73,10 @@ const ringStraggleRatio = 4
 // The outbox table's claims that find nothing may take one
 // ringStateShare-th of a claimer's time, when a claim of the ring leaves
 // room for them (see byRing.stateDue): after such a claim, the next waits
-// ringStateShare - 1 times as long as it took, at most MinFetchInterval. While the vacuum horizon is held, the table's claim
-// can take ten times its usual time, and running it after every claim of
-// the ring slowed the ring's claims with it.
+// ringStateShare - 1 times as long as it took, at most MinFetchInterval.
+// While the vacuum horizon is held, the table's claim can take ten times
+// its usual time, and running it after every claim of the ring slowed
+// the ring's claims with it.
 const ringStateShare = 10
 
 // byRing claims from the ring, and from the outbox table with state, the

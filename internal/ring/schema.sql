@@ -28,12 +28,6 @@ LANGUAGE sql VOLATILE AS $$
     SELECT coalesce(pg_sequence_last_value(/*outbox:literal*/'outbox_ring_slot'), 0)::smallint
 $$;
 
--- txid is declared before slot, so its default runs first: a transaction
--- has its xid before it reads the slot, which is what lets a turn know
--- below which xid the old partition is no longer written. ids come from
--- the outbox table's sequence: a row keeps its id when it moves there.
--- Lanes 0-3 hold unkeyed rows (by id), lanes 4-7 keyed rows (by key), so
--- a key's rows are read by one reader at a time, in commit order.
 -- The least transaction id among the rows that snapshot cur sees and
 -- snapshot prev does not: prev's xmax, or the least of the transactions
 -- prev saw running that cur sees done. A scan of those rows in txid
@@ -47,6 +41,12 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
                     pg_snapshot_xmax(prev))
 $$;
 
+-- txid is declared before slot, so its default runs first: a transaction
+-- has its xid before it reads the slot, which is what lets a turn know
+-- below which xid the old partition is no longer written. ids come from
+-- the outbox table's sequence: a row keeps its id when it moves there.
+-- Lanes 0-3 hold unkeyed rows (by id), lanes 4-7 keyed rows (by key), so
+-- a key's rows are read by one reader at a time, in commit order.
 CREATE TABLE /*outbox:table*/outbox_ring (
     id              bigint      NOT NULL DEFAULT nextval(/*outbox:literal*/'outbox_id_seq'),
     queue           text        COLLATE "C" NOT NULL,
@@ -102,14 +102,15 @@ CREATE TRIGGER /*outbox:name*/outbox_ring_key_insert_trg
     EXECUTE FUNCTION /*outbox:table*/outbox_ring_key_insert();
 
 -- Wakes the sleeping subscribers of a row's queue, as the outbox table's
--- statement trigger does, once per queue (and due or not) in a row of
--- the transaction's rows: its WHEN, evaluated for every row, reads one
+-- statement trigger does, once for each run of a transaction's rows of
+-- one queue, due or not: its WHEN, evaluated for every row, reads one
 -- sequence, and while nobody may sleep nothing else runs. (A statement
 -- trigger needs the statement's rows as a transition table, whose
 -- capture cost a one-row INSERT about 17 µs, and its lanes' INSERT as
--- much again.) A queue's lanes are made by its subscribers when they
--- start (RingAddLanes), and by a turn that finds its rows in a partition
--- (outbox_ring_truncate), which keeps the partition until they read it.
+-- much again.) A queue's lanes are made by its subscribers' claimers
+-- before their first claim (RingAddLanes), and by a turn that finds its
+-- rows in a partition (outbox_ring_truncate), which keeps the partition
+-- until they read it.
 -- +goose StatementBegin
 CREATE FUNCTION /*outbox:table*/outbox_ring_wake() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -18,9 +18,10 @@
 -- it names (a generic plan locks all of them before pruning, and an open
 -- claim would then keep the ring from turning); no bitmap scans, so that
 -- a lane's read stops at its batch's last row instead of reading, and
--- sorting, the lane's whole backlog; and no JIT: the ring's small tables are never vacuumed, and
--- estimates made without their statistics pass jit_above_cost, whose
--- compilation takes longer than the statements. And it lets the claim's
+-- sorting, the lane's whole backlog; and no JIT: the ring's small tables
+-- are never vacuumed, and estimates made without their statistics pass
+-- jit_above_cost, whose compilation takes longer than the statements.
+-- And it lets the claim's
 -- moves of keyed rows into the outbox table keep their ids (the ring's
 -- version of the table's key trigger).
 SELECT l.queue, l.lane, s.pos::integer AS pos,
@@ -116,9 +117,9 @@ CROSS JOIN LATERAL (
 -- Up to @max_rows rows of the batch of lane @lane of @queue: visible to
 -- snapshot @cur and not to @prev, in the partitions @slots, in (txid, id)
 -- order, from the first transaction @cur sees done and @prev did not
--- (outbox_ring_since). A batch that fills is cut after its last transaction's rows
--- (RingReadRest) and its progress says so (a snapshot whose xmin is the
--- next txid).
+-- (outbox_ring_since). A batch that fills is cut after its last
+-- transaction's rows (RingReadRest) and its progress says so (a snapshot
+-- whose xmin is the next txid).
 SELECT r.id, r.payload, r.headers, r.created_at, r.next_attempt_at, r.txid
 FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
 JOIN /*outbox:table*/outbox_ring AS r
