@@ -261,14 +261,14 @@ func (c *byRing) moveKeyed() error {
 	for _, l := range lanes {
 		p.LaneQueues, p.Lanes = append(p.LaneQueues, l.Queue), append(p.Lanes, l.Lane)
 	}
-	n, err := q.RingMoveKeyed(ctx, p)
+	moved, err := q.RingMoveKeyed(ctx, p)
 	if err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return err
 	}
-	if n.Moved > 0 {
+	if moved.Moved > 0 {
 		c.moved()
 	}
 	return nil
@@ -299,8 +299,9 @@ type lane struct {
 	at  int32
 	due []int
 	// spilled reports that the claim moved rows of the lane into the
-	// outbox table unleased: rows not yet due, rows behind their keys
-	// there, or the batches of claims that died.
+	// outbox table unleased (move, RingMoveCrashed): rows not yet due,
+	// rows behind their keys there, rows no handler started, or the
+	// batches of claims that died.
 	spilled bool
 }
 
@@ -457,7 +458,6 @@ func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error)
 			due = append(due, i)
 		}
 	}
-	l.spilled = l.spilled || len(m.ids) > 0
 	return due, c.move(ctx, q, l, m, pgtype.UUID{})
 }
 
@@ -474,11 +474,12 @@ func (m *moves) add(id, txid int64, deliveries int32) {
 }
 
 // move moves m's rows of l into the outbox table in q's transaction,
-// leased with token when it is valid.
+// leased with token when it is valid (else l spilled them).
 func (c *byRing) move(ctx context.Context, q *db.Queries, l *lane, m moves, token pgtype.UUID) error {
 	if len(m.ids) == 0 {
 		return nil
 	}
+	l.spilled = l.spilled || !token.Valid
 	n, err := q.RingMove(ctx, db.RingMoveParams{Token: token, LeaseTtlSeconds: c.env.LeaseTTL.Seconds(), Ids: m.ids,
 		Txids: m.txids, Deliveries: m.deliveries, Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
 	if err == nil && int(n) != len(m.ids) {
@@ -619,7 +620,7 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 		return c.endLanes(ctx, q, ls, changed, e, token)
 	}
 	lc.committed = func(e *lockEnd) {
-		if spilled(ls) || len(e.leased) > 0 || len(e.givenUp) > 0 {
+		if spilled(ls) || len(e.leased) > 0 {
 			c.moved()
 		}
 	}
