@@ -32,6 +32,21 @@ func (e *env) ring() func(n int) []int64 {
 	}
 }
 
+// drainTo claims up to n rows at a time, acknowledging each claim's rows
+// and waiting for its end, until h was handed want rows; it fails the
+// test when a minute is not enough.
+func (h *harness) drainTo(t *testing.T, ctx context.Context, n int32, want int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for len(h.ids()) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("handed %d rows in a minute; want %d", len(h.ids()), want)
+		}
+		ack(h.claim(t, ctx, n))
+		h.Ended()
+	}
+}
+
 // lanes gives queues their lanes of the ring, as a claimer of them does
 // before its first claim, for tests that claim through a claimer's parts.
 func (e *env) lanes(queues ...string) {
@@ -796,10 +811,7 @@ func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
 	}, "q")
 	drain := func(ids []int64) {
 		t.Helper()
-		for want := len(h.ids()) + len(ids); len(h.ids()) < want; {
-			ack(h.claim(t, e.ctx, 1000))
-			h.Ended()
-		}
+		h.drainTo(t, e.ctx, 1000, len(h.ids())+len(ids))
 	}
 	for range 4 {
 		drain(publish(200)) // a lane's batch, 50 rows a lane, in each of four claims
@@ -832,11 +844,7 @@ func TestRingTurnKeepsARowCommittedAfterItsPartitionWasFoundReadPast(t *testing.
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	drain := func(want int) {
 		t.Helper()
-		deadline := time.Now().Add(time.Minute)
-		for len(h.ids()) < want && time.Now().Before(deadline) {
-			ack(h.claim(t, e.ctx, 100))
-			h.Ended()
-		}
+		h.drainTo(t, e.ctx, 100, want)
 	}
 	drain(len(publish(8)))
 	writer, err := e.DB.Pool.Begin(e.ctx)
@@ -893,11 +901,7 @@ func TestRingTurnKeepsTheRowsOfAQueueWithoutLanes(t *testing.T) {
 		t.Fatalf("after two turns, the queue has %d lanes and %d rows (%v); want 8 and %d", lanes, rows, err, len(ids))
 	}
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "new")
-	deadline := time.Now().Add(time.Minute)
-	for len(h.ids()) < len(ids) && time.Now().Before(deadline) {
-		ack(h.claim(t, e.ctx, 100))
-		h.Ended()
-	}
+	h.drainTo(t, e.ctx, 100, len(ids))
 	if diff := cmp.Diff(ids, h.ids()); diff != "" {
 		t.Errorf("rows handed out (-want +got):\n%s", diff)
 	}
