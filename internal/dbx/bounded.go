@@ -1,5 +1,7 @@
 // Package dbx holds what every statement the library runs needs, whoever
-// runs it: a bound on each statement's time (Bounded), the class of a
+// runs it: a bound on each statement's time (Bounded), statements planned
+// for their parameters at every execution (OneShot), statements sent
+// together with the BEGIN of their transaction (BeginBatch), the class of a
 // failed statement's error (Classify), error text the database always
 // stores (ErrorText), and the backoff between tries (Backoff). It imports
 // only pgx and the generated queries' DBTX; every other package may
