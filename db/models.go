@@ -72,6 +72,11 @@ type OutboxRing struct {
 	Lane          int16
 }
 
+type OutboxRingAck struct {
+	Xid uint64
+	Ids []int64
+}
+
 type OutboxRingClaim struct {
 	Queue    string
 	Lane     int16
@@ -79,6 +84,7 @@ type OutboxRingClaim struct {
 	Xid      uint64
 	Snap     interface{}
 	Below    int64
+	Until    time.Time
 }
 
 type OutboxRingLane struct {

@@ -12,6 +12,43 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const ringAck = `-- name: RingAck :one
+WITH claim AS MATERIALIZED (
+    SELECT x.xid, pg_try_advisory_xact_lock(
+               ((/*outbox:literal*/'outbox_ring_acks'::regclass::oid)::bigint - 2147483648)::integer,
+               (x.xid % 4294967296 - 2147483648)::integer) AS locked
+    FROM (SELECT $1::bigint AS xid) AS x
+), record AS (
+    INSERT INTO /*outbox:table*/outbox_ring_acks (xid, ids)
+    SELECT (claim.xid::text)::xid8, $2::bigint[]
+    FROM claim
+    WHERE claim.locked AND pg_xact_status((claim.xid::text)::xid8) = 'in progress'
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM record) AS recorded
+`
+
+type RingAckParams struct {
+	Xid int64
+	Ids []int64
+}
+
+// Records, in a transaction of its own (autocommit), that the claim of
+// transaction @xid acknowledged rows @ids of its keyed lanes, before it
+// hands the rows of their keys that follow them out: should its
+// transaction abort, the lanes' next reader leaves them out of the move
+// (RingMoveCrashed). It records nothing, and recorded is false, when
+// that transaction is no longer in progress, or a reader that found it
+// aborted holds its lock (RingWaitAcks): then no next row may run.
+// Committed as the session's synchronous_commit says: a server crash
+// aborts the claim, and the acknowledgements must outlive it.
+func (q *Queries) RingAck(ctx context.Context, arg RingAckParams) (bool, error) {
+	row := q.db.QueryRow(ctx, ringAck, arg.Xid, arg.Ids)
+	var recorded bool
+	err := row.Scan(&recorded)
+	return recorded, err
+}
+
 const ringAddLanes = `-- name: RingAddLanes :exec
 INSERT INTO /*outbox:table*/outbox_ring_lanes (queue, lane)
 SELECT q.queue, l.lane FROM unnest($1::text[]) AS q(queue), generate_series(0, 7) AS l(lane)
@@ -164,13 +201,14 @@ INSERT INTO /*outbox:table*/outbox
     (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count, acquired_token, acquired_at, lease_expires_at)
 OVERRIDING SYSTEM VALUE
 SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, m.deliveries,
-       l.token,
-       CASE WHEN l.token IS NOT NULL THEN clock_timestamp() END,
-       CASE WHEN l.token IS NOT NULL THEN clock_timestamp() + make_interval(secs => l.ttl) END
+       CASE WHEN m.leased THEN l.token END,
+       CASE WHEN m.leased THEN clock_timestamp() END,
+       CASE WHEN m.leased THEN clock_timestamp() + make_interval(secs => l.ttl) END
 FROM (SELECT $1::uuid AS token, $2::float8 AS ttl) AS l
-CROSS JOIN (SELECT unnest($3::bigint[]) AS id, unnest($4::bigint[]) AS txid, unnest($5::integer[]) AS deliveries) AS m
+CROSS JOIN (SELECT unnest($3::bigint[]) AS id, unnest($4::bigint[]) AS txid, unnest($5::integer[]) AS deliveries,
+                   unnest($6::boolean[]) AS leased) AS m
 JOIN /*outbox:table*/outbox_ring AS r
-  ON r.slot = ANY ($6::smallint[]) AND r.queue = $7 AND r.lane = $8 AND r.txid = m.txid::text::xid8 AND r.id = m.id
+  ON r.slot = ANY ($7::smallint[]) AND r.queue = $8 AND r.lane = $9 AND r.txid = m.txid::text::xid8 AND r.id = m.id
 ORDER BY r.id
 `
 
@@ -180,6 +218,7 @@ type RingMoveParams struct {
 	Ids             []int64
 	Txids           []int64
 	Deliveries      []int32
+	Leased          []bool
 	Slots           []int16
 	Queue           string
 	Lane            int16
@@ -187,13 +226,14 @@ type RingMoveParams struct {
 
 // Moves rows @ids (of transactions @txids) of lane @lane of @queue, in
 // the partitions @slots, into the outbox table with their ids, each with
-// its delivery count @deliveries, leased with @token for
-// @lease_ttl_seconds when @token is set (rows whose handlers run on, or
-// whose failure the lease path writes next), else waiting for a claim
-// (rows no handler started, rows not yet due), in id order: a key's rows
-// take their places behind each other (keeping their ids, see
-// RingTakeLanes). Fewer rows moved than given means the ring no longer
-// holds them.
+// its delivery count @deliveries: leased with @token for
+// @lease_ttl_seconds where @leased is true (rows whose handlers run on,
+// or whose failure the lease path writes next), else waiting for a claim
+// (rows no handler started, rows not yet due, rows of keys the outbox
+// table holds); in id order, in one statement, so that a key's rows take
+// their places behind each other (keeping their ids, see RingTakeLanes),
+// its leased row first. Fewer rows moved than given means the ring no
+// longer holds them.
 func (q *Queries) RingMove(ctx context.Context, arg RingMoveParams) (int64, error) {
 	result, err := q.db.Exec(ctx, ringMove,
 		arg.Token,
@@ -201,6 +241,7 @@ func (q *Queries) RingMove(ctx context.Context, arg RingMoveParams) (int64, erro
 		arg.Ids,
 		arg.Txids,
 		arg.Deliveries,
+		arg.Leased,
 		arg.Slots,
 		arg.Queue,
 		arg.Lane,
@@ -212,36 +253,56 @@ func (q *Queries) RingMove(ctx context.Context, arg RingMoveParams) (int64, erro
 }
 
 const ringMoveCrashed = `-- name: RingMoveCrashed :one
-WITH moved AS (
-INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count)
-OVERRIDING SYSTEM VALUE
-SELECT u.id, u.queue, u.payload, u.headers, u.ordering_key, u.created_at, u.next_attempt_at,
-       (SELECT count(*) FROM generate_subscripts($1::text[], 1) AS c(i)
-        WHERE pg_visible_in_snapshot(u.txid, (($1::text[])[c.i])::pg_snapshot)
-          AND u.id <= ($2::bigint[])[c.i])::integer
-FROM (
-    SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, r.slot, r.lane FROM (SELECT ($3::text)::pg_snapshot AS prev, ($4::text)::pg_snapshot AS cur) AS b
+WITH crashed AS MATERIALIZED (
+    SELECT (($1::text[])[c.i])::pg_snapshot AS snap, ($2::bigint[])[c.i] AS below,
+           ($3::timestamptz[])[c.i] AS held, ((($4::bigint[])[c.i])::text)::xid8 AS xid
+    FROM generate_subscripts($1::text[], 1) AS c(i)
+), acked AS MATERIALIZED (
+    SELECT DISTINCT a.id
+    FROM crashed
+    JOIN /*outbox:table*/outbox_ring_acks AS k ON k.xid = crashed.xid
+    CROSS JOIN LATERAL unnest(k.ids) AS a(id)
+), unread AS MATERIALIZED (
+    SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, r.slot, r.lane FROM (SELECT ($5::text)::pg_snapshot AS prev, ($6::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
-      ON r.slot = ANY ($5::smallint[]) AND r.queue = $6 AND r.lane = $7
+      ON r.slot = ANY ($7::smallint[]) AND r.queue = $8 AND r.lane = $9
      AND r.txid >= /*outbox:table*/outbox_ring_since(b.prev, b.cur)
      AND NOT pg_visible_in_snapshot(r.txid, b.prev)
      AND pg_visible_in_snapshot(r.txid, b.cur)
     UNION ALL
     SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, r.txid, r.slot, r.lane FROM /*outbox:table*/outbox_ring AS r
-    WHERE r.slot = ANY ($5::smallint[]) AND r.queue = $6 AND r.lane = $7
-      AND r.ordering_key IS NOT NULL AND r.id > $8::bigint
-      AND pg_visible_in_snapshot(r.txid, ($3::text)::pg_snapshot)
-      AND pg_visible_in_snapshot(r.txid, ($4::text)::pg_snapshot)
-) AS u
-ORDER BY u.id
-RETURNING id
+    WHERE r.slot = ANY ($7::smallint[]) AND r.queue = $8 AND r.lane = $9
+      AND r.ordering_key IS NOT NULL AND r.id > $10::bigint
+      AND pg_visible_in_snapshot(r.txid, ($5::text)::pg_snapshot)
+      AND pg_visible_in_snapshot(r.txid, ($6::text)::pg_snapshot)
+), kept AS MATERIALIZED (
+    SELECT u.id, u.queue, u.payload, u.headers, u.ordering_key, u.created_at, u.next_attempt_at, u.txid, u.slot, u.lane FROM unread AS u WHERE u.id NOT IN (SELECT acked.id FROM acked)
+), delivered AS (
+    SELECT b.id, count(*)::integer AS deliveries, max(b.held) AS until
+    FROM (
+        SELECT k.id, k.ordering_key, c.held, row_number() OVER (PARTITION BY c.xid, k.ordering_key ORDER BY k.id) AS nth
+        FROM crashed AS c
+        JOIN kept AS k ON pg_visible_in_snapshot(k.txid, c.snap) AND k.id <= c.below) AS b
+    WHERE b.ordering_key IS NULL OR b.nth = 1
+    GROUP BY b.id
+), moved AS (
+    INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count)
+    OVERRIDING SYSTEM VALUE
+    SELECT k.id, k.queue, k.payload, k.headers, k.ordering_key, k.created_at,
+           greatest(k.next_attempt_at, d.until), coalesce(d.deliveries, 0)
+    FROM kept AS k
+    LEFT JOIN delivered AS d ON d.id = k.id
+    ORDER BY k.id
+    RETURNING 1
 )
-SELECT count(*)::bigint AS moved, coalesce(max(moved.id), 0)::bigint AS last_id FROM moved
+SELECT (SELECT count(*) FROM moved)::bigint AS moved, coalesce((SELECT max(u.id) FROM unread AS u), 0)::bigint AS last_id
 `
 
 type RingMoveCrashedParams struct {
 	Crashed      []string
 	CrashedBelow []int64
+	CrashedUntil []time.Time
+	CrashedXids  []int64
 	Prev         string
 	Cur          string
 	Slots        []int16
@@ -258,16 +319,27 @@ type RingMoveCrashedRow struct {
 // Moves the rows of lane @lane of @queue that snapshot @cur sees and the
 // lane's progress (@prev, @below) has not consumed, in the partitions
 // @slots, into the outbox table, unleased, in id order (a keyed row
-// keeps its id and its place behind its key's), each row with the
-// deliveries that claims whose transactions aborted made of it (those of
-// the snapshots @crashed, with bounds @crashed_below, that consumed it):
-// from there, each row counts toward MaxDeliveries on its own, so a row
-// that kills its subscriber does not take its batch down with it again.
-// Returns how many rows moved, and the largest id moved (0 for none).
+// keeps its id and its place behind its key's), but for the rows that
+// claims whose transactions aborted acknowledged before handing their
+// keys' next rows out (those of transactions @crashed_xids, see
+// RingAck): they are consumed. Each row moved counts the deliveries that
+// those claims made of it (those of the snapshots @crashed, with bounds
+// @crashed_below, that consumed it: every unkeyed row, and of each key
+// the first row not acknowledged, which ran while the rest of the key's
+// rows waited for it): from there, each row counts toward MaxDeliveries
+// on its own, so a row that kills its subscriber does not take its batch
+// down with it again. A row such a claim delivered is due no sooner
+// than that claim's lease would have expired (@crashed_until): its
+// handler may still run (its process lives on, and only its connection
+// died), as a claim by lock of the outbox table's rows waits too
+// (RecordLock); a key's later rows wait behind it. Returns how many rows
+// moved, and the largest id the lane consumed (0 for none).
 func (q *Queries) RingMoveCrashed(ctx context.Context, arg RingMoveCrashedParams) (RingMoveCrashedRow, error) {
 	row := q.db.QueryRow(ctx, ringMoveCrashed,
 		arg.Crashed,
 		arg.CrashedBelow,
+		arg.CrashedUntil,
+		arg.CrashedXids,
 		arg.Prev,
 		arg.Cur,
 		arg.Slots,
@@ -381,8 +453,9 @@ func (q *Queries) RingNextSlot(ctx context.Context, slot int16) (RingNextSlotRow
 	return i, err
 }
 
-const ringPosition = `-- name: RingPosition :one
-SELECT coalesce(p.seq, 0)::bigint AS seq,
+const ringPositions = `-- name: RingPositions :many
+SELECT w.queue::text AS queue, w.lane::smallint AS lane,
+       coalesce(p.seq, 0)::bigint AS seq,
        coalesce(p.snap, '1:1:'::pg_snapshot)::text AS prev,
        coalesce(p.below, 0)::bigint AS below,
        coalesce(extract(epoch FROM now() - p.at), 1e9)::float8 AS age_seconds,
@@ -393,25 +466,30 @@ SELECT coalesce(p.seq, 0)::bigint AS seq,
                     OR p.below < 9223372036854775807),
                 '{}')::smallint[] AS slots,
        coalesce(c.snaps, '{}')::text[] AS crashed,
-       coalesce(c.belows, '{}')::bigint[] AS crashed_below
-FROM (SELECT 1) AS one
+       coalesce(c.belows, '{}')::bigint[] AS crashed_below,
+       coalesce(c.untils, '{}')::timestamptz[] AS crashed_until,
+       coalesce(c.xids, '{}')::bigint[] AS crashed_xids
+FROM (SELECT unnest($1::text[]) AS queue, unnest($2::smallint[]) AS lane) AS w
 LEFT JOIN LATERAL (
     SELECT g.seq, g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
-    WHERE g.queue = $1 AND g.lane = $2
+    WHERE g.queue = w.queue AND g.lane = w.lane
     ORDER BY g.seq DESC LIMIT 1) AS p ON true
 CROSS JOIN LATERAL (
-    SELECT array_agg(a.snap::text ORDER BY a.xid) AS snaps, array_agg(a.below ORDER BY a.xid) AS belows
+    SELECT array_agg(a.snap::text ORDER BY a.xid) AS snaps, array_agg(a.below ORDER BY a.xid) AS belows,
+           array_agg(a.until ORDER BY a.xid) AS untils, array_agg(a.xid::text::bigint ORDER BY a.xid) AS xids
     FROM /*outbox:table*/outbox_ring_claims AS a
-    WHERE a.queue = $1 AND a.lane = $2 AND a.after_seq = coalesce(p.seq, 0)
+    WHERE a.queue = w.queue AND a.lane = w.lane AND a.after_seq = coalesce(p.seq, 0)
       AND pg_xact_status(a.xid) = 'aborted') AS c
 `
 
-type RingPositionParams struct {
-	Queue string
-	Lane  int16
+type RingPositionsParams struct {
+	Queues []string
+	Lanes  []int16
 }
 
-type RingPositionRow struct {
+type RingPositionsRow struct {
+	Queue        string
+	Lane         int16
 	Seq          int64
 	Prev         string
 	Below        int64
@@ -421,31 +499,53 @@ type RingPositionRow struct {
 	Slots        []int16
 	Crashed      []string
 	CrashedBelow []int64
+	CrashedUntil []time.Time
+	CrashedXids  []int64
 }
 
-// Where lane @lane of @queue stands, read in the claim's transaction:
-// its newest progress (seq 0 and the empty snapshot when it has none:
-// the lane reads from the ring's start), its id bound and its age; the
+// Where each lane @lanes of @queues stands (arrays of one element per
+// lane), read in the claim's transaction once it holds the lanes it takes
+// (RingTakeLanes, whose statement's snapshot was taken before its locks):
+// its newest progress (seq 0 and the empty snapshot when it has none: the
+// lane reads from the ring's start), its id bound and its age; the
 // transaction's snapshot and id; the partitions the batch can reach
 // (those not done below the progress's xmin, and every one not emptied
-// since while a keyed lane's bound leaves rows that snapshot saw
-// unread); and the snapshots and bounds of the claims after that
-// progress whose transactions aborted (crashed or lost deliveries).
-func (q *Queries) RingPosition(ctx context.Context, arg RingPositionParams) (RingPositionRow, error) {
-	row := q.db.QueryRow(ctx, ringPosition, arg.Queue, arg.Lane)
-	var i RingPositionRow
-	err := row.Scan(
-		&i.Seq,
-		&i.Prev,
-		&i.Below,
-		&i.AgeSeconds,
-		&i.Cur,
-		&i.Xid,
-		&i.Slots,
-		&i.Crashed,
-		&i.CrashedBelow,
-	)
-	return i, err
+// since while a keyed lane's bound leaves rows that snapshot saw unread);
+// and the snapshots, bounds, lease ends and transaction ids of the claims
+// after that progress whose transactions aborted (crashed or lost
+// deliveries).
+func (q *Queries) RingPositions(ctx context.Context, arg RingPositionsParams) ([]RingPositionsRow, error) {
+	rows, err := q.db.Query(ctx, ringPositions, arg.Queues, arg.Lanes)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RingPositionsRow{}
+	for rows.Next() {
+		var i RingPositionsRow
+		if err := rows.Scan(
+			&i.Queue,
+			&i.Lane,
+			&i.Seq,
+			&i.Prev,
+			&i.Below,
+			&i.AgeSeconds,
+			&i.Cur,
+			&i.Xid,
+			&i.Slots,
+			&i.Crashed,
+			&i.CrashedBelow,
+			&i.CrashedUntil,
+			&i.CrashedXids,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const ringPresent = `-- name: RingPresent :one
@@ -498,15 +598,22 @@ WITH newest AS (
     DELETE FROM /*outbox:table*/outbox_ring_progress AS g
     USING newest AS n
     WHERE g.queue = n.queue AND g.lane = n.lane AND g.seq < n.seq
+), acks AS (
+    DELETE FROM /*outbox:table*/outbox_ring_acks AS k
+    -- (xid8 has no min() before PostgreSQL 15.)
+    WHERE k.xid < coalesce((SELECT c.xid FROM /*outbox:table*/outbox_ring_claims AS c ORDER BY c.xid LIMIT 1),
+                           '18446744073709551615'::xid8)
 )
 DELETE FROM /*outbox:table*/outbox_ring_claims AS c
 USING newest AS n
 WHERE c.queue = n.queue AND c.lane = n.lane AND c.after_seq < n.seq
 `
 
-// Deletes the progress rows behind each lane's newest, and the records of
-// claims after them: every read is of the newest, so these are behind
-// every scan.
+// Deletes the progress rows behind each lane's newest, the records of
+// claims after them, and the acknowledgements of claims older than every
+// record left: every read is of the newest, so these are behind every
+// scan. (A claim in progress keeps its record: it holds its lanes, whose
+// newest progress it read.)
 func (q *Queries) RingPrune(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, ringPrune)
 	return err
@@ -809,12 +916,13 @@ const ringRecord = `-- name: RingRecord :one
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit, ($1::bigint)::text::xid8 AS xid
 ), record AS (
-    INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap, below)
-    SELECT b.queue, b.lane, b.after_seq, session.xid, b.snap::pg_snapshot, b.below
+    INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap, below, until)
+    SELECT b.queue, b.lane, b.after_seq, session.xid, b.snap::pg_snapshot, b.below,
+           now() + make_interval(secs => $2::float8)
     FROM session
-    CROSS JOIN (SELECT unnest($2::text[]) AS queue, unnest($3::smallint[]) AS lane,
-                       unnest($4::bigint[]) AS after_seq, unnest($5::text[]) AS snap,
-                       unnest($6::bigint[]) AS below) AS b
+    CROSS JOIN (SELECT unnest($3::text[]) AS queue, unnest($4::smallint[]) AS lane,
+                       unnest($5::bigint[]) AS after_seq, unnest($6::text[]) AS snap,
+                       unnest($7::bigint[]) AS below) AS b
     WHERE pg_xact_status(session.xid) = 'in progress'
     RETURNING 1
 )
@@ -822,23 +930,26 @@ SELECT EXISTS (SELECT FROM record) AS recorded
 `
 
 type RingRecordParams struct {
-	Xid       int64
-	Queues    []string
-	Lanes     []int16
-	AfterSeqs []int64
-	Snaps     []string
-	Belows    []int64
+	Xid             int64
+	LeaseTtlSeconds float64
+	Queues          []string
+	Lanes           []int16
+	AfterSeqs       []int64
+	Snaps           []string
+	Belows          []int64
 }
 
 // Records, in a transaction of its own (autocommit), that the claim of
 // transaction @xid read, of each lane @lanes of @queues, the batch after
 // progress @after_seqs up to snapshot @snaps and id @belows (arrays of
-// one element per lane). It records nothing, and recorded is false,
+// one element per lane), and that its handlers may run for
+// @lease_ttl_seconds from now. It records nothing, and recorded is false,
 // when that transaction is no longer in progress: its lanes are free,
 // and their rows must not be handed to handlers.
 func (q *Queries) RingRecord(ctx context.Context, arg RingRecordParams) (bool, error) {
 	row := q.db.QueryRow(ctx, ringRecord,
 		arg.Xid,
+		arg.LeaseTtlSeconds,
 		arg.Queues,
 		arg.Lanes,
 		arg.AfterSeqs,
@@ -853,7 +964,7 @@ func (q *Queries) RingRecord(ctx context.Context, arg RingRecordParams) (bool, e
 const ringTakeLanes = `-- name: RingTakeLanes :many
 
 SELECT l.queue, l.lane, s.pos::integer AS pos,
-       set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
+       set_config('plan_cache_mode', 'auto', true) AS plan_cache_mode,
        set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
        set_config('jit', 'off', true) AS jit,
        set_config('outboxgen.ring_move', 'on', true) AS ring_move
@@ -902,17 +1013,21 @@ type RingTakeLanesRow struct {
 // (queue, lane) of them from position @turn (a queue's lanes one after
 // another, in the order of @queues), so that no queue's lanes wait while
 // another's are free; returns the lanes and their positions, in the
-// search's order. It sets the transaction's planner settings: a custom
-// plan for every statement, so that the read locks only the partitions
-// it names (a generic plan locks all of them before pruning, and an open
-// claim would then keep the ring from turning); no bitmap scans, so that
+// search's order. It sets the transaction's planner settings: plans
+// chosen as PostgreSQL's default does, whatever the server's setting
+// says, so that the statements that read the ring's partitions, sent as
+// one-shot statements (dbx.OneShot), are planned for their parameters
+// and lock only the partitions they name (a generic plan locks all of
+// them before pruning, and an open claim would then keep the ring from
+// turning), while the claim's other statements keep their cached plans
+// (planned at every execution, they cost a claim more than their runs);
+// no bitmap scans, so that
 // a lane's read stops at its batch's last row instead of reading, and
 // sorting, the lane's whole backlog; and no JIT: the ring's small tables
 // are never vacuumed, and estimates made without their statistics pass
 // jit_above_cost, whose compilation takes longer than the statements.
-// And it lets the claim's
-// moves of keyed rows into the outbox table keep their ids (the ring's
-// version of the table's key trigger).
+// And it lets the claim's moves of keyed rows into the outbox table keep
+// their ids (the ring's version of the table's key trigger).
 func (q *Queries) RingTakeLanes(ctx context.Context, arg RingTakeLanesParams) ([]RingTakeLanesRow, error) {
 	rows, err := q.db.Query(ctx, ringTakeLanes,
 		arg.Queues,
@@ -1024,4 +1139,23 @@ func (q *Queries) RingUnread(ctx context.Context) (int64, error) {
 	var unread int64
 	err := row.Scan(&unread)
 	return unread, err
+}
+
+const ringWaitAcks = `-- name: RingWaitAcks :exec
+SELECT pg_advisory_xact_lock_shared(
+           ((/*outbox:literal*/'outbox_ring_acks'::regclass::oid)::bigint - 2147483648)::integer,
+           (x.xid % 4294967296 - 2147483648)::integer)
+FROM unnest($1::bigint[]) AS x(xid)
+`
+
+// Waits, in the claim's transaction, for the acknowledgements that
+// claims of transactions @xids, found aborted, are recording (RingAck
+// holds a claim's lock until it commits, and a claim writes one at a
+// time), and keeps new ones from being recorded until it ends: the move
+// that follows (RingMoveCrashed), in the next statement, sees each of
+// them. Shared, so that the readers of a dead claim's other lanes do not
+// wait for each other.
+func (q *Queries) RingWaitAcks(ctx context.Context, xids []int64) error {
+	_, err := q.db.Exec(ctx, ringWaitAcks, xids)
+	return err
 }

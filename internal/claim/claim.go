@@ -494,6 +494,9 @@ type lockedClaim struct {
 	end func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error
 	// committed, when set, runs once the end's transaction committed e.
 	committed func(e *lockEnd)
+	// released, when set, runs once the claim's transaction has ended,
+	// whether its end committed or not: what it held is free (release).
+	released func()
 
 	// A claim of a keyed lane of the ring hands a key's rows out one
 	// after another (see chain): next is the row of its key that follows
@@ -503,6 +506,10 @@ type lockedClaim struct {
 	ready    map[*lease.Delivery]*lease.Delivery
 	unhanded map[*lease.Delivery]bool
 	remove   func(*lease.Delivery)
+	// acks, when set, makes a row's acknowledgement outlive the claim
+	// before Next hands its key's next row out: should the claim's
+	// transaction abort, that row is not delivered again after the next.
+	acks *ackLog
 
 	// A claim whose rows' handlers each run for longer than straggle
 	// (when it is set) ends before LockWindow once every row left has
@@ -583,16 +590,29 @@ func (c *lockedClaim) chain(ds []*lease.Delivery, remove func(*lease.Delivery)) 
 }
 
 // Next returns the row of d's key that follows d, when d was
-// acknowledged while the claim is open; the worker that ran d runs it.
-// Nil otherwise: the claim's end gives the rest of the key up.
+// acknowledged while the claim is open (and, with acks, the
+// acknowledgement was recorded to outlive the claim); the worker that
+// ran d runs it. Nil otherwise: the claim's end gives the rest of the key
+// up.
 func (c *lockedClaim) Next(d *lease.Delivery) *lease.Delivery {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	f := c.ready[d]
 	if f == nil || !c.open {
+		c.mu.Unlock()
 		return nil
 	}
 	delete(c.ready, d)
+	c.mu.Unlock()
+	if c.acks != nil && !c.acks.record(d.Row.ID) {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.open {
+		// The end began while the acknowledgement was written: it gives
+		// f up with the rows no handler started.
+		return nil
+	}
 	delete(c.unhanded, f)
 	return f
 }
@@ -849,6 +869,14 @@ func (k *byLock) hold(ds, handed []*lease.Delivery, lc *lockedClaim) {
 	k.env.Hand(handed)
 }
 
+// release runs c.released, once; only endLocked calls it.
+func (c *lockedClaim) release() {
+	if c.released != nil {
+		c.released()
+		c.released = nil
+	}
+}
+
 // endLocked ends the locked claim c of batch b when every row is settled,
 // LockWindow has passed, or the subscriber stops, and frees its place
 // among the claims in flight.
@@ -856,6 +884,7 @@ func (k *byLock) endLocked(b *lease.Batch, c *lockedClaim) {
 	r := k.env
 	defer k.lockEnds.Done()
 	defer func() {
+		c.release()
 		<-k.locks
 		select {
 		case k.freed <- struct{}{}:
@@ -955,6 +984,9 @@ wait:
 	if err == nil {
 		fellBack, err = k.endLockTx(c, &e, done, token)
 	}
+	// The transaction has ended: what it held is free before the writes
+	// and wake-ups that follow.
+	c.release()
 	if err != nil {
 		if r.Ends.Err() != nil {
 			k.lockUnwritten.Add(int64(len(kept)))

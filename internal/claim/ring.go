@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxgen/outboxgen/db"
@@ -33,7 +35,9 @@ import (
 // transaction aborted (its subscriber crashed, its connection died)
 // leaves its record: each lane's next reader moves that lane's batch
 // into the outbox table, each row counting the deliveries that claims
-// made of it, and the outbox table's claims deliver them from there.
+// made of it and due when the claim's lease would have expired (its
+// handlers may still run), and the outbox table's claims deliver them
+// from there.
 //
 // A keyed lane (4-7) is claimed the same way when claims lock (a claim
 // may take keyed and unkeyed lanes together), but read
@@ -42,7 +46,9 @@ import (
 // RingReadKeyed): a batch cut at a transaction could hand a key's later
 // row out before its earlier one. A key's rows go to handlers one after
 // another: its first row of the batch at once, each next one when the
-// one before it is acknowledged (lockedClaim.Next); a row that fails,
+// one before it is acknowledged, and the acknowledgement recorded to
+// outlive the claim (lockedClaim.Next, RingAck: a claim that dies is
+// not followed by the key's acknowledged rows again); a row that fails,
 // or runs past the claim's end, takes the key's remaining rows of the
 // batch with it into the outbox table, behind it. Keys the outbox table
 // already holds, and a key's rows from its first one not yet due, go
@@ -100,11 +106,46 @@ type byRing struct {
 	// claim of lanes take, in nanoseconds (see straggle).
 	typical atomic.Int64
 	// full reports that the last claim of lanes filled its batch;
-	// filled, that the last claim of the ring did (by lanes or by lease).
-	full, filled bool
+	// filled, that the last claim of the ring did (by lanes or by lease);
+	// empty, that the last Claim found nothing in either tier.
+	full, filled, empty bool
 	// laned reports that the claimer's queues have their lanes
 	// (RingAddLanes, before its first claim).
 	laned bool
+	// mine are the positions of the lanes this claimer's claims in
+	// flight hold (see free).
+	mu   sync.Mutex
+	mine map[int32]bool
+}
+
+// free returns the positions of ready that none of the claimer's claims
+// in flight holds: RingReadyLanes names every lane with rows, and a
+// claim that found only held lanes would begin a transaction to take
+// none.
+func (c *byRing) free(ready []int32) []int32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.DeleteFunc(ready, func(at int32) bool { return c.mine[at] })
+}
+
+// hold records that a claim in flight holds lanes ls, and returns what
+// releases them as it ends.
+func (c *byRing) hold(ls []*lane) (release func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mine == nil {
+		c.mine = make(map[int32]bool)
+	}
+	for _, l := range ls {
+		c.mine[l.at] = true
+	}
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, l := range ls {
+			delete(c.mine, l.at)
+		}
+	}
 }
 
 // straggle is how long a claim of lanes waits for its slowest rows once
@@ -138,9 +179,16 @@ func (c *byRing) Behind() {
 // stateDue reports whether the outbox table's claim runs now, after a
 // claim of the ring that left room: when rows may have come to the table
 // since its last claim, or that claim found rows, or the pace after one
-// that found nothing has passed (ringStateShare).
+// that found nothing has passed (ringStateShare), or the last Claim found
+// nothing at all. The pace spares the table's claims while the ring keeps
+// the claimer busy; after a Claim that found nothing, the fetcher waits
+// (MinFetchInterval, a writer's notification, its sleep record) before it
+// claims again, and then rows may be in the table: the claim that follows
+// a sleep record must see every row committed before it, and one that
+// follows a writer's notification the notified row.
 func (c *byRing) stateDue() bool {
-	return c.stateNews.Swap(false) || !time.Now().Before(c.stateAt)
+	news := c.stateNews.Swap(false)
+	return news || c.empty || !time.Now().Before(c.stateAt)
 }
 
 // stateClaim runs the outbox table's claim of up to n rows, and sets the
@@ -167,6 +215,13 @@ func (c *byRing) moved() { c.stateNews.Store(true) }
 // first. The table's claims that find nothing keep to their pace
 // (stateDue). Every RingTurnAge/4 it turns the ring.
 func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
+	got, err := c.claim(ctx, n)
+	c.empty = got == 0
+	return got, err
+}
+
+// claim is Claim, but for recording whether it found anything.
+func (c *byRing) claim(ctx context.Context, n int32) (int, error) {
 	r := c.env
 	age := r.RingTurnAge
 	if age <= 0 {
@@ -274,6 +329,24 @@ func (c *byRing) moveKeyed() error {
 	return nil
 }
 
+// claimTx is a claim's transaction as its statements run in it: with the
+// plans PostgreSQL caches, and, for the statements that read the ring's
+// partitions (ring), planned for their parameters at every execution
+// (dbx.OneShot): planned for the partitions they name, they lock only
+// those, so an open claim does not keep the ring from turning past the
+// others, and every other statement of the claim is planned once.
+type claimTx struct {
+	*db.Queries
+	ring *db.Queries
+}
+
+// claimTx returns tx's statements, each bounded by QueryTimeout.
+func (c *byRing) claimTx(tx pgx.Tx) claimTx {
+	r := c.env
+	b := dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout}
+	return claimTx{Queries: r.Queries(b), ring: r.Queries(dbx.OneShot{Inner: b})}
+}
+
 // unkeyedBelow is the id bound of an unkeyed lane's progress: none, the
 // snapshot says it all.
 const unkeyedBelow = math.MaxInt64
@@ -285,7 +358,11 @@ const firstKeyedLane = 4
 type lane struct {
 	queue string
 	lane  int16
-	pos   db.RingPositionRow
+	// stands is where the lane stood as the claim took it; pos is stands
+	// once the claim reads the lane (read), and empty for a lane taken
+	// but not read, which the claim leaves as it found it.
+	stands db.RingPositionsRow
+	pos    db.RingPositionsRow
 	// end is the snapshot the batch ends at: pos.Cur, or the cut after
 	// its last transaction when it filled; below is the largest id the
 	// batch consumes (unkeyedBelow for an unkeyed lane).
@@ -298,6 +375,9 @@ type lane struct {
 	// (RingTakeLanes); due are the indexes of the rows to hand out.
 	at  int32
 	due []int
+	// later are the rows of the batch the claim does not hand out (due),
+	// which it moves into the outbox table as it ends (spill).
+	later moves
 	// spilled reports that the claim moved rows of the lane into the
 	// outbox table unleased (move, RingMoveCrashed): rows not yet due,
 	// rows behind their keys there, rows no handler started, or the
@@ -327,59 +407,72 @@ func progress(ctx context.Context, q *db.Queries, ls ...*lane) error {
 	return q.RingProgress(ctx, p)
 }
 
-// take locks, in q's transaction, up to most free lanes below toLane,
-// at the positions ready when it is not nil, from where the last claim
-// stopped (RingTakeLanes). Its caller moves the turn past the lanes it
-// reads.
-func (c *byRing) take(ctx context.Context, q *db.Queries, toLane int16, ready []int32, most int) ([]*lane, error) {
+// take begins a claim's transaction, locks in it up to most free lanes
+// below toLane at the positions ready (any, when ready is nil), from
+// where the last claim stopped (RingTakeLanes), and reads where they
+// stand (RingPositions), in one round trip (dbx.BeginBatch): the
+// positions of every lane it may take are read, in a statement that
+// follows the locks. It returns the transaction, what rolls it back, and
+// the lanes it took. Its caller moves the turn past the
+// lanes it reads.
+func (c *byRing) take(ctx context.Context, toLane int16, ready []int32, most int) (pgx.Tx, func(), []*lane, error) {
 	r := c.env
-	taken, err := q.RingTakeLanes(ctx, db.RingTakeLanesParams{Queues: r.Queues, FromLane: 0, ToLane: toLane, Turn: c.turn,
-		Ready: ready, MaxLanes: int32(most)})
-	if err != nil || len(taken) == 0 {
-		return nil, err
+	var at db.RingPositionsParams
+	for p := range int32(len(r.Queues)) * int32(toLane) {
+		if ready == nil || slices.Contains(ready, p) {
+			at.Queues, at.Lanes = append(at.Queues, r.Queues[p/int32(toLane)]), append(at.Lanes, int16(p%int32(toLane)))
+		}
+	}
+	var taken []db.RingTakeLanesRow
+	var pos []db.RingPositionsRow
+	tx, rollback, err := dbx.BeginBatch(ctx, r.Pool, r.QueryTimeout,
+		func(d db.DBTX) (err error) {
+			taken, err = r.Queries(d).RingTakeLanes(ctx, db.RingTakeLanesParams{Queues: r.Queues, FromLane: 0, ToLane: toLane,
+				Turn: c.turn, Ready: ready, MaxLanes: int32(most)})
+			return err
+		},
+		func(d db.DBTX) (err error) {
+			pos, err = r.Queries(d).RingPositions(ctx, at)
+			return err
+		})
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	ls := make([]*lane, len(taken))
 	for i, t := range taken {
 		ls[i] = &lane{queue: t.Queue, lane: t.Lane, at: t.Pos}
+		j := slices.IndexFunc(pos, func(p db.RingPositionsRow) bool { return p.Queue == t.Queue && p.Lane == t.Lane })
+		if j < 0 {
+			rollback()
+			return nil, nil, nil, fmt.Errorf("no position read for lane %d of queue %q", t.Lane, t.Queue)
+		}
+		ls[i].stands = pos[j]
 	}
-	return ls, nil
+	return tx, rollback, ls, nil
 }
 
 // read reads up to n rows of lane l's batch in q's transaction, which
-// holds the lane. A lane whose last claims aborted has its batch moved
-// into the outbox table instead (rows nil).
-func (c *byRing) read(ctx context.Context, q *db.Queries, l *lane, n int32) (err error) {
-	r := c.env
-	if l.pos, err = q.RingPosition(ctx, db.RingPositionParams{Queue: l.queue, Lane: l.lane}); err != nil {
-		return err
-	}
+// holds the lane. A lane whose last claims aborted has no batch (rows
+// nil): what it has not consumed moves into the outbox table (spill).
+func (c *byRing) read(ctx context.Context, q claimTx, l *lane, n int32) (err error) {
+	l.pos = l.stands
 	l.end, l.below = l.pos.Cur, unkeyedBelow
 	if l.keyed() {
 		l.below = l.pos.Below
 	}
 	if len(l.pos.Crashed) > 0 {
-		moved, err := q.RingMoveCrashed(ctx, db.RingMoveCrashedParams{Crashed: l.pos.Crashed, CrashedBelow: l.pos.CrashedBelow,
-			Prev: l.pos.Prev, Cur: l.pos.Cur, Below: l.pos.Below, Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
-		if err == nil {
-			l.spilled = true
-			if l.keyed() {
-				l.below = max(l.below, moved.LastID)
-			}
-			r.Log.Info("outbox: moved the rows of ring claims that ended without an outcome to the outbox table",
-				slog.String("queue", l.queue), slog.Int("lane", int(l.lane)), slog.Int64("rows", moved.Moved))
-		}
-		return err
+		return nil
 	}
 	if l.keyed() {
 		return c.readKeyed(ctx, q, l, n)
 	}
-	l.rows, err = q.RingRead(ctx, db.RingReadParams{Prev: l.pos.Prev, Cur: l.pos.Cur, Slots: l.pos.Slots, Queue: l.queue,
+	l.rows, err = q.ring.RingRead(ctx, db.RingReadParams{Prev: l.pos.Prev, Cur: l.pos.Cur, Slots: l.pos.Slots, Queue: l.queue,
 		Lane: l.lane, MaxRows: n})
 	if err != nil || len(l.rows) < int(n) {
 		return err
 	}
 	last := l.rows[len(l.rows)-1]
-	rest, err := q.RingReadRest(ctx, db.RingReadRestParams{Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane,
+	rest, err := q.ring.RingReadRest(ctx, db.RingReadRestParams{Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane,
 		Txid: fmt.Sprint(last.Txid), AfterID: last.ID})
 	if err != nil {
 		return err
@@ -387,14 +480,14 @@ func (c *byRing) read(ctx context.Context, q *db.Queries, l *lane, n int32) (err
 	for _, x := range rest {
 		l.rows = append(l.rows, db.RingReadRow(x))
 	}
-	l.end, err = ring.Cut(l.pos.Cur, int64(last.Txid))
+	l.end, err = ring.Cut(l.pos.Prev, l.pos.Cur, int64(last.Txid))
 	return err
 }
 
 // readKeyed reads up to n rows of keyed lane l's batch, in id order,
 // and the bound they take the lane's progress to.
-func (c *byRing) readKeyed(ctx context.Context, q *db.Queries, l *lane, n int32) error {
-	rows, err := q.RingReadKeyed(ctx, db.RingReadKeyedParams{Prev: l.pos.Prev, Cur: l.pos.Cur, Below: l.pos.Below,
+func (c *byRing) readKeyed(ctx context.Context, q claimTx, l *lane, n int32) error {
+	rows, err := q.ring.RingReadKeyed(ctx, db.RingReadKeyedParams{Prev: l.pos.Prev, Cur: l.pos.Cur, Below: l.pos.Below,
 		Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane, MaxRows: n})
 	if err != nil {
 		return err
@@ -415,7 +508,7 @@ func (c *byRing) readKeyed(ctx context.Context, q *db.Queries, l *lane, n int32)
 // table holds rows (none for an unkeyed lane): one probe per batch. (In
 // the batch's read, the probe cost a keyed drain about a quarter more
 // server CPU per row: the read's rows had to be materialized and joined.)
-func (c *byRing) heldKeys(ctx context.Context, q *db.Queries, l *lane) ([]string, error) {
+func (c *byRing) heldKeys(ctx context.Context, q claimTx, l *lane) ([]string, error) {
 	if len(l.keys) == 0 {
 		return nil, nil
 	}
@@ -427,12 +520,12 @@ func (c *byRing) heldKeys(ctx context.Context, q *db.Queries, l *lane) ([]string
 	return q.RingHeldKeys(ctx, db.RingHeldKeysParams{Keys: slices.Compact(keys), Queue: l.queue})
 }
 
-// due returns the indexes of l's rows to hand out now, and moves the
-// others into the outbox table, unleased, in q's transaction: rows not
-// yet due and, in a keyed lane, the rows of keys the outbox table holds,
-// which go behind the key's rows there, and a key's rows from its first
-// one not yet due.
-func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error) {
+// due returns the indexes of l's rows to hand out now, and keeps the
+// others in l.later, for the claim to move into the outbox table,
+// unleased (spill): rows not yet due and, in a keyed lane, the rows of
+// keys the outbox table holds, which go behind the key's rows there, and
+// a key's rows from its first one not yet due.
+func (c *byRing) due(ctx context.Context, q claimTx, l *lane) ([]int, error) {
 	held, err := c.heldKeys(ctx, q, l)
 	if err != nil {
 		return nil, err
@@ -453,39 +546,80 @@ func (c *byRing) due(ctx context.Context, q *db.Queries, l *lane) ([]int, error)
 			later[k] = wait
 		}
 		if wait {
-			m.add(x.ID, int64(x.Txid), 0)
+			m.add(x.ID, int64(x.Txid), 0, false)
 		} else {
 			due = append(due, i)
 		}
 	}
-	return due, c.move(ctx, q, l, m, pgtype.UUID{})
+	l.later = m
+	return due, nil
 }
 
 // moves are ring rows to move into the outbox table.
 type moves struct {
 	ids, txids []int64
 	deliveries []int32
+	// leased: the row moves leased (its handler runs on, or the lease
+	// path writes its failure); else it waits for a claim.
+	leased []bool
 }
 
-func (m *moves) add(id, txid int64, deliveries int32) {
+func (m *moves) add(id, txid int64, deliveries int32, leased bool) {
 	m.ids = append(m.ids, id)
 	m.txids = append(m.txids, txid)
 	m.deliveries = append(m.deliveries, deliveries)
+	m.leased = append(m.leased, leased)
 }
 
-// move moves m's rows of l into the outbox table in q's transaction,
-// leased with token when it is valid (else l spilled them).
-func (c *byRing) move(ctx context.Context, q *db.Queries, l *lane, m moves, token pgtype.UUID) error {
+// move moves m's rows of l into the outbox table in q's transaction, in
+// one statement (in id order, so that a key's rows keep theirs), the
+// leased ones with token; l spilled the others.
+func (c *byRing) move(ctx context.Context, q claimTx, l *lane, m moves, token pgtype.UUID) error {
 	if len(m.ids) == 0 {
 		return nil
 	}
-	l.spilled = l.spilled || !token.Valid
-	n, err := q.RingMove(ctx, db.RingMoveParams{Token: token, LeaseTtlSeconds: c.env.LeaseTTL.Seconds(), Ids: m.ids,
-		Txids: m.txids, Deliveries: m.deliveries, Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
+	l.spilled = l.spilled || slices.Contains(m.leased, false)
+	n, err := q.ring.RingMove(ctx, db.RingMoveParams{Token: token, LeaseTtlSeconds: c.env.LeaseTTL.Seconds(), Ids: m.ids,
+		Txids: m.txids, Deliveries: m.deliveries, Leased: m.leased, Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
 	if err == nil && int(n) != len(m.ids) {
 		err = fmt.Errorf("outbox: moved %d of %d rows of the ring: %w", n, len(m.ids), errLocksLost)
 	}
 	return err
+}
+
+// spill moves into the outbox table, unleased, in q's transaction, what
+// lane l has not consumed when the claims that read it last died
+// (RingMoveCrashed), else, with the rows of m (leased ones with token),
+// the rows of l's batch that due kept back. A claim spills as it ends
+// (or, when it hands nothing out, before it commits at once): a move of
+// a key's rows takes the key's lock, which a claim's transaction would
+// otherwise hold while its handlers run, and the outbox table's writes
+// of the key would wait for it.
+func (c *byRing) spill(ctx context.Context, q claimTx, l *lane, m moves, token pgtype.UUID) error {
+	if len(l.pos.Crashed) == 0 {
+		for i := range l.later.ids {
+			m.add(l.later.ids[i], l.later.txids[i], l.later.deliveries[i], l.later.leased[i])
+		}
+		return c.move(ctx, q, l, m, token)
+	}
+	if l.keyed() {
+		if err := q.RingWaitAcks(ctx, l.pos.CrashedXids); err != nil {
+			return err
+		}
+	}
+	moved, err := q.ring.RingMoveCrashed(ctx, db.RingMoveCrashedParams{Crashed: l.pos.Crashed,
+		CrashedBelow: l.pos.CrashedBelow, CrashedUntil: l.pos.CrashedUntil, CrashedXids: l.pos.CrashedXids, Prev: l.pos.Prev,
+		Cur: l.pos.Cur, Below: l.pos.Below, Slots: l.pos.Slots, Queue: l.queue, Lane: l.lane})
+	if err != nil {
+		return err
+	}
+	l.spilled = true
+	if l.keyed() {
+		l.below = max(l.below, moved.LastID)
+	}
+	c.env.Log.Info("outbox: moved the rows of ring claims that ended without an outcome to the outbox table",
+		slog.String("queue", l.queue), slog.Int("lane", int(l.lane)), slog.Int64("rows", moved.Moved))
+	return nil
 }
 
 // claimRow writes ring row x of queue, of ordering key key (nil for
@@ -536,13 +670,6 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 	if err != nil || len(ready) == 0 {
 		return 0, -1, false, err
 	}
-	ctx = r.Writes
-	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.Pool, r.QueryTimeout)
-	if err != nil {
-		return 0, 0, false, err
-	}
-	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
-	sent := time.Now()
 	// A claim takes its share of the lanes with rows, or one lane while
 	// claims fill their batches: a lane taken after the batch filled
 	// would be held unread.
@@ -550,14 +677,23 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 	if c.full {
 		most = 1
 	}
-	ls, err := c.readLanes(ctx, q, n, ready, most)
+	if ready = c.free(ready); len(ready) == 0 {
+		return 0, -1, true, nil
+	}
+	ctx = r.Writes
+	sent := time.Now()
+	tx, rollback, ls, err := c.take(ctx, 2*firstKeyedLane, ready, most)
 	if err != nil {
-		rollback()
 		return 0, 0, false, err
 	}
+	q := c.claimTx(tx)
 	if len(ls) == 0 {
 		rollback()
 		return 0, -1, len(k.locks) > 1, nil
+	}
+	if err := c.readLanes(ctx, q, n, ls); err != nil {
+		rollback()
+		return 0, 0, false, err
 	}
 	var changed, handing []*lane
 	for _, l := range ls {
@@ -575,7 +711,14 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 			rollback()
 			return 0, rowsRead(ls), false, nil
 		}
-		err = progress(ctx, q, changed...)
+		for _, l := range ls {
+			if err == nil {
+				err = c.spill(ctx, q, l, moves{}, pgtype.UUID{})
+			}
+		}
+		if err == nil {
+			err = progress(ctx, q.Queries, changed...)
+		}
 		if err == nil {
 			err = tx.Commit(ctx)
 		}
@@ -586,7 +729,7 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 		}
 		return 0, rowsRead(ls), false, err
 	}
-	rec := db.RingRecordParams{Xid: handing[0].pos.Xid}
+	rec := db.RingRecordParams{Xid: handing[0].pos.Xid, LeaseTtlSeconds: r.LeaseTTL.Seconds()}
 	for _, l := range handing {
 		rec.Queues, rec.Lanes = append(rec.Queues, l.queue), append(rec.Lanes, l.lane)
 		rec.AfterSeqs, rec.Snaps, rec.Belows = append(rec.AfterSeqs, l.pos.Seq), append(rec.Snaps, l.end), append(rec.Belows, l.below)
@@ -616,8 +759,11 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 	}
 	lc := &lockedClaim{tx: tx, open: true, settled: make(chan struct{}), dead: make(chan struct{}), left: len(rows),
 		kept: make([]lease.Outcome, 0, len(rows))}
+	// The end runs in the claim's transaction, its other statements on the
+	// queries the locked claim's end gives it.
+	ring := q.ring
 	lc.end = func(ctx context.Context, q *db.Queries, e *lockEnd, token pgtype.UUID) error {
-		return c.endLanes(ctx, q, ls, changed, e, token)
+		return c.endLanes(ctx, claimTx{Queries: q, ring: ring}, ls, changed, e, token)
 	}
 	lc.committed = func(e *lockEnd) {
 		if spilled(ls) || len(e.leased) > 0 {
@@ -625,6 +771,13 @@ func (c *byRing) claimFreeLanes(ctx context.Context, n int32, age time.Duration)
 		}
 	}
 	lc.straggle, lc.observe = c.straggle(), c.observe
+	lc.released = c.hold(ls)
+	if keyed {
+		xid := rec.Xid
+		lc.acks = &ackLog{log: r.Log, write: func(ids []int64) (bool, error) {
+			return r.bounded().RingAck(r.Writes, db.RingAckParams{Xid: xid, Ids: ids})
+		}}
+	}
 	ds := r.Leases.AddEach(r.HandlerCtx, len(rows), func(i int, row *db.ClaimRow) {
 		x := rows[i]
 		var key *string
@@ -661,25 +814,21 @@ func rowsRead(ls []*lane) int {
 	return n
 }
 
-// readLanes takes, in q's transaction, up to most free lanes at the
-// positions ready, and reads their batches, one after another, until n
-// rows are due; it moves the rows not yet due into the outbox table
-// (due). A lane taken after the batch filled is held, unread, until the
-// claim ends, and the next claim starts from it.
-func (c *byRing) readLanes(ctx context.Context, q *db.Queries, n int32, ready []int32, most int) ([]*lane, error) {
-	ls, err := c.take(ctx, q, 2*firstKeyedLane, ready, most)
-	if err != nil {
-		return nil, err
-	}
+// readLanes reads the batches of lanes ls, taken in q's transaction, one
+// after another, until n rows are due; it keeps the rows not yet due for
+// the claim's end (due). A lane taken after the batch filled is held,
+// unread, until the claim ends, and the next claim starts from it.
+func (c *byRing) readLanes(ctx context.Context, q claimTx, n int32, ls []*lane) error {
 	for _, l := range ls {
 		if n <= 0 {
 			break
 		}
 		if err := c.read(ctx, q, l, n); err != nil {
-			return nil, err
+			return err
 		}
+		var err error
 		if l.due, err = c.due(ctx, q, l); err != nil {
-			return nil, err
+			return err
 		}
 		n -= int32(len(l.due))
 		// The next claim starts after the last lane read, so that a lane
@@ -687,13 +836,13 @@ func (c *byRing) readLanes(ctx context.Context, q *db.Queries, n int32, ready []
 		c.turn = l.at + 1
 	}
 	c.full = n <= 0
-	return ls, nil
+	return nil
 }
 
 // endLanes writes the end of a claim of lanes ls in its transaction: the
 // moves of their rows that need state into the outbox table, then the
 // progress of the lanes changed, which acknowledges the rest.
-func (c *byRing) endLanes(ctx context.Context, q *db.Queries, ls, changed []*lane, e *lockEnd, token pgtype.UUID) error {
+func (c *byRing) endLanes(ctx context.Context, q claimTx, ls, changed []*lane, e *lockEnd, token pgtype.UUID) error {
 	type at struct {
 		l    *lane
 		txid int64
@@ -704,35 +853,32 @@ func (c *byRing) endLanes(ctx context.Context, q *db.Queries, ls, changed []*lan
 			rows[l.rows[i].ID] = at{l, int64(l.rows[i].Txid)}
 		}
 	}
-	leased, givenUp := make(map[*lane]*moves), make(map[*lane]*moves)
-	add := func(ms map[*lane]*moves, id int64, deliveries int32) {
+	ms := make(map[*lane]*moves)
+	add := func(id int64, deliveries int32, leased bool) {
 		x := rows[id]
 		m := ms[x.l]
 		if m == nil {
 			m = &moves{}
 			ms[x.l] = m
 		}
-		m.add(id, x.txid, deliveries)
+		m.add(id, x.txid, deliveries, leased)
 	}
 	for i, id := range e.leased {
-		add(leased, id, e.deliveries[i])
+		add(id, e.deliveries[i], true)
 	}
 	for _, id := range e.givenUp {
-		add(givenUp, id, 0)
+		add(id, 0, false)
 	}
 	for _, l := range ls {
-		if m := leased[l]; m != nil {
-			if err := c.move(ctx, q, l, *m, token); err != nil {
-				return err
-			}
+		m := moves{}
+		if ms[l] != nil {
+			m = *ms[l]
 		}
-		if m := givenUp[l]; m != nil {
-			if err := c.move(ctx, q, l, *m, pgtype.UUID{}); err != nil {
-				return err
-			}
+		if err := c.spill(ctx, q, l, m, token); err != nil {
+			return err
 		}
 	}
-	return progress(ctx, q, changed...)
+	return progress(ctx, q.Queries, changed...)
 }
 
 // leaseLane claims a batch of up to n rows of a free unkeyed lane by
@@ -746,16 +892,15 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	tx, rollback, err := dbx.BeginReadCommitted(ctx, r.Pool, r.QueryTimeout)
+	sent := time.Now()
+	tx, rollback, ls, err := c.take(ctx, firstKeyedLane, nil, 1)
 	if err != nil {
 		return 0, err
 	}
 	defer rollback()
-	q := r.Queries(dbx.Bounded{Inner: tx, Timeout: r.QueryTimeout})
-	sent := time.Now()
-	ls, err := c.take(ctx, q, firstKeyedLane, nil, 1)
-	if err != nil || len(ls) == 0 {
-		return 0, err
+	q := c.claimTx(tx)
+	if len(ls) == 0 {
+		return 0, nil
 	}
 	l := ls[0]
 	c.turn = l.at + 1
@@ -771,12 +916,12 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 	}
 	m := moves{}
 	for _, i := range due {
-		m.add(l.rows[i].ID, int64(l.rows[i].Txid), 1)
+		m.add(l.rows[i].ID, int64(l.rows[i].Txid), 1, true)
 	}
-	if err := c.move(ctx, q, l, m, token); err != nil {
+	if err := c.spill(ctx, q, l, m, token); err != nil {
 		return 0, err
 	}
-	if err := progress(ctx, q, l); err != nil {
+	if err := progress(ctx, q.Queries, l); err != nil {
 		return 0, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -789,4 +934,50 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 		token, sent)
 	r.Hand(ds)
 	return len(ds), nil
+}
+
+// ackLog records a claim of keyed lanes' acknowledgements of rows whose
+// keys' next rows it hands out (RingAck), each in a statement of its own
+// that commits before the next row runs. Rows acknowledged while a
+// statement runs go together in the next one.
+type ackLog struct {
+	write func(ids []int64) (bool, error)
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	busy    bool
+	pending []int64
+	waiting []chan bool
+}
+
+// record records the acknowledgement of row id, and reports whether it
+// was recorded while the claim's transaction was in progress: only then
+// may the key's next row run.
+func (a *ackLog) record(id int64) bool {
+	done := make(chan bool, 1)
+	a.mu.Lock()
+	a.pending = append(a.pending, id)
+	a.waiting = append(a.waiting, done)
+	if a.busy {
+		a.mu.Unlock()
+		return <-done
+	}
+	a.busy = true
+	for len(a.pending) > 0 {
+		ids, waiting := a.pending, a.waiting
+		a.pending, a.waiting = nil, nil
+		a.mu.Unlock()
+		recorded, err := a.write(ids)
+		if err != nil {
+			a.log.Warn("outbox: recording acknowledgements of a ring claim failed; the keys' next rows wait for its end",
+				slog.Int("rows", len(ids)), slog.Any("error", err))
+		}
+		for _, w := range waiting {
+			w <- recorded && err == nil
+		}
+		a.mu.Lock()
+	}
+	a.busy = false
+	a.mu.Unlock()
+	return <-done
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,7 +65,9 @@ func (e *env) endClaimBackend(h *harness) {
 	h.mu.Lock()
 	pid := h.handed[0].Batch.Hold.(*lockedClaim).tx.Conn().PgConn().PID()
 	h.mu.Unlock()
-	if _, err := e.DB.Pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+	// It waits (up to a minute) for the backend to exit: its transaction
+	// has then aborted.
+	if _, err := e.DB.Pool.Exec(e.ctx, "SELECT pg_terminate_backend($1, 60000)", pid); err != nil {
 		e.t.Fatal(err)
 	}
 	h.stop()
@@ -73,13 +76,17 @@ func (e *env) endClaimBackend(h *harness) {
 // A claim of a lane whose transaction dies (its backend terminated while
 // the batch's handlers run) counts as a delivery: the lane's next reader
 // moves that batch into the outbox table, each row with one delivery,
-// and the next claim of it is the second.
+// and the next claim of it is the second. The dead claim's handlers may
+// still run (only its connection died), so its rows are handed out
+// again only once its lease would have expired.
 func TestRingClaimThatDiesCountsTowardMaxDeliveries(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	publish := e.ring()
 	ids := publish(8) // one transaction: every row in one batch per lane
-	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
+	const ttl = 3 * time.Second
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow, env.LeaseTTL = true, 5*time.Second, ttl }, "q")
+	claimed := time.Now()
 	n, err := h.Claim(e.ctx, 100)
 	if err != nil || n == 0 {
 		t.Fatalf("claim: %d rows, %v", n, err)
@@ -89,17 +96,22 @@ func TestRingClaimThatDiesCountsTowardMaxDeliveries(t *testing.T) {
 
 	next := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
 	got := map[int64]int32{}
-	deadline := time.Now().Add(10 * time.Second)
+	early := map[int64]time.Duration{}
+	deadline := time.Now().Add(20 * time.Second)
 	for len(got) < len(ids) && time.Now().Before(deadline) {
 		if _, err := next.Claim(e.ctx, 100); err != nil {
 			t.Fatal(err)
 		}
+		seen := time.Since(claimed)
 		next.mu.Lock()
 		for _, d := range next.handed {
 			// The first delivery of each: a claim's rows that its window
 			// gives back are counted again by the next.
 			if _, ok := got[d.Row.ID]; !ok {
 				got[d.Row.ID] = d.Row.DeliveriesCount
+				if slices.Contains(first, d.Row.ID) && seen < ttl {
+					early[d.Row.ID] = seen
+				}
 			}
 		}
 		next.mu.Unlock()
@@ -113,6 +125,9 @@ func TestRingClaimThatDiesCountsTowardMaxDeliveries(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("deliveries counted (-want +got):\n%s", diff)
+	}
+	if len(early) > 0 {
+		t.Errorf("rows of the dead claim handed out again before its lease of %v would have expired (id: time since the claim): %v", ttl, early)
 	}
 }
 
@@ -443,10 +458,45 @@ func TestRingTurnKeepsTheRowsAboveAKeyedLanesBound(t *testing.T) {
 	}
 }
 
-// A keyed lane's claim that dies counts a delivery of each row its batch
-// read: the next reader moves every row the lane has not consumed into
-// the outbox table, in order, keeping their ids and keys, the rows of
-// the dead batch with one delivery and the rest with none.
+// tableRow is a row of the outbox table as the tests of dead claims of
+// keyed lanes read it: Due, whether it may be claimed now.
+type tableRow struct {
+	ID         int64
+	Key        string
+	Deliveries int32
+	Due        bool
+}
+
+// claimUntilTableHolds claims queue q with a new claimer until the
+// outbox table holds n rows (for up to 10 s), as the next reader of a
+// dead claim's lanes, and returns the table's rows in id order.
+func (e *env) claimUntilTableHolds(n int) []tableRow {
+	e.t.Helper()
+	next := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
+	defer next.stop()
+	var got []tableRow
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < n && time.Now().Before(deadline) {
+		if _, err := next.Claim(e.ctx, 100); err != nil {
+			e.t.Fatal(err)
+		}
+		rows, err := e.DB.Pool.Query(e.ctx, "SELECT id, ordering_key, deliveries_count, next_attempt_at <= now() FROM outbox ORDER BY id")
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if got, err = pgx.CollectRows(rows, pgx.RowToStructByPos[tableRow]); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return got
+}
+
+// A keyed lane's claim that dies counts a delivery of the one row of
+// the key it handed out: the next reader moves every row the lane has
+// not consumed into the outbox table, in order, keeping their ids and
+// keys, the key's first with one delivery, due when the dead claim's
+// lease would have expired, and the rest behind it with none (the claim
+// never handed them out).
 func TestRingKeyedClaimThatDiesMovesTheLaneBehindItsKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -466,38 +516,58 @@ func TestRingKeyedClaimThatDiesMovesTheLaneBehindItsKey(t *testing.T) {
 	}
 	e.endClaimBackend(h)
 
-	next := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
-	type row struct {
-		ID         int64
-		Key        string
-		Deliveries int32
-	}
-	var got []row
-	deadline := time.Now().Add(10 * time.Second)
-	for len(got) < len(ids) && time.Now().Before(deadline) {
-		if _, err := next.Claim(e.ctx, 100); err != nil {
-			t.Fatal(err)
-		}
-		rows, err := e.DB.Pool.Query(e.ctx, "SELECT id, ordering_key, deliveries_count FROM outbox ORDER BY id")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, err = pgx.CollectRows(rows, pgx.RowToStructByPos[row]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	next.stop()
-	var want []row
+	got := e.claimUntilTableHolds(len(ids))
+	// The row handed out is due when the dead claim's lease of 30 s
+	// would have expired (its handler may run until then): the key waits
+	// for it.
+	var want []tableRow
 	for i, id := range ids {
-		want = append(want, row{ID: id, Key: "k", Deliveries: map[bool]int32{true: 1, false: 0}[i < 4]})
-	}
-	// The outbox table's claim may have taken the key's first row since:
-	// its count then includes that delivery.
-	if len(got) > 0 && got[0].Deliveries == 2 {
-		want[0].Deliveries = 2
+		want = append(want, tableRow{ID: id, Key: "k", Deliveries: map[bool]int32{true: 1, false: 0}[i == 0], Due: i > 0})
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the lane's rows in the outbox table (-want +got):\n%s", diff)
+	}
+}
+
+// A keyed lane's claim records the acknowledgement of a key's row before
+// it hands the key's next row out: when the claim dies after that, the
+// next reader leaves the acknowledged row out of what it moves into the
+// outbox table (a key's row is never delivered again after a later one
+// ran), and counts the delivery of the row that ran next.
+func TestRingKeyedClaimThatDiesDoesNotDeliverAnAcknowledgedRowAgain(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.ring()
+	ids := e.keyedRows(4)
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
+	var first []*lease.Delivery
+	for range 8 {
+		if first = h.claim(t, e.ctx, 4); len(first) > 0 {
+			break
+		}
+	}
+	if len(first) != 1 || first[0].Row.ID != ids[0] {
+		t.Fatalf("handed out %v; want the key's first row only, %d", h.ids(), ids[0])
+	}
+	first[0].Batch.Hold.Keep(lease.Outcome{D: first[0], Kind: lease.Ack})
+	second := first[0].Batch.Hold.(lease.Chain).Next(first[0])
+	if second == nil || second.Row.ID != ids[1] {
+		t.Fatalf("after the first row's acknowledgement the claim handed out %v; want row %d", second, ids[1])
+	}
+	e.endClaimBackend(h)
+	// The claim's transaction is over: no acknowledgement of it is
+	// recorded any more, so no next row of a key runs.
+	if first[0].Batch.Hold.(*lockedClaim).acks.record(ids[1]) {
+		t.Error("an acknowledgement of a claim whose backend was terminated was recorded")
+	}
+
+	got := e.claimUntilTableHolds(len(ids) - 1)
+	want := []tableRow{{ids[1], "k", 1, false}, {ids[2], "k", 0, true}, {ids[3], "k", 0, true}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the lane's rows in the outbox table (-want +got):\n%s", diff)
+	}
+	if unread, err := ring.Unread(e.ctx, e.DB.Pool, e.Queries, time.Minute); err != nil || unread != 0 {
+		t.Errorf("ring.Unread = %d, %v; want 0: the acknowledged row is consumed", unread, err)
 	}
 }
 
@@ -515,6 +585,12 @@ func lanesOf(ds []*lease.Delivery) []int64 {
 // lanesFree waits until no transaction holds a lane of e's ring.
 func (e *env) lanesFree() {
 	e.t.Helper()
+	e.lanesHeld(0)
+}
+
+// lanesHeld waits until transactions hold n lanes of e's ring.
+func (e *env) lanesHeld(n int) {
+	e.t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		tx, err := e.DB.Pool.Begin(e.ctx)
@@ -528,11 +604,11 @@ func (e *env) lanesFree() {
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		if free == all {
+		if all-free == n {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("%d of %d lanes still held", all-free, all)
+			e.t.Fatalf("%d of %d lanes held; want %d", all-free, all, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -568,13 +644,71 @@ func TestRingClaimTakesItsShareOfTheLanesWithRows(t *testing.T) {
 	}
 }
 
+// A claim that finds every lane with rows held by the subscriber's own
+// claims in flight takes none without a transaction: it waits for one of
+// them to end (up to MinFetchInterval), and takes lanes again once one
+// has.
+func TestRingClaimOfLanesItsOwnClaimsHoldBeginsNoTransaction(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	write := e.ring()
+	var takes atomic.Int32
+	h := e.harness(func(env *Env) {
+		// No lane's progress old enough to be written again: only
+		// lanes with rows are ready.
+		env.Ring, env.LockWindow, env.MinFetchInterval, env.RingTurnAge = true, time.Minute, 50*time.Millisecond, time.Hour
+		queries := env.Queries
+		env.Queries = func(d db.DBTX) *db.Queries { return queries(countTakes{DBTX: d, n: &takes}) }
+	}, "q")
+	write(1)
+	ack(h.claim(t, e.ctx, 100))
+	e.lanesFree()
+	write(4) // a row in each unkeyed lane
+	held := h.claim(t, e.ctx, 100)
+	if diff := cmp.Diff([]int64{0, 1}, lanesOf(held)); diff != "" {
+		t.Fatalf("lanes of the first claim's rows (-want +got):\n%s", diff)
+	}
+	second := h.claim(t, e.ctx, 100)
+	if diff := cmp.Diff([]int64{2, 3}, lanesOf(second)); diff != "" {
+		t.Fatalf("lanes of the second claim's rows (-want +got):\n%s", diff)
+	}
+	ack(second)
+	e.lanesHeld(2)
+	// The lanes with rows are the first claim's.
+	before := takes.Load()
+	if got := h.claim(t, e.ctx, 100); len(got) != 0 {
+		t.Fatalf("a claim was handed %d rows of lanes the first claim holds", len(got))
+	}
+	if got := takes.Load() - before; got != 0 {
+		t.Errorf("a claim tried to take lanes %d times while its own claim held every lane with rows; want 0", got)
+	}
+	// Once the first claim ends, its lanes are free again.
+	ack(held)
+	write(4)
+	h.drainTo(t, e.ctx, 100, 1+4+4)
+}
+
+// countTakes counts the statements that take lanes (RingTakeLanes) run
+// through it.
+type countTakes struct {
+	db.DBTX
+	n *atomic.Int32
+}
+
+func (c countTakes) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if strings.Contains(sql, "FOR UPDATE OF l SKIP LOCKED") {
+		c.n.Add(1)
+	}
+	return c.DBTX.Query(ctx, sql, args...)
+}
+
 // A claim whose batch fills before it reads every lane it took leaves
 // the next claim to start from the first lane it did not read, which
 // then comes first: a lane held unread is never passed over.
 func TestRingLaneTakenButNotReadComesNext(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()(8)
+	written := e.ring()(8)
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	var lanes [][]int64
 	for i := range 3 {
@@ -584,11 +718,30 @@ func TestRingLaneTakenButNotReadComesNext(t *testing.T) {
 		if i < 2 {
 			e.lanesFree()
 		}
+		if i == 0 {
+			// Its end wrote the progress of the lane it read, and of no
+			// lane it held unread.
+			var progressed []int16
+			if err := e.DB.Pool.QueryRow(e.ctx, `SELECT coalesce(array_agg(DISTINCT lane ORDER BY lane), '{}') FROM outbox_ring_progress`).
+				Scan(&progressed); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff([]int16{0}, progressed); diff != "" {
+				t.Errorf("lanes with progress after the first claim (-want +got):\n%s", diff)
+			}
+		}
 	}
-	// The first claim took lanes 0 and 1 and read lane 0; the next ones
-	// take a lane each, from lane 1.
+	// The first claim took lanes 0 and 1 (and more) and read lane 0; the
+	// next ones take a lane each, from lane 1.
 	if diff := cmp.Diff([][]int64{{0}, {1}, {2}}, lanes); diff != "" {
 		t.Errorf("lanes of each claim's rows (-want +got):\n%s", diff)
+	}
+	// The claims' ends wrote the progress of the lanes they read, and of
+	// no lane they held unread: every row is handed out once.
+	h.Ended()
+	h.drainTo(t, e.ctx, 100, len(written))
+	if diff := cmp.Diff(written, h.ids()); diff != "" {
+		t.Errorf("rows handed out (-want +got):\n%s", diff)
 	}
 }
 
@@ -624,7 +777,8 @@ func (s *pacedState) calls() int {
 // such claims (nine times as long as the last one took), however many
 // claims of the ring leave room before then, unless rows may have come
 // to the table since: a claim of the ring moved some there, a key was
-// handed on, or the table's last claim found rows.
+// handed on, the table's last claim found rows, or the last claim found
+// nothing at all.
 func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -715,6 +869,15 @@ func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 	ack(ds)
 	h.Ended()
 	step("after a claim of the table that found rows", func() {})
+	// A Claim that found nothing in either tier sends the fetcher to
+	// wait (for MinFetchInterval, a writer's notification, its sleep
+	// record): the claim after the wait looks at the table, where the
+	// row a writer notified of may be.
+	step("after a claim that found nothing", func() {
+		if ds := h.claim(t, e.ctx, 100); len(ds) != 0 {
+			t.Fatalf("a claim with nothing written handed %d rows", len(ds))
+		}
+	})
 }
 
 // A row of the outbox table does not wait for the ring's backlog: after
@@ -788,8 +951,10 @@ func filtered(n map[string]any) int {
 // since the lanes' last batches: not the 800 rows their earlier batches
 // consumed since the transaction began. (A scan starts at the first
 // transaction that ran at the last batch and is done now, so other
-// clients' transactions make it read some rows the last batch consumed;
-// the claims of the last rows are tried up to three times.)
+// clients' transactions make it read some rows the last batch consumed:
+// up to 32 may be dropped, a quarter of the fewest rows a scan from the
+// held transaction drops here, and the claims of the last rows are tried
+// up to three times.)
 func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -816,6 +981,7 @@ func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
 	for range 4 {
 		drain(publish(200)) // a lane's batch, 50 rows a lane, in each of four claims
 	}
+	const most = 32
 	var last map[string][]int
 	for range 3 {
 		mu.Lock()
@@ -825,12 +991,12 @@ func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
 		mu.Lock()
 		last = maps.Clone(dropped)
 		mu.Unlock()
-		if len(last["RingRead"]) > 0 && slices.Max(last["RingRead"]) <= 8 && slices.Max(last["RingReadyLanes"]) <= 8 {
+		if len(last["RingRead"]) > 0 && slices.Max(last["RingRead"]) <= most && slices.Max(last["RingReadyLanes"]) <= most {
 			return
 		}
 	}
-	t.Errorf("rows that earlier batches consumed, scanned and dropped by each statement of the claims of 8 new rows: %v; want at most 8",
-		last)
+	t.Errorf("rows that earlier batches consumed, scanned and dropped by each statement of the claims of 8 new rows: %v; want at most %d",
+		last, most)
 }
 
 // A turn empties a partition only if every lane has read it all once no
@@ -905,4 +1071,175 @@ func TestRingTurnKeepsTheRowsOfAQueueWithoutLanes(t *testing.T) {
 	if diff := cmp.Diff(ids, h.ids()); diff != "" {
 		t.Errorf("rows handed out (-want +got):\n%s", diff)
 	}
+}
+
+// A lane's progress that saw a writer's transaction running, and later
+// ones done, is followed by a batch that starts at that writer's rows;
+// when they fill it, its cut still sees the later transactions the
+// progress saw, so no row is handed out twice (a cut that forgot them
+// had the lane read their rows again), by lock and by lease.
+func TestRingBatchCutAtATransactionTheProgressSawRunningReadsNoRowTwice(t *testing.T) {
+	t.Parallel()
+	for _, k := range []struct {
+		name string
+		set  func(*Env)
+	}{
+		{"lock", func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }},
+		{"lease", func(env *Env) { env.Ring, env.LockWindow = true, -1 }},
+	} {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t)
+			publish := e.ring()
+			// A writer whose transaction takes its id first (one row in
+			// each unkeyed lane), and commits after the next writers'.
+			early, err := e.DB.Pool.Begin(e.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer early.Rollback(e.ctx)
+			held := pgtest.IDs(t, early, `INSERT INTO outbox_ring (queue, payload) SELECT 'q', '\x7b7d' FROM generate_series(1, 4) RETURNING id`)
+			later := publish(8)
+			h := e.harness(k.set, "q")
+			h.drainTo(t, e.ctx, 100, len(later))
+			if err := early.Commit(e.ctx); err != nil {
+				t.Fatal(err)
+			}
+			// One row per batch: the early writer's row of a lane fills
+			// its batch, and the cut comes right after its transaction.
+			h.drainTo(t, e.ctx, 1, len(later)+len(held))
+			for range 16 { // every lane read again: nothing is left
+				ack(h.claim(t, e.ctx, 100))
+				h.Ended()
+			}
+			want := slices.Sorted(slices.Values(append(held, later...)))
+			if diff := cmp.Diff(want, h.ids()); diff != "" {
+				t.Errorf("rows handed out (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// A claim of a keyed lane that keeps a key's rows back, because the
+// outbox table holds rows of the key, moves them there as it ends, not
+// as it begins: a move takes the key's lock, which the claim's
+// transaction would hold while its handlers run, and the table's writes
+// of the key (a publisher's row, a head's acknowledgement) would wait
+// for its end.
+func TestRingClaimKeepingAKeysRowsBackDoesNotHoldTheKeyWhileItsRowsRun(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.ring()
+	// A key of the same lane as k, whose row the claim hands out.
+	var other string
+	if err := e.DB.Pool.QueryRow(e.ctx, `SELECT 'j' || g FROM generate_series(1, 1000) AS g
+		WHERE ((hashtext('j' || g) % 4) + 4) % 4 = ((hashtext('k') % 4) + 4) % 4 ORDER BY g LIMIT 1`).Scan(&other); err != nil {
+		t.Fatal(err)
+	}
+	tableRow := func(ctx context.Context) error {
+		_, err := e.DB.Pool.Exec(ctx, `INSERT INTO outbox (queue, payload, ordering_key) VALUES ('q', '\x7b7d', 'k')`)
+		return err
+	}
+	if err := tableRow(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	ringRows := e.keyedRows(2)
+	if _, err := e.DB.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key) VALUES ('q', '\x7b7d', $1)`, other); err != nil {
+		t.Fatal(err)
+	}
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
+	// The ring's claim hands out the row of the other key, and the outbox
+	// table's claim the row of k there.
+	var ds []*lease.Delivery
+	for range 8 {
+		ds = append(ds, h.claim(t, e.ctx, 100)...)
+		if len(ds) >= 2 {
+			break
+		}
+	}
+	var keys []string
+	for _, d := range ds {
+		keys = append(keys, *d.Row.OrderingKey)
+	}
+	slices.Sort(keys)
+	if diff := cmp.Diff([]string{other, "k"}, keys); diff != "" {
+		t.Fatalf("keys of the rows handed out (-want +got):\n%s", diff)
+	}
+	// The claim is open, its row unacknowledged: a publisher of k is not
+	// held up by it.
+	ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+	defer cancel()
+	if err := tableRow(ctx); err != nil {
+		t.Fatalf("a publisher of a key the open claim keeps rows of back: %v", err)
+	}
+	ack(ds)
+	h.Ended()
+	var ids []int64
+	rows, err := e.DB.Pool.Query(e.ctx, `SELECT id FROM outbox WHERE ordering_key = 'k' ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+		t.Fatal(err)
+	}
+	// The head was acknowledged: the publisher's row and the ring's two
+	// are left.
+	if len(ids) != 3 {
+		t.Errorf("rows of k in the outbox table: %v; want the publisher's and the ring's %v", ids, ringRows)
+	}
+}
+
+// An open claim of lanes holds locks only on the ring's partitions its
+// lanes' positions name: its statements that read the ring are planned
+// for their parameters at every execution, however often its connection
+// ran them before, so the ring turns past the other partitions while it
+// runs (a cached generic plan locks every partition).
+func TestRingOpenClaimLocksOnlyThePartitionsItsLanesRead(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publish := e.ring()
+	pool := e.pool(MinLockingPoolConns)
+	// Unkeyed rows only, and no lane's progress old enough to be written
+	// again: the claims take unkeyed lanes with rows (a keyed lane reads
+	// every partition not emptied).
+	h := e.harness(func(env *Env) {
+		env.Ring, env.LockWindow, env.Pool, env.RingTurnAge = true, time.Minute, pool, time.Hour
+	}, "q")
+	// More claims than PostgreSQL plans a statement for its parameters
+	// before it may cache a generic plan (five), on each of the pool's
+	// connections.
+	for i := range 8 * MinLockingPoolConns {
+		publish(4)
+		h.drainTo(t, e.ctx, 100, 4*(i+1))
+	}
+	// Partitions 2 and 3 as left long ago (after the claimer's first
+	// turn, which would empty them and open them again): no lane's
+	// position names them.
+	if _, err := e.DB.Pool.Exec(e.ctx, `UPDATE outbox_ring_turns SET done_below = '1' WHERE slot IN (2, 3)`); err != nil {
+		t.Fatal(err)
+	}
+	publish(4)
+	var ds []*lease.Delivery
+	for range 8 {
+		if ds = h.claim(t, e.ctx, 100); len(ds) > 0 {
+			break
+		}
+	}
+	if len(ds) == 0 {
+		t.Fatal("no claim of the last rows")
+	}
+	pid := ds[0].Batch.Hold.(*lockedClaim).tx.Conn().PgConn().PID()
+	rows, err := e.DB.Pool.Query(e.ctx, `SELECT c.relname::text FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
+		WHERE l.pid = $1 AND c.relname ~ '^outbox_ring_p[0-9]$' ORDER BY 1`, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"outbox_ring_p0", "outbox_ring_p1"}, locked); diff != "" {
+		t.Errorf("partitions the open claim locks (-want +got):\n%s", diff)
+	}
+	ack(ds)
 }

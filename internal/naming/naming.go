@@ -193,6 +193,14 @@ func (c *Cache) Get(sql string) (string, error) {
 	return out, nil
 }
 
+// Queries returns the constructor of the generated queries of outbox n
+// on a connection, a transaction or a pool, whose statements share one
+// Cache.
+func Queries(n Names) func(db.DBTX) *db.Queries {
+	cache := NewCache(n)
+	return func(c db.DBTX) *db.Queries { return db.New(DBTX{Inner: c, Cache: cache}) }
+}
+
 // DBTX runs generated queries against the configured table: it renders
 // their markers and maps COPY's table name.
 type DBTX struct {

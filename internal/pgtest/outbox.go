@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
@@ -46,8 +45,7 @@ func NewOutbox(tb testing.TB) *Outbox {
 	if _, err := p.Up(tb.Context()); err != nil {
 		tb.Fatalf("pgtest: migrate: %v", err)
 	}
-	cache := naming.NewCache(names)
-	o := &Outbox{DB: d, Names: names, Queries: func(c db.DBTX) *db.Queries { return db.New(naming.DBTX{Inner: c, Cache: cache}) }}
+	o := &Outbox{DB: d, Names: names, Queries: naming.Queries(names)}
 	o.Q = o.Queries(d.Pool)
 	return o
 }
@@ -62,11 +60,14 @@ func (o *Outbox) Publish(tb testing.TB, queue string) int64 {
 	return id
 }
 
-// IDs runs sql, an INSERT ... RETURNING id with args, on pool and
-// returns the ids it returned, in order.
-func IDs(tb testing.TB, pool *pgxpool.Pool, sql string, args ...any) []int64 {
+// IDs runs sql, an INSERT ... RETURNING id with args, on conn (a pool,
+// a connection or a transaction) and returns the ids it returned, in
+// order.
+func IDs(tb testing.TB, conn interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}, sql string, args ...any) []int64 {
 	tb.Helper()
-	rows, err := pool.Query(context.Background(), sql, args...)
+	rows, err := conn.Query(context.Background(), sql, args...)
 	if err != nil {
 		tb.Fatal(err)
 	}

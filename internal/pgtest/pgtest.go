@@ -52,6 +52,15 @@ const EnvRoles = "TEST_ROLES"
 // RolesMode reports whether EnvRoles asks for least-privileged roles.
 func RolesMode() bool { return os.Getenv(EnvRoles) == "1" }
 
+// EnvRing, set to 1, asks the tests of package outbox for the log tier's
+// ring (package ring) beside every outbox table they migrate, so that its
+// subscribers claim through the ring's claimer with the ring empty or
+// not: the table's promises must hold on that path as well.
+const EnvRing = "TEST_RING"
+
+// RingMode reports whether EnvRing asks for the ring beside every outbox.
+func RingMode() bool { return os.Getenv(EnvRing) == "1" }
+
 // EnvListenURL, when set, connects straight to the server behind a
 // pooler at EnvURL that cannot LISTEN (PgBouncer in transaction mode):
 // the tests' subscribers and listeners LISTEN through it, as
@@ -258,6 +267,22 @@ func WithSearchPath(tb testing.TB, dsn, schema string) string {
 	q.Set("application_name", schema)
 	u.RawQuery = q.Encode()
 	return u.String()
+}
+
+// Tx opens a connection of its own with cfg, closed when the test
+// ends, and begins a transaction on it.
+func Tx(tb testing.TB, cfg *pgx.ConnConfig) pgx.Tx {
+	tb.Helper()
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
+	tx, err := conn.Begin(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tx
 }
 
 // asRole creates a superuser login role named schema whose default

@@ -8,6 +8,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,34 +43,117 @@ func Create(ctx context.Context, conn interface {
 	return tx.Commit(ctx)
 }
 
-// Cut returns the snapshot that ends a batch cut after transaction last:
-// every transaction below last+1 that snapshot cur sees is done, those cur
-// saw running stay running. cur is a pg_snapshot's text (xmin:xmax:xips).
-func Cut(cur string, last int64) (string, error) {
-	parts := strings.Split(cur, ":")
-	if len(parts) != 3 {
-		return "", fmt.Errorf("outbox: not a snapshot: %q", cur)
+// Grants returns the GRANT statements that give roles what they need of
+// the ring of outbox n, beside what outbox.Grants gives them on the
+// outbox, in the order to run them (as the ring's owner): publisher
+// writes into the ring with plain INSERTs of the columns a writer
+// chooses (never id, txid or slot, which place a row), and subscriber
+// reads, claims and turns it. An empty name gets nothing. The function
+// that empties a partition and the triggers' run as the owner: no role
+// needs a privilege on what they touch.
+func Grants(n naming.Names, publisher, subscriber string) []string {
+	rel := func(suffix string) string { return n.Qualified(n.Table + suffix) }
+	var out []string
+	if publisher != "" {
+		p := pgx.Identifier{publisher}.Sanitize()
+		out = append(out,
+			"GRANT INSERT (queue, payload, headers, ordering_key, created_at, next_attempt_at), SELECT (id) ON "+rel("_ring")+" TO "+p,
+			// The defaults of id and slot, and the wake trigger's WHEN.
+			"GRANT USAGE ON SEQUENCE "+rel("_id_seq")+" TO "+p,
+			"GRANT SELECT ON SEQUENCE "+rel("_ring_slot")+", "+rel("_sleep_horizon")+" TO "+p,
+			"GRANT EXECUTE ON FUNCTION "+rel("_ring_slot_now")+"() TO "+p,
+		)
 	}
-	xmax := uint64(last) + 1
-	lowest := xmax
-	var xip []string
-	if parts[2] != "" {
-		for _, x := range strings.Split(parts[2], ",") {
-			v, err := strconv.ParseUint(x, 10, 64)
-			if err != nil {
-				return "", fmt.Errorf("outbox: not a snapshot: %q", cur)
-			}
-			if v < xmax {
-				xip = append(xip, x)
-				lowest = min(lowest, v)
-			}
+	if subscriber != "" {
+		s := pgx.Identifier{subscriber}.Sanitize()
+		out = append(out,
+			"GRANT SELECT ON "+rel("_ring")+" TO "+s,
+			// Lanes are made by claimers and locked (FOR UPDATE), never
+			// updated; progress, the records of claims and their
+			// acknowledgements are appended, and pruned behind the newest.
+			"GRANT SELECT, INSERT, UPDATE ON "+rel("_ring_lanes")+" TO "+s,
+			"GRANT SELECT, INSERT, DELETE ON "+rel("_ring_progress")+", "+rel("_ring_claims")+", "+rel("_ring_acks")+" TO "+s,
+			"GRANT SELECT, UPDATE ON "+rel("_ring_turns")+" TO "+s,
+			// A turn moves writers on to the next partition.
+			"GRANT USAGE, SELECT ON SEQUENCE "+rel("_ring_slot")+" TO "+s,
+			"GRANT EXECUTE ON FUNCTION "+rel("_ring_slot_now")+"(), "+rel("_ring_since")+"(pg_snapshot, pg_snapshot), "+
+				rel("_ring_read_past")+"(smallint), "+rel("_ring_truncate")+"(smallint) TO "+s,
+		)
+	}
+	return out
+}
+
+// Cut returns the snapshot that ends a batch cut after transaction
+// last: the batch held the rows that snapshot cur sees and prev (the
+// lane's progress) did not, in transaction order, up to and including
+// last's. The cut sees what prev saw, and what cur sees up to last: a
+// transaction above last stays unseen only if prev did not see it. (A
+// batch that starts at a transaction prev saw running can end below
+// prev's xmax; a cut that forgot what prev saw above last would have
+// the lane read those rows again.) Snapshots are pg_snapshot's text
+// (xmin:xmax:xips), prev taken before cur.
+func Cut(prev, cur string, last int64) (string, error) {
+	_, pmax, pxip, err := parseSnapshot(prev)
+	if err != nil {
+		return "", err
+	}
+	_, _, cxip, err := parseSnapshot(cur)
+	if err != nil {
+		return "", err
+	}
+	end := uint64(last) + 1
+	xmax := max(end, pmax)
+	// Unseen by the cut: what cur saw running up to last (which prev
+	// saw running too, or had not seen begin), and what prev saw running
+	// above it.
+	var xip []uint64
+	for _, x := range cxip {
+		if x < end {
+			xip = append(xip, x)
 		}
 	}
-	curMin, err := strconv.ParseUint(parts[0], 10, 64)
-	if err != nil {
-		return "", fmt.Errorf("outbox: not a snapshot: %q", cur)
+	for _, x := range pxip {
+		if x >= end {
+			xip = append(xip, x)
+		}
 	}
-	return fmt.Sprintf("%d:%d:%s", min(lowest, curMin, xmax), xmax, strings.Join(xip, ",")), nil
+	slices.Sort(xip)
+	xip = slices.Compact(xip)
+	xmin := xmax
+	if len(xip) > 0 {
+		xmin = xip[0]
+	}
+	xs := make([]string, len(xip))
+	for i, x := range xip {
+		xs[i] = strconv.FormatUint(x, 10)
+	}
+	return fmt.Sprintf("%d:%d:%s", xmin, xmax, strings.Join(xs, ",")), nil
+}
+
+// parseSnapshot reads a pg_snapshot's text: xmin, xmax and the
+// transactions in progress.
+func parseSnapshot(snap string) (xmin, xmax uint64, xip []uint64, err error) {
+	bad := fmt.Errorf("outbox: not a snapshot: %q", snap)
+	parts := strings.Split(snap, ":")
+	if len(parts) != 3 {
+		return 0, 0, nil, bad
+	}
+	if xmin, err = strconv.ParseUint(parts[0], 10, 64); err != nil {
+		return 0, 0, nil, bad
+	}
+	if xmax, err = strconv.ParseUint(parts[1], 10, 64); err != nil || xmax < xmin {
+		return 0, 0, nil, bad
+	}
+	if parts[2] != "" {
+		for _, f := range strings.Split(parts[2], ",") {
+			x, err := strconv.ParseUint(f, 10, 64)
+			if err != nil || x < xmin || x >= xmax {
+				return 0, 0, nil, bad
+			}
+			xip = append(xip, x)
+		}
+	}
+	return xmin, xmax, xip, nil
 }
 
 // Turned is what one Turn did.

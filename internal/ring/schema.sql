@@ -84,11 +84,19 @@ CREATE INDEX /*outbox:name*/outbox_ring_lane_idx ON /*outbox:table*/outbox_ring 
 CREATE INDEX /*outbox:name*/outbox_ring_key_idx ON /*outbox:table*/outbox_ring (queue, lane, id) WHERE ordering_key IS NOT NULL;
 
 -- A keyed row draws its id under its key's lock, as in the outbox table:
--- within a key, id order is commit order.
+-- within a key, id order is commit order. It runs as the ring's owner
+-- (the key's lock and the id sequence are the owner's), and only as the
+-- ring's trigger (its partitions' clones of it).
 -- +goose StatementBegin
 CREATE FUNCTION /*outbox:table*/outbox_ring_key_insert() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+    IF TG_RELID <> ALL (ARRAY[/*outbox:literal*/'outbox_ring_p0'::regclass, /*outbox:literal*/'outbox_ring_p1'::regclass,
+                             /*outbox:literal*/'outbox_ring_p2'::regclass, /*outbox:literal*/'outbox_ring_p3'::regclass])
+       OR TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'INSERT' THEN
+        RAISE EXCEPTION '% runs only as the BEFORE INSERT row trigger of %', /*outbox:literal*/'outbox_ring_key_insert', /*outbox:literal*/'outbox_ring'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     PERFORM pg_advisory_xact_lock(/*outbox:table*/outbox_key_lock(NEW.queue, NEW.ordering_key));
     NEW.id := nextval(/*outbox:literal*/'outbox_id_seq');
     RETURN NEW;
@@ -110,13 +118,21 @@ CREATE TRIGGER /*outbox:name*/outbox_ring_key_insert_trg
 -- much again.) A queue's lanes are made by its subscribers' claimers
 -- before their first claim (RingAddLanes), and by a turn that finds its
 -- rows in a partition (outbox_ring_truncate), which keeps the partition
--- until they read it.
+-- until they read it. It runs as the ring's owner (outbox_wake is the
+-- owner's), and only as the ring's trigger; its WHEN runs as the writer,
+-- who reads the sleep horizon (Grants).
 -- +goose StatementBegin
 CREATE FUNCTION /*outbox:table*/outbox_ring_wake() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     woke text := CASE WHEN NEW.next_attempt_at <= now() THEN 'due ' ELSE 'later ' END || NEW.queue;
 BEGIN
+    IF TG_RELID <> ALL (ARRAY[/*outbox:literal*/'outbox_ring_p0'::regclass, /*outbox:literal*/'outbox_ring_p1'::regclass,
+                             /*outbox:literal*/'outbox_ring_p2'::regclass, /*outbox:literal*/'outbox_ring_p3'::regclass])
+       OR TG_WHEN <> 'AFTER' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'INSERT' THEN
+        RAISE EXCEPTION '% runs only as the AFTER INSERT row trigger of %', /*outbox:literal*/'outbox_ring_wake', /*outbox:literal*/'outbox_ring'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     IF current_setting('outboxgen.ring_woke', true) IS DISTINCT FROM woke THEN
         PERFORM /*outbox:table*/outbox_wake(NEW.queue, NEW.next_attempt_at <= now());
         PERFORM set_config('outboxgen.ring_woke', woke, true);
@@ -162,7 +178,8 @@ CREATE TABLE /*outbox:table*/outbox_ring_progress (
 -- The record of a batch in progress, committed before its handlers run:
 -- a claim whose transaction aborted delivered the rows its snapshot sees
 -- after the progress it read (after_seq, 0 for none), and the next
--- reader counts that delivery.
+-- reader counts that delivery; its handlers may run until its lease
+-- would have expired (until), and its rows wait for that.
 CREATE TABLE /*outbox:table*/outbox_ring_claims (
     queue     text        COLLATE "C" NOT NULL,
     lane      smallint    NOT NULL,
@@ -170,8 +187,21 @@ CREATE TABLE /*outbox:table*/outbox_ring_claims (
     xid       xid8        NOT NULL,
     snap      pg_snapshot NOT NULL,
     below     bigint      NOT NULL DEFAULT 9223372036854775807,
+    until     timestamptz NOT NULL,
     PRIMARY KEY (queue, lane, after_seq, xid)
 );
+
+-- The acknowledgements a claim of keyed lanes made to outlive it before
+-- it handed a key's next row out (ids, of the claim of transaction xid),
+-- each committed on its own: when the claim's transaction aborts, the
+-- lanes' next reader leaves these rows out of what it moves into the
+-- outbox table, so a key's row acknowledged before its next one ran is
+-- not handed out again after it.
+CREATE TABLE /*outbox:table*/outbox_ring_acks (
+    xid xid8     NOT NULL,
+    ids bigint[] NOT NULL
+);
+CREATE INDEX /*outbox:name*/outbox_ring_acks_xid_idx ON /*outbox:table*/outbox_ring_acks (xid);
 
 -- A partition's turn: done_below is the xid below which every writer of
 -- the partition began (set when writers moved on to the next); NULL
@@ -225,10 +255,11 @@ $$;
 -- rows there but no lanes yet gets its lanes, and keeps the partition
 -- until they read it. Its plans are custom, so that its reads lock only
 -- partition s (another turn may hold another partition's lock); JIT is
--- off, as in doneSlots.
+-- off, as in doneSlots. It runs as the ring's owner: subscribers may
+-- empty a partition only through it.
 -- +goose StatementBegin
 CREATE FUNCTION /*outbox:table*/outbox_ring_truncate(s smallint) RETURNS boolean
-LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan SET jit = off AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_custom_plan SET jit = off AS $$
 BEGIN
     CASE s
     WHEN 0 THEN LOCK TABLE /*outbox:table*/outbox_ring_p0 IN ACCESS EXCLUSIVE MODE NOWAIT;
@@ -272,7 +303,16 @@ $$;
 -- every keyed row; here it keeps the id of a row the ring's move gives
 -- (outboxgen.ring_move set in its transaction) when the ring holds a row
 -- of that id and key, in a lane the moving transaction holds, so that no
--- writer can choose a keyed row's place.
+-- writer can choose a keyed row's place; and, for a row no delivery
+-- holds (unleased), when no row of the key in the table has a larger id
+-- (a writer wrote the key's later row into the table, or a move by lease
+-- drew new ids): with its smaller id the row would take a place ahead of
+-- that row, and the statement trigger's check, which finds rows of the
+-- key past the statement's first that the statement did not insert,
+-- would refuse the move, at every retry. The row then goes behind the
+-- key's rows. A leased row keeps its id, by which its delivery writes
+-- its outcome: if the check refuses its move, the claim ends without an
+-- outcome, and the next claim of its lane moves the row unleased.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_insert() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_bitmapscan = off AS $$
@@ -298,7 +338,12 @@ BEGIN
           -- the lane row's xmax): a reader of the lane is moving it. A
           -- writer, who may set the setting but cannot lock a lane, never
           -- chooses a keyed row's place.
-          AND l.xmax = (pg_current_xact_id()::text)::xid) THEN
+          AND l.xmax = (pg_current_xact_id()::text)::xid)
+       OR NEW.acquired_token IS NULL AND EXISTS (
+        SELECT FROM /*outbox:table*/outbox AS o
+        WHERE o.ordering_key IS NOT NULL AND o.queue = NEW.queue COLLATE "C"
+          AND (o.ordering_key, o.id) > (NEW.ordering_key COLLATE "C", NEW.id)
+          AND (o.ordering_key, o.id) <= (NEW.ordering_key COLLATE "C", 9223372036854775807)) THEN
         NEW.id := nextval(/*outbox:literal*/'outbox_id_seq');
     END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN
@@ -321,3 +366,14 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
+
+-- Every function of the ring is private to its owner and the roles
+-- ring.Grants names (PostgreSQL lets PUBLIC execute a new function).
+REVOKE ALL ON FUNCTION
+    /*outbox:table*/outbox_ring_slot_now(),
+    /*outbox:table*/outbox_ring_since(pg_snapshot, pg_snapshot),
+    /*outbox:table*/outbox_ring_key_insert(),
+    /*outbox:table*/outbox_ring_wake(),
+    /*outbox:table*/outbox_ring_read_past(smallint),
+    /*outbox:table*/outbox_ring_truncate(smallint)
+FROM PUBLIC;

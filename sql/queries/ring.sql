@@ -13,19 +13,23 @@
 -- (queue, lane) of them from position @turn (a queue's lanes one after
 -- another, in the order of @queues), so that no queue's lanes wait while
 -- another's are free; returns the lanes and their positions, in the
--- search's order. It sets the transaction's planner settings: a custom
--- plan for every statement, so that the read locks only the partitions
--- it names (a generic plan locks all of them before pruning, and an open
--- claim would then keep the ring from turning); no bitmap scans, so that
+-- search's order. It sets the transaction's planner settings: plans
+-- chosen as PostgreSQL's default does, whatever the server's setting
+-- says, so that the statements that read the ring's partitions, sent as
+-- one-shot statements (dbx.OneShot), are planned for their parameters
+-- and lock only the partitions they name (a generic plan locks all of
+-- them before pruning, and an open claim would then keep the ring from
+-- turning), while the claim's other statements keep their cached plans
+-- (planned at every execution, they cost a claim more than their runs);
+-- no bitmap scans, so that
 -- a lane's read stops at its batch's last row instead of reading, and
 -- sorting, the lane's whole backlog; and no JIT: the ring's small tables
 -- are never vacuumed, and estimates made without their statistics pass
 -- jit_above_cost, whose compilation takes longer than the statements.
--- And it lets the claim's
--- moves of keyed rows into the outbox table keep their ids (the ring's
--- version of the table's key trigger).
+-- And it lets the claim's moves of keyed rows into the outbox table keep
+-- their ids (the ring's version of the table's key trigger).
 SELECT l.queue, l.lane, s.pos::integer AS pos,
-       set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode,
+       set_config('plan_cache_mode', 'auto', true) AS plan_cache_mode,
        set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
        set_config('jit', 'off', true) AS jit,
        set_config('outboxgen.ring_move', 'on', true) AS ring_move
@@ -81,16 +85,20 @@ WHERE p.age > @idle_progress_seconds::float8
        ORDER BY r.queue, r.lane, r.id LIMIT 1)
 ORDER BY s.pos;
 
--- name: RingPosition :one
--- Where lane @lane of @queue stands, read in the claim's transaction:
--- its newest progress (seq 0 and the empty snapshot when it has none:
--- the lane reads from the ring's start), its id bound and its age; the
+-- name: RingPositions :many
+-- Where each lane @lanes of @queues stands (arrays of one element per
+-- lane), read in the claim's transaction once it holds the lanes it takes
+-- (RingTakeLanes, whose statement's snapshot was taken before its locks):
+-- its newest progress (seq 0 and the empty snapshot when it has none: the
+-- lane reads from the ring's start), its id bound and its age; the
 -- transaction's snapshot and id; the partitions the batch can reach
 -- (those not done below the progress's xmin, and every one not emptied
--- since while a keyed lane's bound leaves rows that snapshot saw
--- unread); and the snapshots and bounds of the claims after that
--- progress whose transactions aborted (crashed or lost deliveries).
-SELECT coalesce(p.seq, 0)::bigint AS seq,
+-- since while a keyed lane's bound leaves rows that snapshot saw unread);
+-- and the snapshots, bounds, lease ends and transaction ids of the claims
+-- after that progress whose transactions aborted (crashed or lost
+-- deliveries).
+SELECT w.queue::text AS queue, w.lane::smallint AS lane,
+       coalesce(p.seq, 0)::bigint AS seq,
        coalesce(p.snap, '1:1:'::pg_snapshot)::text AS prev,
        coalesce(p.below, 0)::bigint AS below,
        coalesce(extract(epoch FROM now() - p.at), 1e9)::float8 AS age_seconds,
@@ -101,16 +109,19 @@ SELECT coalesce(p.seq, 0)::bigint AS seq,
                     OR p.below < 9223372036854775807),
                 '{}')::smallint[] AS slots,
        coalesce(c.snaps, '{}')::text[] AS crashed,
-       coalesce(c.belows, '{}')::bigint[] AS crashed_below
-FROM (SELECT 1) AS one
+       coalesce(c.belows, '{}')::bigint[] AS crashed_below,
+       coalesce(c.untils, '{}')::timestamptz[] AS crashed_until,
+       coalesce(c.xids, '{}')::bigint[] AS crashed_xids
+FROM (SELECT unnest(@queues::text[]) AS queue, unnest(@lanes::smallint[]) AS lane) AS w
 LEFT JOIN LATERAL (
     SELECT g.seq, g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
-    WHERE g.queue = @queue AND g.lane = @lane
+    WHERE g.queue = w.queue AND g.lane = w.lane
     ORDER BY g.seq DESC LIMIT 1) AS p ON true
 CROSS JOIN LATERAL (
-    SELECT array_agg(a.snap::text ORDER BY a.xid) AS snaps, array_agg(a.below ORDER BY a.xid) AS belows
+    SELECT array_agg(a.snap::text ORDER BY a.xid) AS snaps, array_agg(a.below ORDER BY a.xid) AS belows,
+           array_agg(a.until ORDER BY a.xid) AS untils, array_agg(a.xid::text::bigint ORDER BY a.xid) AS xids
     FROM /*outbox:table*/outbox_ring_claims AS a
-    WHERE a.queue = @queue AND a.lane = @lane AND a.after_seq = coalesce(p.seq, 0)
+    WHERE a.queue = w.queue AND a.lane = w.lane AND a.after_seq = coalesce(p.seq, 0)
       AND pg_xact_status(a.xid) = 'aborted') AS c;
 
 -- name: RingRead :many
@@ -183,14 +194,16 @@ WHERE EXISTS (
 -- Records, in a transaction of its own (autocommit), that the claim of
 -- transaction @xid read, of each lane @lanes of @queues, the batch after
 -- progress @after_seqs up to snapshot @snaps and id @belows (arrays of
--- one element per lane). It records nothing, and recorded is false,
+-- one element per lane), and that its handlers may run for
+-- @lease_ttl_seconds from now. It records nothing, and recorded is false,
 -- when that transaction is no longer in progress: its lanes are free,
 -- and their rows must not be handed to handlers.
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit, (@xid::bigint)::text::xid8 AS xid
 ), record AS (
-    INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap, below)
-    SELECT b.queue, b.lane, b.after_seq, session.xid, b.snap::pg_snapshot, b.below
+    INSERT INTO /*outbox:table*/outbox_ring_claims (queue, lane, after_seq, xid, snap, below, until)
+    SELECT b.queue, b.lane, b.after_seq, session.xid, b.snap::pg_snapshot, b.below,
+           now() + make_interval(secs => @lease_ttl_seconds::float8)
     FROM session
     CROSS JOIN (SELECT unnest(@queues::text[]) AS queue, unnest(@lanes::smallint[]) AS lane,
                        unnest(@after_seqs::bigint[]) AS after_seq, unnest(@snaps::text[]) AS snap,
@@ -209,44 +222,70 @@ SELECT 1;
 -- name: RingMove :execrows
 -- Moves rows @ids (of transactions @txids) of lane @lane of @queue, in
 -- the partitions @slots, into the outbox table with their ids, each with
--- its delivery count @deliveries, leased with @token for
--- @lease_ttl_seconds when @token is set (rows whose handlers run on, or
--- whose failure the lease path writes next), else waiting for a claim
--- (rows no handler started, rows not yet due), in id order: a key's rows
--- take their places behind each other (keeping their ids, see
--- RingTakeLanes). Fewer rows moved than given means the ring no longer
--- holds them.
+-- its delivery count @deliveries: leased with @token for
+-- @lease_ttl_seconds where @leased is true (rows whose handlers run on,
+-- or whose failure the lease path writes next), else waiting for a claim
+-- (rows no handler started, rows not yet due, rows of keys the outbox
+-- table holds); in id order, in one statement, so that a key's rows take
+-- their places behind each other (keeping their ids, see RingTakeLanes),
+-- its leased row first. Fewer rows moved than given means the ring no
+-- longer holds them.
 INSERT INTO /*outbox:table*/outbox
     (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count, acquired_token, acquired_at, lease_expires_at)
 OVERRIDING SYSTEM VALUE
 SELECT r.id, r.queue, r.payload, r.headers, r.ordering_key, r.created_at, r.next_attempt_at, m.deliveries,
-       l.token,
-       CASE WHEN l.token IS NOT NULL THEN clock_timestamp() END,
-       CASE WHEN l.token IS NOT NULL THEN clock_timestamp() + make_interval(secs => l.ttl) END
+       CASE WHEN m.leased THEN l.token END,
+       CASE WHEN m.leased THEN clock_timestamp() END,
+       CASE WHEN m.leased THEN clock_timestamp() + make_interval(secs => l.ttl) END
 FROM (SELECT sqlc.narg(token)::uuid AS token, @lease_ttl_seconds::float8 AS ttl) AS l
-CROSS JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@txids::bigint[]) AS txid, unnest(@deliveries::integer[]) AS deliveries) AS m
+CROSS JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@txids::bigint[]) AS txid, unnest(@deliveries::integer[]) AS deliveries,
+                   unnest(@leased::boolean[]) AS leased) AS m
 JOIN /*outbox:table*/outbox_ring AS r
   ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane AND r.txid = m.txid::text::xid8 AND r.id = m.id
 ORDER BY r.id;
+
+-- name: RingWaitAcks :exec
+-- Waits, in the claim's transaction, for the acknowledgements that
+-- claims of transactions @xids, found aborted, are recording (RingAck
+-- holds a claim's lock until it commits, and a claim writes one at a
+-- time), and keeps new ones from being recorded until it ends: the move
+-- that follows (RingMoveCrashed), in the next statement, sees each of
+-- them. Shared, so that the readers of a dead claim's other lanes do not
+-- wait for each other.
+SELECT pg_advisory_xact_lock_shared(
+           ((/*outbox:literal*/'outbox_ring_acks'::regclass::oid)::bigint - 2147483648)::integer,
+           (x.xid % 4294967296 - 2147483648)::integer)
+FROM unnest(@xids::bigint[]) AS x(xid);
 
 -- name: RingMoveCrashed :one
 -- Moves the rows of lane @lane of @queue that snapshot @cur sees and the
 -- lane's progress (@prev, @below) has not consumed, in the partitions
 -- @slots, into the outbox table, unleased, in id order (a keyed row
--- keeps its id and its place behind its key's), each row with the
--- deliveries that claims whose transactions aborted made of it (those of
--- the snapshots @crashed, with bounds @crashed_below, that consumed it):
--- from there, each row counts toward MaxDeliveries on its own, so a row
--- that kills its subscriber does not take its batch down with it again.
--- Returns how many rows moved, and the largest id moved (0 for none).
-WITH moved AS (
-INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count)
-OVERRIDING SYSTEM VALUE
-SELECT u.id, u.queue, u.payload, u.headers, u.ordering_key, u.created_at, u.next_attempt_at,
-       (SELECT count(*) FROM generate_subscripts(@crashed::text[], 1) AS c(i)
-        WHERE pg_visible_in_snapshot(u.txid, ((@crashed::text[])[c.i])::pg_snapshot)
-          AND u.id <= (@crashed_below::bigint[])[c.i])::integer
-FROM (
+-- keeps its id and its place behind its key's), but for the rows that
+-- claims whose transactions aborted acknowledged before handing their
+-- keys' next rows out (those of transactions @crashed_xids, see
+-- RingAck): they are consumed. Each row moved counts the deliveries that
+-- those claims made of it (those of the snapshots @crashed, with bounds
+-- @crashed_below, that consumed it: every unkeyed row, and of each key
+-- the first row not acknowledged, which ran while the rest of the key's
+-- rows waited for it): from there, each row counts toward MaxDeliveries
+-- on its own, so a row that kills its subscriber does not take its batch
+-- down with it again. A row such a claim delivered is due no sooner
+-- than that claim's lease would have expired (@crashed_until): its
+-- handler may still run (its process lives on, and only its connection
+-- died), as a claim by lock of the outbox table's rows waits too
+-- (RecordLock); a key's later rows wait behind it. Returns how many rows
+-- moved, and the largest id the lane consumed (0 for none).
+WITH crashed AS MATERIALIZED (
+    SELECT ((@crashed::text[])[c.i])::pg_snapshot AS snap, (@crashed_below::bigint[])[c.i] AS below,
+           (@crashed_until::timestamptz[])[c.i] AS held, (((@crashed_xids::bigint[])[c.i])::text)::xid8 AS xid
+    FROM generate_subscripts(@crashed::text[], 1) AS c(i)
+), acked AS MATERIALIZED (
+    SELECT DISTINCT a.id
+    FROM crashed
+    JOIN /*outbox:table*/outbox_ring_acks AS k ON k.xid = crashed.xid
+    CROSS JOIN LATERAL unnest(k.ids) AS a(id)
+), unread AS MATERIALIZED (
     SELECT r.* FROM (SELECT (@prev::text)::pg_snapshot AS prev, (@cur::text)::pg_snapshot AS cur) AS b
     JOIN /*outbox:table*/outbox_ring AS r
       ON r.slot = ANY (@slots::smallint[]) AND r.queue = @queue AND r.lane = @lane
@@ -259,11 +298,51 @@ FROM (
       AND r.ordering_key IS NOT NULL AND r.id > @below::bigint
       AND pg_visible_in_snapshot(r.txid, (@prev::text)::pg_snapshot)
       AND pg_visible_in_snapshot(r.txid, (@cur::text)::pg_snapshot)
-) AS u
-ORDER BY u.id
-RETURNING id
+), kept AS MATERIALIZED (
+    SELECT u.* FROM unread AS u WHERE u.id NOT IN (SELECT acked.id FROM acked)
+), delivered AS (
+    SELECT b.id, count(*)::integer AS deliveries, max(b.held) AS until
+    FROM (
+        SELECT k.id, k.ordering_key, c.held, row_number() OVER (PARTITION BY c.xid, k.ordering_key ORDER BY k.id) AS nth
+        FROM crashed AS c
+        JOIN kept AS k ON pg_visible_in_snapshot(k.txid, c.snap) AND k.id <= c.below) AS b
+    WHERE b.ordering_key IS NULL OR b.nth = 1
+    GROUP BY b.id
+), moved AS (
+    INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, ordering_key, created_at, next_attempt_at, deliveries_count)
+    OVERRIDING SYSTEM VALUE
+    SELECT k.id, k.queue, k.payload, k.headers, k.ordering_key, k.created_at,
+           greatest(k.next_attempt_at, d.until), coalesce(d.deliveries, 0)
+    FROM kept AS k
+    LEFT JOIN delivered AS d ON d.id = k.id
+    ORDER BY k.id
+    RETURNING 1
 )
-SELECT count(*)::bigint AS moved, coalesce(max(moved.id), 0)::bigint AS last_id FROM moved;
+SELECT (SELECT count(*) FROM moved)::bigint AS moved, coalesce((SELECT max(u.id) FROM unread AS u), 0)::bigint AS last_id;
+
+-- name: RingAck :one
+-- Records, in a transaction of its own (autocommit), that the claim of
+-- transaction @xid acknowledged rows @ids of its keyed lanes, before it
+-- hands the rows of their keys that follow them out: should its
+-- transaction abort, the lanes' next reader leaves them out of the move
+-- (RingMoveCrashed). It records nothing, and recorded is false, when
+-- that transaction is no longer in progress, or a reader that found it
+-- aborted holds its lock (RingWaitAcks): then no next row may run.
+-- Committed as the session's synchronous_commit says: a server crash
+-- aborts the claim, and the acknowledgements must outlive it.
+WITH claim AS MATERIALIZED (
+    SELECT x.xid, pg_try_advisory_xact_lock(
+               ((/*outbox:literal*/'outbox_ring_acks'::regclass::oid)::bigint - 2147483648)::integer,
+               (x.xid % 4294967296 - 2147483648)::integer) AS locked
+    FROM (SELECT @xid::bigint AS xid) AS x
+), record AS (
+    INSERT INTO /*outbox:table*/outbox_ring_acks (xid, ids)
+    SELECT (claim.xid::text)::xid8, @ids::bigint[]
+    FROM claim
+    WHERE claim.locked AND pg_xact_status((claim.xid::text)::xid8) = 'in progress'
+    RETURNING 1
+)
+SELECT EXISTS (SELECT FROM record) AS recorded;
 
 -- name: RingLockKeyedLanes :many
 -- Locks, in the keyed move's transaction, the free keyed lanes (4 to 7)
@@ -389,9 +468,11 @@ ORDER BY t.slot;
 SELECT /*outbox:table*/outbox_ring_truncate(@slot::smallint) AS truncated;
 
 -- name: RingPrune :exec
--- Deletes the progress rows behind each lane's newest, and the records of
--- claims after them: every read is of the newest, so these are behind
--- every scan.
+-- Deletes the progress rows behind each lane's newest, the records of
+-- claims after them, and the acknowledgements of claims older than every
+-- record left: every read is of the newest, so these are behind every
+-- scan. (A claim in progress keeps its record: it holds its lanes, whose
+-- newest progress it read.)
 WITH newest AS (
     SELECT l.queue, l.lane,
            (SELECT g.seq FROM /*outbox:table*/outbox_ring_progress AS g
@@ -401,6 +482,11 @@ WITH newest AS (
     DELETE FROM /*outbox:table*/outbox_ring_progress AS g
     USING newest AS n
     WHERE g.queue = n.queue AND g.lane = n.lane AND g.seq < n.seq
+), acks AS (
+    DELETE FROM /*outbox:table*/outbox_ring_acks AS k
+    -- (xid8 has no min() before PostgreSQL 15.)
+    WHERE k.xid < coalesce((SELECT c.xid FROM /*outbox:table*/outbox_ring_claims AS c ORDER BY c.xid LIMIT 1),
+                           '18446744073709551615'::xid8)
 )
 DELETE FROM /*outbox:table*/outbox_ring_claims AS c
 USING newest AS n
