@@ -57,8 +57,7 @@ func ringTables() string {
 
 // ringQueries renders the generated queries for the bench's ring outbox.
 func ringQueries() func(db.DBTX) *db.Queries {
-	cache := naming.NewCache(naming.Names{Schema: schemaRing, Table: naming.DefaultTable})
-	return func(c db.DBTX) *db.Queries { return db.New(naming.DBTX{Inner: c, Cache: cache}) }
+	return naming.Queries(naming.Names{Schema: schemaRing, Table: naming.DefaultTable})
 }
 
 // waitRingDrained polls until the ring outbox's table is empty and every

@@ -19,7 +19,7 @@ type accounting struct {
 	both int64
 	// phantom: delivered but never committed (rolled back, or unknown).
 	phantom int64
-	// left: rows still in the outbox.
+	// left: rows still in the outbox (the table, and the ring's unread).
 	left int64
 	// duplicates are deliveries after one that ended the message (or never
 	// ended), by explanation; unexplained ones are bugs.
@@ -72,8 +72,10 @@ const endKind = `coalesce(d1.end_kind, CASE WHEN ` + killOf + ` IS NOT NULL THEN
 // explanation of a redelivery: the fault that touched the first
 // delivery's worker between its start and the second's start, or the
 // first delivery's lease having expired (as its handler began, for a
-// claim by lease; else LeaseTTL after the handler began, later than the
-// claim's) before the second began.
+// claim by lease, or the lease a claim by lock of the ring recorded; for
+// a claim by lock, the lease its end wrote, read as the handler ended,
+// else LeaseTTL after the handler began, later than the claim's) before
+// the second began.
 const explain = `
     coalesce((
         SELECT e.kind FROM events AS e
@@ -112,6 +114,11 @@ func (c *coordinator) account(ctx context.Context, p *publishers) (*accounting, 
 	if err != nil {
 		return nil, fmt.Errorf("accounting: %w", err)
 	}
+	unread, err := c.ringUnread(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a.left += unread
 	// Redeliveries: a delivery (d2) that follows one (d1) which
 	// succeeded, rejected or never ended. One after a failed attempt is a
 	// retry.

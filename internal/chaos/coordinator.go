@@ -20,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/internal/faultproxy"
+	"github.com/outboxgen/outboxgen/internal/naming"
+	"github.com/outboxgen/outboxgen/internal/ring"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -35,7 +37,10 @@ type coordinator struct {
 	restartPG            bool
 	// roles runs publishers and workers as least-privileged roles.
 	roles bool
-	log   *slog.Logger
+	// ring adds the log tier's ring beside the outbox table, and
+	// publishers write half of the messages into it.
+	ring bool
+	log  *slog.Logger
 
 	schema string
 	// ends is the directory where workers append their handlers' ends.
@@ -141,6 +146,10 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 		defer c.pubPool.Close()
 	} else if err := c.ob.Migrate(ctx); err != nil {
 		return false, err
+	} else if c.ring {
+		if err := ring.Create(ctx, c.pool, c.names()); err != nil {
+			return false, err
+		}
 	}
 	// SET LOCAL: through a pooler in transaction mode, a session's
 	// settings would stay with the server connection for other clients.
@@ -177,6 +186,9 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 	as := "as " + c.pool.Config().ConnConfig.User
 	if c.roles {
 		as = "as the roles " + c.schema + "_{migrator,publisher,subscriber}"
+	}
+	if c.ring {
+		as += ", half of the messages written into the ring"
 	}
 	fmt.Printf("chaos: schema %s, %d workers (worker 0 through a fault proxy), %v of faults at %d msgs/s, %s\n",
 		c.schema, c.workers, c.duration, c.rate, as)
@@ -486,14 +498,30 @@ func (c *coordinator) restartPostgres(ctx context.Context) {
 func (c *coordinator) drain(ctx context.Context, limit time.Duration) bool {
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		var n int
+		var n int64
 		err := c.pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{c.schema, c.ob.Table()}.Sanitize()).Scan(&n)
 		if err == nil && n == 0 {
-			return true
+			if n, err = c.ringUnread(ctx); err == nil && n == 0 {
+				return true
+			}
 		}
 		sleep(ctx, 200*time.Millisecond)
 	}
 	return false
+}
+
+// names are the outbox's.
+func (c *coordinator) names() naming.Names {
+	return naming.Names{Schema: c.schema, Table: c.ob.Table()}
+}
+
+// ringUnread counts the rows of the ring no lane has read past (0 without
+// the ring).
+func (c *coordinator) ringUnread(ctx context.Context) (int64, error) {
+	if !c.ring {
+		return 0, nil
+	}
+	return ring.Unread(ctx, c.pool, naming.Queries(c.names()), 30*time.Second)
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -565,6 +593,12 @@ func (c *coordinator) asRoles(ctx context.Context) (drop func(), err error) {
 	grants, err := outbox.Grants(&outbox.Config{Schema: c.schema}, outbox.Roles{Publisher: publisher, Subscriber: subscriber})
 	if err != nil {
 		return fail(err)
+	}
+	if c.ring {
+		if err := ring.Create(ctx, mpool, c.names()); err != nil {
+			return fail(fmt.Errorf("the ring, as %s: %w", migrator, err))
+		}
+		grants = append(grants, ring.Grants(c.names(), publisher, subscriber)...)
 	}
 	for _, g := range grants {
 		if _, err := mpool.Exec(ctx, g); err != nil {

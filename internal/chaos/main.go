@@ -45,6 +45,7 @@ func main() {
 		schema   = flag.String("schema", "", "the outbox's schema (worker mode)")
 		ends     = flag.String("ends", "", "the directory of the handlers' end records (worker mode)")
 		roles    = flag.Bool("roles", false, "run as least-privileged roles: a migrator owns the outbox, publishers and workers connect as roles with only what outboxgen grants gives them")
+		withRing = flag.Bool("ring", false, "add the log tier's ring beside the outbox table (internal/ring): half of the messages are written into it with plain SQL, and the workers claim from both")
 		server   = flag.String("server-dsn", os.Getenv("OUTBOX_CHAOS_SERVER_URL"),
 			"the PostgreSQL behind -dsn when that is a pooler; backends are terminated through it (default $OUTBOX_CHAOS_SERVER_URL, else -dsn)")
 		listen = flag.String("listen-dsn", os.Getenv("OUTBOX_CHAOS_LISTEN_URL"),
@@ -72,11 +73,11 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	c := &coordinator{dsn: *dsn, serverDSN: *server, listenDSN: *listen, duration: *duration, workers: *workers, rate: *rate, keep: *keep,
-		roles: *roles, log: log,
+		roles: *roles, ring: *withRing, log: log,
 		restartPG: os.Getenv("OUTBOX_CHAOS_RESTART_PG") == "1"}
 	ok, err := c.run(ctx)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos:", err)
+		fmt.Fprintln(os.Stderr, "chaos: FAIL:", err)
 		os.Exit(1)
 	}
 	if !ok {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxgen/outboxgen/internal/ringwriter"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -54,6 +55,19 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 		}
 		pubs[q] = pub
 	}
+	// With the ring, half of the messages are written into it with plain
+	// SQL, as any writer would: unkeyed ones at random, and the rows of
+	// half of the keys (a key's rows keep their order within the tier
+	// they are written into; across tiers, only while its writer writes
+	// them into one).
+	var rw *ringwriter.Writer
+	if c.ring {
+		var err error
+		if rw, err = ringwriter.New[msg](c.names()); err != nil {
+			c.log.Error("chaos: ring writer", "error", err)
+			return
+		}
+	}
 	seq := map[string]int{}
 	const (
 		perTx = 3 // messages per ordinary transaction, on average
@@ -90,10 +104,12 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 				m := msg{ID: p.nextID.Add(1), Mode: mode()}
 				opts := &outbox.PublishOpts{}
 				q := queues[rand.IntN(len(queues))]
+				intoRing := rw != nil && rand.IntN(2) == 0
 				if rand.IntN(2) == 0 {
 					// A key is (queue, ordering key): each key name
 					// lives in one queue, so key names identify keys.
 					k := rand.IntN(keysPerPublisher)
+					intoRing = rw != nil && k%2 == 0
 					m.Key, q = fmt.Sprintf("p%d-k%d", i, k), queues[k%len(queues)]
 					seq[m.Key]++
 					m.Seq = seq[m.Key]
@@ -105,7 +121,11 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 					pgx.Identifier{c.schema}.Sanitize()), m.ID, m.Key, m.Seq, m.Mode); err != nil {
 					return err
 				}
-				if _, err := pubs[q].Publish(ctx, tx, m, opts); err != nil {
+				if intoRing {
+					if err := rw.Write(ctx, tx, q, m, opts); err != nil {
+						return err
+					}
+				} else if _, err := pubs[q].Publish(ctx, tx, m, opts); err != nil {
 					return err
 				}
 				ids = append(ids, m.ID)

@@ -99,7 +99,20 @@ func runWorker(dsn, listenDSN, schema, ends string, n int, log *slog.Logger) err
 	}
 	defer endLog.close()
 	rec := &recorder{pool: pool, schema: schema, outbox: pgx.Identifier{schema, ob.Table()}.Sanitize(), ends: endLog,
-		worker: n, pid: os.Getpid(), log: log}
+		worker: n, pid: os.Getpid(), log: log, claimLease: "NULL::timestamptz"}
+	ringTable := pgx.Identifier{schema, ob.Table() + "_ring"}.Sanitize()
+	var ringPresent bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", ringTable).Scan(&ringPresent); err != nil {
+		return err
+	}
+	if ringPresent {
+		// A claim of a lane of the ring records when its lease ends before
+		// it hands the lane's rows out: while it holds the lane, its record
+		// is the lane's newest (it follows the newest progress; older
+		// records, of other subscribers' claims, may have longer leases).
+		rec.claimLease = fmt.Sprintf(`(SELECT c.until FROM %s AS r JOIN %s AS c ON c.queue = r.queue AND c.lane = r.lane
+			WHERE r.id = $3 ORDER BY c.after_seq DESC, c.xid DESC LIMIT 1)`, ringTable, pgx.Identifier{schema, ob.Table() + "_ring_claims"}.Sanitize())
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, len(subscribers))
 	for _, sc := range subscribers {
@@ -145,11 +158,14 @@ type recorder struct {
 	pool   *pgxpool.Pool
 	schema string
 	outbox string // the outbox table, schema-qualified and quoted
-	ends   *endLog
-	log    *slog.Logger
-	worker int
-	pid    int
-	seq    atomic.Int64
+	// claimLease is an SQL expression of row $3's claim's lease end when
+	// a claim by lock of the ring holds it (NULL without the ring).
+	claimLease string
+	ends       *endLog
+	log        *slog.Logger
+	worker     int
+	pid        int
+	seq        atomic.Int64
 	// pending counts records still being written after their handler
 	// returned.
 	pending sync.WaitGroup
@@ -224,7 +240,8 @@ func (r *recorder) handle(ctx context.Context, d delivery) error {
 		VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11, $12,
 		        coalesce((SELECT CASE WHEN o.acquired_token IS NULL THEN 'lock' ELSE 'lease' END
 		                  FROM %[2]s AS o WHERE o.id = $3), 'gone'),
-		        (SELECT o.lease_expires_at FROM %[2]s AS o WHERE o.id = $3))`, r.schema, r.outbox), append(r.args(d), d.began)...)
+		        coalesce((SELECT o.lease_expires_at FROM %[2]s AS o WHERE o.id = $3), %[3]s))`, r.schema, r.outbox, r.claimLease),
+		append(r.args(d), d.began)...)
 	cancel()
 	if err != nil {
 		// The insert may land after its answer was lost.
@@ -251,8 +268,17 @@ func (r *recorder) handle(ctx context.Context, d delivery) error {
 	case m.Payload.Mode == modeFail, m.Payload.Mode == modeRetry && m.Attempts == 0:
 		outcome, herr = "fail", errors.New("failed by design")
 	}
+	// A claim by lock writes no lease as its handler begins: the lease,
+	// if any, is the one its end wrote (a row that ran past the claim's
+	// end), from the end's statement on, which may come before the
+	// handler's first line; it is read here, when it has committed, and
+	// takes the place of the ring's claim's record (read as the handler
+	// began), which it outlasts.
 	sctx, cancel = context.WithTimeout(ctx, recordTimeout)
-	_, err = r.pool.Exec(sctx, fmt.Sprintf(`UPDATE %q.deliveries SET ended = clock_timestamp(), outcome = $2 WHERE id = $1`, r.schema), d.id, outcome)
+	_, err = r.pool.Exec(sctx, fmt.Sprintf(`UPDATE %[1]q.deliveries AS d SET ended = clock_timestamp(), outcome = $2,
+		lease_expires = CASE WHEN d.claim = 'lease' THEN d.lease_expires
+		                     ELSE coalesce((SELECT o.lease_expires_at FROM %[2]s AS o WHERE o.id = d.row_id), d.lease_expires) END
+		WHERE d.id = $1`, r.schema, r.outbox), d.id, outcome)
 	cancel()
 	if err != nil {
 		// The handler fails (its row is retried); record that, with
