@@ -70,11 +70,13 @@ test: ## Run every test with the race detector against PostgreSQL (the contrib m
 		-- -race -count=1 -timeout 30m -parallel $(TEST_PARALLEL) $(GOTESTFLAGS)
 
 # CHAOS_DURATION is how long faults are injected; CI runs the default.
+# CHAOS_FLAGS are more of the harness's flags (-ring, -roles, -workers).
 CHAOS_DURATION ?= 60s
+CHAOS_FLAGS    ?=
 
 .PHONY: chaos
 chaos: ## Break an outbox on purpose (kills, backend terminations, stalls, cuts, half-open connections) on $DATABASE_URL and check the accounting
-	$(GO) run -race ./internal/chaos -duration $(CHAOS_DURATION)
+	$(GO) run -race ./internal/chaos -duration $(CHAOS_DURATION) $(CHAOS_FLAGS)
 
 # FUZZTIME is how long each fuzz target runs; FUZZPARALLEL is its number
 # of workers; FUZZMINIMIZETIME caps the minimising of each new input (go

@@ -129,6 +129,12 @@ func TestHealthReportsANotificationThatNeverArrives(t *testing.T) {
 	}
 }
 
+// oldestWait is how long a test waits for its open transaction to be
+// the oldest in the cluster: until every older transaction of the tests
+// running beside it has ended, which on a loaded machine took more than
+// a minute.
+const oldestWait = 5 * time.Minute
+
 // A transaction left open is named as what holds back vacuum, once it is
 // the oldest in the cluster, and is a problem past the thresholds.
 func TestHealthNamesATransactionHoldingBackVacuum(t *testing.T) {
@@ -143,7 +149,7 @@ func TestHealthNamesATransactionHoldingBackVacuum(t *testing.T) {
 	tx := e.holdSnapshot(app)
 	opts := &HealthOptions{XminDuration: time.Millisecond}
 	var h Health
-	eventually(t, "the open transaction is the oldest", func() bool {
+	eventuallyWithin(t, "the open transaction is the oldest", oldestWait, func() bool {
 		h = e.health(opts)
 		return h.OldestXmin != nil && strings.Contains(h.OldestXmin.Name, app)
 	})
@@ -174,7 +180,7 @@ func TestHealthSaysWhenItMayNotReadAHoldersActivity(t *testing.T) {
 		h   Health
 		err error
 	)
-	eventually(t, "the open transaction is the oldest", func() bool {
+	eventuallyWithin(t, "the open transaction is the oldest", oldestWait, func() bool {
 		h, err = e.sub.Health(e.ctx, opts)
 		if err != nil {
 			t.Fatalf("Health: %v", err)
@@ -196,7 +202,7 @@ func TestHealthSaysWhenItMayNotReadAHoldersActivity(t *testing.T) {
 	}
 	e.exec("GRANT pg_read_all_stats TO " + pgx.Identifier{e.roles[2]}.Sanitize())
 	// Another test's transaction may be the oldest for a moment.
-	eventually(t, "the open transaction is the oldest, read with pg_read_all_stats", func() bool {
+	eventuallyWithin(t, "the open transaction is the oldest, read with pg_read_all_stats", oldestWait, func() bool {
 		h, err = e.sub.Health(e.ctx, opts)
 		if err != nil {
 			t.Fatalf("Health: %v", err)

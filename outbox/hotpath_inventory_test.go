@@ -33,11 +33,11 @@ var notOnTheOutbox = map[string]string{
 // the ring (ring.Create; no migration ships it): the ring is measured
 // under a held horizon by its own soak (soak -ring) before it is shipped.
 var onlyWithTheRing = map[string]bool{
-	"RingConfirm": true, "RingMove": true, "RingMoveCrashed": true, "RingMoveKeyed": true, "RingPosition": true,
+	"RingConfirm": true, "RingMove": true, "RingMoveCrashed": true, "RingMoveKeyed": true, "RingPositions": true,
 	"RingProgress": true, "RingRead": true, "RingReadKeyed": true, "RingReadyLanes": true,
 	"RingReadRest": true, "RingRecord": true, "RingHeldKeys": true, "RingTakeLanes": true,
 	"RingTurnState": true, "RingNextSlot": true, "RingCloseSlot": true, "RingDoneSlots": true, "RingTruncate": true,
-	"RingPrune": true, "RingLockKeyedLanes": true, "RingAddLanes": true,
+	"RingPrune": true, "RingLockKeyedLanes": true, "RingAddLanes": true, "RingAck": true, "RingWaitAcks": true,
 }
 
 // queryMethods returns the generated queries (the methods of

@@ -72,15 +72,7 @@ func holdLocks(t *testing.T, d *pgtest.DB, ob *Outbox, name string) *lockHolder 
 		t.Fatal(err)
 	}
 	cfg.RuntimeParams["application_name"] = name
-	conn, err := pgx.ConnectConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	tx, err := conn.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := pgtest.Tx(t, cfg)
 	n := ob.naming
 	if _, err := tx.Exec(t.Context(), "SELECT count(*) FROM "+n.Qualified(n.Table)+
 		"; LOCK TABLE "+n.Qualified(n.VersionTable())+" IN SHARE MODE"); err != nil {

@@ -14,7 +14,7 @@ import (
 
 func TestMigrateUpDownUpRebuildsIdentically(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
+	e := setupMigrations(t)
 	first := pgtest.Catalog(t, e.db.Pool, e.db.Schema)
 	if len(first) < 20 {
 		t.Fatalf("catalog after Migrate has %d entries:\n%v", len(first), first)
@@ -167,7 +167,7 @@ func TestOutboxesSideBySide(t *testing.T) {
 // drops, and nothing for the tables it keeps.
 func TestMigrateDownLoss(t *testing.T) {
 	t.Parallel()
-	e := setup(t)
+	e := setupMigrations(t)
 	e.exec(`INSERT INTO outbox (queue, payload) SELECT 'q', 'x' FROM generate_series(1, 3)`)
 	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
 		VALUES (1, 'q', 'x', 1, 1, now(), 'rejected'), (2, 'q', 'x', 1, 1, now(), 'rejected')`)

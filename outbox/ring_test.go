@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -14,9 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxgen/outboxgen/internal/naming"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
-	"github.com/outboxgen/outboxgen/internal/ring"
 )
 
 // The log tier's ring (package ring) beside the outbox table: writers
@@ -27,11 +26,7 @@ import (
 // outbox table.
 func setupRing(t *testing.T) *env {
 	t.Helper()
-	e := setupAs(t, TableDefault, false)
-	if err := ring.Create(e.ctx, e.db.Pool, naming.Names{Schema: e.db.Schema, Table: TableDefault}); err != nil {
-		t.Fatal(err)
-	}
-	return e
+	return setupWith(t, TableDefault, false, true)
 }
 
 // publishRing writes n rows of queue into the ring, one statement, and
@@ -777,4 +772,67 @@ func TestRingWritersNotifyOnlyWhileASubscriberSleeps(t *testing.T) {
 	if diff := cmp.Diff([]string{ch + "q", ch + "scheduled:q"}, notes(`DELETE FROM outbox_sleepers WHERE 'r' = ANY (queues)`, due, later)); diff != "" {
 		t.Errorf("due and later rows, r's subscriber awake (-want +got):\n%s", diff)
 	}
+}
+
+// A subscriber of an outbox with the ring that sleeps (polls 30 s apart)
+// is woken by a row published into the outbox table, on every claim
+// path, and handles it: the claim after a writer's notification, or after
+// the subscriber's sleep record, looks at the table however the table's
+// claims are paced while the ring keeps the claimer busy.
+func TestRingSubscriberWokenForATableRowHandlesIt(t *testing.T) {
+	t.Parallel()
+	forEachClaimPath(t, func(t *testing.T, p claimPath) {
+		e := setupRing(t)
+		handled := idleSubscriber(t, e, onPath(p, fastConfig[string](nil)))
+		eventually(t, "the LISTEN connection", func() bool { return len(e.listeners(e.ob.Channel())) == 1 })
+		pub := newPublisher[string](t, e, "q", nil)
+		for i := range 3 {
+			e.waitAsleep()
+			sent := time.Now()
+			if _, err := pub.Publish(e.ctx, e.pubPool, "x", nil); err != nil {
+				t.Fatal(err)
+			}
+			if lat := within(t, handled, 20*time.Second, fmt.Sprintf("row %d, after NOTIFY", i)).Sub(sent); lat > scheduledLatenessBound {
+				t.Errorf("row %d handled %v after publish, want within %v: a NOTIFY should wake the subscriber, not its 30 s poll", i, lat, scheduledLatenessBound)
+			}
+		}
+	})
+}
+
+// A key whose rows a writer wrote into the ring and then, a later row,
+// into the outbox table: the ring's rows, which the claim moves behind the
+// key's row in the table, are delivered with it, on every claim path, and
+// no claim fails. A move keeps a row's id only while no row of its key in
+// the table has a larger one: with its smaller id it would jump ahead of
+// that row, and the table's check of rows that skip its key trigger
+// refused the move (a claim that failed that way failed again at every
+// retry, and held up every queue of the subscriber).
+func TestRingKeyedRowsMovedBehindALaterTableRowOfTheirKeyAreDelivered(t *testing.T) {
+	t.Parallel()
+	forEachClaimPath(t, func(t *testing.T, p claimPath) {
+		e := setupRing(t)
+		e.publishRingKeyed("q", 1, 3)
+		e.exec(`INSERT INTO outbox (queue, payload, ordering_key) VALUES ('q', 'table', 'key-1')`)
+		errs := &errorLog{}
+		cfg := onPath(p, fastConfig[string](nil))
+		cfg.Logger = slog.New(errs)
+		var mu sync.Mutex
+		var got []string
+		startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, m.Payload)
+			return nil
+		}, cfg)
+		eventually(t, "the key's four rows handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) >= 4 })
+		mu.Lock()
+		slices.Sort(got)
+		if diff := cmp.Diff([]string{"1/1", "1/2", "1/3", "table"}, got); diff != "" {
+			t.Errorf("handled (-want +got):\n%s", diff)
+		}
+		mu.Unlock()
+		if lines := errs.lines(); len(lines) > 0 {
+			t.Errorf("the subscriber logged errors: %q", lines)
+		}
+	})
 }

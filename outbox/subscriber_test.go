@@ -112,7 +112,13 @@ func fastConfig[T any](rec MetricsRecorder) *SubscriberConfig[T] {
 // seconds on a loaded machine.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	eventuallyWithin(t, what, time.Minute, cond)
+}
+
+// eventuallyWithin is eventually, waiting up to d.
+func eventuallyWithin(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -34,15 +33,7 @@ func TestMigrateUpRetriesAndPrintsWhatHoldsTheLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.RuntimeParams["application_name"] = "cli-lock-holder"
-	conn, err := pgx.ConnectConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
-	tx, err := conn.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := pgtest.Tx(t, cfg)
 	schema := pgx.Identifier{d.Schema}.Sanitize()
 	var pid int32
 	if _, err := tx.Exec(t.Context(), "SELECT count(*) FROM "+schema+".outbox; LOCK TABLE "+schema+

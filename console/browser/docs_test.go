@@ -487,13 +487,18 @@ func TestDocsScreenshots(t *testing.T) {
 		&outbox.SubscriberConfig[[]byte]{Codec: outbox.BytesCodec{}, Retry: quickRetry})
 	// The mailer decodes emailSend; its leases are short and never
 	// extended, so a hanging handler loses its row, which is claimed again
-	// until it has been claimed too often. (A second: long enough that on
-	// a loaded machine no other row's claim outlives its lease.)
+	// until it has been claimed too often. The key's head needs three
+	// deliveries of the four allowed, so one of its claims may outlive its
+	// two-second lease on a loaded machine without dead-lettering it. Its
+	// retries outlast its deliveries: the hanging row, whose every lost
+	// lease is a failed attempt too, ends as max_deliveries.
+	mailerRetry := quickRetry
+	mailerRetry.MaxAttempts = 8
 	stopMailer := subscriber(t, ob, []string{qEmails},
 		func(ctx context.Context, m *outbox.Message[emailSend]) error { return handle(ctx, m.ID, m.Attempts) },
-		&outbox.SubscriberConfig[emailSend]{Retry: quickRetry, LeaseTTL: time.Second,
-			HeartbeatInterval: -1, LockWindow: -1, MaxDeliveries: 3})
-	eventually(t, "the first subscribers dead-letter their rows and leave the keys' heads waiting for their retry", 30*time.Second,
+		&outbox.SubscriberConfig[emailSend]{Retry: mailerRetry, LeaseTTL: 2 * time.Second,
+			HeartbeatInterval: -1, LockWindow: -1, MaxDeliveries: 4})
+	eventually(t, "the first subscribers dead-letter their rows and leave the keys' heads waiting for their retry", time.Minute,
 		func(ctx context.Context) (bool, error) {
 			n, err := ob.CountDeadLetters(ctx, outbox.DeadLetterFilter{})
 			if err != nil {
