@@ -275,10 +275,15 @@ func (r *recorder) handle(ctx context.Context, d delivery) error {
 	// takes the place of the ring's claim's record (read as the handler
 	// began), which it outlasts.
 	sctx, cancel = context.WithTimeout(ctx, recordTimeout)
+	//
+	// The statement may land though its answer never comes (the
+	// handler's context ended while it waited): the handler then returns
+	// an error, so its row is retried, and recordFailure records the
+	// delivery as failed over this record, whichever lands first.
 	_, err = r.pool.Exec(sctx, fmt.Sprintf(`UPDATE %[1]q.deliveries AS d SET ended = clock_timestamp(), outcome = $2,
 		lease_expires = CASE WHEN d.claim = 'lease' THEN d.lease_expires
 		                     ELSE coalesce((SELECT o.lease_expires_at FROM %[2]s AS o WHERE o.id = d.row_id), d.lease_expires) END
-		WHERE d.id = $1`, r.schema, r.outbox), d.id, outcome)
+		WHERE d.id = $1 AND d.ended IS NULL`, r.schema, r.outbox), d.id, outcome)
 	cancel()
 	if err != nil {
 		// The handler fails (its row is retried); record that, with
@@ -314,12 +319,15 @@ func (r *recorder) failed(d delivery, ended time.Time) {
 
 // recordFailure records delivery d as failed at ended, whether or not its
 // start was recorded (an insert whose answer was lost may even land
-// later, and then fails on the key).
+// later, and then fails on the key). Its handler returns an error, so the
+// subscriber retries the row (or leaves it to a newer delivery): the
+// record says so even over an outcome whose statement landed though its
+// answer was lost, which would count the retry as a duplicate.
 func (r *recorder) recordFailure(d delivery, ended time.Time) {
 	r.retry(fmt.Sprintf(`INSERT INTO %q.deliveries AS d
 		(id, msg_id, row_id, ordering_key, seq, worker, pid, sub, lease_ttl_ms, attempt, deliveries, started, ended, outcome)
 		VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7, $8, $9, $10, $11, $12, $13, 'fail')
-		ON CONFLICT (id) DO UPDATE SET ended = excluded.ended, outcome = 'fail' WHERE d.ended IS NULL`, r.schema),
+		ON CONFLICT (id) DO UPDATE SET ended = excluded.ended, outcome = 'fail'`, r.schema),
 		append(r.args(d), d.began, ended)...)
 }
 
