@@ -274,12 +274,12 @@ func (r *recorder) handle(ctx context.Context, d delivery) error {
 	// handler's first line; it is read here, when it has committed, and
 	// takes the place of the ring's claim's record (read as the handler
 	// began), which it outlasts.
-	sctx, cancel = context.WithTimeout(ctx, recordTimeout)
 	//
 	// The statement may land though its answer never comes (the
 	// handler's context ended while it waited): the handler then returns
 	// an error, so its row is retried, and recordFailure records the
 	// delivery as failed over this record, whichever lands first.
+	sctx, cancel = context.WithTimeout(ctx, recordTimeout)
 	_, err = r.pool.Exec(sctx, fmt.Sprintf(`UPDATE %[1]q.deliveries AS d SET ended = clock_timestamp(), outcome = $2,
 		lease_expires = CASE WHEN d.claim = 'lease' THEN d.lease_expires
 		                     ELSE coalesce((SELECT o.lease_expires_at FROM %[2]s AS o WHERE o.id = d.row_id), d.lease_expires) END
