@@ -4,10 +4,11 @@
 # empty or not, on a throwaway PostgreSQL 15 with autovacuum on
 # (.ci/legs/pg.sh); then the roles leg's tests with the ring, as the
 # roles (the migrator makes the ring and gives the others what
-# ring.Grants lists). The tests of the migrations keep to the
-# migrations' objects: the ring is not a migration yet. (The chaos
-# harness with the ring, make chaos CHAOS_FLAGS=-ring, is not a step
-# yet: its accounting of a claim by lock's lease is not exact.)
+# ring.Grants lists); then the chaos harness with the ring, as the roles:
+# half of the messages written into the ring with plain SQL, the workers
+# claiming from both tiers, every row accounted for. The tests of the
+# migrations keep to the migrations' objects: the ring is not a
+# migration yet.
 #
 # RING_SKIP: the held-snapshot plan test compares the outbox table's
 # plans with and without statistics, which autovacuum gathers midway
@@ -22,3 +23,4 @@ RING_PG = OUTBOX_PG_PORT=$(RING_PORT) bash .ci/legs/pg.sh
 leg-ring: ## Leg: the outbox tests with the log tier's ring beside every outbox table, on throwaway clusters
 	@$(RING_PG) -c "TEST_RING=1 $(GO) test -race -count=1 -timeout 20m -skip '$(RING_SKIP)' ./outbox" 15 || { echo "leg ring FAILED: the outbox tests with the ring beside every outbox table (TEST_RING=1)"; exit 1; }
 	@$(RING_PG) -c "TEST_RING=1 TEST_ROLES=1 $(GO) test -race -count=1 -timeout 20m -run '$(ROLES_TESTS)' -skip '$(ROLES_SKIP)' ./outbox" 15 || { echo "leg ring FAILED: the roles leg's tests with the ring beside every outbox table, as the roles (TEST_RING=1 TEST_ROLES=1)"; exit 1; }
+	@$(RING_PG) -c "$(GO) run -race ./internal/chaos -duration $(CHAOS_LEG_DURATION) -ring -roles" 15 || { echo "leg ring FAILED: chaos with the ring, as least-privileged roles (-ring -roles)"; exit 1; }
