@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -91,6 +93,13 @@ type QueueDepth struct {
 // oldest row. [Outbox.QueueStats] reads those, scanning both tables whole.
 // A queue whose only rows are blocked is listed with zero counts.
 //
+// With the log tier's ring beside the outbox table, the ring's rows that
+// no lane has consumed yet count too, as ready or scheduled (rows a claim
+// of the ring still holds count as ready until it ends). Its counts read
+// each lane's rows, through its indexes, in the order the lane reads
+// them, up to the cap: past a capped lane, a later scheduled row may go
+// uncounted.
+//
 // A missing outbox, or one at another schema version, gives a
 // *[SchemaError] naming the fix.
 func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDepth, error) {
@@ -104,7 +113,7 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 			limit = opts.Cap
 		}
 	}
-	rows, blockedRows, err := o.readDepths(ctx, limit, blocked)
+	rows, blockedRows, ringRows, err := o.readDepths(ctx, limit, blocked)
 	if err != nil {
 		return nil, o.readError(ctx, "QueueDepths", err)
 	}
@@ -121,7 +130,35 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 		out[i].Blocked = b.Blocked
 		out[i].Capped = out[i].Capped || b.Scanned >= limit
 	}
-	return out, nil
+	return addRingDepths(out, ringRows, limit), nil
+}
+
+// addRingDepths adds to out, the depths of the outbox table's queues in
+// order of name, those of the ring's rows still to be read, rows, each
+// count stopping at limit, and returns the depths of both in order of
+// name.
+func addRingDepths(out []QueueDepth, rows []db.RingQueueDepthsRow, limit int64) []QueueDepth {
+	if len(rows) == 0 {
+		return out
+	}
+	at := make(map[string]int, len(out))
+	for i, d := range out {
+		at[d.Queue] = i
+	}
+	for _, r := range rows {
+		i, ok := at[r.Queue]
+		if !ok {
+			i = len(out)
+			out = append(out, QueueDepth{Queue: r.Queue})
+		}
+		d := &out[i]
+		d.Ready = min(d.Ready+r.Ready, limit)
+		d.Scheduled = min(d.Scheduled+r.Scheduled, limit)
+		d.OldestReadyWait = max(d.OldestReadyWait, dbx.Seconds(r.OldestReadyWaitSeconds))
+		d.Capped = d.Capped || max(d.Ready, d.Scheduled) >= limit
+	}
+	slices.SortFunc(out, func(a, b QueueDepth) int { return strings.Compare(a.Queue, b.Queue) })
+	return out
 }
 
 // readDepths runs the depth query, and with blocked the blocked count,
@@ -129,10 +166,15 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 // read an index scan, however recently the table was vacuumed, and skip
 // JIT compilation, which would cost more than the query (see
 // DepthPlanSettings).
-func (o *Outbox) readDepths(ctx context.Context, limit int64, blocked bool) (rows []db.QueueDepthsRow, blockedRows []db.BlockedDepthsRow, err error) {
+//
+// With the log tier's ring beside the outbox table (package ring), it
+// reads the depths of the ring's rows still to be read too (ringRows), in
+// the same transaction.
+func (o *Outbox) readDepths(ctx context.Context, limit int64, blocked bool) (rows []db.QueueDepthsRow, blockedRows []db.BlockedDepthsRow,
+	ringRows []db.RingQueueDepthsRow, err error) {
 	tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer func() {
 		if err != nil {
@@ -143,10 +185,10 @@ func (o *Outbox) readDepths(ctx context.Context, limit int64, blocked bool) (row
 	}()
 	q := o.queries(tx)
 	if err := q.DepthPlanSettings(ctx); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if rows, err = q.QueueDepths(ctx, limit); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if blocked && len(rows) > 0 {
 		queues := make([]string, len(rows))
@@ -155,11 +197,20 @@ func (o *Outbox) readDepths(ctx context.Context, limit int64, blocked bool) (row
 		}
 		scan := int32(min(limit, math.MaxInt32))
 		if blockedRows, err = q.BlockedDepths(ctx, db.BlockedDepthsParams{Queues: queues, ScanRows: scan}); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if len(blockedRows) != len(rows) {
-			return nil, nil, fmt.Errorf("blocked counts of %d queues for %d queues", len(blockedRows), len(rows))
+			return nil, nil, nil, fmt.Errorf("blocked counts of %d queues for %d queues", len(blockedRows), len(rows))
 		}
 	}
-	return rows, blockedRows, tx.Commit(ctx)
+	present, err := q.RingPresent(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if present {
+		if ringRows, err = q.RingQueueDepths(ctx, limit); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return rows, blockedRows, ringRows, tx.Commit(ctx)
 }

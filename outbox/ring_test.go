@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -835,4 +837,102 @@ func TestRingKeyedRowsMovedBehindALaterTableRowOfTheirKeyAreDelivered(t *testing
 			t.Errorf("the subscriber logged errors: %q", lines)
 		}
 	})
+}
+
+// QueueDepths counts the ring's rows that no lane has consumed yet beside
+// the outbox table's, as ready or scheduled, each count stopping at the
+// cap; once a subscriber has handled them, only the table's rows count.
+func TestQueueDepthsCountTheRingsRowsStillToBeRead(t *testing.T) {
+	t.Parallel()
+	e := setupWith(t, TableDefault, pgtest.RolesMode(), true)
+	e.publishInto("outbox", "a", 2)
+	e.publishRing("a", 3)
+	e.exec(`INSERT INTO outbox_ring (queue, payload, next_attempt_at) VALUES ('a', 'later', now() + interval '1 hour')`)
+	e.exec(`INSERT INTO outbox_ring (queue, payload, ordering_key, next_attempt_at)
+		SELECT 'b', 'x', 'k', now() - interval '1 hour' FROM generate_series(1, 2)`)
+	depths := func(opts *DepthOptions) []QueueDepth {
+		t.Helper()
+		got, err := e.ob.QueueDepths(e.ctx, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	ignoreWait := cmpopts.IgnoreFields(QueueDepth{}, "OldestReadyWait")
+	got := depths(nil)
+	want := []QueueDepth{{Queue: "a", Ready: 5, Scheduled: 1}, {Queue: "b", Ready: 2}}
+	if diff := cmp.Diff(want, got, ignoreWait); diff != "" {
+		t.Errorf("depths with the ring's rows (-want +got):\n%s", diff)
+	}
+	if len(got) == 2 {
+		if w := got[1].OldestReadyWait; w < time.Hour || w > time.Hour+time.Minute {
+			t.Errorf("queue b: oldest ready wait %v, want an hour and a little more", w)
+		}
+	}
+	// A lane's rows are looked at up to the cap, in the order it reads
+	// them: the scheduled row, written after three due ones, is past it.
+	want = []QueueDepth{{Queue: "a", Ready: 2, Capped: true}, {Queue: "b", Ready: 2, Capped: true}}
+	if diff := cmp.Diff(want, depths(&DepthOptions{Cap: 2}), ignoreWait); diff != "" {
+		t.Errorf("depths with the ring's rows, cap 2 (-want +got):\n%s", diff)
+	}
+
+	var seen handledIDs
+	startSub(t, e.ob, []string{"a", "b"}, func(_ context.Context, m *Message[string]) error {
+		seen.add(m.ID)
+		return nil
+	}, fastConfig[string](nil))
+	eventually(t, "every due row handled", func() bool { return len(seen.sorted()) == 7 })
+	want = []QueueDepth{{Queue: "a", Scheduled: 1}}
+	eventually(t, "only the scheduled row counted", func() bool {
+		return cmp.Equal(want, depths(nil), ignoreWait)
+	})
+}
+
+// The ring's depths read each lane's rows only up to the cap, through its
+// indexes: ten times the rows costs no more buffers, for a queue whose
+// lanes no claim has read yet and for one that has no lanes.
+func TestRingQueueDepthsReadAtMostTheCapPerLane(t *testing.T) {
+	t.Parallel()
+	const depthCap = 100
+	cost := func(rows int) (blocks int) {
+		e := setupRing(t)
+		e.exec(`INSERT INTO outbox_ring (queue, payload, ordering_key)
+			SELECT q, 'x', CASE WHEN i % 2 = 0 THEN 'k' || i % 50 END
+			FROM generate_series(1, $1) AS i, unnest(ARRAY['laned', 'unlaned']) AS q`, rows)
+		e.exec(`INSERT INTO outbox_ring_lanes (queue, lane) SELECT 'laned', l FROM generate_series(0, 7) AS l`)
+		rec := &recorder{}
+		_, _ = e.ob.queries(rec).RingQueueDepths(e.ctx, depthCap)
+		tx, err := e.db.Pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(e.ctx) }()
+		if err := e.ob.queries(tx).DepthPlanSettings(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+		var out []struct{ Plan planNode }
+		if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&out); err != nil || len(out) != 1 {
+			t.Fatalf("EXPLAIN: %v (%d plans)", err, len(out))
+		}
+		for _, s := range out[0].Plan.scans() {
+			if strings.HasPrefix(s.RelationName, "outbox_ring") && !strings.HasPrefix(s.NodeType, "Index") {
+				plan, _ := json.MarshalIndent(out[0].Plan, "", "  ")
+				t.Errorf("%d rows: %s on %s, want index scans; plan:\n%s", rows, s.NodeType, s.RelationName, plan)
+			}
+		}
+		got, err := e.ob.QueueDepths(e.ctx, &DepthOptions{Cap: depthCap})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []QueueDepth{{Queue: "laned", Ready: depthCap, Capped: true}, {Queue: "unlaned", Ready: depthCap, Capped: true}}
+		if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(QueueDepth{}, "OldestReadyWait")); diff != "" {
+			t.Errorf("%d rows: depths (-want +got):\n%s", rows, diff)
+		}
+		return out[0].Plan.Hit + out[0].Plan.Read
+	}
+	small, large := cost(2_000), cost(20_000)
+	t.Logf("buffers: %d at 2,000 rows a queue, %d at 20,000", small, large)
+	if large > small+hotPathSlack(small) {
+		t.Errorf("the ring's depths touched %d buffers at 20,000 rows a queue, %d at 2,000: not bounded by the cap", large, small)
+	}
 }
