@@ -138,27 +138,48 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 // count stopping at limit, and returns the depths of both in order of
 // name.
 func addRingDepths(out []QueueDepth, rows []db.RingQueueDepthsRow, limit int64) []QueueDepth {
+	return addByQueue(out, rows, func(d *QueueDepth) *string { return &d.Queue }, func(d *QueueDepth, r db.RingQueueDepthsRow) {
+		d.Ready = min(d.Ready+r.Ready, limit)
+		d.Scheduled = min(d.Scheduled+r.Scheduled, limit)
+		d.OldestReadyWait = max(d.OldestReadyWait, dbx.Seconds(r.OldestReadyWaitSeconds))
+		d.Capped = d.Capped || max(d.Ready, d.Scheduled) >= limit
+	})
+}
+
+// addByQueue adds each of rows, the ring's rows still to be read of a
+// queue, to the element of out (in order of queue name) that queue names,
+// or to a new one of that queue, and returns out in order of queue name.
+func addByQueue[T any](out []T, rows []db.RingQueueDepthsRow, queue func(*T) *string, add func(*T, db.RingQueueDepthsRow)) []T {
 	if len(rows) == 0 {
 		return out
 	}
 	at := make(map[string]int, len(out))
-	for i, d := range out {
-		at[d.Queue] = i
+	for i := range out {
+		at[*queue(&out[i])] = i
 	}
 	for _, r := range rows {
 		i, ok := at[r.Queue]
 		if !ok {
 			i = len(out)
-			out = append(out, QueueDepth{Queue: r.Queue})
+			var t T
+			*queue(&t) = r.Queue
+			out = append(out, t)
 		}
-		d := &out[i]
-		d.Ready = min(d.Ready+r.Ready, limit)
-		d.Scheduled = min(d.Scheduled+r.Scheduled, limit)
-		d.OldestReadyWait = max(d.OldestReadyWait, dbx.Seconds(r.OldestReadyWaitSeconds))
-		d.Capped = d.Capped || max(d.Ready, d.Scheduled) >= limit
+		add(&out[i], r)
 	}
-	slices.SortFunc(out, func(a, b QueueDepth) int { return strings.Compare(a.Queue, b.Queue) })
+	slices.SortFunc(out, func(a, b T) int { return strings.Compare(*queue(&a), *queue(&b)) })
 	return out
+}
+
+// ringDepths reads, with q in a transaction of the depths' plan settings
+// (DepthPlanSettings), the depths of the ring's rows still to be read,
+// each lane's rows counted up to limit; none when the outbox has no ring.
+func ringDepths(ctx context.Context, q *db.Queries, limit int64) ([]db.RingQueueDepthsRow, error) {
+	present, err := q.RingPresent(ctx)
+	if err != nil || !present {
+		return nil, err
+	}
+	return q.RingQueueDepths(ctx, limit)
 }
 
 // readDepths runs the depth query, and with blocked the blocked count,
@@ -172,9 +193,35 @@ func addRingDepths(out []QueueDepth, rows []db.RingQueueDepthsRow, limit int64) 
 // the same transaction.
 func (o *Outbox) readDepths(ctx context.Context, limit int64, blocked bool) (rows []db.QueueDepthsRow, blockedRows []db.BlockedDepthsRow,
 	ringRows []db.RingQueueDepthsRow, err error) {
+	err = o.inDepthTx(ctx, func(q *db.Queries) error {
+		if rows, err = q.QueueDepths(ctx, limit); err != nil {
+			return err
+		}
+		if blocked && len(rows) > 0 {
+			queues := make([]string, len(rows))
+			for i, r := range rows {
+				queues[i] = r.Queue
+			}
+			scan := int32(min(limit, math.MaxInt32))
+			if blockedRows, err = q.BlockedDepths(ctx, db.BlockedDepthsParams{Queues: queues, ScanRows: scan}); err != nil {
+				return err
+			}
+			if len(blockedRows) != len(rows) {
+				return fmt.Errorf("blocked counts of %d queues for %d queues", len(blockedRows), len(rows))
+			}
+		}
+		ringRows, err = ringDepths(ctx, q, limit)
+		return err
+	})
+	return rows, blockedRows, ringRows, err
+}
+
+// inDepthTx runs fn in a read-only transaction of its own with the depth
+// query's plan settings (DepthPlanSettings), and commits it.
+func (o *Outbox) inDepthTx(ctx context.Context, fn func(q *db.Queries) error) (err error) {
 	tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, nil, nil, err
+		return err
 	}
 	defer func() {
 		if err != nil {
@@ -185,32 +232,10 @@ func (o *Outbox) readDepths(ctx context.Context, limit int64, blocked bool) (row
 	}()
 	q := o.queries(tx)
 	if err := q.DepthPlanSettings(ctx); err != nil {
-		return nil, nil, nil, err
+		return err
 	}
-	if rows, err = q.QueueDepths(ctx, limit); err != nil {
-		return nil, nil, nil, err
+	if err := fn(q); err != nil {
+		return err
 	}
-	if blocked && len(rows) > 0 {
-		queues := make([]string, len(rows))
-		for i, r := range rows {
-			queues[i] = r.Queue
-		}
-		scan := int32(min(limit, math.MaxInt32))
-		if blockedRows, err = q.BlockedDepths(ctx, db.BlockedDepthsParams{Queues: queues, ScanRows: scan}); err != nil {
-			return nil, nil, nil, err
-		}
-		if len(blockedRows) != len(rows) {
-			return nil, nil, nil, fmt.Errorf("blocked counts of %d queues for %d queues", len(blockedRows), len(rows))
-		}
-	}
-	present, err := q.RingPresent(ctx)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	if present {
-		if ringRows, err = q.RingQueueDepths(ctx, limit); err != nil {
-			return nil, nil, nil, err
-		}
-	}
-	return rows, blockedRows, ringRows, tx.Commit(ctx)
+	return tx.Commit(ctx)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,8 +55,11 @@ type QueueStats struct {
 // QueueStats reports every queue that has rows in the outbox or its
 // dead-letter table, by name. It reads both tables whole: it is for
 // operators, not hot paths ([Outbox.QueueDepths] is the cheap read for
-// metrics). A missing outbox, or one at another schema version, gives a
-// *[SchemaError] naming the fix.
+// metrics). With the log tier's ring beside the outbox table, every row
+// of the ring that no lane has consumed yet counts too, as ready or
+// scheduled, and in the oldest age (rows a claim of the ring still holds
+// count as ready until it ends). A missing outbox, or one at another
+// schema version, gives a *[SchemaError] naming the fix.
 func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	rows, err := o.queries(o.pool).QueueStats(ctx)
 	if err != nil {
@@ -71,7 +75,19 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 			HandOffs: r.HandOffs,
 		}
 	}
-	return out, nil
+	// The ring's rows still to be read, every one of them.
+	var ring []db.RingQueueDepthsRow
+	if err := o.inDepthTx(ctx, func(q *db.Queries) (err error) {
+		ring, err = ringDepths(ctx, q, math.MaxInt64)
+		return err
+	}); err != nil {
+		return nil, o.readError(ctx, "QueueStats", err)
+	}
+	return addByQueue(out, ring, func(s *QueueStats) *string { return &s.Queue }, func(s *QueueStats, r db.RingQueueDepthsRow) {
+		s.Ready += r.Ready
+		s.Scheduled += r.Scheduled
+		s.OldestAge = max(s.OldestAge, dbx.Seconds(r.OldestAgeSeconds))
+	}), nil
 }
 
 // OutboxName names an outbox: the schema and the table of its rows.

@@ -841,15 +841,16 @@ func TestRingKeyedRowsMovedBehindALaterTableRowOfTheirKeyAreDelivered(t *testing
 
 // QueueDepths counts the ring's rows that no lane has consumed yet beside
 // the outbox table's, as ready or scheduled, each count stopping at the
-// cap; once a subscriber has handled them, only the table's rows count.
+// cap, and QueueStats counts them as it does; once a subscriber has
+// handled them, only the table's rows count.
 func TestQueueDepthsCountTheRingsRowsStillToBeRead(t *testing.T) {
 	t.Parallel()
 	e := setupWith(t, TableDefault, pgtest.RolesMode(), true)
 	e.publishInto("outbox", "a", 2)
 	e.publishRing("a", 3)
 	e.exec(`INSERT INTO outbox_ring (queue, payload, next_attempt_at) VALUES ('a', 'later', now() + interval '1 hour')`)
-	e.exec(`INSERT INTO outbox_ring (queue, payload, ordering_key, next_attempt_at)
-		SELECT 'b', 'x', 'k', now() - interval '1 hour' FROM generate_series(1, 2)`)
+	e.exec(`INSERT INTO outbox_ring (queue, payload, ordering_key, created_at, next_attempt_at)
+		SELECT 'b', 'x', 'k', now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, 2)`)
 	depths := func(opts *DepthOptions) []QueueDepth {
 		t.Helper()
 		got, err := e.ob.QueueDepths(e.ctx, opts)
@@ -867,6 +868,18 @@ func TestQueueDepthsCountTheRingsRowsStillToBeRead(t *testing.T) {
 	if len(got) == 2 {
 		if w := got[1].OldestReadyWait; w < time.Hour || w > time.Hour+time.Minute {
 			t.Errorf("queue b: oldest ready wait %v, want an hour and a little more", w)
+		}
+	}
+	stats, err := e.ob.QueueStats(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(got, depthsOf(stats), ignoreWait); diff != "" {
+		t.Errorf("QueueStats against QueueDepths (-depths +stats):\n%s", diff)
+	}
+	if len(stats) == 2 {
+		if a := stats[1].OldestAge; a < 2*time.Hour || a > 2*time.Hour+time.Minute {
+			t.Errorf("queue b: oldest age %v, want two hours and a little more", a)
 		}
 	}
 	// A lane's rows are looked at up to the cap, in the order it reads

@@ -543,13 +543,14 @@ SELECT (coalesce((
 -- name: RingQueueDepths :many
 -- Per queue of the ring, its rows that the newest progress of their lane
 -- has not consumed (RingUnread's rows, the rows of queues that have no
--- lanes yet included): due now (ready), due later (scheduled), and how
+-- lanes yet included): due now (ready), due later (scheduled), how
 -- long, in seconds, the ready row due earliest has been due (0 when none
--- is). Rows a claim of lanes still in flight holds count as ready until
+-- is), and the age of the oldest (0 when none). Rows a claim of lanes still in flight holds count as ready until
 -- its end writes their lane's progress, as rows a claim by row lock of
 -- the outbox table holds count as ready there. Each lane's rows stop at
 -- @count_cap, and so does each count: a count equal to it means at least
--- that many, and the wait is the longest among the rows looked at.
+-- that many, and the wait and the age are the longest among the rows
+-- looked at.
 -- Bounded per lane by the indexes, as RingUnread is.
 WITH RECURSIVE q(queue) AS (
     (SELECT r.queue FROM /*outbox:table*/outbox_ring AS r ORDER BY r.queue LIMIT 1)
@@ -562,26 +563,26 @@ WITH RECURSIVE q(queue) AS (
     LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
                        WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true
 ), unread AS (
-    SELECT p.queue, u.next_attempt_at
+    SELECT p.queue, u.next_attempt_at, u.created_at
     FROM pos AS p
     CROSS JOIN LATERAL (
-        SELECT r.next_attempt_at FROM /*outbox:table*/outbox_ring AS r
+        SELECT r.next_attempt_at, r.created_at FROM /*outbox:table*/outbox_ring AS r
         WHERE r.queue = p.queue AND r.lane = p.lane
           AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
           AND NOT pg_visible_in_snapshot(r.txid, p.snap)
         LIMIT @count_cap::bigint) AS u
     UNION ALL
-    SELECT p.queue, k.next_attempt_at
+    SELECT p.queue, k.next_attempt_at, k.created_at
     FROM pos AS p
     CROSS JOIN LATERAL (
-        SELECT r.next_attempt_at FROM /*outbox:table*/outbox_ring AS r
+        SELECT r.next_attempt_at, r.created_at FROM /*outbox:table*/outbox_ring AS r
         WHERE r.queue = p.queue AND r.lane = p.lane
           AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)
         LIMIT @count_cap::bigint) AS k
     UNION ALL
-    SELECT q.queue, c.next_attempt_at
+    SELECT q.queue, c.next_attempt_at, c.created_at
     FROM q
-    CROSS JOIN LATERAL (SELECT r.next_attempt_at FROM /*outbox:table*/outbox_ring AS r WHERE r.queue = q.queue
+    CROSS JOIN LATERAL (SELECT r.next_attempt_at, r.created_at FROM /*outbox:table*/outbox_ring AS r WHERE r.queue = q.queue
                         LIMIT @count_cap::bigint) AS c
     WHERE q.queue IS NOT NULL
       AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = q.queue AND x.lane = 0)
@@ -590,7 +591,8 @@ SELECT u.queue::text AS queue,
        least(count(*) FILTER (WHERE u.next_attempt_at <= now()), @count_cap::bigint)::bigint AS ready,
        least(count(*) FILTER (WHERE u.next_attempt_at > now()), @count_cap::bigint)::bigint AS scheduled,
        coalesce(date_part('epoch', now()) - date_part('epoch', min(u.next_attempt_at) FILTER (WHERE u.next_attempt_at <= now())),
-                0)::float8 AS oldest_ready_wait_seconds
+                0)::float8 AS oldest_ready_wait_seconds,
+       coalesce(date_part('epoch', now()) - date_part('epoch', min(u.created_at)), 0)::float8 AS oldest_age_seconds
 FROM unread AS u
 GROUP BY u.queue
 ORDER BY u.queue;
