@@ -123,6 +123,20 @@ func (q *Queries) RingDoneSlots(ctx context.Context) ([]int16, error) {
 	return items, nil
 }
 
+const ringHealthSettings = `-- name: RingHealthSettings :exec
+SELECT set_config('jit', 'off', true), set_config('lock_timeout', '1s', true)
+`
+
+// Sets, for the rest of the calling transaction, what Health's reads of
+// the ring need: JIT off (the planner has no statistics of the ring's
+// small tables, and its estimates of statements that join them pass
+// jit_above_cost), and a lock wait of at most a second for a partition
+// someone holds exclusively.
+func (q *Queries) RingHealthSettings(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, ringHealthSettings)
+	return err
+}
+
 const ringHeldKeys = `-- name: RingHeldKeys :many
 SELECT k.key::text AS key
 FROM unnest($1::text[]) AS k(key)
@@ -151,6 +165,69 @@ func (q *Queries) RingHeldKeys(ctx context.Context, arg RingHeldKeysParams) ([]s
 			return nil, err
 		}
 		items = append(items, key)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const ringLanesBehind = `-- name: RingLanesBehind :many
+SELECT b.queue::text AS queue, b.lane::smallint AS lane, b.age_seconds::float8 AS age_seconds
+FROM (
+    SELECT l.queue, l.lane, date_part('epoch', now()) - date_part('epoch', least(u.created_at, k.created_at)) AS age_seconds
+    FROM /*outbox:table*/outbox_ring_lanes AS l
+    CROSS JOIN LATERAL (
+        SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+        FROM (SELECT 1) AS one
+        LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                           WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
+    LEFT JOIN LATERAL (
+        SELECT r.created_at FROM /*outbox:table*/outbox_ring AS r
+        WHERE r.slot = $1::smallint AND r.queue = l.queue AND r.lane = l.lane
+          AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+          AND NOT pg_visible_in_snapshot(r.txid, p.snap)
+        ORDER BY r.txid, r.id LIMIT 1) AS u ON true
+    LEFT JOIN LATERAL (
+        SELECT r.created_at FROM /*outbox:table*/outbox_ring AS r
+        WHERE r.slot = $1::smallint AND r.queue = l.queue AND r.lane = l.lane
+          AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)
+        ORDER BY r.id LIMIT 1) AS k ON true
+    WHERE u.created_at IS NOT NULL OR k.created_at IS NOT NULL
+) AS b
+ORDER BY b.age_seconds DESC, b.queue, b.lane
+LIMIT $2::integer
+`
+
+type RingLanesBehindParams struct {
+	Slot    int16
+	MaxRows int32
+}
+
+type RingLanesBehindRow struct {
+	Queue      string
+	Lane       int16
+	AgeSeconds float64
+}
+
+// The lanes that have not read partition @slot past (as
+// outbox_ring_read_past judges it), at most @max_rows of them, oldest
+// first: each lane's queue and number, and the age in seconds of its
+// first row there that its newest progress did not consume (in the order
+// the lane reads them). One index probe per lane.
+func (q *Queries) RingLanesBehind(ctx context.Context, arg RingLanesBehindParams) ([]RingLanesBehindRow, error) {
+	rows, err := q.db.Query(ctx, ringLanesBehind, arg.Slot, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RingLanesBehindRow{}
+	for rows.Next() {
+		var i RingLanesBehindRow
+		if err := rows.Scan(&i.Queue, &i.Lane, &i.AgeSeconds); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -451,6 +528,65 @@ func (q *Queries) RingNextSlot(ctx context.Context, slot int16) (RingNextSlotRow
 	var i RingNextSlotRow
 	err := row.Scan(&i.Slot, &i.Turned)
 	return i, err
+}
+
+const ringPartitionLocks = `-- name: RingPartitionLocks :many
+SELECT format('pid %s (%s%s)', k.pid, coalesce(a.usename::text, '?'),
+              CASE WHEN a.application_name <> '' THEN ', ' || a.application_name ELSE '' END)::text AS name,
+       string_agg(DISTINCT k.mode, ', ' ORDER BY k.mode)::text AS modes,
+       coalesce(date_part('epoch', now() - a.xact_start), 0)::float8 AS xact_seconds,
+       coalesce(a.state, '')::text AS state,
+       coalesce(NOT (pg_has_role(a.usesysid, 'USAGE') OR pg_has_role('pg_read_all_stats', 'USAGE')), true)::boolean AS hidden
+FROM pg_catalog.pg_locks AS k
+LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = k.pid
+WHERE k.locktype = 'relation' AND k.granted AND k.pid <> pg_backend_pid()
+  AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database())
+  AND k.relation = CASE $1::smallint WHEN 0 THEN /*outbox:literal*/'outbox_ring_p0'::regclass
+                                         WHEN 1 THEN /*outbox:literal*/'outbox_ring_p1'::regclass
+                                         WHEN 2 THEN /*outbox:literal*/'outbox_ring_p2'::regclass
+                                         WHEN 3 THEN /*outbox:literal*/'outbox_ring_p3'::regclass END
+GROUP BY k.pid, a.usename, a.application_name, a.xact_start, a.state, a.usesysid
+ORDER BY xact_seconds DESC, k.pid
+`
+
+type RingPartitionLocksRow struct {
+	Name        string
+	Modes       string
+	XactSeconds float64
+	State       string
+	Hidden      bool
+}
+
+// The sessions, other than the caller's, that hold a lock on partition
+// @slot of the ring, which a turn's TRUNCATE (NOWAIT) then cannot take:
+// an open writer of the partition (RowExclusiveLock), a pg_dump
+// (AccessShareLock, for the whole dump), a transaction that read it. As
+// OldestXmin reads sessions: the open time and state of another role's
+// session show only to roles with its privileges or pg_read_all_stats.
+func (q *Queries) RingPartitionLocks(ctx context.Context, slot int16) ([]RingPartitionLocksRow, error) {
+	rows, err := q.db.Query(ctx, ringPartitionLocks, slot)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RingPartitionLocksRow{}
+	for rows.Next() {
+		var i RingPartitionLocksRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.Modes,
+			&i.XactSeconds,
+			&i.State,
+			&i.Hidden,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const ringPositions = `-- name: RingPositions :many

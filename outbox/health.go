@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/dbx"
 )
 
@@ -34,6 +35,7 @@ type HealthOptions struct {
 	XminDuration     time.Duration
 	XidAge           int64
 	DeadTuples       int64
+	RingStuck        time.Duration
 }
 
 // withDefaults fills every zero field of o with its default.
@@ -56,6 +58,9 @@ func (o HealthOptions) withDefaults() HealthOptions {
 	if o.DeadTuples <= 0 {
 		o.DeadTuples = HealthDeadTuples
 	}
+	if o.RingStuck <= 0 {
+		o.RingStuck = HealthRingStuck
+	}
 	return o
 }
 
@@ -75,6 +80,10 @@ const (
 	// HealthDeadTuples: dead row versions past this many, and more than
 	// the live ones, slow every claim that scans past them.
 	HealthDeadTuples = 100_000
+	// HealthRingStuck: writers have written into one partition of the log
+	// tier's ring this long, and the next is not yet empty, so they cannot
+	// move on (a subscriber's turn moves them every 10 s when it can).
+	HealthRingStuck = 5 * time.Minute
 )
 
 // Health is what [Outbox.Health] found: the conditions that break
@@ -102,6 +111,9 @@ type Health struct {
 	LiveTuples, DeadTuples int64
 	SinceVacuum            time.Duration
 	XidAge                 int64
+	// Ring is the state of the log tier's ring beside the outbox table;
+	// nil when it has none.
+	Ring *RingHealth
 	// Problems names each condition past its threshold, with its fix; empty
 	// when all is well.
 	Problems []string
@@ -129,6 +141,53 @@ type XminHolder struct {
 	// and read as zero, and Health judges it on its Age alone. Grant
 	// pg_read_all_stats to the role Health connects as to judge it on
 	// how long it has been open too.
+	Hidden bool
+}
+
+// RingHealth is the state of the log tier's ring beside an outbox table:
+// writers write into one of its partitions until a subscriber's turn
+// moves them on to the next, which it may once every lane has read that
+// one past and it has been emptied.
+type RingHealth struct {
+	// Partition is the partition writers write into, and WritingFor how
+	// long since they moved there.
+	Partition  int
+	WritingFor time.Duration
+	// NextEmptied reports that the next partition is empty, so that a
+	// turn may move writers on to it.
+	NextEmptied bool
+	// Behind lists the lanes that have not read the next partition past
+	// (at most five, the longest waiting first), and Locks the sessions
+	// that hold a lock on it, which keeps a turn from emptying it: an open
+	// writer of it, a pg_dump, a transaction that read it. Both are read
+	// only while it is not emptied. Behind is empty, with BehindUnread
+	// set, when a session held the partition exclusively for a second.
+	Behind       []RingLaneBehind
+	BehindUnread bool
+	Locks        []RingLockHolder
+}
+
+// RingLaneBehind is a lane of the ring that has not read a partition past.
+type RingLaneBehind struct {
+	// Queue and Lane name the lane.
+	Queue string
+	Lane  int
+	// Waiting is the age of its first row there that it has not consumed.
+	Waiting time.Duration
+}
+
+// RingLockHolder is a session that holds a lock on a partition of the
+// ring.
+type RingLockHolder struct {
+	// Name identifies it: "pid 123 (user, application)".
+	Name string
+	// Modes are the locks it holds on the partition (AccessShareLock: a
+	// reader such as pg_dump; RowExclusiveLock: a writer).
+	Modes string
+	// Open is how long its transaction has been open, and State its
+	// state; unknown (zero) when Hidden, as for XminHolder.
+	Open   time.Duration
+	State  string
 	Hidden bool
 }
 
@@ -172,12 +231,66 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 		x := holders[0]
 		h.OldestXmin = &XminHolder{Kind: x.Kind, Name: x.Name, Age: x.XminAge, Open: dbx.Seconds(x.XactSeconds), State: x.State, Hidden: x.Hidden}
 	}
+	if h.Ring, err = o.ringHealth(ctx); err != nil {
+		return h, wrapOp("Health", err)
+	}
 	h.NotifyTook, err = o.probeNotify(ctx, &opt)
 	h.NotifyHeard = err == nil
 	if err != nil {
 		h.NotifyError = err.Error()
 	}
 	h.Problems = h.problems(o, &opt)
+	return h, nil
+}
+
+// ringHealth reads the state of the ring beside the outbox table (nil
+// without one), in a read-only transaction of its own: where writers
+// write, and, when the next partition is not emptied, what keeps it.
+func (o *Outbox) ringHealth(ctx context.Context) (h *RingHealth, err error) {
+	q := o.queries(o.pool)
+	present, err := q.RingPresent(ctx)
+	if err != nil || !present {
+		return nil, err
+	}
+	tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	q = o.queries(tx)
+	if err := q.RingHealthSettings(ctx); err != nil {
+		return nil, err
+	}
+	st, err := q.RingTurnState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	h = &RingHealth{Partition: int(st.Slot), WritingFor: dbx.Seconds(st.AgeSeconds), NextEmptied: st.NextOpen}
+	if st.NextOpen {
+		return h, nil
+	}
+	next := (st.Slot + 1) % 4
+	locks, err := q.RingPartitionLocks(ctx, next)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range locks {
+		h.Locks = append(h.Locks, RingLockHolder{Name: l.Name, Modes: l.Modes, Open: dbx.Seconds(l.XactSeconds), State: l.State, Hidden: l.Hidden})
+	}
+	behind, err := q.RingLanesBehind(ctx, db.RingLanesBehindParams{Slot: next, MaxRows: 5})
+	switch {
+	case dbx.SQLState(err) == "55P03": // lock_not_available (lock_timeout)
+		h.BehindUnread = true
+	case err != nil:
+		return nil, err
+	}
+	for _, b := range behind {
+		h.Behind = append(h.Behind, RingLaneBehind{Queue: b.Queue, Lane: int(b.Lane), Waiting: dbx.Seconds(b.AgeSeconds)})
+	}
 	return h, nil
 }
 
@@ -255,5 +368,34 @@ func (h *Health) problems(o *Outbox, opt *HealthOptions) []string {
 		out = append(out, fmt.Sprintf("%s holds %d dead row versions and %d live ones: check that autovacuum runs on it and that nothing holds back vacuum",
 			table, h.DeadTuples, h.LiveTuples))
 	}
+	if r := h.Ring; r != nil && !r.NextEmptied && r.WritingFor >= opt.RingStuck {
+		out = append(out, r.problem(o.naming.Qualified(o.naming.Table+"_ring")))
+	}
 	return out
+}
+
+// problem says why the ring cannot turn, and what to do.
+func (r *RingHealth) problem(ring string) string {
+	var why []string
+	for _, b := range r.Behind {
+		why = append(why, fmt.Sprintf("lane %d of queue %q has not read it (its first row there waits for %v)", b.Lane, b.Queue, b.Waiting.Round(time.Second)))
+	}
+	if len(r.Behind) > 0 {
+		why = append(why, "check that the queues' subscribers run and keep up")
+	}
+	for _, l := range r.Locks {
+		open := "open for how long this role may not read"
+		if !l.Hidden {
+			open = fmt.Sprintf("%s, open %v", l.State, l.Open.Round(time.Second))
+		}
+		why = append(why, fmt.Sprintf("%s holds %s on it (%s): a long writer, a pg_dump or a transaction that read it; its end lets the turn empty it", l.Name, l.Modes, open))
+	}
+	if r.BehindUnread {
+		why = append(why, "a session holds it exclusively, so its lanes could not be read")
+	}
+	if len(why) == 0 {
+		why = append(why, "nothing holds it now: a subscriber's next turn empties it")
+	}
+	return fmt.Sprintf("the ring %s cannot turn: writers have written into partition %d for %v, and the next, %d, is not emptied: %s; "+
+		"until it is, partition %d takes every write", ring, r.Partition, r.WritingFor.Round(time.Second), (r.Partition+1)%4, strings.Join(why, "; "), r.Partition)
 }

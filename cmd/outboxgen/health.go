@@ -102,6 +102,17 @@ func printHealth(w io.Writer, h *outbox.Health, listenDSN bool) {
 	}
 	fmt.Fprintf(w, "table                 %d live, %d dead row versions; vacuumed %s; oldest unfrozen row %d transactions old\n",
 		h.LiveTuples, h.DeadTuples, vacuumed, h.XidAge)
+	if r := h.Ring; r != nil {
+		next := "empty"
+		if !r.NextEmptied {
+			lanes := fmt.Sprint(len(r.Behind))
+			if len(r.Behind) == 5 {
+				lanes = "5 or more" // Health lists five at most
+			}
+			next = fmt.Sprintf("not emptied: %s lanes have not read it, %d sessions hold a lock on it", lanes, len(r.Locks))
+		}
+		fmt.Fprintf(w, "ring                  writers in partition %d for %v; the next %s\n", r.Partition, r.WritingFor.Round(time.Second), next)
+	}
 	if len(h.Problems) == 0 {
 		fmt.Fprintln(w, "problems              none")
 		return

@@ -6,6 +6,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/outboxgen/outboxgen/internal/naming"
+	"github.com/outboxgen/outboxgen/internal/ring"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -85,5 +90,31 @@ func TestHealthThroughPgBouncer(t *testing.T) {
 	r = runCLI(t, env, append([]string{"health", "-listen-dsn", server}, flags...)...)
 	if !strings.Contains(r.stdout, "NOTIFY                heard in") || strings.Contains(r.stdout, "NOTIFY did not reach") {
 		t.Errorf("with a direct -listen-dsn: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// With the log tier's ring beside the outbox table, health says where its
+// writers write, and inspect counts the ring's rows no lane has read yet.
+func TestHealthAndInspectShowTheRing(t *testing.T) {
+	t.Parallel()
+	d, ob, env, flags := migrated(t)
+	if err := ring.Create(t.Context(), d.Pool, naming.Names{Schema: d.Schema, Table: ob.Table()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_ring (queue, payload) SELECT 'orders', 'x' FROM generate_series(1, 3)`); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, env, append([]string{"health"}, flags...)...)
+	if r.code != 0 || !strings.Contains(r.stdout, "ring                  writers in partition 0 for ") ||
+		!strings.Contains(r.stdout, "; the next empty\n") {
+		t.Errorf("health: exit %d:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, append([]string{"inspect", "-json"}, flags...)...)
+	var got []outbox.QueueStats
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || r.code != 0 {
+		t.Fatalf("inspect: exit %d, %v in %s", r.code, err, r.stdout)
+	}
+	if diff := cmp.Diff([]outbox.QueueStats{{Queue: "orders", Ready: 3}}, got, cmpopts.IgnoreFields(outbox.QueueStats{}, "OldestAge")); diff != "" {
+		t.Errorf("inspect (-want +got):\n%s", diff)
 	}
 }
