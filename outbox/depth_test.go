@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -179,22 +180,8 @@ func TestQueueDepthsReadOnlyIndexes(t *testing.T) {
 	e.exec("VACUUM ANALYZE outbox")
 	e.exec("VACUUM ANALYZE outbox_dlq")
 
-	rec := &recorder{}
-	_, _ = e.ob.queries(rec).QueueDepths(e.ctx, DepthCapDefault)
-	// The plan QueueDepths runs: in a transaction with its settings.
-	tx, err := e.db.Pool.Begin(e.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(e.ctx) }()
-	if err := e.ob.queries(tx).DepthPlanSettings(e.ctx); err != nil {
-		t.Fatal(err)
-	}
-	var out []struct{ Plan planNode }
-	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+rec.sql, rec.args...).Scan(&out); err != nil || len(out) != 1 {
-		t.Fatalf("EXPLAIN: %v (%d plans)", err, len(out))
-	}
-	scans := out[0].Plan.scans()
+	plan := e.depthPlan(func(q *db.Queries) { _, _ = q.QueueDepths(e.ctx, DepthCapDefault) })
+	scans := plan.scans()
 	indexes := map[string]bool{}
 	for _, s := range scans {
 		fetches := int64(-1)
@@ -203,8 +190,8 @@ func TestQueueDepthsReadOnlyIndexes(t *testing.T) {
 		}
 		t.Logf("%s on %s using %s, heap fetches %d", s.NodeType, s.RelationName, s.IndexName, fetches)
 		if s.NodeType != "Index Only Scan" {
-			plan, _ := json.MarshalIndent(out[0].Plan, "", "  ")
-			t.Errorf("%s on %s, want index-only scans only; plan:\n%s", s.NodeType, s.RelationName, plan)
+			out, _ := json.MarshalIndent(plan, "", "  ")
+			t.Errorf("%s on %s, want index-only scans only; plan:\n%s", s.NodeType, s.RelationName, out)
 		}
 		indexes[s.IndexName] = true
 	}
@@ -212,6 +199,28 @@ func TestQueueDepthsReadOnlyIndexes(t *testing.T) {
 	if diff := cmp.Diff(want, indexes); diff != "" {
 		t.Errorf("indexes read (-want +got):\n%s", diff)
 	}
+}
+
+// depthPlan returns the plan, run with EXPLAIN (ANALYZE, BUFFERS), of the
+// statement call sends, in a transaction with the depth query's plan
+// settings (DepthPlanSettings), as QueueDepths runs it.
+func (e *env) depthPlan(call func(*db.Queries)) planNode {
+	e.t.Helper()
+	rec := &recorder{}
+	call(e.ob.queries(rec))
+	tx, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if err := e.ob.queries(tx).DepthPlanSettings(e.ctx); err != nil {
+		e.t.Fatal(err)
+	}
+	var out []struct{ Plan planNode }
+	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&out); err != nil || len(out) != 1 {
+		e.t.Fatalf("EXPLAIN: %v (%d plans)", err, len(out))
+	}
+	return out[0].Plan
 }
 
 // A missing outbox, or one at an older schema, gives the SchemaError that

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
 )
 
@@ -913,24 +914,11 @@ func TestRingQueueDepthsReadAtMostTheCapPerLane(t *testing.T) {
 			SELECT q, 'x', CASE WHEN i % 2 = 0 THEN 'k' || i % 50 END
 			FROM generate_series(1, $1) AS i, unnest(ARRAY['laned', 'unlaned']) AS q`, rows)
 		e.exec(`INSERT INTO outbox_ring_lanes (queue, lane) SELECT 'laned', l FROM generate_series(0, 7) AS l`)
-		rec := &recorder{}
-		_, _ = e.ob.queries(rec).RingQueueDepths(e.ctx, depthCap)
-		tx, err := e.db.Pool.Begin(e.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(e.ctx) }()
-		if err := e.ob.queries(tx).DepthPlanSettings(e.ctx); err != nil {
-			t.Fatal(err)
-		}
-		var out []struct{ Plan planNode }
-		if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&out); err != nil || len(out) != 1 {
-			t.Fatalf("EXPLAIN: %v (%d plans)", err, len(out))
-		}
-		for _, s := range out[0].Plan.scans() {
+		plan := e.depthPlan(func(q *db.Queries) { _, _ = q.RingQueueDepths(e.ctx, depthCap) })
+		for _, s := range plan.scans() {
 			if strings.HasPrefix(s.RelationName, "outbox_ring") && !strings.HasPrefix(s.NodeType, "Index") {
-				plan, _ := json.MarshalIndent(out[0].Plan, "", "  ")
-				t.Errorf("%d rows: %s on %s, want index scans; plan:\n%s", rows, s.NodeType, s.RelationName, plan)
+				out, _ := json.MarshalIndent(plan, "", "  ")
+				t.Errorf("%d rows: %s on %s, want index scans; plan:\n%s", rows, s.NodeType, s.RelationName, out)
 			}
 		}
 		got, err := e.ob.QueueDepths(e.ctx, &DepthOptions{Cap: depthCap})
@@ -941,7 +929,7 @@ func TestRingQueueDepthsReadAtMostTheCapPerLane(t *testing.T) {
 		if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(QueueDepth{}, "OldestReadyWait")); diff != "" {
 			t.Errorf("%d rows: depths (-want +got):\n%s", rows, diff)
 		}
-		return out[0].Plan.Hit + out[0].Plan.Read
+		return plan.Hit + plan.Read
 	}
 	small, large := cost(2_000), cost(20_000)
 	t.Logf("buffers: %d at 2,000 rows a queue, %d at 20,000", small, large)
