@@ -1140,6 +1140,83 @@ func (q *Queries) RingReadyLanes(ctx context.Context, arg RingReadyLanesParams) 
 	return items, nil
 }
 
+const ringRebaseDeleteConsumed = `-- name: RingRebaseDeleteConsumed :execrows
+DELETE FROM /*outbox:table*/outbox_ring AS r
+USING (
+    SELECT l.queue, l.lane, n.snap, n.below
+    FROM /*outbox:table*/outbox_ring_lanes AS l
+    CROSS JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                        WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n
+) AS p
+WHERE r.queue = p.queue AND r.lane = p.lane AND r.id <= p.below AND pg_visible_in_snapshot(r.txid, p.snap)
+`
+
+// Rebase, second statement: deletes the rows that the newest progress of
+// their lane consumed, judged with the transaction ids and snapshots of
+// the cluster that wrote both (the rows and progress of a dump or of a
+// logical replica come from it, with its numbering).
+func (q *Queries) RingRebaseDeleteConsumed(ctx context.Context) (int64, error) {
+	result, err := q.db.Exec(ctx, ringRebaseDeleteConsumed)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const ringRebaseForget = `-- name: RingRebaseForget :exec
+WITH progress AS (
+    DELETE FROM /*outbox:table*/outbox_ring_progress
+), claims AS (
+    DELETE FROM /*outbox:table*/outbox_ring_claims
+), acks AS (
+    DELETE FROM /*outbox:table*/outbox_ring_acks
+)
+UPDATE /*outbox:table*/outbox_ring_turns AS t
+SET done_below = pg_snapshot_xmax(pg_current_snapshot())
+WHERE t.done_below IS NOT NULL
+`
+
+// Rebase, last statement: forgets the progress, the records of claims and
+// their acknowledgements, whose transaction ids and snapshots are the
+// other cluster's (a lane reads its rows from the ring's start again,
+// and reading one again costs it nothing), and closes the partitions
+// writers had left below this transaction's snapshot, so that every lane
+// reads them.
+func (q *Queries) RingRebaseForget(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, ringRebaseForget)
+	return err
+}
+
+const ringRebaseLock = `-- name: RingRebaseLock :exec
+LOCK TABLE /*outbox:table*/outbox_ring, /*outbox:table*/outbox_ring_lanes, /*outbox:table*/outbox_ring_progress,
+           /*outbox:table*/outbox_ring_claims, /*outbox:table*/outbox_ring_acks, /*outbox:table*/outbox_ring_turns
+    IN SHARE ROW EXCLUSIVE MODE
+`
+
+// Rebase (after a restore into another cluster), first statement: keeps
+// writers, claims and turns of the ring out until the transaction ends.
+func (q *Queries) RingRebaseLock(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, ringRebaseLock)
+	return err
+}
+
+const ringRebaseRows = `-- name: RingRebaseRows :execrows
+UPDATE /*outbox:table*/outbox_ring AS r SET txid = pg_current_xact_id()
+`
+
+// Rebase, third statement: the rows left, none consumed, take this
+// transaction's id in place of the other cluster's, so that every
+// snapshot taken after it commits sees them, whatever the two clusters'
+// transaction counters were; within a lane they keep their order (id
+// order, which is commit order within a key).
+func (q *Queries) RingRebaseRows(ctx context.Context) (int64, error) {
+	result, err := q.db.Exec(ctx, ringRebaseRows)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const ringRecord = `-- name: RingRecord :one
 WITH session AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS synchronous_commit, ($1::bigint)::text::xid8 AS xid

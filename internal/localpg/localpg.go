@@ -143,8 +143,9 @@ func version(dir string) int {
 	return digits
 }
 
-// lookBin finds a server binary on PATH or where distributions put it.
-func lookBin(name string) (string, error) {
+// LookBin finds a PostgreSQL binary (initdb, pg_ctl, pg_dump, psql) on
+// PATH or where distributions put the server's.
+func LookBin(name string) (string, error) {
 	if p, err := exec.LookPath(name); err == nil {
 		return p, nil
 	}
@@ -174,11 +175,11 @@ func StartCluster(ctx context.Context, settings ...string) (*Server, error) {
 // initdb refuses to run as root, so as root the cluster belongs to the
 // postgres user (or nobody). settings (name=value) are set on top.
 func startCluster(ctx context.Context, settings ...string) (*Server, error) {
-	initdb, err := lookBin("initdb")
+	initdb, err := LookBin("initdb")
 	if err != nil {
 		return nil, err
 	}
-	pgCtl, err := lookBin("pg_ctl")
+	pgCtl, err := LookBin("pg_ctl")
 	if err != nil {
 		return nil, err
 	}

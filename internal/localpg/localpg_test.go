@@ -20,7 +20,7 @@ import (
 // there is one), answers, has autovacuum on, and is gone after Stop.
 func TestThrowawayCluster(t *testing.T) {
 	t.Parallel()
-	initdb, err := lookBin("initdb")
+	initdb, err := LookBin("initdb")
 	if err != nil {
 		t.Skipf("no PostgreSQL server binaries here: %v", err)
 	}

@@ -43,6 +43,49 @@ func Create(ctx context.Context, conn interface {
 	return tx.Commit(ctx)
 }
 
+// Rebased is what Rebase did.
+type Rebased struct {
+	// Consumed counts the rows it deleted, which their lanes had read;
+	// Kept the rows left, which every lane now reads from the start.
+	Consumed, Kept int64
+}
+
+// Rebase makes the ring of outbox n readable in the cluster it was
+// restored into (from a pg_dump, or by a cut-over to a logical replica),
+// in one transaction of conn, as the ring's owner, before writers and
+// subscribers start there. The ring's rows, progress and records of
+// claims hold transaction ids and snapshots of the cluster that wrote
+// them: where that cluster's counter was ahead, no snapshot would see
+// the rows until this one's passed them, and asking for a record's
+// transaction status fails. Rebase deletes the rows their lanes had
+// consumed (judged in the other cluster's numbering, which rows and
+// progress share), gives the rows left its own transaction's id, forgets
+// the progress, the records of claims and their acknowledgements, and
+// has every lane read the ring from its start. A row a claim held when
+// the dump was taken is delivered again, without that delivery counted.
+func Rebase(ctx context.Context, conn dbx.Beginner, n naming.Names) (Rebased, error) {
+	var r Rebased
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{})
+	if err != nil {
+		return r, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	q := naming.Queries(n)(tx)
+	if err := q.RingRebaseLock(ctx); err != nil {
+		return r, fmt.Errorf("outbox: rebasing the ring: %w", err)
+	}
+	if r.Consumed, err = q.RingRebaseDeleteConsumed(ctx); err != nil {
+		return r, fmt.Errorf("outbox: rebasing the ring: %w", err)
+	}
+	if r.Kept, err = q.RingRebaseRows(ctx); err != nil {
+		return r, fmt.Errorf("outbox: rebasing the ring: %w", err)
+	}
+	if err := q.RingRebaseForget(ctx); err != nil {
+		return r, fmt.Errorf("outbox: rebasing the ring: %w", err)
+	}
+	return r, tx.Commit(ctx)
+}
+
 // Grants returns the GRANT statements that give roles what they need of
 // the ring of outbox n, beside what outbox.Grants gives them on the
 // outbox, in the order to run them (as the ring's owner): publisher
