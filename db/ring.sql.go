@@ -811,16 +811,18 @@ type RingQueueDepthsRow struct {
 }
 
 // Per queue of the ring, its rows that the newest progress of their lane
-// has not consumed (RingUnread's rows, the rows of queues that have no
-// lanes yet included): due now (ready), due later (scheduled), how
-// long, in seconds, the ready row due earliest has been due (0 when none
-// is), and the age of the oldest (0 when none). Rows a claim of lanes still in flight holds count as ready until
-// its end writes their lane's progress, as rows a claim by row lock of
-// the outbox table holds count as ready there. Each lane's rows stop at
-// @count_cap, and so does each count: a count equal to it means at least
-// that many, and the wait and the age are the longest among the rows
-// looked at.
-// Bounded per lane by the indexes, as RingUnread is.
+// has not consumed, those of queues that have no lanes yet included: due
+// now (ready), due later (scheduled), how long, in seconds, the ready row
+// due earliest has been due (0 when none is), and the age of the oldest
+// (0 when none). Rows a claim of lanes still in flight holds count as
+// ready until its end writes their lane's progress, as rows a claim by
+// row lock of the outbox table holds count as ready there. Each lane's
+// rows stop at @count_cap, and so does each count: a count equal to it
+// means at least that many, and the wait and the age are the longest
+// among the rows looked at. Bounded per lane by the indexes, from where
+// the progress's unseen rows start (outbox_ring_since) and, for keyed
+// lanes, its id bound; the queues without lanes are found one index
+// probe each.
 func (q *Queries) RingQueueDepths(ctx context.Context, countCap int64) ([]RingQueueDepthsRow, error) {
 	rows, err := q.db.Query(ctx, ringQueueDepths, countCap)
 	if err != nil {
@@ -1401,49 +1403,6 @@ func (q *Queries) RingTurnState(ctx context.Context) (RingTurnStateRow, error) {
 	var i RingTurnStateRow
 	err := row.Scan(&i.Slot, &i.AgeSeconds, &i.NextOpen)
 	return i, err
-}
-
-const ringUnread = `-- name: RingUnread :one
-WITH RECURSIVE q(queue) AS (
-    (SELECT r.queue FROM /*outbox:table*/outbox_ring AS r ORDER BY r.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT r.queue FROM /*outbox:table*/outbox_ring AS r WHERE r.queue > q.queue ORDER BY r.queue LIMIT 1)
-    FROM q WHERE q.queue IS NOT NULL
-)
-SELECT (coalesce((
-    SELECT sum(u.n + k.n)
-    FROM /*outbox:table*/outbox_ring_lanes AS l
-    CROSS JOIN LATERAL (
-        SELECT coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
-        FROM (SELECT 1) AS one
-        LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
-                           WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true) AS p
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
-        WHERE r.queue = l.queue AND r.lane = l.lane
-          AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
-          AND NOT pg_visible_in_snapshot(r.txid, p.snap)) AS u
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r
-        WHERE r.queue = l.queue AND r.lane = l.lane
-          AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)) AS k), 0)
-  + coalesce((
-    SELECT sum(c.n) FROM q
-    CROSS JOIN LATERAL (SELECT count(*) AS n FROM /*outbox:table*/outbox_ring AS r WHERE r.queue = q.queue) AS c
-    WHERE q.queue IS NOT NULL
-      AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = q.queue AND x.lane = 0)), 0))::bigint AS unread
-`
-
-// How many committed rows of the ring the newest progress of their lane
-// has not consumed: the rows still to be read, those of queues that have
-// no lanes yet included. Bounded per lane by the indexes, from where the
-// progress's unseen rows start (outbox_ring_since) and, for keyed lanes,
-// its id bound; the queues without lanes are found one index probe each.
-func (q *Queries) RingUnread(ctx context.Context) (int64, error) {
-	row := q.db.QueryRow(ctx, ringUnread)
-	var unread int64
-	err := row.Scan(&unread)
-	return unread, err
 }
 
 const ringWaitAcks = `-- name: RingWaitAcks :exec

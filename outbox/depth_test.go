@@ -206,8 +206,6 @@ func TestQueueDepthsReadOnlyIndexes(t *testing.T) {
 // settings (DepthPlanSettings), as QueueDepths runs it.
 func (e *env) depthPlan(call func(*db.Queries)) planNode {
 	e.t.Helper()
-	rec := &recorder{}
-	call(e.ob.queries(rec))
 	tx, err := e.db.Pool.Begin(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)
@@ -216,11 +214,7 @@ func (e *env) depthPlan(call func(*db.Queries)) planNode {
 	if err := e.ob.queries(tx).DepthPlanSettings(e.ctx); err != nil {
 		e.t.Fatal(err)
 	}
-	var out []struct{ Plan planNode }
-	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&out); err != nil || len(out) != 1 {
-		e.t.Fatalf("EXPLAIN: %v (%d plans)", err, len(out))
-	}
-	return out[0].Plan
+	return e.analyze(tx, call)
 }
 
 // A missing outbox, or one at an older schema, gives the SchemaError that

@@ -56,21 +56,29 @@ func holdSnapshot(tb testing.TB, url, app string) pgx.Tx {
 // point to).
 func (e *env) pendingScanBuffers(call func(q *db.Queries)) (leased, buffers int) {
 	e.t.Helper()
-	rec := &recorder{}
-	call(e.ob.queries(rec))
 	tx, err := e.db.Pool.Begin(e.ctx)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(e.ctx) }()
-	var plan []struct{ Plan planNode }
-	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&plan); err != nil {
-		e.t.Fatalf("EXPLAIN: %v", err)
-	}
+	plan := e.analyze(tx, call)
 	if err := tx.QueryRow(e.ctx, "SELECT count(*) FROM outbox WHERE acquired_token IS NOT NULL").Scan(&leased); err != nil {
 		e.t.Fatal(err)
 	}
-	return leased, plan[0].Plan.buffersOf("outbox_pending_idx")
+	return leased, plan.buffersOf("outbox_pending_idx")
+}
+
+// analyze runs the statement that call sends, with the arguments it
+// sends, under EXPLAIN (ANALYZE, BUFFERS) in tx, and returns its plan.
+func (e *env) analyze(tx pgx.Tx, call func(q *db.Queries)) planNode {
+	e.t.Helper()
+	rec := &recorder{}
+	call(e.ob.queries(rec))
+	var out []struct{ Plan planNode }
+	if err := tx.QueryRow(e.ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+rec.sql, rec.args...).Scan(&out); err != nil || len(out) != 1 {
+		e.t.Fatalf("EXPLAIN: %v (%d plans)", err, len(out))
+	}
+	return out[0].Plan
 }
 
 // heldBacklog fills e's queue q with 20,000 rows, due an hour ago, and

@@ -8,6 +8,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -276,7 +277,10 @@ func doneSlots(ctx context.Context, pool Pool, queries func(db.DBTX) *db.Queries
 // of their lane has not seen: the rows still to be read.
 func Unread(ctx context.Context, pool Pool, queries func(db.DBTX) *db.Queries, timeout time.Duration) (n int64, err error) {
 	err = withoutJIT(ctx, pool, queries, timeout, func(q *db.Queries) error {
-		n, err = q.RingUnread(ctx)
+		qs, err := q.RingQueueDepths(ctx, math.MaxInt64)
+		for _, d := range qs {
+			n += d.Ready + d.Scheduled
+		}
 		return err
 	})
 	return n, err
