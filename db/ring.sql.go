@@ -766,40 +766,46 @@ WITH RECURSIVE q(queue) AS (
     FROM /*outbox:table*/outbox_ring_lanes AS l
     LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
                        WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true
-), unread AS (
-    SELECT p.queue, u.next_attempt_at, u.created_at
-    FROM pos AS p
-    CROSS JOIN LATERAL (
-        SELECT r.next_attempt_at, r.created_at FROM /*outbox:table*/outbox_ring AS r
-        WHERE r.queue = p.queue AND r.lane = p.lane
-          AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
-          AND NOT pg_visible_in_snapshot(r.txid, p.snap)
-        LIMIT $1::bigint) AS u
-    UNION ALL
-    SELECT p.queue, k.next_attempt_at, k.created_at
-    FROM pos AS p
-    CROSS JOIN LATERAL (
-        SELECT r.next_attempt_at, r.created_at FROM /*outbox:table*/outbox_ring AS r
-        WHERE r.queue = p.queue AND r.lane = p.lane
-          AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)
-        LIMIT $1::bigint) AS k
-    UNION ALL
-    SELECT q.queue, c.next_attempt_at, c.created_at
-    FROM q
-    CROSS JOIN LATERAL (SELECT r.next_attempt_at, r.created_at FROM /*outbox:table*/outbox_ring AS r WHERE r.queue = q.queue
-                        LIMIT $1::bigint) AS c
-    WHERE q.queue IS NOT NULL
-      AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = q.queue AND x.lane = 0)
 )
-SELECT u.queue::text AS queue,
+SELECT q.queue::text AS queue,
        least(count(*) FILTER (WHERE u.next_attempt_at <= now()), $1::bigint)::bigint AS ready,
        least(count(*) FILTER (WHERE u.next_attempt_at > now()), $1::bigint)::bigint AS scheduled,
        coalesce(date_part('epoch', now()) - date_part('epoch', min(u.next_attempt_at) FILTER (WHERE u.next_attempt_at <= now())),
                 0)::float8 AS oldest_ready_wait_seconds,
        coalesce(date_part('epoch', now()) - date_part('epoch', min(u.created_at)), 0)::float8 AS oldest_age_seconds
-FROM unread AS u
-GROUP BY u.queue
-ORDER BY u.queue
+FROM q
+CROSS JOIN LATERAL (
+    SELECT x.next_attempt_at, x.created_at
+    FROM (
+        SELECT a.next_attempt_at, a.created_at
+        FROM pos AS p
+        CROSS JOIN LATERAL (
+            SELECT r.next_attempt_at, r.created_at FROM /*outbox:table*/outbox_ring AS r
+            WHERE r.queue = p.queue AND r.lane = p.lane
+              AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+              AND NOT pg_visible_in_snapshot(r.txid, p.snap)
+            LIMIT $1::bigint) AS a
+        WHERE p.queue = q.queue
+        UNION ALL
+        SELECT k.next_attempt_at, k.created_at
+        FROM pos AS p
+        CROSS JOIN LATERAL (
+            SELECT r.next_attempt_at, r.created_at FROM /*outbox:table*/outbox_ring AS r
+            WHERE r.queue = p.queue AND r.lane = p.lane
+              AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)
+            LIMIT $1::bigint) AS k
+        WHERE p.queue = q.queue
+        UNION ALL
+        SELECT r.next_attempt_at, r.created_at
+        FROM /*outbox:table*/outbox_ring AS r
+        WHERE r.queue = q.queue
+          AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = q.queue AND x.lane = 0)
+    ) AS x
+    LIMIT $1::bigint
+) AS u
+WHERE q.queue IS NOT NULL
+GROUP BY q.queue
+ORDER BY q.queue
 `
 
 type RingQueueDepthsRow struct {
@@ -816,13 +822,13 @@ type RingQueueDepthsRow struct {
 // due earliest has been due (0 when none is), and the age of the oldest
 // (0 when none). Rows a claim of lanes still in flight holds count as
 // ready until its end writes their lane's progress, as rows a claim by
-// row lock of the outbox table holds count as ready there. Each lane's
-// rows stop at @count_cap, and so does each count: a count equal to it
-// means at least that many, and the wait and the age are the longest
-// among the rows looked at. Bounded per lane by the indexes, from where
-// the progress's unseen rows start (outbox_ring_since) and, for keyed
-// lanes, its id bound; the queues without lanes are found one index
-// probe each.
+// row lock of the outbox table holds count as ready there. A queue's rows
+// are read lane after lane, each in the order the lane reads them, and
+// stop at @count_cap: a count equal to it means at least that many, and
+// the wait and the age are the longest among the rows looked at. Bounded
+// by the indexes, from where each progress's unseen rows start
+// (outbox_ring_since) and, for keyed lanes, its id bound; the queues are
+// found one index probe each.
 func (q *Queries) RingQueueDepths(ctx context.Context, countCap int64) ([]RingQueueDepthsRow, error) {
 	rows, err := q.db.Query(ctx, ringQueueDepths, countCap)
 	if err != nil {

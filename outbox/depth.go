@@ -96,9 +96,9 @@ type QueueDepth struct {
 // With the log tier's ring beside the outbox table, the ring's rows that
 // no lane has consumed yet count too, as ready or scheduled (rows a claim
 // of the ring still holds count as ready until it ends). Its counts read
-// each lane's rows, through its indexes, in the order the lane reads
-// them, up to the cap: past a capped lane, a later scheduled row may go
-// uncounted.
+// a queue's rows through the ring's indexes, lane after lane, each in the
+// order the lane reads them, up to the cap: past it, a scheduled row may
+// go uncounted.
 //
 // A missing outbox, or one at another schema version, gives a
 // *[SchemaError] naming the fix.
@@ -173,7 +173,8 @@ func addByQueue[T any](out []T, rows []db.RingQueueDepthsRow, queue func(*T) *st
 
 // ringDepths reads, with q in a transaction of the depths' plan settings
 // (DepthPlanSettings), the depths of the ring's rows still to be read,
-// each lane's rows counted up to limit; none when the outbox has no ring.
+// each queue's rows counted up to limit; none when the outbox has no
+// ring.
 func ringDepths(ctx context.Context, q *db.Queries, limit int64) ([]db.RingQueueDepthsRow, error) {
 	present, err := q.RingPresent(ctx)
 	if err != nil || !present {
