@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,15 +26,20 @@ import (
 // subscriber process: its value is the number of subscribers to run.
 const childEnv = "OUTBOXBENCH_CHILD_SUBSCRIBERS"
 
+// childSchemaEnv names the variable that gives a subscriber process the
+// schema of the outbox it subscribes to: schemaOurs when it is unset.
+const childSchemaEnv = "OUTBOXBENCH_CHILD_SCHEMA"
+
 // childReport is what a subscriber process prints when it stops.
 type childReport struct {
 	Handled int64 `json:"handled"`
 	RSSKiB  int64 `json:"rss_kib"`
 }
 
-// runChild runs subscribers on the benchmark's outbox until its standard
-// input closes, then prints a childReport. It is the body of the child
-// processes of the scale-out and memory suites.
+// runChild runs subscribers on the benchmark's outbox (in the schema
+// childSchemaEnv names) until its standard input closes, then prints a
+// childReport. It is the body of the child processes of the scale-out,
+// ringscale and memory suites.
 func runChild(dsn string, subscribers int) error {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -41,7 +47,7 @@ func runChild(dsn string, subscribers int) error {
 		return err
 	}
 	defer pool.Close()
-	ob, err := outbox.New(pool, &outbox.Config{Schema: schemaOurs})
+	ob, err := outbox.New(pool, &outbox.Config{Schema: cmp.Or(os.Getenv(childSchemaEnv), schemaOurs)})
 	if err != nil {
 		return err
 	}
@@ -98,15 +104,15 @@ type child struct {
 	out   *bufio.Reader
 }
 
-// startChild starts a subscriber process with subscribers subscribers and
-// waits until they run.
-func startChild(dsn string, subscribers int) (*child, error) {
+// startChild starts a subscriber process with subscribers subscribers on
+// the outbox in schema, and waits until they run.
+func startChild(dsn, schema string, subscribers int) (*child, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(exe, "-dsn", dsn)
-	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(subscribers))
+	cmd.Env = append(os.Environ(), childEnv+"="+strconv.Itoa(subscribers), childSchemaEnv+"="+schema)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -139,10 +145,31 @@ func (c *child) stop() (childReport, error) {
 	return r, err
 }
 
-// drainProcesses writes an n-row backlog, starts procs processes of subs
-// subscribers each, and times them until the outbox is empty.
-func drainProcesses(ctx context.Context, env *benchEnv, dsn string, n, procs, subs int) (time.Duration, []childReport, error) {
-	if err := outboxBacklog(ctx, env, n); err != nil {
+// drainTarget is what drainProcesses drains: the outbox its subscriber
+// processes subscribe to (by schema), how its n-row backlog is written,
+// the tables locked while the processes start (every claim of the
+// outbox's subscribers waits for the lock on one of them), and the wait
+// until it is drained.
+type drainTarget struct {
+	schema  string
+	fill    func(ctx context.Context, env *benchEnv, n int) error
+	gate    []pgx.Identifier
+	drained func(ctx context.Context, env *benchEnv) error
+}
+
+// tableTarget is the bench outbox's table, written by PublishBatch,
+// drained when it holds no row.
+var tableTarget = drainTarget{
+	schema:  schemaOurs,
+	fill:    func(ctx context.Context, env *benchEnv, n int) error { return outboxBacklog(ctx, env, n) },
+	gate:    []pgx.Identifier{outboxTable},
+	drained: waitEmpty,
+}
+
+// drainProcesses writes b's n-row backlog, starts procs processes of subs
+// subscribers each, and times them until b is drained.
+func drainProcesses(ctx context.Context, env *benchEnv, dsn string, b drainTarget, n, procs, subs int) (time.Duration, []childReport, error) {
+	if err := b.fill(ctx, env, n); err != nil {
 		return 0, nil, err
 	}
 	var children []*child
@@ -162,12 +189,16 @@ func drainProcesses(ctx context.Context, env *benchEnv, dsn string, n, procs, su
 	if err != nil {
 		return 0, nil, err
 	}
-	if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schemaOurs, "outbox"}.Sanitize()+" IN EXCLUSIVE MODE"); err != nil {
+	var gate []string
+	for _, t := range b.gate {
+		gate = append(gate, t.Sanitize())
+	}
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+strings.Join(gate, ", ")+" IN EXCLUSIVE MODE"); err != nil {
 		_ = tx.Rollback(ctx)
 		return 0, nil, err
 	}
 	for range procs {
-		c, err := startChild(dsn, subs)
+		c, err := startChild(dsn, b.schema, subs)
 		if err != nil {
 			_ = tx.Rollback(ctx)
 			_, _ = stopAll()
@@ -180,7 +211,7 @@ func drainProcesses(ctx context.Context, env *benchEnv, dsn string, n, procs, su
 		_, _ = stopAll()
 		return 0, nil, err
 	}
-	werr := waitEmpty(ctx, env)
+	werr := b.drained(ctx, env)
 	took := clock.stop()
 	reports, err := stopAll()
 	return took, reports, errors.Join(werr, err)

@@ -87,6 +87,7 @@ var suites = []suite{
 	{"ringturnkeyed", runRingTurnKeyed},
 	{"latency", runLatency},
 	{"scaleout", runScaleOut},
+	{"ringscale", runRingScale},
 	{"memory", runMemory},
 	{"keyed", runKeyedDrain},
 	{"hotkey", runHotKey},

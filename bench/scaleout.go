@@ -15,7 +15,7 @@ func runScaleOut(ctx context.Context, env *benchEnv, o options) error {
 	var reports int64
 	shape := func(procs, subs int) func(int) (time.Duration, error) {
 		return func(n int) (time.Duration, error) {
-			took, rs, err := drainProcesses(ctx, env, o.dsn, n, procs, subs)
+			took, rs, err := drainProcesses(ctx, env, o.dsn, tableTarget, n, procs, subs)
 			for _, r := range rs {
 				reports += r.Handled
 			}
@@ -51,7 +51,7 @@ func runMemory(ctx context.Context, env *benchEnv, o options) error {
 		if err := env.reset(ctx); err != nil {
 			return err
 		}
-		took, rs, err := drainProcesses(ctx, env, o.dsn, n, 1, 1)
+		took, rs, err := drainProcesses(ctx, env, o.dsn, tableTarget, n, 1, 1)
 		if err != nil {
 			return err
 		}
