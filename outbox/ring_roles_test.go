@@ -162,7 +162,8 @@ func (e *env) waitSleeping(n int) {
 // progress, turn or empty the ring; the subscriber cannot write into the
 // ring, change or remove its rows, or empty a partition but through the
 // function that checks every lane read past it; and the ring's trigger
-// functions run only as its triggers, even for the owner.
+// functions (insert, wake, update) run only as its triggers, even for
+// the owner.
 func TestRingRefusesWhatItsGrantsDoNotGive(t *testing.T) {
 	t.Parallel()
 	e := setupRingRoles(t)
@@ -192,6 +193,7 @@ func TestRingRefusesWhatItsGrantsDoNotGive(t *testing.T) {
 		dropRing   = `DROP TABLE outbox_ring`
 		attachKey  = `CREATE TRIGGER k BEFORE INSERT ON pg_temp.look FOR EACH ROW EXECUTE FUNCTION outbox_ring_key_insert()`
 		attachWake = `CREATE TRIGGER w AFTER INSERT ON pg_temp.look FOR EACH ROW EXECUTE FUNCTION outbox_ring_wake()`
+		attachMove = `CREATE TRIGGER u BEFORE UPDATE ON pg_temp.look FOR EACH ROW EXECUTE FUNCTION outbox_ring_row_update()`
 	)
 	// try runs each statement as c's role, in a savepoint of one
 	// transaction that is rolled back, beside a TEMP table of its own to
@@ -223,7 +225,7 @@ func TestRingRefusesWhatItsGrantsDoNotGive(t *testing.T) {
 		return c.Conn()
 	}
 	all := []string{insert, placeID, placeTxid, placeSlot, read, update, remove, truncate, lock, empty, readPast, since,
-		slotNow, turn, holdLane, addLane, progress, forget, ack, reopen, horizon, dropRing, attachKey, attachWake}
+		slotNow, turn, holdLane, addLane, progress, forget, ack, reopen, horizon, dropRing, attachKey, attachWake, attachMove}
 	want := func(ran ...string) map[string]string {
 		m := map[string]string{}
 		for _, s := range all {
@@ -256,5 +258,9 @@ func TestRingRefusesWhatItsGrantsDoNotGive(t *testing.T) {
 	}
 	if diff := cmp.Diff(map[string]string{attachWake: "ran", fire: "refused"}, try(conn(e.owner.pool), attachWake, fire)); diff != "" {
 		t.Errorf("the owner's wake trigger function on another table (-want +got):\n%s", diff)
+	}
+	move := `UPDATE pg_temp.look SET next_attempt_at = now()`
+	if diff := cmp.Diff(map[string]string{attachMove: "ran", fire: "ran", move: "refused"}, try(conn(e.owner.pool), attachMove, fire, move)); diff != "" {
+		t.Errorf("the owner's update trigger function on another table (-want +got):\n%s", diff)
 	}
 }

@@ -941,3 +941,41 @@ func TestRingQueueDepthsReadAtMostTheCapPerQueue(t *testing.T) {
 		t.Errorf("the ring's depths touched %d buffers at 20,000 rows a queue, %d at 2,000: not bounded by the cap", large, small)
 	}
 }
+
+// A ring row's place cannot change: its queue, ordering key, id, slot,
+// nor its txid but to the updating transaction's; its payload, headers
+// and times can.
+func TestRingRowsPlaceCannotChange(t *testing.T) {
+	t.Parallel()
+	e := setupRing(t)
+	var id int64
+	if err := e.db.Pool.QueryRow(e.ctx, `INSERT INTO outbox_ring (queue, payload, ordering_key) VALUES ('q', 'x', 'k') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		set     string
+		refused bool
+	}{
+		{"queue = 'q2'", true},
+		{"ordering_key = 'other'", true},
+		{"ordering_key = NULL", true},
+		{"id = id + 1000000", true},
+		{"slot = (slot + 1) % 4", true},
+		{"txid = '3'", true},
+		{"txid = pg_current_xact_id()", false},
+		{"payload = 'y', headers = '{\"a\":\"b\"}', next_attempt_at = now(), created_at = now()", false},
+	} {
+		_, err := e.db.Pool.Exec(e.ctx, "UPDATE outbox_ring SET "+c.set+" WHERE id = $1", id)
+		var pe *pgconn.PgError
+		switch {
+		case c.refused && (!errors.As(err, &pe) || pe.Code != "23514"):
+			t.Errorf("SET %s: %v; want a check_violation", c.set, err)
+		case !c.refused && err != nil:
+			t.Errorf("SET %s: %v", c.set, err)
+		}
+	}
+	var n int
+	if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(*) FROM outbox_ring WHERE id = $1 AND queue = 'q' AND ordering_key = 'k' AND payload = 'y'`, id).Scan(&n); err != nil || n != 1 {
+		t.Errorf("the row after the updates: %d rows, %v; want it in place with its new payload", n, err)
+	}
+}

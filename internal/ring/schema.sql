@@ -109,6 +109,38 @@ CREATE TRIGGER /*outbox:name*/outbox_ring_key_insert_trg
     FOR EACH ROW WHEN (NEW.ordering_key IS NOT NULL)
     EXECUTE FUNCTION /*outbox:table*/outbox_ring_key_insert();
 
+-- A row's place in the ring cannot change: its queue and ordering key
+-- (which choose its lane), its id (its order within its lane and key), its
+-- slot (its partition), nor its txid, but to the updating transaction's
+-- (the row is then written now, as ring.Rebase writes them): a row moved
+-- behind where its lane has read would never be delivered, and one moved
+-- ahead of a key's earlier row would run first. Its payload, headers and
+-- times may change while no lane has read it. It only refuses, so it
+-- needs no privilege of the owner's, and runs only as the ring's trigger.
+-- +goose StatementBegin
+CREATE FUNCTION /*outbox:table*/outbox_ring_row_update() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_RELID <> ALL (ARRAY[/*outbox:literal*/'outbox_ring_p0'::regclass, /*outbox:literal*/'outbox_ring_p1'::regclass,
+                             /*outbox:literal*/'outbox_ring_p2'::regclass, /*outbox:literal*/'outbox_ring_p3'::regclass])
+       OR TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'UPDATE' THEN
+        RAISE EXCEPTION '% runs only as the BEFORE UPDATE row trigger of %', /*outbox:literal*/'outbox_ring_row_update', /*outbox:literal*/'outbox_ring'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RAISE EXCEPTION 'the queue, ordering_key, id, slot and txid of a ring row cannot change (row %)', OLD.id
+        USING ERRCODE = 'check_violation',
+              HINT = 'Delete the row and insert it again; only its txid may become the updating transaction''s.';
+END;
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER /*outbox:name*/outbox_ring_row_update_trg
+    BEFORE UPDATE ON /*outbox:table*/outbox_ring
+    FOR EACH ROW WHEN (OLD.queue IS DISTINCT FROM NEW.queue OR OLD.ordering_key IS DISTINCT FROM NEW.ordering_key
+                       OR OLD.id <> NEW.id OR OLD.slot <> NEW.slot
+                       OR (OLD.txid <> NEW.txid AND NEW.txid <> pg_current_xact_id()))
+    EXECUTE FUNCTION /*outbox:table*/outbox_ring_row_update();
+
 -- Wakes the sleeping subscribers of a row's queue, as the outbox table's
 -- statement trigger does, once for each run of a transaction's rows of
 -- one queue, due or not: its WHEN, evaluated for every row, reads one
@@ -374,6 +406,7 @@ REVOKE ALL ON FUNCTION
     /*outbox:table*/outbox_ring_since(pg_snapshot, pg_snapshot),
     /*outbox:table*/outbox_ring_key_insert(),
     /*outbox:table*/outbox_ring_wake(),
+    /*outbox:table*/outbox_ring_row_update(),
     /*outbox:table*/outbox_ring_read_past(smallint),
     /*outbox:table*/outbox_ring_truncate(smallint)
 FROM PUBLIC;
