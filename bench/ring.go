@@ -156,10 +156,7 @@ func runRingDrain(ctx context.Context, env *benchEnv, o options) error {
 		}})
 	}
 	cs = o.only(cs)
-	stats := o.statementStats(ctx, env)
-	clockStatements = stats
-	defer func() { clockStatements = nil }()
-	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, stats.wrap(ctx, cs))
+	s, stats, err := o.measureStatements(ctx, env, n, cs)
 	if err != nil {
 		return err
 	}

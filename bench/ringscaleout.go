@@ -52,10 +52,7 @@ func runRingScale(ctx context.Context, env *benchEnv, o options) error {
 		}
 	}
 	cs := []contender{{one, shape(one, 1)}, {two, shape(two, 2)}, {four, shape(four, 4)}}
-	stats := o.statementStats(ctx, env)
-	clockStatements = stats
-	defer func() { clockStatements = nil }()
-	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, stats.wrap(ctx, cs))
+	s, stats, err := o.measureStatements(ctx, env, n, cs)
 	if err != nil {
 		return err
 	}

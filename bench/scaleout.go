@@ -27,10 +27,7 @@ func runScaleOut(ctx context.Context, env *benchEnv, o options) error {
 		{"2 subscribers, 2 processes", shape(2, 1)},
 		{"4 subscribers, 2 processes", shape(2, 2)},
 	}
-	stats := o.statementStats(ctx, env)
-	clockStatements = stats
-	defer func() { clockStatements = nil }()
-	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, stats.wrap(ctx, cs))
+	s, stats, err := o.measureStatements(ctx, env, n, cs)
 	if err != nil {
 		return err
 	}

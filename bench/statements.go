@@ -148,6 +148,18 @@ func (s *statementStats) report(w io.Writer, order []string, rounds, perRound in
 	}
 }
 
+// measureStatements measures cs as measure does, each round after a
+// reset of env, with the statements profiled (-statements) while each
+// clock runs; it returns the samples and the profiler (nil without
+// -statements) for the report.
+func (o options) measureStatements(ctx context.Context, env *benchEnv, n int, cs []contender) (samples, *statementStats, error) {
+	stats := o.statementStats(ctx, env)
+	clockStatements = stats
+	defer func() { clockStatements = nil }()
+	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, stats.wrap(ctx, cs))
+	return s, stats, err
+}
+
 // statementStats returns the profiler when -statements asks for one.
 func (o options) statementStats(ctx context.Context, env *benchEnv) *statementStats {
 	if !o.statements {
