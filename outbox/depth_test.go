@@ -151,6 +151,7 @@ type planNode struct {
 	RelationName string     `json:"Relation Name"`
 	IndexName    string     `json:"Index Name"`
 	HeapFetches  *int64     `json:"Heap Fetches"`
+	ActualRows   float64    `json:"Actual Rows"`
 	Hit          int        `json:"Shared Hit Blocks"`
 	Read         int        `json:"Shared Read Blocks"`
 	Plans        []planNode `json:"Plans"`
