@@ -3,6 +3,7 @@ package outbox
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,9 +153,24 @@ type planNode struct {
 	IndexName    string     `json:"Index Name"`
 	HeapFetches  *int64     `json:"Heap Fetches"`
 	ActualRows   float64    `json:"Actual Rows"`
+	ActualLoops  float64    `json:"Actual Loops"`
+	Filtered     float64    `json:"Rows Removed by Filter"`
 	Hit          int        `json:"Shared Hit Blocks"`
 	Read         int        `json:"Shared Read Blocks"`
 	Plans        []planNode `json:"Plans"`
+}
+
+// rowsLookedAt sums, over the scans under n of relations whose names
+// start with prefix, the rows they returned and those their filters
+// removed, in every loop (EXPLAIN ANALYZE's rows are per loop).
+func (n *planNode) rowsLookedAt(prefix string) int {
+	rows := 0.0
+	for _, s := range n.scans() {
+		if strings.HasPrefix(s.RelationName, prefix) {
+			rows += (s.ActualRows + s.Filtered) * max(s.ActualLoops, 1)
+		}
+	}
+	return int(rows + 0.5)
 }
 
 // scans returns every node of the plan that reads a relation.
