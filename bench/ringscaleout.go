@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -18,7 +17,7 @@ var ringTarget = drainTarget{
 	schema:  schemaRing,
 	fill:    func(ctx context.Context, env *benchEnv, n int) error { return keyedBacklog(ctx, env, ringTable, n, 0) },
 	gate:    []pgx.Identifier{{schemaRing, "outbox"}, {schemaRing, "outbox_ring_lanes"}},
-	drained: waitRingRead,
+	drained: func(ctx context.Context, env *benchEnv) error { return waitRingDrained(ctx, env, 20*time.Millisecond) },
 }
 
 // runRingScale drains the same backlog, written into the ring, with one
@@ -65,55 +64,4 @@ func runRingScale(ctx context.Context, env *benchEnv, o options) error {
 	}
 	stats.report(o.out, names, o.rounds, n)
 	return nil
-}
-
-// waitRingRead polls, every 20 ms as waitEmpty does, until every lane of
-// the ring outbox has read past its rows and its table holds no row (a
-// claim moves rows that need state there, in the transaction that writes
-// its lanes' progress, so the ring is asked first). It asks whether any
-// row is unread (RingQueueDepths with a cap of one) where ring.Unread
-// counts them all: polled during the drain, a count of the whole backlog
-// would be most of the server's work.
-func waitRingRead(ctx context.Context, env *benchEnv) error {
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		drained, err := ringRead(ctx, env)
-		if err != nil {
-			return err
-		}
-		if drained {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return errors.New("ring outbox not drained after 2 minutes")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// ringRead reports whether no row of the ring is unread and the ring
-// outbox's table is empty, in a transaction with JIT off (as ring.Unread
-// runs: the planner has no statistics of the ring's small tables).
-func ringRead(ctx context.Context, env *benchEnv) (bool, error) {
-	tx, err := env.pool.Begin(ctx)
-	if err != nil {
-		return false, err
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	q := ringQueries()(tx)
-	if err := q.NoJIT(ctx); err != nil {
-		return false, err
-	}
-	depths, err := q.RingQueueDepths(ctx, 1)
-	if err != nil {
-		return false, err
-	}
-	for _, d := range depths {
-		if d.Ready+d.Scheduled > 0 {
-			return false, nil
-		}
-	}
-	var empty bool
-	err = tx.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+pgx.Identifier{schemaRing, "outbox"}.Sanitize()+")").Scan(&empty)
-	return empty, err
 }
