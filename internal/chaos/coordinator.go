@@ -494,14 +494,17 @@ func (c *coordinator) restartPostgres(ctx context.Context) {
 }
 
 // drain waits until the outbox holds no row: every committed message
-// acknowledged or dead-lettered.
+// acknowledged or dead-lettered. The ring is asked before the table: a
+// claim of the ring moves rows that need state into the table in the
+// transaction that writes its lanes' progress, so rows moved after the
+// table was counted would look drained.
 func (c *coordinator) drain(ctx context.Context, limit time.Duration) bool {
 	deadline := time.Now().Add(limit)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		var n int64
-		err := c.pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{c.schema, c.ob.Table()}.Sanitize()).Scan(&n)
+		n, err := c.ringUnread(ctx)
 		if err == nil && n == 0 {
-			if n, err = c.ringUnread(ctx); err == nil && n == 0 {
+			err = c.pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{c.schema, c.ob.Table()}.Sanitize()).Scan(&n)
+			if err == nil && n == 0 {
 				return true
 			}
 		}
