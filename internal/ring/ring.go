@@ -64,24 +64,24 @@ type Rebased struct {
 // the progress, the records of claims and their acknowledgements, and
 // has every lane read the ring from its start. A row a claim held when
 // the dump was taken is delivered again, without that delivery counted.
-func Rebase(ctx context.Context, conn dbx.Beginner, n naming.Names) (Rebased, error) {
-	var r Rebased
+func Rebase(ctx context.Context, conn dbx.Beginner, n naming.Names) (r Rebased, err error) {
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{})
 	if err != nil {
 		return r, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	q := naming.Queries(n)(tx)
-	if err := q.RingRebaseLock(ctx); err != nil {
-		return r, fmt.Errorf("outbox: rebasing the ring: %w", err)
+	err = q.RingRebaseLock(ctx)
+	if err == nil {
+		r.Consumed, err = q.RingRebaseDeleteConsumed(ctx)
 	}
-	if r.Consumed, err = q.RingRebaseDeleteConsumed(ctx); err != nil {
-		return r, fmt.Errorf("outbox: rebasing the ring: %w", err)
+	if err == nil {
+		r.Kept, err = q.RingRebaseRows(ctx)
 	}
-	if r.Kept, err = q.RingRebaseRows(ctx); err != nil {
-		return r, fmt.Errorf("outbox: rebasing the ring: %w", err)
+	if err == nil {
+		err = q.RingRebaseForget(ctx)
 	}
-	if err := q.RingRebaseForget(ctx); err != nil {
+	if err != nil {
 		return r, fmt.Errorf("outbox: rebasing the ring: %w", err)
 	}
 	return r, tx.Commit(ctx)
