@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxgen/outboxgen/internal/ring"
 )
 
 // Roles names the database roles [Grants] gives privileges on one outbox.
@@ -15,10 +17,13 @@ import (
 // on; docs/operations.md declares who may do what).
 type Roles struct {
 	// Publisher publishes: Publish, PublishBatch and timers, keyed or not,
-	// at any isolation level, and Outbox.CancelTimer. Empty: none.
+	// at any isolation level, Outbox.CancelTimer, and plain INSERTs into
+	// the log tier's ring (<table>_ring, schema 13) of the columns a
+	// writer chooses. Empty: none.
 	Publisher string
-	// Subscriber runs subscribers (claims by lease and by lock,
-	// transactional handlers included) and operates the outbox:
+	// Subscriber runs subscribers (claims by lease and by lock from the
+	// outbox table, and of the ring's lanes, transactional handlers
+	// included) and operates the outbox:
 	// QueueStats, QueueDepths, RetryBacklog, Unprocessed, Health and the
 	// dead letters (list, replay, purge). Empty: none.
 	Subscriber string
@@ -55,6 +60,8 @@ func Grants(cfg *Config, roles Roles) ([]string, error) {
 			// and timer id the rows no subscriber holds.
 			"GRANT INSERT, DELETE, SELECT (id, queue, timer_id, acquired_token) ON "+rel("")+" TO "+p,
 		)
+		// Writes into the log tier's ring (schema 13).
+		out = append(out, ring.Grants(n, roles.Publisher, "")...)
 	}
 	if roles.Subscriber != "" {
 		s := pgx.Identifier{roles.Subscriber}.Sanitize()
@@ -70,6 +77,8 @@ func Grants(cfg *Config, roles Roles) ([]string, error) {
 			"GRANT SELECT ON "+rel("_handoff")+" TO "+s,
 			"GRANT EXECUTE ON FUNCTION "+rel("_hand_off")+"(text[], integer) TO "+s,
 		)
+		// Reads, claims and turns of the log tier's ring (schema 13).
+		out = append(out, ring.Grants(n, "", roles.Subscriber)...)
 	}
 	return out, nil
 }

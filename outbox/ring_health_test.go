@@ -18,7 +18,7 @@ import (
 // the partition, and Health reports nothing of the ring.
 func TestHealthSaysWhyTheRingCannotTurn(t *testing.T) {
 	t.Parallel()
-	e := setupWith(t, TableDefault, pgtest.RolesMode(), true)
+	e := setupWith(t, TableDefault, pgtest.RolesMode())
 	e.exec(`INSERT INTO outbox_ring (queue, payload, created_at) SELECT 'q', 'x', now() - interval '1 hour' FROM generate_series(1, 6)`)
 	e.exec(`INSERT INTO outbox_ring_lanes (queue, lane) SELECT 'q', l FROM generate_series(0, 7) AS l`)
 	turn := func() ring.Turned {

@@ -24,7 +24,7 @@ import (
 // the migrator's.
 func setupRingRoles(t *testing.T) *env {
 	t.Helper()
-	return setupWith(t, TableDefault, true, true)
+	return setupWith(t, TableDefault, true)
 }
 
 // A publisher role with only its grants writes into the ring with plain

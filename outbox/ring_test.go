@@ -29,7 +29,7 @@ import (
 // outbox table.
 func setupRing(t *testing.T) *env {
 	t.Helper()
-	return setupWith(t, TableDefault, false, true)
+	return setupWith(t, TableDefault, false)
 }
 
 // publishRing writes n rows of queue into the ring, one statement, and
@@ -846,7 +846,7 @@ func TestRingKeyedRowsMovedBehindALaterTableRowOfTheirKeyAreDelivered(t *testing
 // handled them, only the table's rows count.
 func TestQueueDepthsCountTheRingsRowsStillToBeRead(t *testing.T) {
 	t.Parallel()
-	e := setupWith(t, TableDefault, pgtest.RolesMode(), true)
+	e := setupWith(t, TableDefault, pgtest.RolesMode())
 	e.publishInto("outbox", "a", 2)
 	e.publishRing("a", 3)
 	e.exec(`INSERT INTO outbox_ring (queue, payload, next_attempt_at) VALUES ('a', 'later', now() + interval '1 hour')`)

@@ -18,7 +18,6 @@ import (
 	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/lease"
 	"github.com/outboxgen/outboxgen/internal/pgtest"
-	"github.com/outboxgen/outboxgen/internal/ring"
 )
 
 func TestMain(m *testing.M) {
@@ -85,24 +84,21 @@ func setupOwned(t *testing.T) *env {
 	return setupAs(t, TableDefault, true)
 }
 
-// setupMigrations is setup outside the roles mode with the migrations'
-// objects alone, in the ring mode (pgtest.RingMode) too: for the tests of
-// the migrations, which the ring (package ring) is not one of.
+// setupMigrations is setup outside the roles mode: for the tests of the
+// migrations.
 func setupMigrations(t *testing.T) *env {
 	t.Helper()
-	return setupWith(t, TableDefault, false, false)
+	return setupWith(t, TableDefault, false)
 }
 
 // setupAs is setupTable with the roles mode's roles when roles is set.
 func setupAs(t *testing.T, table string, roles bool) *env {
 	t.Helper()
-	return setupWith(t, table, roles, pgtest.RingMode())
+	return setupWith(t, table, roles)
 }
 
-// setupWith is setupAs, with the ring beside the outbox table when
-// withRing is set (with roles, made by the migrator, who gives the others
-// what ring.Grants lists).
-func setupWith(t *testing.T, table string, roles, withRing bool) *env {
+// setupWith is setupAs.
+func setupWith(t *testing.T, table string, roles bool) *env {
 	t.Helper()
 	d := pgtest.New(t)
 	cfg := &Config{Schema: d.Schema, Table: table}
@@ -113,11 +109,6 @@ func setupWith(t *testing.T, table string, roles, withRing bool) *env {
 		}
 		if err := ob.Migrate(t.Context()); err != nil {
 			t.Fatalf("Migrate: %v", err)
-		}
-		if withRing {
-			if err := ring.Create(t.Context(), d.Pool, ob.naming); err != nil {
-				t.Fatalf("ring.Create: %v", err)
-			}
 		}
 		return newEnv(t, d, ob)
 	}
@@ -131,16 +122,6 @@ func setupWith(t *testing.T, table string, roles, withRing bool) *env {
 	}
 	if err := owner.Grant(t.Context(), Roles{Publisher: r.Publisher, Subscriber: r.Subscriber}); err != nil {
 		t.Fatalf("Grant as the migrator: %v", err)
-	}
-	if withRing {
-		if err := ring.Create(t.Context(), owner.pool, owner.naming); err != nil {
-			t.Fatalf("ring.Create as the migrator: %v", err)
-		}
-		for _, g := range ring.Grants(owner.naming, r.Publisher, r.Subscriber) {
-			if _, err := owner.pool.Exec(t.Context(), g); err != nil {
-				t.Fatalf("%s, as the migrator: %v", g, err)
-			}
-		}
 	}
 	// The tables a test makes for its handlers' and publishers' own rows
 	// are the application's, which its roles are given.

@@ -9,8 +9,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"github.com/outboxgen/outboxgen/internal/naming"
-	"github.com/outboxgen/outboxgen/internal/ring"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -97,10 +95,7 @@ func TestHealthThroughPgBouncer(t *testing.T) {
 // writers write, and inspect counts the ring's rows no lane has read yet.
 func TestHealthAndInspectShowTheRing(t *testing.T) {
 	t.Parallel()
-	d, ob, env, flags := migrated(t)
-	if err := ring.Create(t.Context(), d.Pool, naming.Names{Schema: d.Schema, Table: ob.Table()}); err != nil {
-		t.Fatal(err)
-	}
+	d, _, env, flags := migrated(t)
 	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_ring (queue, payload) SELECT 'orders', 'x' FROM generate_series(1, 3)`); err != nil {
 		t.Fatal(err)
 	}

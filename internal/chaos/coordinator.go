@@ -146,10 +146,6 @@ func (c *coordinator) run(ctx context.Context) (bool, error) {
 		defer c.pubPool.Close()
 	} else if err := c.ob.Migrate(ctx); err != nil {
 		return false, err
-	} else if c.ring {
-		if err := ring.Create(ctx, c.pool, c.names()); err != nil {
-			return false, err
-		}
 	}
 	// SET LOCAL: through a pooler in transaction mode, a session's
 	// settings would stay with the server connection for other clients.
@@ -596,12 +592,6 @@ func (c *coordinator) asRoles(ctx context.Context) (drop func(), err error) {
 	grants, err := outbox.Grants(&outbox.Config{Schema: c.schema}, outbox.Roles{Publisher: publisher, Subscriber: subscriber})
 	if err != nil {
 		return fail(err)
-	}
-	if c.ring {
-		if err := ring.Create(ctx, mpool, c.names()); err != nil {
-			return fail(fmt.Errorf("the ring, as %s: %w", migrator, err))
-		}
-		grants = append(grants, ring.Grants(c.names(), publisher, subscriber)...)
 	}
 	for _, g := range grants {
 		if _, err := mpool.Exec(ctx, g); err != nil {

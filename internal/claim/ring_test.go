@@ -24,9 +24,6 @@ import (
 // into it as a plain SQL writer does, and returns their ids.
 func (e *env) ring() func(n int) []int64 {
 	e.t.Helper()
-	if err := ring.Create(e.ctx, e.DB.Pool, e.Names); err != nil {
-		e.t.Fatal(err)
-	}
 	return func(n int) []int64 {
 		e.t.Helper()
 		return pgtest.IDs(e.t, e.DB.Pool, `INSERT INTO outbox_ring (queue, payload) SELECT 'q', '\x7b7d' FROM generate_series(1, $1) RETURNING id`, n)

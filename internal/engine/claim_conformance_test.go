@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
-	"github.com/outboxgen/outboxgen/internal/ring"
 )
 
 // The claim conformance suite through the engine's run: each promise a
@@ -58,9 +57,6 @@ func forEachClaimer(t *testing.T, test func(t *testing.T, e *env, sub func() *Su
 				return id
 			}
 			if k.ring {
-				if err := ring.Create(e.ctx, e.DB.Pool, e.Names); err != nil {
-					t.Fatal(err)
-				}
 				publish = func(p db.PublishParams) int64 {
 					t.Helper()
 					return e.publishRing(p)

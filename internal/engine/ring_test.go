@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/db"
-	"github.com/outboxgen/outboxgen/internal/ring"
 )
 
 // retryNow retries every failure at once.
@@ -59,9 +58,6 @@ func TestRingFailuresMoveToTheTableAndAreRetriedThere(t *testing.T) {
 		t.Run(lockWindow.String(), func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
-			if err := ring.Create(e.ctx, e.DB.Pool, e.Names); err != nil {
-				t.Fatal(err)
-			}
 			f := &failingOnce{fail: map[int64]bool{}, calls: map[int64]int{}}
 			want := map[int64]int{}
 			for i := range 40 {

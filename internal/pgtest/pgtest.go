@@ -52,15 +52,6 @@ const EnvRoles = "TEST_ROLES"
 // RolesMode reports whether EnvRoles asks for least-privileged roles.
 func RolesMode() bool { return os.Getenv(EnvRoles) == "1" }
 
-// EnvRing, set to 1, asks the tests of package outbox for the log tier's
-// ring (package ring) beside every outbox table they migrate, so that its
-// subscribers claim through the ring's claimer with the ring empty or
-// not: the table's promises must hold on that path as well.
-const EnvRing = "TEST_RING"
-
-// RingMode reports whether EnvRing asks for the ring beside every outbox.
-func RingMode() bool { return os.Getenv(EnvRing) == "1" }
-
 // EnvListenURL, when set, connects straight to the server behind a
 // pooler at EnvURL that cannot LISTEN (PgBouncer in transaction mode):
 // the tests' subscribers and listeners LISTEN through it, as

@@ -63,9 +63,6 @@ func TestRebaseMakesARestoredRingReadable(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := naming.Names{Schema: d.Schema, Table: ob.Table()}
-	if err := ring.Create(ctx, d.Pool, n); err != nil {
-		t.Fatal(err)
-	}
 	sql := func(stmt string) {
 		t.Helper()
 		if _, err := d.Pool.Exec(ctx, stmt); err != nil {

@@ -1,12 +1,12 @@
-// Package ring is the log tier's ring beside an outbox table: its schema
-// (schema.sql, applied with Create), the cut of a batch's snapshot, and
-// the ring's turns. Package claim reads it (claim.Env.Ring); writers
-// INSERT into it like into the outbox table.
+// Package ring is the log tier's ring beside an outbox table (schema 13,
+// sql/migrations/00013_log_ring.sql): the grants it needs, the cut of a
+// batch's snapshot, the ring's turns, and its rebase after a restore.
+// Package claim reads it (claim.Env.Ring); writers INSERT into it like
+// into the outbox table.
 package ring
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"math"
 	"slices"
@@ -20,29 +20,6 @@ import (
 	"github.com/outboxgen/outboxgen/internal/dbx"
 	"github.com/outboxgen/outboxgen/internal/naming"
 )
-
-//go:embed schema.sql
-var schema string
-
-// Create adds the ring to the outbox names n (whose migrations are
-// applied), in one transaction of conn.
-func Create(ctx context.Context, conn interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}, n naming.Names) error {
-	sql, _, err := n.Render(schema)
-	if err != nil {
-		return err
-	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, sql, pgx.QueryExecModeSimpleProtocol); err != nil {
-		return fmt.Errorf("outbox: creating the ring: %w", err)
-	}
-	return tx.Commit(ctx)
-}
 
 // Rebased is what Rebase did.
 type Rebased struct {

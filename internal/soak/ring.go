@@ -27,9 +27,6 @@ type ringWriter struct {
 // writer.
 func newRingWriter(ctx context.Context, pool *pgxpool.Pool, schema string) (*ringWriter, error) {
 	names := naming.Names{Schema: schema, Table: table}
-	if err := ring.Create(ctx, pool, names); err != nil {
-		return nil, err
-	}
 	w, err := ringwriter.New[Event](names)
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
--- The log tier's ring (internal/ring/schema.sql): claims that read a
+-- The log tier's ring (schema 13): claims that read a
 -- lane's batch by snapshot difference, the moves of rows that need
 -- per-row state into the outbox table, and the ring's turns. A claim of
 -- a lane runs in a READ COMMITTED transaction of its own, which holds the

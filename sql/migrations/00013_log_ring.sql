@@ -1,20 +1,36 @@
--- The log tier's ring, beside the outbox table (which stays the state
--- tier). Not a migration: package ring applies it to an outbox that
--- claims from a ring (its tests and the benchmarks); shipping it is a
--- later, numbered migration. Names are written for outbox "outbox" in
--- schema public, with the migrations' markers.
+-- The log tier: a ring of partitions beside the outbox table, which stays
+-- the state tier.
 --
--- Every writer INSERTs into outbox_ring; nothing updates or deletes its
--- rows. A subscriber reads a queue's rows per lane by snapshot
--- difference: a batch is the rows visible to the claim's snapshot and not
--- to the lane's newest progress row, whose insert, in the claim's
--- transaction, acknowledges every row of the batch at once. Rows that
--- need per-row state (a failure, a handler that outlives LockWindow, a
--- row not yet due, a keyed row, the rows of a claim that died) go to the
--- outbox table, whose claims, leases, hand-overs and dead letters serve
--- them as before. Partitions are emptied by TRUNCATE once every lane has
--- read past them.
+-- Every writer may INSERT into <table>_ring as into the outbox table
+-- (txid and slot are filled by defaults, id from the outbox's sequence);
+-- nothing updates or deletes its rows. A subscriber reads a queue's rows
+-- per lane by snapshot difference: a batch is the rows visible to the
+-- claim's snapshot and not to the lane's newest progress row, whose
+-- insert, in the claim's transaction, acknowledges every row of the
+-- batch at once. Rows that need per-row state (a failure, a handler that
+-- outlives LockWindow, a row not yet due, a keyed row behind its key in
+-- the table, the rows of a claim that died) go to the outbox table, whose
+-- claims, leases, hand-overs and dead letters serve them as before.
+-- Partitions are emptied by TRUNCATE once every lane has read past them,
+-- so the ring writes no row version per consumed message and a held
+-- vacuum horizon leaves nothing behind in it. docs/architecture.md
+-- describes it.
+--
+-- Upgrading: new tables, functions and a sequence; the outbox table is
+-- not locked beyond what replacing its key trigger's function takes
+-- (nothing a writer or a claim holds), so subscribers and writers of
+-- schema 12 run on through it. Subscribers of this release claim from
+-- both tiers once the ring exists. Roles need the new grants
+-- (outboxgen grants, Outbox.Grant) to write into the ring or read it.
+--
+-- Down moves every row the ring holds that its lane has not consumed into
+-- the outbox table, in id order, keeping its id (a keyed row whose key
+-- has a later row in the table goes behind it), then drops the ring. It
+-- waits for the ring's writers and claims in flight to end. The
+-- deliveries made by claims of the ring that died are not carried over:
+-- their rows arrive as never delivered.
 
+-- +goose Up
 -- Which partition writers write into: read with pg_sequence_last_value,
 -- outside any snapshot, so that a turn is seen at once; a query of the
 -- sequence per row would cost a quarter of a one-row publish.
@@ -34,9 +50,11 @@ $$;
 -- order starts here, not at prev's xmin: a transaction that stays open
 -- (an idle one holding the vacuum horizon, say) keeps every snapshot's
 -- xmin where it began, and a scan from there read again every row
--- written since, batch after batch.
+-- written since, batch after batch. Not STRICT: the planner folds a
+-- strict function's call with a NULL argument to NULL without asking
+-- whether the caller may execute it.
 CREATE FUNCTION /*outbox:table*/outbox_ring_since(prev pg_snapshot, cur pg_snapshot) RETURNS xid8
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT coalesce((SELECT x FROM pg_snapshot_xip(prev) AS x WHERE pg_visible_in_snapshot(x, cur) ORDER BY x LIMIT 1),
                     pg_snapshot_xmax(prev))
 $$;
@@ -410,3 +428,84 @@ REVOKE ALL ON FUNCTION
     /*outbox:table*/outbox_ring_read_past(smallint),
     /*outbox:table*/outbox_ring_truncate(smallint)
 FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_schema_version() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 13';
+
+-- +goose Down
+-- Keeps the ring's writers out, and waits for its claims in flight.
+LOCK TABLE /*outbox:table*/outbox_ring, /*outbox:table*/outbox_ring_lanes, /*outbox:table*/outbox_ring_progress,
+    /*outbox:table*/outbox_ring_claims, /*outbox:table*/outbox_ring_acks, /*outbox:table*/outbox_ring_turns
+    IN ACCESS EXCLUSIVE MODE;
+
+-- The rows no lane consumed move into the outbox table with their ids, as
+-- a claim's moves do: the key trigger keeps a keyed row's id while this
+-- transaction holds the row's lane.
+SELECT set_config('outboxgen.ring_move', 'on', true);
+SELECT count(*) FROM (SELECT FROM /*outbox:table*/outbox_ring_lanes FOR UPDATE) AS locked;
+INSERT INTO /*outbox:table*/outbox (id, queue, payload, headers, ordering_key, created_at, next_attempt_at) OVERRIDING SYSTEM VALUE
+SELECT r.id, r.queue, r.payload, r.headers::jsonb, r.ordering_key, r.created_at, r.next_attempt_at
+FROM /*outbox:table*/outbox_ring AS r
+LEFT JOIN LATERAL (
+    SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+    WHERE g.queue = r.queue AND g.lane = r.lane
+    ORDER BY g.seq DESC LIMIT 1) AS p ON true
+WHERE p.snap IS NULL OR NOT pg_visible_in_snapshot(r.txid, p.snap) OR r.id > p.below
+ORDER BY r.id;
+SELECT set_config('outboxgen.ring_move', '', true);
+
+-- Schema 12's insert side of keys.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_key_insert() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET enable_bitmapscan = off AS $$
+BEGIN
+    IF TG_RELID <> /*outbox:literal*/'outbox'::regclass OR TG_WHEN <> 'BEFORE' OR TG_LEVEL <> 'ROW' OR TG_OP <> 'INSERT' THEN
+        RAISE EXCEPTION '% runs only as the BEFORE INSERT row trigger of %', /*outbox:literal*/'outbox_key_insert', /*outbox:literal*/'outbox'
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    PERFORM pg_advisory_xact_lock(/*outbox:table*/outbox_key_lock(NEW.queue, NEW.ordering_key));
+    IF NEW.blocked AND current_setting('transaction_isolation') = 'read committed' THEN
+        -- More rows of the key follow: they may skip this trigger (its
+        -- WHEN), and the statement trigger checks them.
+        PERFORM set_config('outboxgen.insert_key',
+            octet_length(NEW.queue)::text || E'\x1f' || NEW.queue || E'\x1f' || NEW.ordering_key, true);
+    END IF;
+    NEW.id := nextval(/*outbox:literal*/'outbox_id_seq');
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        -- The key's newest row, if any (see schema 6), looked for among
+        -- the key's own entries only (schema 12).
+        -- Newest first, as a scalar subquery: an EXISTS would drop the
+        -- order and read up from the key's first (long dead) entries.
+        NEW.blocked := coalesce((
+            SELECT true FROM /*outbox:table*/outbox AS o
+            WHERE o.ordering_key IS NOT NULL AND o.queue = NEW.queue COLLATE "C"
+              AND (o.ordering_key, o.id) <= (NEW.ordering_key COLLATE "C", 9223372036854775807)
+              AND (o.ordering_key, o.id) >= (NEW.ordering_key COLLATE "C", -9223372036854775808)
+            ORDER BY o.queue DESC, o.ordering_key DESC, o.id DESC
+            LIMIT 1), false);
+    ELSE
+        -- The statement trigger records the key's hand-over.
+        NEW.blocked := true;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+-- +goose StatementEnd
+
+DROP TABLE /*outbox:table*/outbox_ring;
+DROP TABLE /*outbox:table*/outbox_ring_lanes;
+DROP TABLE /*outbox:table*/outbox_ring_progress;
+DROP TABLE /*outbox:table*/outbox_ring_claims;
+DROP TABLE /*outbox:table*/outbox_ring_acks;
+DROP TABLE /*outbox:table*/outbox_ring_turns;
+DROP FUNCTION /*outbox:table*/outbox_ring_truncate(smallint);
+DROP FUNCTION /*outbox:table*/outbox_ring_read_past(smallint);
+DROP FUNCTION /*outbox:table*/outbox_ring_wake();
+DROP FUNCTION /*outbox:table*/outbox_ring_row_update();
+DROP FUNCTION /*outbox:table*/outbox_ring_key_insert();
+DROP FUNCTION /*outbox:table*/outbox_ring_since(pg_snapshot, pg_snapshot);
+DROP FUNCTION /*outbox:table*/outbox_ring_slot_now();
+DROP SEQUENCE /*outbox:table*/outbox_ring_slot;
+
+CREATE OR REPLACE FUNCTION /*outbox:table*/outbox_schema_version() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 12';
