@@ -931,3 +931,149 @@ func TestUpgradeFromSchema11KeepsRowsAndHandOversWithoutAnIdToLookPast(t *testin
 	}
 	e.handlesEveryDueRow()
 }
+
+// Upgrading from schema 12 keeps rows in every state, a record of an
+// aborted locked claim and sleep records, while a claim by lock holds a
+// row: the ring is made beside the outbox table without waiting for the
+// table's writers or claims. Going down to 12 and up again keeps them too.
+func TestUpgradeFromSchema12AddsTheRingWhileClaimsHoldRows(t *testing.T) {
+	t.Parallel()
+	e := atVersion(t, 12)
+	rows := e.seedEveryState()
+	e.exec(`INSERT INTO outbox_locks (xid, ids, until) SELECT $1, int8multirange(int8range(min(id), max(id), '[]')), now() - interval '1 minute' FROM outbox`,
+		e.abortedXid())
+	e.exec(`INSERT INTO outbox_sleepers (id, queues, until) VALUES
+		(gen_random_uuid(), '{q,n}', now() + interval '1 hour'),
+		(gen_random_uuid(), '{q}', '-infinity')`)
+	state := func() []string {
+		t.Helper()
+		return append(rows(), fmt.Sprintf("claim records=%d sleepers=%d", e.count("outbox_locks"), e.count("outbox_sleepers")))
+	}
+	before := state()
+
+	// A claim by lock of schema 12's subscribers, in flight: its
+	// transaction holds the due row's lock, and a keyed writer's.
+	claim, err := e.db.Pool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = claim.Rollback(context.Background()) }()
+	if _, err := claim.Exec(e.ctx, `SELECT id FROM outbox WHERE payload = 'due' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := claim.Exec(e.ctx, `INSERT INTO outbox (queue, payload, ordering_key) VALUES ('n', 'open', 'k')`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Second)
+	defer cancel()
+	if err := e.ob.Migrate(ctx); err != nil {
+		t.Fatalf("upgrade while a claim holds a row: %v", err)
+	}
+	if err := claim.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(before, state()); diff != "" {
+		t.Errorf("upgraded (-want +got):\n%s", diff)
+	}
+	upAndBack(t, e.ob, 12, func() {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("at 12 again (-want +got):\n%s", diff)
+		}
+		if ringExists(t, e) {
+			t.Errorf("at 12 again, the ring is still there")
+		}
+	}, func(step string) {
+		if diff := cmp.Diff(before, state()); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", step, diff)
+		}
+		if !ringExists(t, e) {
+			t.Errorf("%s: no ring", step)
+		}
+	})
+	e.handlesEveryDueRow()
+}
+
+// ringExists reports whether e's outbox has the ring.
+func ringExists(t *testing.T, e *env) bool {
+	t.Helper()
+	var ok bool
+	if err := e.db.Pool.QueryRow(e.ctx, "SELECT to_regclass('outbox_ring') IS NOT NULL").Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// Going down from schema 13 moves into the outbox table every row of the
+// ring that no lane consumed, with its id, and leaves out those a
+// subscriber handled; up again, each of them is delivered once, from the
+// table, a key's rows in order, and the scheduled one is kept for later.
+func TestDownFromSchema13MovesTheRingsUnreadRowsIntoTheTable(t *testing.T) {
+	t.Parallel()
+	e := setupMigrations(t)
+	write := func(rows string) []int64 {
+		t.Helper()
+		return pgtest.IDs(t, e.db.Pool, `INSERT INTO outbox_ring (queue, payload, ordering_key, next_attempt_at)
+			SELECT 'q', convert_to(r.p, 'UTF8'), r.k, now() + r.later FROM (VALUES `+rows+`) AS r(p, k, later) ORDER BY r.p RETURNING id`)
+	}
+	// Handled at 13: their lanes' progress consumes them.
+	write(`('a1', NULL, interval '0'), ('a2', NULL, interval '0'), ('a3', 'j', interval '0'), ('a4', 'j', interval '0')`)
+	var (
+		mu      sync.Mutex
+		handled []string
+	)
+	handle := func(_ context.Context, m *Message[[]byte]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		handled = append(handled, string(m.Payload))
+		return nil
+	}
+	s := startSub(t, e.ob, []string{"q"}, handle, fastConfig[[]byte](nil))
+	eventually(t, "the first rows handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) >= 4 })
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Written after: no lane has read them.
+	unread := write(`('b1', NULL, interval '0'), ('b2', NULL, interval '0'), ('b3', 'j', interval '0'), ('b4', 'j', interval '0'), ('b5', NULL, interval '1 hour')`)
+
+	if err := e.ob.MigrateDownTo(e.ctx, 12); err != nil {
+		t.Fatalf("down to 12: %v", err)
+	}
+	if ringExists(t, e) {
+		t.Fatal("the ring is still there at 12")
+	}
+	r, err := e.db.Pool.Query(e.ctx, `SELECT id FROM outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(r, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(unread, ids); diff != "" {
+		t.Errorf("the outbox table at 12 (-the ring's unread rows +got):\n%s", diff)
+	}
+
+	if err := e.ob.Migrate(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	handled = nil
+	mu.Unlock()
+	s = startSub(t, e.ob, []string{"q"}, handle, fastConfig[[]byte](nil))
+	eventually(t, "the moved rows handled", func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) >= 4 })
+	if err := s.stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if i, j := slices.Index(handled, "b3"), slices.Index(handled, "b4"); i > j {
+		t.Errorf("key j handled out of order: %v", handled)
+	}
+	slices.Sort(handled)
+	if diff := cmp.Diff([]string{"b1", "b2", "b3", "b4"}, handled); diff != "" {
+		t.Errorf("handled at 12 (-want +got):\n%s", diff)
+	}
+	if n := e.count("outbox"); n != 1 {
+		t.Errorf("%d rows left in the outbox table, want the scheduled one", n)
+	}
+}
