@@ -29,17 +29,14 @@ import (
 // ringTable is the bench ring outbox's ring, which writers INSERT into.
 var ringTable = pgx.Identifier{schemaRing, "outbox_ring"}
 
-// ringOutbox migrates an outbox in schemaRing and adds the ring beside
-// its table.
+// ringOutbox migrates an outbox in schemaRing (the ring beside its table,
+// as in every outbox since schema 13).
 func ringOutbox(ctx context.Context, pool *pgxpool.Pool) (*outbox.Outbox, error) {
 	ob, err := outbox.New(pool, &outbox.Config{Schema: schemaRing})
 	if err != nil {
 		return nil, err
 	}
 	if err := ob.Migrate(ctx); err != nil {
-		return nil, err
-	}
-	if err := ring.Create(ctx, pool, naming.Names{Schema: schemaRing, Table: naming.DefaultTable}); err != nil {
 		return nil, err
 	}
 	return ob, nil
