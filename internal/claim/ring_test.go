@@ -70,6 +70,36 @@ func (e *env) endClaimBackend(h *harness) {
 	h.stop()
 }
 
+// A turn that finds a partition every lane has read past empty leaves it
+// as it is, rather than giving it and its indexes new files: an idle
+// outbox's ring turns every RingTurnAge. It still counts as emptied.
+func TestRingTurnLeavesAnEmptyPartitionsFilesAsTheyAre(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.ring()
+	files := func() []uint32 {
+		t.Helper()
+		var fs []uint32
+		if err := e.DB.Pool.QueryRow(e.ctx, `SELECT array_agg(pg_relation_filenode(c.oid)::oid ORDER BY c.relname)
+			FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid
+			WHERE i.inhparent IN ('outbox_ring'::regclass, 'outbox_ring_lane_idx'::regclass, 'outbox_ring_key_idx'::regclass)`).Scan(&fs); err != nil {
+			t.Fatal(err)
+		}
+		return fs
+	}
+	before := files()
+	if len(before) != 12 {
+		t.Fatalf("%d partitions and their indexes, want 12", len(before))
+	}
+	turn, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, 0)
+	if err != nil || !turn.Moved || turn.Truncated != 1 {
+		t.Fatalf("turn: %+v, %v; want writers moved and the partition they left emptied", turn, err)
+	}
+	if diff := cmp.Diff(before, files()); diff != "" {
+		t.Errorf("the files of the ring's partitions and their indexes (-before +after):\n%s", diff)
+	}
+}
+
 // A claim of a lane whose transaction dies (its backend terminated while
 // the batch's handlers run) counts as a delivery: the lane's next reader
 // moves that batch into the outbox table, each row with one delivery,

@@ -333,12 +333,16 @@ BEGIN
     IF NOT /*outbox:table*/outbox_ring_read_past(s) THEN
         RETURN false;
     END IF;
-    CASE s
-    WHEN 0 THEN TRUNCATE /*outbox:table*/outbox_ring_p0;
-    WHEN 1 THEN TRUNCATE /*outbox:table*/outbox_ring_p1;
-    WHEN 2 THEN TRUNCATE /*outbox:table*/outbox_ring_p2;
-    WHEN 3 THEN TRUNCATE /*outbox:table*/outbox_ring_p3;
-    END CASE;
+    -- An empty partition is left as it is: a TRUNCATE gives the table and
+    -- its indexes new files, every turn of an idle outbox.
+    IF EXISTS (SELECT FROM /*outbox:table*/outbox_ring AS r WHERE r.slot = s) THEN
+        CASE s
+        WHEN 0 THEN TRUNCATE /*outbox:table*/outbox_ring_p0;
+        WHEN 1 THEN TRUNCATE /*outbox:table*/outbox_ring_p1;
+        WHEN 2 THEN TRUNCATE /*outbox:table*/outbox_ring_p2;
+        WHEN 3 THEN TRUNCATE /*outbox:table*/outbox_ring_p3;
+        END CASE;
+    END IF;
     UPDATE /*outbox:table*/outbox_ring_turns SET done_below = NULL WHERE slot = s;
     RETURN true;
 EXCEPTION WHEN lock_not_available THEN
