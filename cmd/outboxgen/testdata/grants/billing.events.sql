@@ -1,8 +1,18 @@
 GRANT USAGE ON SCHEMA "billing" TO "App Role";
 GRANT INSERT, DELETE, SELECT (id, queue, timer_id, acquired_token) ON "billing"."events" TO "App Role";
+GRANT INSERT (queue, payload, headers, ordering_key, created_at, next_attempt_at), SELECT (id) ON "billing"."events_ring" TO "App Role";
+GRANT USAGE ON SEQUENCE "billing"."events_id_seq" TO "App Role";
+GRANT SELECT ON SEQUENCE "billing"."events_ring_slot", "billing"."events_sleep_horizon" TO "App Role";
+GRANT EXECUTE ON FUNCTION "billing"."events_ring_slot_now"() TO "App Role";
 GRANT USAGE ON SCHEMA "billing" TO "wor""ker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON "billing"."events" TO "wor""ker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON "billing"."events_dlq" TO "wor""ker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON "billing"."events_sleepers", "billing"."events_locks" TO "wor""ker";
 GRANT SELECT ON "billing"."events_handoff" TO "wor""ker";
 GRANT EXECUTE ON FUNCTION "billing"."events_hand_off"(text[], integer) TO "wor""ker";
+GRANT SELECT ON "billing"."events_ring" TO "wor""ker";
+GRANT SELECT, INSERT, UPDATE ON "billing"."events_ring_lanes" TO "wor""ker";
+GRANT SELECT, INSERT, DELETE ON "billing"."events_ring_progress", "billing"."events_ring_claims", "billing"."events_ring_acks" TO "wor""ker";
+GRANT SELECT, UPDATE ON "billing"."events_ring_turns" TO "wor""ker";
+GRANT USAGE, SELECT ON SEQUENCE "billing"."events_ring_slot" TO "wor""ker";
+GRANT EXECUTE ON FUNCTION "billing"."events_ring_slot_now"(), "billing"."events_ring_since"(pg_snapshot, pg_snapshot), "billing"."events_ring_read_past"(smallint), "billing"."events_ring_truncate"(smallint) TO "wor""ker";

@@ -1,8 +1,18 @@
 GRANT USAGE ON SCHEMA "public" TO "app";
 GRANT INSERT, DELETE, SELECT (id, queue, timer_id, acquired_token) ON "public"."outbox" TO "app";
+GRANT INSERT (queue, payload, headers, ordering_key, created_at, next_attempt_at), SELECT (id) ON "public"."outbox_ring" TO "app";
+GRANT USAGE ON SEQUENCE "public"."outbox_id_seq" TO "app";
+GRANT SELECT ON SEQUENCE "public"."outbox_ring_slot", "public"."outbox_sleep_horizon" TO "app";
+GRANT EXECUTE ON FUNCTION "public"."outbox_ring_slot_now"() TO "app";
 GRANT USAGE ON SCHEMA "public" TO "worker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON "public"."outbox" TO "worker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON "public"."outbox_dlq" TO "worker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON "public"."outbox_sleepers", "public"."outbox_locks" TO "worker";
 GRANT SELECT ON "public"."outbox_handoff" TO "worker";
 GRANT EXECUTE ON FUNCTION "public"."outbox_hand_off"(text[], integer) TO "worker";
+GRANT SELECT ON "public"."outbox_ring" TO "worker";
+GRANT SELECT, INSERT, UPDATE ON "public"."outbox_ring_lanes" TO "worker";
+GRANT SELECT, INSERT, DELETE ON "public"."outbox_ring_progress", "public"."outbox_ring_claims", "public"."outbox_ring_acks" TO "worker";
+GRANT SELECT, UPDATE ON "public"."outbox_ring_turns" TO "worker";
+GRANT USAGE, SELECT ON SEQUENCE "public"."outbox_ring_slot" TO "worker";
+GRANT EXECUTE ON FUNCTION "public"."outbox_ring_slot_now"(), "public"."outbox_ring_since"(pg_snapshot, pg_snapshot), "public"."outbox_ring_read_past"(smallint), "public"."outbox_ring_truncate"(smallint) TO "worker";
