@@ -853,16 +853,7 @@ func TestUpgradeFromSchema10KeepsRowsAndTakesTheOwnersFunctionsFromPublic(t *tes
 func TestUpgradeFromSchema11KeepsRowsAndHandOversWithoutAnIdToLookPast(t *testing.T) {
 	t.Parallel()
 	e := atVersion(t, 11)
-	rows := e.seedEveryState()
-	e.exec(`INSERT INTO outbox_locks (xid, ids, until) SELECT $1, int8multirange(int8range(min(id), max(id), '[]')), now() - interval '1 minute' FROM outbox`,
-		e.abortedXid())
-	e.exec(`INSERT INTO outbox_sleepers (id, queues, until) VALUES
-		(gen_random_uuid(), '{q,n}', now() + interval '1 hour'),
-		(gen_random_uuid(), '{q}', '-infinity')`)
-	state := func() []string {
-		t.Helper()
-		return append(rows(), fmt.Sprintf("claim records=%d sleepers=%d", e.count("outbox_locks"), e.count("outbox_sleepers")))
-	}
+	state := e.seedEveryStateAndRecords()
 	before := state()
 	upAndBack(t, e.ob, 11, func() {
 		if diff := cmp.Diff(before, state()); diff != "" {
@@ -939,16 +930,7 @@ func TestUpgradeFromSchema11KeepsRowsAndHandOversWithoutAnIdToLookPast(t *testin
 func TestUpgradeFromSchema12AddsTheRingWhileClaimsHoldRows(t *testing.T) {
 	t.Parallel()
 	e := atVersion(t, 12)
-	rows := e.seedEveryState()
-	e.exec(`INSERT INTO outbox_locks (xid, ids, until) SELECT $1, int8multirange(int8range(min(id), max(id), '[]')), now() - interval '1 minute' FROM outbox`,
-		e.abortedXid())
-	e.exec(`INSERT INTO outbox_sleepers (id, queues, until) VALUES
-		(gen_random_uuid(), '{q,n}', now() + interval '1 hour'),
-		(gen_random_uuid(), '{q}', '-infinity')`)
-	state := func() []string {
-		t.Helper()
-		return append(rows(), fmt.Sprintf("claim records=%d sleepers=%d", e.count("outbox_locks"), e.count("outbox_sleepers")))
-	}
+	state := e.seedEveryStateAndRecords()
 	before := state()
 
 	// A claim by lock of schema 12's subscribers, in flight: its
@@ -1075,5 +1057,22 @@ func TestDownFromSchema13MovesTheRingsUnreadRowsIntoTheTable(t *testing.T) {
 	}
 	if n := e.count("outbox"); n != 1 {
 		t.Errorf("%d rows left in the outbox table, want the scheduled one", n)
+	}
+}
+
+// seedEveryStateAndRecords is seedEveryState with a record of an aborted
+// claim by lock and two sleep records (one holding, one woken), counted
+// by the state it returns.
+func (e *env) seedEveryStateAndRecords() (state func() []string) {
+	t := e.t
+	rows := e.seedEveryState()
+	e.exec(`INSERT INTO outbox_locks (xid, ids, until) SELECT $1, int8multirange(int8range(min(id), max(id), '[]')), now() - interval '1 minute' FROM outbox`,
+		e.abortedXid())
+	e.exec(`INSERT INTO outbox_sleepers (id, queues, until) VALUES
+		(gen_random_uuid(), '{q,n}', now() + interval '1 hour'),
+		(gen_random_uuid(), '{q}', '-infinity')`)
+	return func() []string {
+		t.Helper()
+		return append(rows(), fmt.Sprintf("claim records=%d sleepers=%d", e.count("outbox_locks"), e.count("outbox_sleepers")))
 	}
 }

@@ -44,9 +44,11 @@ func TestMigrateUpRetriesAndPrintsWhatHoldsTheLock(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A budget of fifteen lock timeouts: a loaded machine slows each try
-	// well past its 200ms, and the test needs a second one.
-	r := runCLI(t, env, "migrate", "up", "-schema", d.Schema, "-lock-timeout", "200ms", "-lock-retry-for", "3s")
+	// A budget of fifty lock timeouts: the test needs a second try, and
+	// each try runs the step's statements before it waits (schema 13's
+	// make a dozen tables and indexes), which on a loaded machine took
+	// 2.9 s.
+	r := runCLI(t, env, "migrate", "up", "-schema", d.Schema, "-lock-timeout", "200ms", "-lock-retry-for", "10s")
 	holder := fmt.Sprintf(`pid %d (application_name \"cli-lock-holder\"`, pid)
 	if r.code != 1 || !strings.Contains(r.stderr, "level=WARN") || !strings.Contains(r.stderr, holder) {
 		t.Errorf("migrate up behind a held lock: exit %d, stderr:\n%s\nwant exit 1 and a retry naming %s", r.code, r.stderr, holder)

@@ -258,10 +258,10 @@ func (c *byRing) claim(ctx context.Context, n int32) (int, error) {
 	if LocksRows(r.LockWindow, r.Pool.Config().MaxConns) {
 		got, busy, err = c.claimLanes(ctx, n, age)
 	} else {
-		if err := c.moveKeyed(); err != nil {
-			return first, fmt.Errorf("moving keyed rows of the ring: %w", err)
+		got, err = c.leaseLanes(n, age)
+		if err != nil {
+			return first, err
 		}
-		got, err = c.leaseLane(n)
 	}
 	c.filled = got >= int(n)
 	if got += first; err != nil || c.filled {
@@ -881,11 +881,46 @@ func (c *byRing) endLanes(ctx context.Context, q claimTx, ls, changed []*lane, e
 	return progress(ctx, q.Queries, changed...)
 }
 
-// leaseLane claims a batch of up to n rows of a free unkeyed lane by
-// lease: it moves the batch into the outbox table leased, writes the
-// lane's progress and commits, and hands the rows out as a claim by
-// lease does.
-func (c *byRing) leaseLane(n int32) (int, error) {
+// leaseLanes claims from the ring by lease, among the lanes
+// RingReadyLanes finds (lanes with rows to read, or whose progress is
+// older than a turn's age): it moves the keyed lanes' new rows into the
+// outbox table when a keyed lane is ready (moveKeyed), and claims a
+// batch of a ready unkeyed lane (leaseLane). With no lane ready, as on
+// an outbox whose writers write into the table alone, it sends nothing
+// more: the claim of the table follows at once.
+func (c *byRing) leaseLanes(n int32, age time.Duration) (int, error) {
+	r := c.env
+	ready, err := ring.ReadyLanes(r.Writes, r.Pool, r.Queries, r.QueryTimeout, r.Queues, 2*firstKeyedLane, age)
+	if err != nil {
+		return 0, err
+	}
+	var unkeyed []int32
+	keyed := false
+	for _, p := range ready {
+		// ReadyLanes counts a queue's lanes 0-7; take counts its
+		// unkeyed lanes 0-3.
+		if lane := p % (2 * firstKeyedLane); lane < firstKeyedLane {
+			unkeyed = append(unkeyed, p/(2*firstKeyedLane)*firstKeyedLane+lane)
+		} else {
+			keyed = true
+		}
+	}
+	if keyed {
+		if err := c.moveKeyed(); err != nil {
+			return 0, fmt.Errorf("moving keyed rows of the ring: %w", err)
+		}
+	}
+	if len(unkeyed) == 0 {
+		return 0, nil
+	}
+	return c.leaseLane(n, unkeyed)
+}
+
+// leaseLane claims a batch of up to n rows of a free unkeyed lane among
+// those at positions ready, by lease: it moves the batch into the outbox
+// table leased, writes the lane's progress and commits, and hands the
+// rows out as a claim by lease does.
+func (c *byRing) leaseLane(n int32, ready []int32) (int, error) {
 	r := c.env
 	ctx := r.Writes
 	token, err := newLeaseToken()
@@ -893,7 +928,7 @@ func (c *byRing) leaseLane(n int32) (int, error) {
 		return 0, err
 	}
 	sent := time.Now()
-	tx, rollback, ls, err := c.take(ctx, firstKeyedLane, nil, 1)
+	tx, rollback, ls, err := c.take(ctx, firstKeyedLane, ready, 1)
 	if err != nil {
 		return 0, err
 	}

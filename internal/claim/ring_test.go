@@ -70,6 +70,55 @@ func (e *env) endClaimBackend(h *harness) {
 	h.stop()
 }
 
+// A claimer by lease of an outbox whose writers write into the table
+// alone writes into the ring only what lets it turn: each lane's first
+// progress, then none until the lanes' progress is a turn's age old.
+// (Taking a lane at every claim, it wrote a lane's progress whenever its
+// last was a second old: a row per poll of an idle subscriber.) The
+// table's rows are handed out as before.
+func TestRingClaimsByLeaseOfAnEmptyRingWriteNoProgressPerClaim(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.ring()
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow, env.RingTurnAge = true, -1, time.Hour }, "q")
+	progress := func() int {
+		t.Helper()
+		var n int
+		if err := e.DB.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox_ring_progress").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	claims := func() int {
+		t.Helper()
+		got := 0
+		for range 8 {
+			e.publish("q")
+			got += len(h.claim(t, e.ctx, 10))
+		}
+		return got
+	}
+	if got := claims(); got != 8 {
+		t.Fatalf("%d of the table's 8 rows handed out", got)
+	}
+	first := progress()
+	if first > 8 {
+		t.Fatalf("%d progress rows after the first claims; want at most one per lane", first)
+	}
+	// Past the age at which a claim that found nothing in a lane it took
+	// writes the lane's progress again.
+	idle := time.Now().Add(1100 * time.Millisecond)
+	for time.Now().Before(idle) {
+		time.Sleep(time.Until(idle))
+	}
+	if got := claims(); got != 8 {
+		t.Fatalf("%d of the table's next 8 rows handed out", got)
+	}
+	if n := progress(); n != first {
+		t.Errorf("%d progress rows after 8 more claims, %d before; want no more", n, first)
+	}
+}
+
 // A turn that finds a partition every lane has read past empty leaves it
 // as it is, rather than giving it and its indexes new files: an idle
 // outbox's ring turns every RingTurnAge. It still counts as emptied.
