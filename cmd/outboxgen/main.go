@@ -141,12 +141,13 @@ Commands:
   grants       print (or -apply) the GRANT statements of a publishing and a subscribing role
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
   console      serve the web console: queues, held keys, dead letters, rows, health
+  rebase       make the ring of an outbox restored from a dump readable (-yes)
 
 Flags may come before or after a command's arguments. Run
 "outboxgen COMMAND -h" for a command's flags and an example.
 
 Environment (a flag wins over its variable):
-  DATABASE_URL   database of migrate, inspect, health, dlq, console and grants -apply (-dsn);
+  DATABASE_URL   database of migrate, inspect, health, dlq, console, rebase and grants -apply (-dsn);
                  when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
                  PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
   OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
@@ -158,7 +159,7 @@ the outboxes the database holds.
 `
 
 // commands are the command names, for suggestions.
-var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "grants", "bind", "console", "help"}
+var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "grants", "bind", "console", "rebase", "help"}
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	if len(args) == 0 {
@@ -182,6 +183,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return bindCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "console":
 		return consoleCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "rebase":
+		return rebaseCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
