@@ -172,6 +172,22 @@ func (q *Queries) RingHeldKeys(ctx context.Context, arg RingHeldKeysParams) ([]s
 	return items, nil
 }
 
+const ringInUse = `-- name: RingInUse :one
+SELECT (EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS l WHERE l.queue = ANY ($1::text[]))
+        OR EXISTS (SELECT FROM /*outbox:table*/outbox_ring AS r WHERE r.queue = ANY ($1::text[])))::boolean AS in_use
+`
+
+// Whether the ring is in use for any of @queues: a claimer gave them
+// lanes (a subscriber read their rows there, or a turn found their rows),
+// or the ring holds rows of theirs. Until it is, a subscriber claims from
+// the outbox table alone and asks again now and then (claim.byRing).
+func (q *Queries) RingInUse(ctx context.Context, queues []string) (bool, error) {
+	row := q.db.QueryRow(ctx, ringInUse, queues)
+	var in_use bool
+	err := row.Scan(&in_use)
+	return in_use, err
+}
+
 const ringLanesBehind = `-- name: RingLanesBehind :many
 SELECT b.queue::text AS queue, b.lane::smallint AS lane, b.age_seconds::float8 AS age_seconds
 FROM (

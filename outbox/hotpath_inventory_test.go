@@ -39,6 +39,7 @@ var onlyWithTheRing = map[string]bool{
 	"RingReadRest": true, "RingRecord": true, "RingHeldKeys": true, "RingTakeLanes": true,
 	"RingTurnState": true, "RingNextSlot": true, "RingCloseSlot": true, "RingDoneSlots": true, "RingTruncate": true,
 	"RingPrune": true, "RingLockKeyedLanes": true, "RingAddLanes": true, "RingAck": true, "RingWaitAcks": true,
+	"RingInUse": true,
 }
 
 // queryMethods returns the generated queries (the methods of

@@ -66,6 +66,14 @@ const ringIdleProgress = time.Second
 // before a claim moves them on (Env.RingTurnAge, when zero).
 const RingTurnAge = 10 * time.Second
 
+// RingProbeEvery is how often a busy claimer whose queues have not used
+// the ring asks whether they do now (RingInUse): until then it claims
+// from the outbox table alone, as on an outbox without the ring, and a
+// row written into the ring waits at most this long (and the claim after
+// it) for its first claim. A claim that follows one that found nothing
+// (it follows a poll or a writer's notification) asks at once.
+const RingProbeEvery = time.Second
+
 // ringStraggleMin is the least time a claim of lanes holds them for
 // rows that run on, before their handlers' outcomes go the lease path's
 // way (see lockedClaim.straggling): a claim holds its lanes, and rows
@@ -110,8 +118,12 @@ type byRing struct {
 	// empty, that the last Claim found nothing in either tier.
 	full, filled, empty bool
 	// laned reports that the claimer's queues have their lanes
-	// (RingAddLanes, before its first claim).
+	// (RingAddLanes, before its first claim of the ring).
 	laned bool
+	// inUse reports that the claimer's queues use the ring (RingInUse);
+	// probed is when the claimer last asked.
+	inUse  bool
+	probed time.Time
 	// mine are the positions of the lanes this claimer's claims in
 	// flight hold (see free).
 	mu   sync.Mutex
@@ -220,9 +232,26 @@ func (c *byRing) Claim(ctx context.Context, n int32) (int, error) {
 	return got, err
 }
 
-// claim is Claim, but for recording whether it found anything.
+// claim is Claim, but for recording whether it found anything. Until
+// the claimer's queues use the ring, it runs the outbox table's claim
+// alone.
 func (c *byRing) claim(ctx context.Context, n int32) (int, error) {
 	r := c.env
+	if !c.inUse {
+		// A claim that follows one that found nothing follows a wait (a
+		// poll, a writer's notification): it asks at once.
+		if time.Since(c.probed) < RingProbeEvery && !c.empty {
+			return c.state.Claim(ctx, n)
+		}
+		c.probed = time.Now()
+		used, err := r.bounded().RingInUse(r.Writes, r.Queues)
+		if err != nil {
+			return 0, fmt.Errorf("asking whether the queues use the ring: %w", err)
+		}
+		if c.inUse = used; !used {
+			return c.state.Claim(ctx, n)
+		}
+	}
 	age := r.RingTurnAge
 	if age <= 0 {
 		age = RingTurnAge

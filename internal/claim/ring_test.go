@@ -79,7 +79,8 @@ func (e *env) endClaimBackend(h *harness) {
 func TestRingClaimsByLeaseOfAnEmptyRingWriteNoProgressPerClaim(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
+	// One row in the ring, so that the queue uses it.
+	ringID := e.ring()(1)[0]
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow, env.RingTurnAge = true, -1, time.Hour }, "q")
 	progress := func() int {
 		t.Helper()
@@ -98,8 +99,8 @@ func TestRingClaimsByLeaseOfAnEmptyRingWriteNoProgressPerClaim(t *testing.T) {
 		}
 		return got
 	}
-	if got := claims(); got != 8 {
-		t.Fatalf("%d of the table's 8 rows handed out", got)
+	if got := claims(); got != 9 {
+		t.Fatalf("%d of the table's 8 rows and the ring's row %d handed out", got, ringID)
 	}
 	first := progress()
 	if first > 8 {
@@ -116,6 +117,48 @@ func TestRingClaimsByLeaseOfAnEmptyRingWriteNoProgressPerClaim(t *testing.T) {
 	}
 	if n := progress(); n != first {
 		t.Errorf("%d progress rows after 8 more claims, %d before; want no more", n, first)
+	}
+}
+
+// A claimer whose queues have never used the ring claims from the table
+// alone: it gives them no lanes and writes nothing into the ring. Once a
+// row is written into the ring, it finds it within RingProbeEvery and
+// claims from both tiers from then on.
+func TestRingUnusedClaimsTheTableAloneUntilARowIsWritten(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publishRing := e.ring()
+	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
+	count := func(table string) int {
+		t.Helper()
+		var n int
+		if err := e.DB.Pool.QueryRow(e.ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for range 3 {
+		e.publish("q")
+		got := h.claim(t, e.ctx, 10)
+		if len(got) != 1 {
+			t.Fatalf("%d of the table's row handed out", len(got))
+		}
+		ack(got)
+	}
+	if lanes, progress := count("outbox_ring_lanes"), count("outbox_ring_progress"); lanes != 0 || progress != 0 {
+		t.Errorf("%d lanes and %d progress rows before the queue used the ring; want none", lanes, progress)
+	}
+	id := publishRing(1)[0]
+	deadline := time.Now().Add(5 * RingProbeEvery)
+	var got []*lease.Delivery
+	for len(got) == 0 && time.Now().Before(deadline) {
+		got = h.claim(t, e.ctx, 10)
+	}
+	if len(got) != 1 || got[0].Row.ID != id {
+		t.Fatalf("claims within %v of the ring's row %d handed out %d rows", 5*RingProbeEvery, id, len(got))
+	}
+	if lanes := count("outbox_ring_lanes"); lanes != 8 {
+		t.Errorf("%d lanes once the queue used the ring; want 8", lanes)
 	}
 }
 

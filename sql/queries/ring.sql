@@ -505,6 +505,14 @@ ON CONFLICT DO NOTHING;
 -- Whether the outbox has the ring beside its table.
 SELECT (to_regclass(/*outbox:literal*/'outbox_ring') IS NOT NULL)::boolean AS present;
 
+-- name: RingInUse :one
+-- Whether the ring is in use for any of @queues: a claimer gave them
+-- lanes (a subscriber read their rows there, or a turn found their rows),
+-- or the ring holds rows of theirs. Until it is, a subscriber claims from
+-- the outbox table alone and asks again now and then (claim.byRing).
+SELECT (EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS l WHERE l.queue = ANY (@queues::text[]))
+        OR EXISTS (SELECT FROM /*outbox:table*/outbox_ring AS r WHERE r.queue = ANY (@queues::text[])))::boolean AS in_use;
+
 -- name: RingQueueDepths :many
 -- Per queue of the ring, its rows that the newest progress of their lane
 -- has not consumed, those of queues that have no lanes yet included: due
