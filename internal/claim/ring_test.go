@@ -20,14 +20,11 @@ import (
 	"github.com/outboxgen/outboxgen/internal/ring"
 )
 
-// ringEnv is e with the ring created; publish writes n rows of queue q
-// into it as a plain SQL writer does, and returns their ids.
-func (e *env) ring() func(n int) []int64 {
+// writeRing writes n rows of queue q into the ring as a plain SQL writer
+// does, and returns their ids.
+func (e *env) writeRing(n int) []int64 {
 	e.t.Helper()
-	return func(n int) []int64 {
-		e.t.Helper()
-		return pgtest.IDs(e.t, e.DB.Pool, `INSERT INTO outbox_ring (queue, payload) SELECT 'q', '\x7b7d' FROM generate_series(1, $1) RETURNING id`, n)
-	}
+	return pgtest.IDs(e.t, e.DB.Pool, `INSERT INTO outbox_ring (queue, payload) SELECT 'q', '\x7b7d' FROM generate_series(1, $1) RETURNING id`, n)
 }
 
 // drainTo claims up to n rows at a time, acknowledging each claim's rows
@@ -80,7 +77,7 @@ func TestRingClaimsByLeaseOfAnEmptyRingWriteNoProgressPerClaim(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	// One row in the ring, so that the queue uses it.
-	ringID := e.ring()(1)[0]
+	ringID := e.writeRing(1)[0]
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow, env.RingTurnAge = true, -1, time.Hour }, "q")
 	progress := func() int {
 		t.Helper()
@@ -127,7 +124,6 @@ func TestRingClaimsByLeaseOfAnEmptyRingWriteNoProgressPerClaim(t *testing.T) {
 func TestRingUnusedClaimsTheTableAloneUntilARowIsWritten(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	publishRing := e.ring()
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	count := func(table string) int {
 		t.Helper()
@@ -148,7 +144,7 @@ func TestRingUnusedClaimsTheTableAloneUntilARowIsWritten(t *testing.T) {
 	if lanes, progress := count("outbox_ring_lanes"), count("outbox_ring_progress"); lanes != 0 || progress != 0 {
 		t.Errorf("%d lanes and %d progress rows before the queue used the ring; want none", lanes, progress)
 	}
-	id := publishRing(1)[0]
+	id := e.writeRing(1)[0]
 	deadline := time.Now().Add(5 * RingProbeEvery)
 	var got []*lease.Delivery
 	for len(got) == 0 && time.Now().Before(deadline) {
@@ -168,7 +164,6 @@ func TestRingUnusedClaimsTheTableAloneUntilARowIsWritten(t *testing.T) {
 func TestRingTurnLeavesAnEmptyPartitionsFilesAsTheyAre(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
 	files := func() []uint32 {
 		t.Helper()
 		var fs []uint32
@@ -201,8 +196,7 @@ func TestRingTurnLeavesAnEmptyPartitionsFilesAsTheyAre(t *testing.T) {
 func TestRingClaimThatDiesCountsTowardMaxDeliveries(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	publish := e.ring()
-	ids := publish(8) // one transaction: every row in one batch per lane
+	ids := e.writeRing(8) // one transaction: every row in one batch per lane
 	const ttl = 3 * time.Second
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow, env.LeaseTTL = true, 5*time.Second, ttl }, "q")
 	claimed := time.Now()
@@ -256,7 +250,6 @@ func TestRingClaimThatDiesCountsTowardMaxDeliveries(t *testing.T) {
 func TestRingTurnsOnlyPastWhatEveryLaneRead(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
 	// Rows of two lanes only (0 and 1, by id): the claimer's two claims
 	// in flight hold them all.
 	next := int64(1 << 40)
@@ -332,8 +325,7 @@ func TestRingTurnsOnlyPastWhatEveryLaneRead(t *testing.T) {
 func TestRingRowsGivenUpBeforeTheEndMoveToTheTable(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	publish := e.ring()
-	publish(8)
+	e.writeRing(8)
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	if n, err := h.Claim(e.ctx, 100); err != nil || n == 0 {
 		t.Fatalf("claim: %d rows, %v", n, err)
@@ -379,8 +371,7 @@ func TestRingRowsGivenUpBeforeTheEndMoveToTheTable(t *testing.T) {
 func TestRingUnreadCountsWhatNoLaneReadPast(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	publish := e.ring()
-	ids := publish(8)
+	ids := e.writeRing(8)
 	unread := func() int64 {
 		t.Helper()
 		n, err := ring.Unread(e.ctx, e.DB.Pool, e.Queries, time.Minute)
@@ -422,7 +413,6 @@ func TestRingUnreadCountsWhatNoLaneReadPast(t *testing.T) {
 func TestRingClaimsGoRoundEveryQueuesLanes(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
 	if _, err := e.DB.Pool.Exec(e.ctx, `INSERT INTO outbox_ring (queue, payload)
 		SELECT q, '\x7b7d' FROM generate_series(1, 8), unnest(ARRAY['a', 'b']) AS q`); err != nil {
 		t.Fatal(err)
@@ -450,7 +440,6 @@ func TestRingClaimsGoRoundEveryQueuesLanes(t *testing.T) {
 func TestRingKeyedRowsMoveOnceUnderConcurrentMovers(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
 	movers := []*harness{
 		e.harness(func(env *Env) { env.Ring = true }, "q"),
 		e.harness(func(env *Env) { env.Ring = true }, "q"),
@@ -535,7 +524,6 @@ func (e *env) keyedRows(n int) []int64 {
 func TestRingTurnKeepsTheRowsAboveAKeyedLanesBound(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
 	ids := e.keyedRows(10)
 	if turn, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, 0); err != nil || !turn.Moved {
 		t.Fatalf("turn: %+v, %v; want writers moved on", turn, err)
@@ -619,7 +607,6 @@ func (e *env) claimUntilTableHolds(n int) []tableRow {
 func TestRingKeyedClaimThatDiesMovesTheLaneBehindItsKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
 	ids := e.keyedRows(10)
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
 	for range 8 {
@@ -656,7 +643,6 @@ func TestRingKeyedClaimThatDiesMovesTheLaneBehindItsKey(t *testing.T) {
 func TestRingKeyedClaimThatDiesDoesNotDeliverAnAcknowledgedRowAgain(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
 	ids := e.keyedRows(4)
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, 5*time.Second }, "q")
 	var first []*lease.Delivery
@@ -740,14 +726,13 @@ func (e *env) lanesHeld(n int) {
 func TestRingClaimTakesItsShareOfTheLanesWithRows(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	write := e.ring()
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	// A first claim gives every lane its progress (lanes without one are
 	// ready to be given one).
-	write(1)
+	e.writeRing(1)
 	ack(h.claim(t, e.ctx, 100))
 	e.lanesFree()
-	write(8) // two rows in each unkeyed lane
+	e.writeRing(8) // two rows in each unkeyed lane
 	var claims [][]int64
 	handed := 0
 	for range InFlight {
@@ -770,7 +755,6 @@ func TestRingClaimTakesItsShareOfTheLanesWithRows(t *testing.T) {
 func TestRingClaimOfLanesItsOwnClaimsHoldBeginsNoTransaction(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	write := e.ring()
 	var takes atomic.Int32
 	h := e.harness(func(env *Env) {
 		// No lane's progress old enough to be written again: only
@@ -779,10 +763,10 @@ func TestRingClaimOfLanesItsOwnClaimsHoldBeginsNoTransaction(t *testing.T) {
 		queries := env.Queries
 		env.Queries = func(d db.DBTX) *db.Queries { return queries(countTakes{DBTX: d, n: &takes}) }
 	}, "q")
-	write(1)
+	e.writeRing(1)
 	ack(h.claim(t, e.ctx, 100))
 	e.lanesFree()
-	write(4) // a row in each unkeyed lane
+	e.writeRing(4) // a row in each unkeyed lane
 	held := h.claim(t, e.ctx, 100)
 	if diff := cmp.Diff([]int64{0, 1}, lanesOf(held)); diff != "" {
 		t.Fatalf("lanes of the first claim's rows (-want +got):\n%s", diff)
@@ -803,7 +787,7 @@ func TestRingClaimOfLanesItsOwnClaimsHoldBeginsNoTransaction(t *testing.T) {
 	}
 	// Once the first claim ends, its lanes are free again.
 	ack(held)
-	write(4)
+	e.writeRing(4)
 	h.drainTo(t, e.ctx, 100, 1+4+4)
 }
 
@@ -827,7 +811,7 @@ func (c countTakes) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 func TestRingLaneTakenButNotReadComesNext(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	written := e.ring()(8)
+	written := e.writeRing(8)
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	var lanes [][]int64
 	for i := range 3 {
@@ -901,7 +885,6 @@ func (s *pacedState) calls() int {
 func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	publish := e.ring()
 	h := e.harness(func(env *Env) {
 		env.Ring, env.LockWindow = true, time.Minute
 		env.MinFetchInterval = time.Hour // the pace's cap, out of the way
@@ -911,7 +894,7 @@ func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 	// claim takes the lane of the next row: claims until one finds no
 	// lane to read.
 	e.lanes("q")
-	for publish(8); ; {
+	for e.writeRing(8); ; {
 		if _, read, _, err := br.claimFreeLanes(e.ctx, 100, RingTurnAge); err != nil || read < 0 {
 			if err != nil {
 				t.Fatal(err)
@@ -938,7 +921,7 @@ func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 	}
 
 	for range 6 {
-		publish(1)
+		e.writeRing(1)
 		claimOne("claim of one new row")
 	}
 	paced.mu.Lock()
@@ -957,7 +940,7 @@ func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 		t.Helper()
 		before()
 		calls := paced.calls()
-		publish(1)
+		e.writeRing(1)
 		claimOne(what)
 		if got := paced.calls(); got != calls+1 {
 			t.Errorf("%s: the table was claimed %d times at the next claim; want once", what, got-calls)
@@ -980,7 +963,7 @@ func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 	if _, err := e.DB.Pool.Exec(e.ctx, `INSERT INTO outbox (queue, payload) VALUES ('q', '\x7b7d')`); err != nil {
 		t.Fatal(err)
 	}
-	publish(1)
+	e.writeRing(1)
 	ds := h.claim(t, e.ctx, 100)
 	if len(ds) != 2 || paced.calls() != calls+1 {
 		t.Fatalf("handed %d rows in %d claims of the table; want the ring's row and the table's, in one", len(ds), paced.calls()-calls)
@@ -1005,8 +988,7 @@ func TestRingTableClaimsThatFindNothingTakeATenthOfTheTime(t *testing.T) {
 func TestRingTableRowsDoNotWaitForTheRingsBacklog(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	publish := e.ring()
-	backlog := publish(40)
+	backlog := e.writeRing(40)
 	table := pgtest.IDs(t, e.DB.Pool, `INSERT INTO outbox (queue, payload) VALUES ('q', '\x7b7d') RETURNING id`)[0]
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	var claims [][]int64
@@ -1077,7 +1059,6 @@ func filtered(n map[string]any) int {
 func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	publish := e.ring()
 	holder, err := e.DB.Pool.Begin(e.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -1098,7 +1079,7 @@ func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
 		h.drainTo(t, e.ctx, 1000, len(h.ids())+len(ids))
 	}
 	for range 4 {
-		drain(publish(200)) // a lane's batch, 50 rows a lane, in each of four claims
+		drain(e.writeRing(200)) // a lane's batch, 50 rows a lane, in each of four claims
 	}
 	const most = 32
 	var last map[string][]int
@@ -1106,7 +1087,7 @@ func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
 		mu.Lock()
 		clear(dropped)
 		mu.Unlock()
-		drain(publish(8))
+		drain(e.writeRing(8))
 		mu.Lock()
 		last = maps.Clone(dropped)
 		mu.Unlock()
@@ -1125,13 +1106,12 @@ func TestRingReadStepsOverWhatAHeldTransactionKeepsBehindIt(t *testing.T) {
 func TestRingTurnKeepsARowCommittedAfterItsPartitionWasFoundReadPast(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	publish := e.ring()
 	h := e.harness(func(env *Env) { env.Ring, env.LockWindow = true, time.Minute }, "q")
 	drain := func(want int) {
 		t.Helper()
 		h.drainTo(t, e.ctx, 100, want)
 	}
-	drain(len(publish(8)))
+	drain(len(e.writeRing(8)))
 	writer, err := e.DB.Pool.Begin(e.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -1173,7 +1153,6 @@ func TestRingTurnKeepsARowCommittedAfterItsPartitionWasFoundReadPast(t *testing.
 func TestRingTurnKeepsTheRowsOfAQueueWithoutLanes(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
 	ids := pgtest.IDs(t, e.DB.Pool, `INSERT INTO outbox_ring (queue, payload) SELECT 'new', '\x7b7d' FROM generate_series(1, 6) RETURNING id`)
 	for range 2 {
 		if _, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, 0); err != nil {
@@ -1209,7 +1188,6 @@ func TestRingBatchCutAtATransactionTheProgressSawRunningReadsNoRowTwice(t *testi
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
 			e := setup(t)
-			publish := e.ring()
 			// A writer whose transaction takes its id first (one row in
 			// each unkeyed lane), and commits after the next writers'.
 			early, err := e.DB.Pool.Begin(e.ctx)
@@ -1218,7 +1196,7 @@ func TestRingBatchCutAtATransactionTheProgressSawRunningReadsNoRowTwice(t *testi
 			}
 			defer early.Rollback(e.ctx)
 			held := pgtest.IDs(t, early, `INSERT INTO outbox_ring (queue, payload) SELECT 'q', '\x7b7d' FROM generate_series(1, 4) RETURNING id`)
-			later := publish(8)
+			later := e.writeRing(8)
 			h := e.harness(k.set, "q")
 			h.drainTo(t, e.ctx, 100, len(later))
 			if err := early.Commit(e.ctx); err != nil {
@@ -1248,7 +1226,6 @@ func TestRingBatchCutAtATransactionTheProgressSawRunningReadsNoRowTwice(t *testi
 func TestRingClaimKeepingAKeysRowsBackDoesNotHoldTheKeyWhileItsRowsRun(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	e.ring()
 	// A key of the same lane as k, whose row the claim hands out.
 	var other string
 	if err := e.DB.Pool.QueryRow(e.ctx, `SELECT 'j' || g FROM generate_series(1, 1000) AS g
@@ -1316,7 +1293,6 @@ func TestRingClaimKeepingAKeysRowsBackDoesNotHoldTheKeyWhileItsRowsRun(t *testin
 func TestRingOpenClaimLocksOnlyThePartitionsItsLanesRead(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	publish := e.ring()
 	pool := e.pool(MinLockingPoolConns)
 	// Unkeyed rows only, and no lane's progress old enough to be written
 	// again: the claims take unkeyed lanes with rows (a keyed lane reads
@@ -1328,7 +1304,7 @@ func TestRingOpenClaimLocksOnlyThePartitionsItsLanesRead(t *testing.T) {
 	// before it may cache a generic plan (five), on each of the pool's
 	// connections.
 	for i := range 8 * MinLockingPoolConns {
-		publish(4)
+		e.writeRing(4)
 		h.drainTo(t, e.ctx, 100, 4*(i+1))
 	}
 	// Partitions 2 and 3 as left long ago (after the claimer's first
@@ -1337,7 +1313,7 @@ func TestRingOpenClaimLocksOnlyThePartitionsItsLanesRead(t *testing.T) {
 	if _, err := e.DB.Pool.Exec(e.ctx, `UPDATE outbox_ring_turns SET done_below = '1' WHERE slot IN (2, 3)`); err != nil {
 		t.Fatal(err)
 	}
-	publish(4)
+	e.writeRing(4)
 	var ds []*lease.Delivery
 	for range 8 {
 		if ds = h.claim(t, e.ctx, 100); len(ds) > 0 {
