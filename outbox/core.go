@@ -37,16 +37,14 @@ func (s *core) run(ctx context.Context) error {
 
 // checkSchema waits until the schema can be checked, and returns a
 // *SchemaError when it is not usable. A stop while waiting returns nil.
-// An outbox that has the log tier's ring beside its table (package ring)
-// is claimed from both.
+// The schema it checks for has the log tier's ring beside the outbox
+// table (schema 13), which the subscriber claims from too
+// (engine.Subscriber.Ring).
 func (s *core) checkSchema(ctx context.Context) error {
 	errs := dbx.Backoff{Base: 100 * time.Millisecond, Max: min(30*time.Second, s.eng.MaxFetchInterval)}
 	for {
 		cctx, cancel := context.WithTimeout(ctx, s.eng.QueryTimeout)
 		err := s.ob.Check(cctx)
-		if err == nil {
-			s.eng.Ring, err = s.ob.queries(s.ob.pool).RingPresent(cctx)
-		}
 		cancel()
 		var se *SchemaError
 		switch {

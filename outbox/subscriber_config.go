@@ -408,7 +408,9 @@ func (c *subscriberSettings) engine(ob *Outbox, queues []string) engine.Subscrib
 		Name: c.Name, Queues: slices.Clone(queues), Workers: c.Workers, FetchBatchSize: c.FetchBatchSize,
 		MinFetchInterval: c.MinFetchInterval, MaxFetchInterval: c.MaxFetchInterval,
 		LeaseTTL: c.LeaseTTL, HeartbeatInterval: c.HeartbeatInterval, LockWindow: c.LockWindow,
-		MaxDeliveries: c.MaxDeliveries, DisableDeadLetter: c.DisableDeadLetter,
+		// Schema 13 on (which Run checks for) has the ring: a subscriber
+		// claims from it once its queues use it (claim.RingProbeEvery).
+		Ring: true, MaxDeliveries: c.MaxDeliveries, DisableDeadLetter: c.DisableDeadLetter,
 		GracefulTimeout: c.GracefulTimeout, AckBatchSize: c.AckBatchSize, AckLinger: c.AckLinger, QueryTimeout: c.QueryTimeout,
 		ListenProbeInterval: c.ListenProbeInterval, ListenProbeTimeout: c.ListenProbeTimeout,
 		ListenDSN: c.ListenDSN, ListenConnect: c.ListenConnect, MinLockedClaim: c.minLockedClaim,
