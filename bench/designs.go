@@ -17,7 +17,6 @@ import (
 	"github.com/outboxgen/outboxgen/bench/internal/procstat"
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/claim"
-	"github.com/outboxgen/outboxgen/outbox"
 )
 
 // A design is the outbox table as the migrations make it, changed by
@@ -361,11 +360,7 @@ func newDesignRun(ctx context.Context, env *benchEnv, d design, schema string) (
 	if d.peer {
 		return newPeerRun(ctx, env, d, schema)
 	}
-	ob, err := outbox.New(env.pool, &outbox.Config{Schema: schema})
-	if err != nil {
-		return nil, err
-	}
-	if err := ob.Migrate(ctx); err != nil {
+	if _, err := migratedOutbox(ctx, env.pool, schema); err != nil {
 		return nil, err
 	}
 	if d.alter != "" {

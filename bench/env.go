@@ -82,15 +82,11 @@ func (e *benchEnv) setup(ctx context.Context) error {
 		}
 	}
 
-	ob, err := outbox.New(e.pool, &outbox.Config{Schema: schemaOurs})
-	if err != nil {
+	var err error
+	if e.ob, err = migratedOutbox(ctx, e.pool, schemaOurs); err != nil {
 		return err
 	}
-	if err := ob.Migrate(ctx); err != nil {
-		return err
-	}
-	e.ob = ob
-	if e.ring, err = ringOutbox(ctx, e.pool); err != nil {
+	if e.ring, err = migratedOutbox(ctx, e.pool, schemaRing); err != nil {
 		return err
 	}
 

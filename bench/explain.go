@@ -218,11 +218,8 @@ func (x *explainer) setup(ctx context.Context, env *benchEnv) error {
 	if _, err := x.conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schemaExplain}.Sanitize()+" CASCADE"); err != nil {
 		return err
 	}
-	ob, err := outbox.New(env.pool, &outbox.Config{Schema: schemaExplain})
+	ob, err := migratedOutbox(ctx, env.pool, schemaExplain)
 	if err != nil {
-		return err
-	}
-	if err := ob.Migrate(ctx); err != nil {
 		return err
 	}
 	x.ob = ob

@@ -29,10 +29,10 @@ import (
 // ringTable is the bench ring outbox's ring, which writers INSERT into.
 var ringTable = pgx.Identifier{schemaRing, "outbox_ring"}
 
-// ringOutbox migrates an outbox in schemaRing (the ring beside its table,
-// as in every outbox since schema 13).
-func ringOutbox(ctx context.Context, pool *pgxpool.Pool) (*outbox.Outbox, error) {
-	ob, err := outbox.New(pool, &outbox.Config{Schema: schemaRing})
+// migratedOutbox migrates an outbox of the default table in schema (the
+// ring beside its table, as in every outbox since schema 13).
+func migratedOutbox(ctx context.Context, pool *pgxpool.Pool, schema string) (*outbox.Outbox, error) {
+	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
 	if err != nil {
 		return nil, err
 	}
