@@ -128,23 +128,21 @@ func TestRingRolesWithOnlyTheirGrantsWriteDrainAndTurnTheRing(t *testing.T) {
 		mu.Unlock()
 
 		// Turns as the subscriber role move the writers on and empty
-		// every partition the lanes have read past.
-		truncated := 0
+		// every partition the lanes have read past. The subscribers turn
+		// the ring too, so the partitions may be empty before the test
+		// turns it; either way only a turn as the subscriber role emptied
+		// them: a row leaves the ring by outbox_ring_truncate alone, the
+		// subscriber role may not DELETE (TestRingRefusesWhatItsGrantsDoNotGive).
 		eventually(t, "the ring emptied by turns as the subscriber role", func() bool {
-			tr, err := ring.Turn(e.ctx, e.ob.pool, e.ob.queries, 5*time.Second, 0)
-			if err != nil {
+			if _, err := ring.Turn(e.ctx, e.ob.pool, e.ob.queries, 5*time.Second, 0); err != nil {
 				t.Fatalf("a turn as the subscriber role: %v", err)
 			}
-			truncated += tr.Truncated
 			var n int
 			if err := e.db.Pool.QueryRow(e.ctx, `SELECT count(*) FROM outbox_ring`).Scan(&n); err != nil {
 				t.Fatal(err)
 			}
 			return n == 0
 		})
-		if truncated == 0 {
-			t.Error("the ring emptied, but no turn truncated a partition")
-		}
 	})
 }
 
