@@ -72,15 +72,20 @@ func (q *Queries) SchemaExists(ctx context.Context, name string) (bool, error) {
 const schemaObjects = `-- name: SchemaObjects :one
 SELECT to_regclass($1::text) IS NOT NULL AS has_table,
        to_regclass($2::text) IS NOT NULL AS has_dlq,
-       to_regprocedure($3::text) IS NOT NULL AS has_notify,
-       to_regprocedure($4::text) IS NOT NULL AS has_version,
-       (to_regclass($5::text) IS NOT NULL)::boolean AS has_history
+       EXISTS (SELECT FROM pg_catalog.pg_proc AS p
+               WHERE p.proname = $3::text AND p.proargtypes = ''::pg_catalog.oidvector
+                 AND p.pronamespace = to_regnamespace($4::text))::boolean AS has_notify,
+       EXISTS (SELECT FROM pg_catalog.pg_proc AS p
+               WHERE p.proname = $5::text AND p.proargtypes = ''::pg_catalog.oidvector
+                 AND p.pronamespace = to_regnamespace($4::text))::boolean AS has_version,
+       (to_regclass($6::text) IS NOT NULL)::boolean AS has_history
 `
 
 type SchemaObjectsParams struct {
 	TableName   string
 	DlqName     string
 	NotifyFn    string
+	SchemaName  string
 	VersionFn   string
 	HistoryName string
 }
@@ -88,20 +93,25 @@ type SchemaObjectsParams struct {
 type SchemaObjectsRow struct {
 	HasTable   interface{}
 	HasDlq     interface{}
-	HasNotify  interface{}
-	HasVersion interface{}
+	HasNotify  bool
+	HasVersion bool
 	HasHistory bool
 }
 
 // Which of the outbox's objects exist, for telling the schema's version
 // when its version function does not exist yet (schemas older than
 // migration 4), and whether the library's migration history exists.
-// Arguments are schema-qualified, quoted names.
+// Relations are schema-qualified, quoted names; @schema_name is quoted,
+// the functions' names are not (both take no arguments). The functions
+// are looked up by name, arguments and schema at once: to_regprocedure
+// reads every function of the name in every schema, which a database
+// with an outbox in each of many schemas pays at every call.
 func (q *Queries) SchemaObjects(ctx context.Context, arg SchemaObjectsParams) (SchemaObjectsRow, error) {
 	row := q.db.QueryRow(ctx, schemaObjects,
 		arg.TableName,
 		arg.DlqName,
 		arg.NotifyFn,
+		arg.SchemaName,
 		arg.VersionFn,
 		arg.HistoryName,
 	)

@@ -181,8 +181,9 @@ func (o *Outbox) schemaState(ctx context.Context) (version int64, history bool, 
 	objs, err := q.SchemaObjects(ctx, db.SchemaObjectsParams{
 		TableName:   n.Qualified(n.Table),
 		DlqName:     n.Qualified(n.Table + "_dlq"),
-		NotifyFn:    n.Qualified(n.Table+"_notify") + "()",
-		VersionFn:   n.Qualified(n.Table+"_schema_version") + "()",
+		SchemaName:  pgx.Identifier{n.Schema}.Sanitize(),
+		NotifyFn:    n.Table + "_notify",
+		VersionFn:   n.Table + "_schema_version",
 		HistoryName: n.Qualified(n.VersionTable()),
 	})
 	if err != nil {

@@ -7,11 +7,19 @@ CREATE SCHEMA IF NOT EXISTS /*outbox:schema*/public;
 -- Which of the outbox's objects exist, for telling the schema's version
 -- when its version function does not exist yet (schemas older than
 -- migration 4), and whether the library's migration history exists.
--- Arguments are schema-qualified, quoted names.
+-- Relations are schema-qualified, quoted names; @schema_name is quoted,
+-- the functions' names are not (both take no arguments). The functions
+-- are looked up by name, arguments and schema at once: to_regprocedure
+-- reads every function of the name in every schema, which a database
+-- with an outbox in each of many schemas pays at every call.
 SELECT to_regclass(@table_name::text) IS NOT NULL AS has_table,
        to_regclass(@dlq_name::text) IS NOT NULL AS has_dlq,
-       to_regprocedure(@notify_fn::text) IS NOT NULL AS has_notify,
-       to_regprocedure(@version_fn::text) IS NOT NULL AS has_version,
+       EXISTS (SELECT FROM pg_catalog.pg_proc AS p
+               WHERE p.proname = @notify_fn::text AND p.proargtypes = ''::pg_catalog.oidvector
+                 AND p.pronamespace = to_regnamespace(@schema_name::text))::boolean AS has_notify,
+       EXISTS (SELECT FROM pg_catalog.pg_proc AS p
+               WHERE p.proname = @version_fn::text AND p.proargtypes = ''::pg_catalog.oidvector
+                 AND p.pronamespace = to_regnamespace(@schema_name::text))::boolean AS has_version,
        (to_regclass(@history_name::text) IS NOT NULL)::boolean AS has_history;
 
 -- name: SchemaVersion :one
