@@ -8,7 +8,7 @@ import (
 
 // hotPathRows is how many rows TestHotPathStatementsStepOverNoRowAHeldSnapshotKeeps
 // passes through the outbox under a held snapshot.
-const hotPathRows = 10000
+const hotPathRows = 4000
 
 // hotPathGrowing are the hot-path statements whose blocks may still grow
 // with the row versions a held snapshot keeps, and why each is left so.
