@@ -522,6 +522,7 @@ func (h *hotPathBench) measure() []hotPathCost {
 		{"record-lock", func(q *db.Queries) {
 			_, _ = q.RecordLock(ctx, db.RecordLockParams{Lower: lower, Upper: upper, Xid: xid, LeaseTtlSeconds: 30})
 		}},
+		{"ring-in-use", func(q *db.Queries) { _, _ = q.RingInUse(ctx, both) }},
 		{"next-due-in", func(q *db.Queries) {
 			_, _ = q.NextDueIn(ctx, db.NextDueInParams{Queues: q1, SinceClaimSeconds: 0.01})
 		}},
