@@ -126,11 +126,19 @@ func admit(tb testing.TB, base string, n int) {
 		return
 	}
 	if want == 1 {
-		// Any free slot, tried in turn from one picked at random.
+		// Any free slot, tried in turn from one picked at random, but
+		// those a test waiting in Reserve waits for.
 		start := rand.IntN(count)
 		err := waitUntil(func() (bool, error) {
+			reserved, err := reservedBelow(base)
+			if err != nil {
+				return false, err
+			}
 			for i := range count {
 				s := (start + i) % count
+				if s < reserved {
+					continue
+				}
 				ok, err := takeSlot(base, s)
 				if err != nil {
 					return false, err
@@ -149,17 +157,87 @@ func admit(tb testing.TB, base string, n int) {
 	}
 	// Several: let go of what is held, then take slots 0 to want-1 in
 	// order. A test waiting for a slot then holds none but lower ones,
-	// so no two tests each hold a slot the other waits for.
+	// so no two tests each hold a slot the other waits for. While it
+	// waits, it says so (reserveLockClass), and tests that take one slot
+	// leave slots 0 to want-1 to it: without that, each of those slots
+	// given back went to whichever waiting test tried it first, and a
+	// test that reserved three waited minutes behind dozens that each
+	// needed one.
 	if err := giveBack(h.taken); err != nil {
 		tb.Fatalf("pgtest: give back slots: %v", err)
 	}
 	h.taken = nil
+	if err := reserving(base, want, true); err != nil {
+		tb.Fatalf("pgtest: say that slots 0 to %d are waited for: %v", want-1, err)
+	}
 	for s := range want {
 		if err := waitUntil(func() (bool, error) { return takeSlot(base, s) }); err != nil {
 			tb.Fatalf("pgtest: wait for slot %d: %v", s, err)
 		}
 		h.taken = append(h.taken, s)
 	}
+	if err := reserving(base, want, false); err != nil {
+		tb.Fatalf("pgtest: say that slots 0 to %d are no longer waited for: %v", want-1, err)
+	}
+}
+
+// reserveLockClass is the first key of the advisory locks ("otsr") that
+// say a test waits for the slots below the second key: every such test
+// holds one, shared, on its process's session while it waits.
+const reserveLockClass = 0x6f747372
+
+// reserving says (on) or stops saying that a test of this process waits
+// for slots 0 to want-1.
+func reserving(base string, want int, on bool) error {
+	slots.sessMu.Lock()
+	defer slots.sessMu.Unlock()
+	if err := openSession(base); err != nil {
+		return err
+	}
+	stmt := "SELECT pg_advisory_unlock_shared($1, $2)::text"
+	if on {
+		stmt = "SELECT pg_advisory_lock_shared($1, $2)::text"
+	}
+	var ignored string
+	if err := slots.sess.QueryRow(context.Background(), stmt, reserveLockClass, int32(want)).Scan(&ignored); err != nil {
+		dropSession()
+		return err
+	}
+	return nil
+}
+
+// reservedBelow returns the number of low slots that tests waiting in
+// Reserve, of any process, wait for: 0 when none waits.
+func reservedBelow(base string) (int, error) {
+	slots.sessMu.Lock()
+	defer slots.sessMu.Unlock()
+	if err := openSession(base); err != nil {
+		return 0, err
+	}
+	var n int
+	err := slots.sess.QueryRow(context.Background(), `SELECT coalesce(max(objid), 0)::int FROM pg_catalog.pg_locks
+		WHERE locktype = 'advisory' AND classid = $1::oid AND objsubid = 2 AND granted
+		AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`,
+		int64(reserveLockClass)).Scan(&n)
+	if err != nil {
+		dropSession()
+		return 0, err
+	}
+	return n, nil
+}
+
+// openSession opens the session that holds the process's slots, unless
+// it is open. Call it with slots.sessMu held.
+func openSession(base string) error {
+	if slots.sess != nil {
+		return nil
+	}
+	conn, err := dial(base, slotAppName())
+	if err != nil {
+		return err
+	}
+	slots.sess, slots.mine = conn, map[int]bool{}
+	return nil
 }
 
 // takeSlot takes slot s on the process's session, opening it first, and
@@ -172,12 +250,8 @@ func takeSlot(base string, s int) (bool, error) {
 		// own tests are told apart here.
 		return false, nil
 	}
-	if slots.sess == nil {
-		conn, err := dial(base, slotAppName())
-		if err != nil {
-			return false, err
-		}
-		slots.sess, slots.mine = conn, map[int]bool{}
+	if err := openSession(base); err != nil {
+		return false, err
 	}
 	ok, err := tryLock(slots.sess, slotLockClass, int32(s))
 	if err != nil {

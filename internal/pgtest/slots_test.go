@@ -287,3 +287,95 @@ func TestSubtestsOfATestWithoutASlotTakeOneEach(t *testing.T) {
 		}
 	})
 }
+
+// While a test waits in Reserve for the low slots, tests that take one
+// slot leave those to it and take the others: a low slot given back goes
+// to the test that reserved it. (Not parallel: it takes every slot of the
+// database for a moment, as TestNewWaitsForAFreeSlot.)
+func TestReserveIsNotOvertakenByTestsThatTakeOneSlot(t *testing.T) {
+	ctx := context.Background()
+	count, err := slotCount(ctx, URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if count < 3 {
+		t.Skipf("%d slots: the test needs 3", count)
+	}
+	blocker, err := pgx.Connect(ctx, URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close(ctx)
+	for s := range count {
+		if _, err := blocker.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", slotLockClass, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer func() { _, _ = blocker.Exec(ctx, "SELECT pg_advisory_unlock_all()") }()
+	check, err := pgx.Connect(ctx, URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close(ctx)
+	unlock := func(s int) {
+		t.Helper()
+		if _, err := blocker.Exec(ctx, "SELECT pg_advisory_unlock($1, $2)", slotLockClass, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	var reserved, single []int
+	reserverWaits := make(chan struct{})
+	t.Run("group", func(t *testing.T) {
+		t.Run("reserver", func(t *testing.T) {
+			t.Parallel()
+			go func() {
+				defer close(reserverWaits)
+				// The reservation is said once Reserve waits for slot 0.
+				for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					var n int
+					if err := check.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+						AND classid = $1::oid AND objid = 2 AND granted`, int64(reserveLockClass)).Scan(&n); err != nil {
+						t.Error(err)
+						return
+					}
+					if n == 1 {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Error("Reserve(2) never said it waits for slots 0 and 1")
+						return
+					}
+				}
+			}()
+			Reserve(t, 2)
+			reserved = heldBy(t, check, t.Name())
+		})
+		t.Run("single", func(t *testing.T) {
+			t.Parallel()
+			<-reserverWaits
+			// Slot 1, which the reserver waits for, and the last slot are
+			// given back: the test that takes one slot takes the last.
+			unlock(1)
+			unlock(count - 1)
+			New(t)
+			single = heldBy(t, check, t.Name())
+			// Then slot 0: the reserver takes slots 0 and 1.
+			unlock(0)
+		})
+	})
+	if diff := cmp.Diff([]int{count - 1}, single); diff != "" {
+		t.Errorf("the slot a test that takes one took while Reserve(2) waited (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int{0, 1}, reserved); diff != "" {
+		t.Errorf("the slots Reserve(2) took (-want +got):\n%s", diff)
+	}
+	var left int
+	if err := check.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1::oid AND granted`, int64(reserveLockClass)).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d reservations said after Reserve took its slots; want none", left)
+	}
+}
