@@ -86,6 +86,24 @@ func triesAgain(t *testing.T, conn *pgx.Conn, app string) {
 	}
 }
 
+// holdEverySlot takes the count slots of the database on a session of
+// its own, closed when t ends, and returns it.
+func holdEverySlot(t *testing.T, count int) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	blocker, err := pgx.Connect(ctx, URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = blocker.Close(ctx) })
+	for s := range count {
+		if _, err := blocker.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", slotLockClass, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return blocker
+}
+
 // When every slot is taken, New waits until one is given back, on the
 // one session that holds the process's slots; the test's subtests share
 // its slot, and it is given back when the test ends. (Not parallel: it takes every slot of the database for a moment,
@@ -96,16 +114,7 @@ func TestNewWaitsForAFreeSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocker, err := pgx.Connect(ctx, URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close(ctx)
-	for s := range count {
-		if _, err := blocker.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", slotLockClass, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	blocker := holdEverySlot(t, count)
 	app := slotAppName()
 	admitted := make(chan struct{})
 	done := make(chan struct{})
@@ -301,17 +310,7 @@ func TestReserveIsNotOvertakenByTestsThatTakeOneSlot(t *testing.T) {
 	if count < 3 {
 		t.Skipf("%d slots: the test needs 3", count)
 	}
-	blocker, err := pgx.Connect(ctx, URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer blocker.Close(ctx)
-	for s := range count {
-		if _, err := blocker.Exec(ctx, "SELECT pg_advisory_lock($1, $2)", slotLockClass, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer func() { _, _ = blocker.Exec(ctx, "SELECT pg_advisory_unlock_all()") }()
+	blocker := holdEverySlot(t, count)
 	check, err := pgx.Connect(ctx, URL(t))
 	if err != nil {
 		t.Fatal(err)
