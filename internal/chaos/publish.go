@@ -76,15 +76,16 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 		// by row lock (a claim that found 32 rows or more is followed by
 		// one by lock), where a trickle is taken by lease. A publisher
 		// whose last burstEvery transactions committed no burst (the
-		// dice, a fault) publishes one, and its first comes within its
-		// first burstEvery/2+1 transactions, so a short run has bursts.
-		// Bursts are never rolled back on purpose.
+		// dice, a fault) publishes one, and publisher i's first is its
+		// (i+2)-th transaction, so that a short run on a loaded machine,
+		// whose publishers commit a few dozen transactions each, has
+		// bursts too. Bursts are never rolled back on purpose.
 		burstEvery, burstMin = 100, 400
 		average              = perTx + 2*burstMin/burstEvery
 	)
 	tick := time.NewTicker(time.Duration(float64(time.Second) * average * float64(p.n) / float64(c.rate)))
 	defer tick.Stop()
-	sinceBurst := burstEvery / 2 // transactions since the last committed burst
+	sinceBurst := burstEvery - 1 - i // transactions since the last committed burst
 	for {
 		select {
 		case <-ctx.Done():
