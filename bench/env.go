@@ -74,6 +74,19 @@ func newBenchEnv(ctx context.Context, dsn string) (*benchEnv, error) {
 	return e, nil
 }
 
+// migratedOutbox migrates an outbox of the default table in schema (the
+// ring beside its table, as in every outbox since schema 13).
+func migratedOutbox(ctx context.Context, pool *pgxpool.Pool, schema string) (*outbox.Outbox, error) {
+	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
+	if err != nil {
+		return nil, err
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	return ob, nil
+}
+
 func (e *benchEnv) setup(ctx context.Context) error {
 	for _, s := range benchSchemas {
 		id := pgx.Identifier{s}.Sanitize()

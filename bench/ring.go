@@ -13,7 +13,6 @@ import (
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/naming"
@@ -28,19 +27,6 @@ import (
 
 // ringTable is the bench ring outbox's ring, which writers INSERT into.
 var ringTable = pgx.Identifier{schemaRing, "outbox_ring"}
-
-// migratedOutbox migrates an outbox of the default table in schema (the
-// ring beside its table, as in every outbox since schema 13).
-func migratedOutbox(ctx context.Context, pool *pgxpool.Pool, schema string) (*outbox.Outbox, error) {
-	ob, err := outbox.New(pool, &outbox.Config{Schema: schema})
-	if err != nil {
-		return nil, err
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		return nil, err
-	}
-	return ob, nil
-}
 
 // ringTables lists, for TRUNCATE, the ring outbox's tables that hold
 // rows or reading positions: an emptied ring's lanes read from its start.
