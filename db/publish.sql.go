@@ -127,6 +127,89 @@ type PublishCopyParams struct {
 	OrderingKey *string
 }
 
+const publishRing = `-- name: PublishRing :one
+INSERT INTO /*outbox:table*/outbox_ring AS r (queue, payload, headers, ordering_key, next_attempt_at)
+VALUES (
+    $1::text, $2::bytea, convert_from($3::bytea, 'UTF8')::json, $4::text,
+    greatest(now() + make_interval(secs => $5::float8), coalesce($6::timestamptz, now()))
+)
+RETURNING r.id
+`
+
+type PublishRingParams struct {
+	Queue        string
+	Payload      []byte
+	Headers      []byte
+	OrderingKey  *string
+	DelaySeconds float64
+	NotBefore    *time.Time
+}
+
+// Publish into the log tier's ring (PublisherConfig.Tier = TierRing): the
+// ring's defaults fill txid, slot and lane, its key trigger draws a keyed
+// row's id under the key's lock, and its headers are json, checked by the
+// cast to the outbox table's jsonb that the ring's constraint makes.
+func (q *Queries) PublishRing(ctx context.Context, arg PublishRingParams) (int64, error) {
+	row := q.db.QueryRow(ctx, publishRing,
+		arg.Queue,
+		arg.Payload,
+		arg.Headers,
+		arg.OrderingKey,
+		arg.DelaySeconds,
+		arg.NotBefore,
+	)
+	var id int64
+	err := row.Scan(&id)
+	return id, err
+}
+
+const publishRingBatch = `-- name: PublishRingBatch :many
+INSERT INTO /*outbox:table*/outbox_ring AS r (queue, payload, headers, ordering_key, next_attempt_at)
+SELECT $1::text, p.payload, convert_from($2::bytea, 'UTF8')::json, $3::text,
+       greatest(now() + make_interval(secs => $4::float8), coalesce($5::timestamptz, now()))
+FROM unnest($6::bytea[]) AS p(payload)
+RETURNING r.id
+`
+
+type PublishRingBatchParams struct {
+	Queue        string
+	Headers      []byte
+	OrderingKey  *string
+	DelaySeconds float64
+	NotBefore    *time.Time
+	Payloads     [][]byte
+}
+
+// PublishBatch into the log tier's ring: one row per payload, in the
+// array's order (as PublishBatch), sharing headers, ordering key and
+// schedule.
+func (q *Queries) PublishRingBatch(ctx context.Context, arg PublishRingBatchParams) ([]int64, error) {
+	rows, err := q.db.Query(ctx, publishRingBatch,
+		arg.Queue,
+		arg.Headers,
+		arg.OrderingKey,
+		arg.DelaySeconds,
+		arg.NotBefore,
+		arg.Payloads,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []int64{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const publishTimer = `-- name: PublishTimer :one
 INSERT INTO /*outbox:table*/outbox AS o (queue, payload, headers, ordering_key, timer_id, next_attempt_at)
 VALUES (

@@ -135,15 +135,24 @@ func (o *Outbox) Outboxes(ctx context.Context) ([]OutboxName, error) {
 // schema is missing or at another version, the *SchemaError that names
 // the fix; otherwise err, wrapped with the method's name.
 func (o *Outbox) readError(ctx context.Context, method string, err error) error {
+	if se := o.missingObject(ctx, err); se != nil {
+		return se
+	}
+	return fmt.Errorf("outbox: %s: %w", method, err)
+}
+
+// missingObject is the *SchemaError that names the fix when err says a
+// table, column or function does not exist and the outbox's schema is
+// missing or at another version (read on the outbox's own pool); nil
+// otherwise.
+func (o *Outbox) missingObject(ctx context.Context, err error) *SchemaError {
 	switch dbx.SQLState(err) {
 	case "42P01", "42703", "42883": // undefined table, column, function
 		if have, verr := o.SchemaVersion(ctx); verr == nil {
-			if se := o.schemaMismatch(have); se != nil {
-				return se
-			}
+			return o.schemaMismatch(have)
 		}
 	}
-	return fmt.Errorf("outbox: %s: %w", method, err)
+	return nil
 }
 
 // RetryBacklog describes the rows of some queues that were handled at

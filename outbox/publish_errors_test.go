@@ -40,6 +40,8 @@ func TestNewPublisherRejectsBadConfig(t *testing.T) {
 		{"nil codec pointer", "q", &PublisherConfig[string]{Codec: (*nilCodec)(nil)}, "PublisherConfig.Codec"},
 		{"negative payload cap", "q", &PublisherConfig[string]{MaxPayloadBytes: -1}, "PublisherConfig.MaxPayloadBytes"},
 		{"payload cap over the limit", "q", &PublisherConfig[string]{MaxPayloadBytes: PayloadMaxBytesLimit + 1}, "PublisherConfig.MaxPayloadBytes"},
+		{"unknown tier", "q", &PublisherConfig[string]{Tier: TierRing + 1}, "PublisherConfig.Tier"},
+		{"negative tier", "q", &PublisherConfig[string]{Tier: -1}, "PublisherConfig.Tier"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

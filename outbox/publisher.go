@@ -66,6 +66,51 @@ type PublisherConfig[T any] struct {
 	// and together they pass the checks PublishOpts.Headers does. A panic
 	// in it fails the call with an error. Default: none.
 	HeadersFrom func(ctx context.Context) map[string]string
+
+	// Tier is where Publish and PublishBatch write rows. Default:
+	// TierTable, the outbox table.
+	Tier Tier
+}
+
+// Tier is where a [Publisher] writes its rows.
+type Tier int
+
+const (
+	// TierTable writes rows into the outbox table: every delivery's state
+	// lives on its row (lease, attempts, schedule), each row is inserted,
+	// leased and deleted, and a row is claimable a moment after its
+	// commit. Timers (PublishOpts.TimerID) live there.
+	TierTable Tier = iota
+
+	// TierRing writes rows into the outbox's ring, the log tier beside
+	// its table (schema 13, `<table>_ring`): rows are appended and read
+	// by snapshot difference per lane, with no write per row delivered,
+	// and the ring empties a partition at once with TRUNCATE, so a held
+	// vacuum horizon leaves no dead rows behind its writes. The rows that
+	// need per-row state (retries, rows not yet due, handlers that run
+	// on) move into the outbox table as their claim ends. Subscribers
+	// claim from the ring as soon as their queues use it; a claim of the
+	// ring takes more round trips than one of the table, so a quiet
+	// queue's delivery waits longer on it.
+	//
+	// A key's rows keep their order when its publishers write into the
+	// ring, or move from the table to the ring (a ring row of a key the
+	// table holds goes behind the table's rows); a key written into both
+	// tiers at once, or moved back to the table while the ring holds its
+	// rows, may be delivered out of order. Timers are the table's:
+	// PublishOpts.TimerID gives an *InputError.
+	TierRing
+)
+
+// String returns the tier's name: "table", "ring", or "Tier(n)".
+func (t Tier) String() string {
+	switch t {
+	case TierTable:
+		return "table"
+	case TierRing:
+		return "ring"
+	}
+	return fmt.Sprintf("Tier(%d)", int(t))
 }
 
 // Publisher writes messages of type T to one queue of an outbox, inside the
@@ -87,6 +132,7 @@ type publisher struct {
 	metrics     MetricsRecorder
 	log         *slog.Logger
 	headersFrom func(ctx context.Context) map[string]string
+	tier        Tier
 }
 
 // ValidateQueue reports, as a *[ConfigError], whether name breaks the rule
@@ -115,7 +161,7 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 		err = &ConfigError{Field: "T", Value: reflect.TypeFor[T]().String(), Rule: err.Error()}
 	}
 	core := publisher{ob: ob, queue: queue, messageType: messageType.Name, maxPayload: c.MaxPayloadBytes,
-		metrics: c.Metrics, log: c.Logger, headersFrom: c.HeadersFrom}
+		metrics: c.Metrics, log: c.Logger, headersFrom: c.HeadersFrom, tier: c.Tier}
 	if err := core.resolve(c.Codec, c.Codec.ContentType, err); err != nil {
 		return nil, err
 	}
@@ -125,8 +171,8 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 // resolve checks p as NewPublisher filled it and applies its defaults,
 // reporting the first error in this order: ob, queue, the codec (a nil
 // pointer in codec; its content type from contentType, called only once
-// the codec is known not to be one), the payload cap, then the message
-// type's error typeErr.
+// the codec is known not to be one), the payload cap, the tier, then the
+// message type's error typeErr.
 func (p *publisher) resolve(codec any, contentType func() string, typeErr error) error {
 	if p.ob == nil {
 		return &ConfigError{Field: "ob", Value: "<nil>", Rule: "must not be nil"}
@@ -143,6 +189,9 @@ func (p *publisher) resolve(codec any, contentType func() string, typeErr error)
 	case p.maxPayload < 0 || p.maxPayload > PayloadMaxBytesLimit:
 		return &ConfigError{Field: "PublisherConfig.MaxPayloadBytes", Value: fmt.Sprint(p.maxPayload),
 			Rule: fmt.Sprintf("must be between 1 and %d (PayloadMaxBytesLimit)", PayloadMaxBytesLimit)}
+	}
+	if p.tier != TierTable && p.tier != TierRing {
+		return &ConfigError{Field: "PublisherConfig.Tier", Value: p.tier.String(), Rule: "must be TierTable or TierRing"}
 	}
 	if p.log == nil {
 		p.log = slog.Default()
@@ -198,7 +247,12 @@ func (p *publisher) insert(ctx context.Context, tx DBTX, payload []byte, opts *P
 	delay, notBefore := opts.schedule()
 	q := p.ob.queries(tx)
 	var id int64
-	if opts != nil && opts.TimerID != "" {
+	if p.tier == TierRing {
+		id, err = q.PublishRing(ctx, db.PublishRingParams{
+			Queue: p.queue, Payload: payload, Headers: headers, OrderingKey: opts.orderingKey(),
+			DelaySeconds: delay, NotBefore: notBefore,
+		})
+	} else if opts != nil && opts.TimerID != "" {
 		id, err = q.PublishTimer(ctx, db.PublishTimerParams{
 			Queue: p.queue, Payload: payload, Headers: headers, OrderingKey: opts.orderingKey(),
 			TimerID: opts.TimerID, DelaySeconds: delay, NotBefore: notBefore,
@@ -213,7 +267,7 @@ func (p *publisher) insert(ctx context.Context, tx DBTX, payload []byte, opts *P
 		})
 	}
 	if err != nil {
-		return 0, wrapOp(fmt.Sprintf("Publish to %q", p.queue), err)
+		return 0, p.writeError(ctx, "Publish", err)
 	}
 	return id, nil
 }
@@ -258,12 +312,20 @@ func (p *publisher) insertBatch(ctx context.Context, tx DBTX, payloads [][]byte,
 		return nil, err
 	}
 	delay, notBefore := opts.schedule()
-	ids, err := p.ob.queries(tx).PublishBatch(ctx, db.PublishBatchParams{
-		Queue: p.queue, Headers: headers, OrderingKey: opts.orderingKey(),
-		DelaySeconds: delay, NotBefore: notBefore, Payloads: payloads,
-	})
+	var ids []int64
+	if p.tier == TierRing {
+		ids, err = p.ob.queries(tx).PublishRingBatch(ctx, db.PublishRingBatchParams{
+			Queue: p.queue, Headers: headers, OrderingKey: opts.orderingKey(),
+			DelaySeconds: delay, NotBefore: notBefore, Payloads: payloads,
+		})
+	} else {
+		ids, err = p.ob.queries(tx).PublishBatch(ctx, db.PublishBatchParams{
+			Queue: p.queue, Headers: headers, OrderingKey: opts.orderingKey(),
+			DelaySeconds: delay, NotBefore: notBefore, Payloads: payloads,
+		})
+	}
 	if err != nil {
-		return nil, wrapOp(fmt.Sprintf("PublishBatch to %q", p.queue), err)
+		return nil, p.writeError(ctx, "PublishBatch", err)
 	}
 	if len(ids) != len(payloads) {
 		return nil, fmt.Errorf("outbox: PublishBatch to %q: inserted %d rows for %d messages", p.queue, len(ids), len(payloads))
@@ -271,6 +333,18 @@ func (p *publisher) insertBatch(ctx context.Context, tx DBTX, payloads [][]byte,
 	// Identity values are drawn in insertion order, which follows msgs.
 	slices.Sort(ids)
 	return ids, nil
+}
+
+// writeError is the error of method's INSERT that failed. A table it
+// writes that does not exist (the outbox not migrated, or its schema
+// older than the ring's, 13, for TierRing) gives the *SchemaError that
+// names the fix, read on the outbox's own pool, since tx may be a
+// transaction the failure aborted.
+func (p *publisher) writeError(ctx context.Context, method string, err error) error {
+	if se := p.ob.missingObject(ctx, err); se != nil {
+		return se
+	}
+	return wrapOp(fmt.Sprintf("%s to %q", method, p.queue), err)
 }
 
 // prepare adds the headers HeadersFrom takes from ctx to opts and checks
@@ -290,6 +364,9 @@ func (p *publisher) check(tx DBTX, opts *PublishOpts, batch bool) error {
 	}
 	if err := opts.check(batch); err != nil {
 		return err
+	}
+	if p.tier == TierRing && opts != nil && opts.TimerID != "" {
+		return &InputError{Field: "PublishOpts.TimerID", Rule: "timers live in the outbox table; this publisher writes into the ring (PublisherConfig.Tier)"}
 	}
 	reserved := len(HeaderContentType) + len(p.contentType) + len(HeaderCorrelationID) + max(len(correlationIDOf(opts)), 36)
 	if p.messageType != "" {

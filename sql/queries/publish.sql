@@ -47,3 +47,25 @@ VALUES (
 )
 ON CONFLICT (queue, timer_id) WHERE timer_id IS NOT NULL DO NOTHING
 RETURNING o.id;
+
+-- name: PublishRing :one
+-- Publish into the log tier's ring (PublisherConfig.Tier = TierRing): the
+-- ring's defaults fill txid, slot and lane, its key trigger draws a keyed
+-- row's id under the key's lock, and its headers are json, checked by the
+-- cast to the outbox table's jsonb that the ring's constraint makes.
+INSERT INTO /*outbox:table*/outbox_ring AS r (queue, payload, headers, ordering_key, next_attempt_at)
+VALUES (
+    @queue::text, @payload::bytea, convert_from(sqlc.narg(headers)::bytea, 'UTF8')::json, sqlc.narg(ordering_key)::text,
+    greatest(now() + make_interval(secs => @delay_seconds::float8), coalesce(sqlc.narg(not_before)::timestamptz, now()))
+)
+RETURNING r.id;
+
+-- name: PublishRingBatch :many
+-- PublishBatch into the log tier's ring: one row per payload, in the
+-- array's order (as PublishBatch), sharing headers, ordering key and
+-- schedule.
+INSERT INTO /*outbox:table*/outbox_ring AS r (queue, payload, headers, ordering_key, next_attempt_at)
+SELECT @queue::text, p.payload, convert_from(sqlc.narg(headers)::bytea, 'UTF8')::json, sqlc.narg(ordering_key)::text,
+       greatest(now() + make_interval(secs => @delay_seconds::float8), coalesce(sqlc.narg(not_before)::timestamptz, now()))
+FROM unnest(@payloads::bytea[]) AS p(payload)
+RETURNING r.id;
