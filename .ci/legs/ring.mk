@@ -1,7 +1,8 @@
 # The ring leg: the chaos harness with the log tier's ring (schema 13) on
 # a throwaway PostgreSQL 15 with autovacuum on (.ci/legs/pg.sh): half of
-# the messages written into the ring with plain SQL (each key into one
-# tier), the workers claiming from both tiers, every row accounted for;
+# the messages written into the ring (unkeyed ones with plain SQL, keyed
+# ones by a Publisher into the ring; each key into one tier), the
+# workers claiming from both tiers, every row accounted for;
 # once as the superuser and once as least-privileged roles. Every other
 # run migrates outboxes that have the ring, so their subscribers claim
 # through the ring's claimer with it empty or not; the main run's tests

@@ -45,7 +45,7 @@ func main() {
 		schema   = flag.String("schema", "", "the outbox's schema (worker mode)")
 		ends     = flag.String("ends", "", "the directory of the handlers' end records (worker mode)")
 		roles    = flag.Bool("roles", false, "run as least-privileged roles: a migrator owns the outbox, publishers and workers connect as roles with only what outboxgen grants gives them")
-		withRing = flag.Bool("ring", false, "write half of the messages into the log tier's ring (schema 13) with plain SQL; the workers claim from both tiers")
+		withRing = flag.Bool("ring", false, "write half of the messages into the log tier's ring (schema 13), unkeyed ones with plain SQL, keyed ones by a Publisher into the ring; the workers claim from both tiers")
 		server   = flag.String("server-dsn", os.Getenv("OUTBOX_CHAOS_SERVER_URL"),
 			"the PostgreSQL behind -dsn when that is a pooler; backends are terminated through it (default $OUTBOX_CHAOS_SERVER_URL, else -dsn)")
 		listen = flag.String("listen-dsn", os.Getenv("OUTBOX_CHAOS_LISTEN_URL"),

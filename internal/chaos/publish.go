@@ -55,17 +55,26 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 		}
 		pubs[q] = pub
 	}
-	// With the ring, half of the messages are written into it with plain
-	// SQL, as any writer would: unkeyed ones at random, and the rows of
-	// half of the keys (a key's rows keep their order within the tier
-	// they are written into; across tiers, only while its writer writes
-	// them into one).
-	var rw *ringwriter.Writer
+	// With the ring, half of the messages are written into it: unkeyed
+	// ones at random, with plain SQL as any writer would, and the rows of
+	// half of the keys, by a Publisher into the ring (TierRing). A key's
+	// rows keep their order within the tier they are written into;
+	// across tiers, only while its writer writes them into one.
+	var (
+		rw       *ringwriter.Writer
+		ringPubs = map[string]*outbox.Publisher[msg]{}
+	)
 	if c.ring {
 		var err error
 		if rw, err = ringwriter.New[msg](c.names()); err != nil {
 			c.log.Error("chaos: ring writer", "error", err)
 			return
+		}
+		for _, q := range queues {
+			if ringPubs[q], err = outbox.NewPublisher(c.ob, q, &outbox.PublisherConfig[msg]{Tier: outbox.TierRing}); err != nil {
+				c.log.Error("chaos: publisher into the ring", "error", err)
+				return
+			}
 		}
 	}
 	seq := map[string]int{}
@@ -122,12 +131,19 @@ func (p *publishers) publisher(ctx context.Context, i int) {
 					pgx.Identifier{c.schema}.Sanitize()), m.ID, m.Key, m.Seq, m.Mode); err != nil {
 					return err
 				}
-				if intoRing {
+				switch {
+				case intoRing && opts.OrderingKey == "":
 					if err := rw.Write(ctx, tx, q, m, opts); err != nil {
 						return err
 					}
-				} else if _, err := pubs[q].Publish(ctx, tx, m, opts); err != nil {
-					return err
+				case intoRing:
+					if _, err := ringPubs[q].Publish(ctx, tx, m, opts); err != nil {
+						return err
+					}
+				default:
+					if _, err := pubs[q].Publish(ctx, tx, m, opts); err != nil {
+						return err
+					}
 				}
 				ids = append(ids, m.ID)
 			}
