@@ -46,6 +46,10 @@ func runConcurrentPublish(ctx context.Context, env *benchEnv, o options) error {
 // trigger) with the bare INSERT any writer uses.
 const ringInsert = "bare INSERT into the ring, nobody asleep"
 
+// ringPublish names the concurrent suite's contender that publishes into
+// the ring with a Publisher (PublisherConfig.Tier TierRing).
+const ringPublish = "outbox Publish into the ring, nobody asleep"
+
 func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers int) error {
 	cfg := env.pool.Config().Copy()
 	cfg.MaxConns, cfg.MinConns = int32(publishers), int32(publishers)
@@ -62,6 +66,14 @@ func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers
 		return err
 	}
 	pub, err := outbox.NewPublisher[order](ob, topic, nil)
+	if err != nil {
+		return err
+	}
+	ringOb, err := outbox.New(pool, &outbox.Config{Schema: schemaRing})
+	if err != nil {
+		return err
+	}
+	ringPub, err := outbox.NewPublisher(ringOb, topic, &outbox.PublisherConfig[order]{Tier: outbox.TierRing})
 	if err != nil {
 		return err
 	}
@@ -159,10 +171,13 @@ func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers
 			return elapsed, nil
 		}
 	}
-	publish := func(tx pgx.Tx, i int) error {
-		_, err := pub.Publish(ctx, tx, sampleOrder(i), nil)
-		return err
+	publishWith := func(pub *outbox.Publisher[order]) func(tx pgx.Tx, i int) error {
+		return func(tx pgx.Tx, i int) error {
+			_, err := pub.Publish(ctx, tx, sampleOrder(i), nil)
+			return err
+		}
 	}
+	publish := publishWith(pub)
 	bare := func(table string) func(tx pgx.Tx, i int) error {
 		return func(tx pgx.Tx, i int) error {
 			payload, err := json.Marshal(sampleOrder(i))
@@ -179,6 +194,7 @@ func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers
 		{"bare INSERT into the outbox, nobody asleep", concurrently(table("outbox"), false, false, bare(table("outbox")))},
 		{"outbox Publish, nobody asleep", concurrently(table("outbox"), false, false, publish)},
 		{ringInsert, concurrently(ringTable.Sanitize(), false, false, bare(ringTable.Sanitize()))},
+		{ringPublish, concurrently(ringTable.Sanitize(), false, false, publishWith(ringPub))},
 		{"outbox Publish, a subscriber handling", concurrently(table("outbox"), false, true, publish)},
 	}
 	if publishers == 32 {
@@ -205,7 +221,7 @@ func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers
 	}
 	report(o.out, s, names, n, "op", "bare INSERT, no trigger")
 	base := "bare INSERT, plain table (primary key and pending index)"
-	for _, name := range []string{"outbox Publish, nobody asleep", "outbox Publish, a subscriber handling", ringInsert} {
+	for _, name := range []string{"outbox Publish, nobody asleep", "outbox Publish, a subscriber handling", ringInsert, ringPublish} {
 		fmt.Fprintf(o.out, "%s / %s = %.2fx\n", name, base, rate(median(s[name]), n)/rate(median(s[base]), n))
 	}
 	return nil

@@ -13,14 +13,22 @@ import (
 // runPublish compares one transactional Publish with a hand-written INSERT
 // of the same row (same table, same encoded payload and headers) in the
 // same kind of transaction: begin, insert, commit. The difference is what
-// the library costs on top of the database work.
+// the library costs on top of the database work. The same pair runs
+// against the ring (a Publisher with TierRing, and the bare INSERT into
+// the ring).
 func runPublish(ctx context.Context, env *benchEnv, o options) error {
 	pub, err := outbox.NewPublisher[order](env.ob, topic, nil)
 	if err != nil {
 		return err
 	}
-	insert := "INSERT INTO " + pgx.Identifier{schemaOurs, "outbox"}.Sanitize() +
-		" (queue, payload, headers) VALUES ($1, $2, $3) RETURNING id"
+	ringPub, err := outbox.NewPublisher(env.ring, topic, &outbox.PublisherConfig[order]{Tier: outbox.TierRing})
+	if err != nil {
+		return err
+	}
+	insertInto := func(table string) string {
+		return "INSERT INTO " + table + " (queue, payload, headers) VALUES ($1, $2, $3) RETURNING id"
+	}
+	insert, ringSQL := insertInto(pgx.Identifier{schemaOurs, "outbox"}.Sanitize()), insertInto(ringTable.Sanitize())
 	headers := []byte(`{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c", "message-type": "order"}`)
 
 	inTx := func(fn func(tx pgx.Tx, i int) error) func(int) (time.Duration, error) {
@@ -42,25 +50,37 @@ func runPublish(ctx context.Context, env *benchEnv, o options) error {
 			return time.Since(start), nil
 		}
 	}
-	cs := []contender{
-		{"bare INSERT", inTx(func(tx pgx.Tx, i int) error {
+	bare := func(insert string) func(tx pgx.Tx, i int) error {
+		return func(tx pgx.Tx, i int) error {
 			payload, err := json.Marshal(sampleOrder(i))
 			if err != nil {
 				return err
 			}
 			var id int64
 			return tx.QueryRow(ctx, insert, topic, payload, headers).Scan(&id)
-		})},
-		{"outbox Publish", inTx(func(tx pgx.Tx, i int) error {
+		}
+	}
+	publish := func(pub *outbox.Publisher[order]) func(tx pgx.Tx, i int) error {
+		return func(tx pgx.Tx, i int) error {
 			_, err := pub.Publish(ctx, tx, sampleOrder(i), nil)
 			return err
-		})},
+		}
+	}
+	cs := []contender{
+		{"bare INSERT", inTx(bare(insert))},
+		{"outbox Publish", inTx(publish(pub))},
+		{"bare INSERT into the ring", inTx(bare(ringSQL))},
+		{"outbox Publish into the ring", inTx(publish(ringPub))},
 	}
 	n := max(int(2000*o.scale), 10)
 	s, err := measure(o.rounds, n, func() error { return env.reset(ctx) }, cs)
 	if err != nil {
 		return err
 	}
-	report(o.out, s, []string{"bare INSERT", "outbox Publish"}, n, "op", "bare INSERT")
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.name)
+	}
+	report(o.out, s, names, n, "op", "bare INSERT")
 	return nil
 }
