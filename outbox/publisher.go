@@ -98,7 +98,9 @@ const (
 	// table holds goes behind the table's rows); a key written into both
 	// tiers at once, or moved back to the table while the ring holds its
 	// rows, may be delivered out of order. Timers are the table's:
-	// PublishOpts.TimerID gives an *InputError.
+	// PublishOpts.TimerID gives an *InputError. [Outbox.Row] and the
+	// console's row page find a ring row only once it moves into the
+	// table; QueueDepths, inspect and health count the ring's rows.
 	TierRing
 )
 

@@ -72,7 +72,11 @@ type Row struct {
 
 // Row returns the outbox row with the given id, and false when the outbox
 // holds none (it was delivered, dead-lettered, or never published). One
-// primary-key probe.
+// primary-key probe of the outbox table: a row in the ring (written by a
+// Publisher with TierRing, or into `<table>_ring`) is found once it moves
+// into the table (a retry, a row not yet due, a handler that ran on); the
+// ring has no index by id alone, and [Outbox.QueueDepths] counts its
+// rows.
 func (o *Outbox) Row(ctx context.Context, id int64) (Row, bool, error) {
 	return o.row(ctx, fmt.Sprintf("Row %d", id), id)
 }
