@@ -47,7 +47,11 @@ func TestARowWhoseClaimDiedWhileAnotherClaimRanWaitsForItsRecord(t *testing.T) {
 			e.exec(`ALTER TABLE outbox ENABLE ROW LEVEL SECURITY`)
 			e.exec(`CREATE POLICY pause ON outbox USING (pause(id))`)
 
-			const ttl = 3 * time.Second
+			// The claim by lock must still hold its rows when the test
+			// has read its record and ends its backend: its window is
+			// the longest allowed (LeaseTTL/2), so that a loaded
+			// machine's slow polls do not outlast it.
+			const ttl = 10 * time.Second
 			var (
 				mu     sync.Mutex
 				starts []time.Time
@@ -74,7 +78,7 @@ func TestARowWhoseClaimDiedWhileAnotherClaimRanWaitsForItsRecord(t *testing.T) {
 			startSub(t, other, []string{"first", "second"}, handler, pausedCfg)
 			eventually(t, "the claim paused at the first queue's row", func() bool { return e.paused(role, "Claim|Lock") })
 			lockCfg := fastConfig[string](nil)
-			lockCfg.LeaseTTL = ttl
+			lockCfg.LeaseTTL, lockCfg.LockWindow = ttl, ttl/2
 			startSub(t, e.ob, []string{"second"}, handler, lockCfg)
 			eventually(t, "the claim by lock's handler running", func() bool {
 				mu.Lock()
