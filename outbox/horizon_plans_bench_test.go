@@ -489,6 +489,15 @@ func (h *hotPathBench) measure() []hotPathCost {
 		{"publish-batch", func(q *db.Queries) {
 			_, _ = q.PublishBatch(ctx, db.PublishBatchParams{Queue: hotPathQueue, Payloads: slices.Repeat([][]byte{payload}, 10)})
 		}},
+		{"publish-ring", func(q *db.Queries) {
+			_, _ = q.PublishRing(ctx, db.PublishRingParams{Queue: hotPathQueue, Payload: payload})
+		}},
+		{"publish-ring-keyed", func(q *db.Queries) {
+			_, _ = q.PublishRing(ctx, db.PublishRingParams{Queue: hotPathQueue, Payload: payload, OrderingKey: &k0})
+		}},
+		{"publish-ring-batch", func(q *db.Queries) {
+			_, _ = q.PublishRingBatch(ctx, db.PublishRingBatchParams{Queue: hotPathQueue, Payloads: slices.Repeat([][]byte{payload}, 10)})
+		}},
 		{"publish-timer", func(q *db.Queries) {
 			_, _ = q.PublishTimer(ctx, db.PublishTimerParams{Queue: hotPathQueue, Payload: payload, TimerID: "t2"})
 		}},
