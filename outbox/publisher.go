@@ -249,12 +249,13 @@ func (p *publisher) insert(ctx context.Context, tx DBTX, payload []byte, opts *P
 	delay, notBefore := opts.schedule()
 	q := p.ob.queries(tx)
 	var id int64
-	if p.tier == TierRing {
+	switch {
+	case p.tier == TierRing:
 		id, err = q.PublishRing(ctx, db.PublishRingParams{
 			Queue: p.queue, Payload: payload, Headers: headers, OrderingKey: opts.orderingKey(),
 			DelaySeconds: delay, NotBefore: notBefore,
 		})
-	} else if opts != nil && opts.TimerID != "" {
+	case opts != nil && opts.TimerID != "":
 		id, err = q.PublishTimer(ctx, db.PublishTimerParams{
 			Queue: p.queue, Payload: payload, Headers: headers, OrderingKey: opts.orderingKey(),
 			TimerID: opts.TimerID, DelaySeconds: delay, NotBefore: notBefore,
@@ -262,7 +263,7 @@ func (p *publisher) insert(ctx context.Context, tx DBTX, payload []byte, opts *P
 		if errors.Is(err, pgx.ErrNoRows) {
 			return 0, ErrTimerExists
 		}
-	} else {
+	default:
 		id, err = q.Publish(ctx, db.PublishParams{
 			Queue: p.queue, Payload: payload, Headers: headers, OrderingKey: opts.orderingKey(),
 			DelaySeconds: delay, NotBefore: notBefore,
