@@ -160,37 +160,22 @@ func TestPublishIntoTheRingKeepsPerKeyOrder(t *testing.T) {
 				}
 			}
 		}
-		var mu sync.Mutex
-		seen := map[string][]string{}
-		busy := map[string]bool{}
-		overlaps, handled := 0, 0
-		total := 1 + keys*(rounds+2)
-		startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
-			mu.Lock()
-			if busy[m.OrderingKey] {
-				overlaps++
-			}
-			busy[m.OrderingKey] = true
-			seen[m.OrderingKey] = append(seen[m.OrderingKey], m.Payload)
-			mu.Unlock()
-			time.Sleep(time.Millisecond)
-			mu.Lock()
-			defer mu.Unlock()
-			busy[m.OrderingKey] = false
-			handled++
-			return nil
-		}, onPath(p, fastConfig[string](nil)))
+		var k keyedDeliveries
+		startSub(t, e.ob, []string{"q"}, k.handler(time.Millisecond), onPath(p, fastConfig[string](nil)))
 		eventually(t, "every row handled", func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return handled >= total
+			for key, rows := range want {
+				if len(k.of(key)) < len(rows) {
+					return false
+				}
+			}
+			return true
 		})
-		mu.Lock()
-		defer mu.Unlock()
-		if overlaps != 0 {
-			t.Errorf("a key's rows ran in two handlers at once %d times", overlaps)
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if k.overlaps != 0 {
+			t.Errorf("a key's rows ran in two handlers at once %d times", k.overlaps)
 		}
-		if diff := cmp.Diff(want, seen); diff != "" {
+		if diff := cmp.Diff(want, k.seen); diff != "" {
 			t.Errorf("deliveries per key (-want +got):\n%s", diff)
 		}
 	})
