@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxgen/outboxgen/internal/pgtest"
@@ -268,5 +269,49 @@ func TestPublishIntoAMissingTableNamesTheFix(t *testing.T) {
 	check("Publish into the ring at schema 12", 12, err)
 	if _, err := table.Publish(e.ctx, e.pubPool, "x", nil); err != nil {
 		t.Errorf("Publish into the table at schema 12: %v", err)
+	}
+}
+
+// A transactional subscriber handles the ring's rows as the table's:
+// each handler's writes commit once, with its row's acknowledgement, a
+// failed delivery's writes roll back, and the ring is drained.
+func TestTxHandlerCommitsEachRingRowsEffectsOnce(t *testing.T) {
+	t.Parallel()
+	e := setupTx(t)
+	pub := ringPublisher(t, e.env, "orders")
+	var orders, follows []string
+	for i := range 20 {
+		orders = append(orders, fmt.Sprint("o-", i))
+		follows = append(follows, fmt.Sprint("invoiced o-", i))
+	}
+	if _, err := pub.PublishBatch(e.ctx, e.pubPool, orders, nil); err != nil {
+		t.Fatal(err)
+	}
+	var failed sync.Once
+	startTxSub(t, e.ob, []string{"orders"}, func(ctx context.Context, tx pgx.Tx, m *Message[string]) error {
+		if err := e.invoice(ctx, tx, m); err != nil {
+			return err
+		}
+		fail := false
+		if m.Payload == "o-7" {
+			failed.Do(func() { fail = true })
+		}
+		if fail {
+			return errors.New("rolls its invoice back")
+		}
+		return nil
+	}, fastConfig[string](nil))
+	eventually(t, "every order invoiced", func() bool { return len(e.invoices()) == len(orders) })
+	eventually(t, "the ring's rows consumed", func() bool { return e.undelivered("orders") == 0 })
+	want := map[string]int{}
+	for _, o := range orders {
+		want[o] = 1
+	}
+	want["o-7"] = 2 // its first delivery rolled back
+	if diff := cmp.Diff(want, e.invoices()); diff != "" {
+		t.Errorf("invoices, by the delivery that committed (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(follows, e.queued("invoiced"), cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
+		t.Errorf("follow-ups (-want +got):\n%s", diff)
 	}
 }
