@@ -18,6 +18,8 @@ type Proxy struct {
 
 	// stalled stalls every connection, new ones included.
 	stalled atomic.Bool
+	// blackholed passes no close on either (Blackhole).
+	blackholed atomic.Bool
 	mu      sync.Mutex
 	closed  bool
 	pairs   map[*pair]struct{}
@@ -91,9 +93,9 @@ func (p *Proxy) pipe(pr *pair, dst, src net.Conn, toClient bool) {
 			}
 		}
 		if err != nil {
-			if toClient && pr.halfOpen.Load() {
-				// The server's side was closed on purpose; the client
-				// must not learn it from this side.
+			if (toClient && pr.halfOpen.Load()) || p.blackholed.Load() {
+				// The server's side was closed on purpose, or nothing
+				// passes: the other side must not learn of the close.
 				return
 			}
 			p.end(pr)
@@ -119,6 +121,18 @@ func (pr *pair) close() {
 // Stall makes every connection, present and future, swallow its bytes
 // until Restore.
 func (p *Proxy) Stall() { p.stalled.Store(true) }
+
+// Blackhole stalls every connection, present and future, as Stall does,
+// and passes no close on either: a side that closes leaves the other
+// open, as behind a network path that drops every packet, its FIN and
+// reset included. The server then learns that its client is gone only
+// from its own timeouts (idle_in_transaction_session_timeout, TCP
+// keepalive). Restore ends it for the connections whose sides are both
+// still open; Cut and Close end every connection.
+func (p *Proxy) Blackhole() {
+	p.blackholed.Store(true)
+	p.stalled.Store(true)
+}
 
 // StallExisting stalls the connections open now for good; connections
 // made later pass, as when a middlebox loses the state of its flows.
@@ -160,10 +174,13 @@ func (p *Proxy) HalfOpen() (int, <-chan struct{}) {
 	return len(dones), all
 }
 
-// Restore ends a Stall: bytes flow again on connections that are not
+// Restore ends a Stall or a Blackhole: bytes flow again on connections that are not
 // stalled for good. Bytes swallowed meanwhile are lost, so a connection
 // that carried traffic during the stall is usually broken for its peers.
-func (p *Proxy) Restore() { p.stalled.Store(false) }
+func (p *Proxy) Restore() {
+	p.blackholed.Store(false)
+	p.stalled.Store(false)
+}
 
 // Cut closes every open connection, half-open ones included, as a reset
 // would; new connections pass (unless stalled).

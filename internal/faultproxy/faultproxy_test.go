@@ -99,3 +99,39 @@ func TestHalfOpenEndsTheServerSideAndSilencesTheClientSide(t *testing.T) {
 		t.Fatal("closed did not fire after the client closed its side")
 	}
 }
+
+func TestBlackholePassesNoCloseOn(t *testing.T) {
+	t.Parallel()
+	target, ended := echoServer(t)
+	p, err := Listen(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, c, "before")
+
+	p.Blackhole()
+	// Nothing passes, and the client's close does not reach the server.
+	if _, err := c.Write([]byte("lost")); err != nil {
+		t.Fatalf("write into the blackhole: %v", err)
+	}
+	_ = c.Close()
+	select {
+	case <-ended:
+		t.Fatal("the server's side ended when the client closed behind the blackhole")
+	case <-time.After(300 * time.Millisecond):
+	}
+	// Cut ends it.
+	if n := p.Cut(); n != 1 {
+		t.Fatalf("Cut closed %d connections, want 1", n)
+	}
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server's side did not end at the cut")
+	}
+}
