@@ -1293,12 +1293,13 @@ func (q *Queries) RingRecord(ctx context.Context, arg RingRecordParams) (bool, e
 const ringTakeLanes = `-- name: RingTakeLanes :many
 
 SELECT l.queue, l.lane, s.pos::integer AS pos,
+       set_config('idle_in_transaction_session_timeout', ($1::bigint)::text, true) AS idle_timeout,
        set_config('plan_cache_mode', 'auto', true) AS plan_cache_mode,
        set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
        set_config('jit', 'off', true) AS jit,
        set_config('outboxgen.ring_move', 'on', true) AS ring_move
-FROM (SELECT $1::text[] AS queues, $2::smallint AS from_lane, $3::smallint AS to_lane,
-             $4::integer AS turn, $5::integer[] AS ready) AS p
+FROM (SELECT $2::text[] AS queues, $3::smallint AS from_lane, $4::smallint AS to_lane,
+             $5::integer AS turn, $6::integer[] AS ready) AS p
 JOIN /*outbox:table*/outbox_ring_lanes AS l
   ON l.queue = ANY (p.queues) AND l.lane >= p.from_lane AND l.lane < p.to_lane
 CROSS JOIN LATERAL (
@@ -1306,23 +1307,25 @@ CROSS JOIN LATERAL (
            cardinality(p.queues) * (p.to_lane - p.from_lane) AS span) AS s
 WHERE p.ready IS NULL OR s.pos = ANY (p.ready)
 ORDER BY mod(s.pos - p.turn + s.span, s.span)
-LIMIT $6::integer
+LIMIT $7::integer
 FOR UPDATE OF l SKIP LOCKED
 `
 
 type RingTakeLanesParams struct {
-	Queues   []string
-	FromLane int16
-	ToLane   int16
-	Turn     int32
-	Ready    []int32
-	MaxLanes int32
+	IdleTimeoutMs int64
+	Queues        []string
+	FromLane      int16
+	ToLane        int16
+	Turn          int32
+	Ready         []int32
+	MaxLanes      int32
 }
 
 type RingTakeLanesRow struct {
 	Queue            string
 	Lane             int16
 	Pos              int32
+	IdleTimeout      string
 	PlanCacheMode    string
 	EnableBitmapscan string
 	Jit              string
@@ -1356,9 +1359,14 @@ type RingTakeLanesRow struct {
 // are never vacuumed, and estimates made without their statistics pass
 // jit_above_cost, whose compilation takes longer than the statements.
 // And it lets the claim's moves of keyed rows into the outbox table keep
-// their ids (the ring's version of the table's key trigger).
+// their ids (the ring's version of the table's key trigger). The
+// server ends the transaction once it has been idle for
+// @idle_timeout_ms (the subscriber's LeaseTTL), as a claim by lock of the
+// outbox table has it end: a claim whose connection stalled (no FIN, no
+// reset) frees its lanes then, not when TCP keepalive gives up.
 func (q *Queries) RingTakeLanes(ctx context.Context, arg RingTakeLanesParams) ([]RingTakeLanesRow, error) {
 	rows, err := q.db.Query(ctx, ringTakeLanes,
+		arg.IdleTimeoutMs,
 		arg.Queues,
 		arg.FromLane,
 		arg.ToLane,
@@ -1377,6 +1385,7 @@ func (q *Queries) RingTakeLanes(ctx context.Context, arg RingTakeLanesParams) ([
 			&i.Queue,
 			&i.Lane,
 			&i.Pos,
+			&i.IdleTimeout,
 			&i.PlanCacheMode,
 			&i.EnableBitmapscan,
 			&i.Jit,

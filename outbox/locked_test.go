@@ -265,7 +265,8 @@ func TestAbortedLockedClaimsCountTowardsMaxDeliveries(t *testing.T) {
 // A subscriber whose connection stalls while it holds a locked claim
 // frees the claim's rows after LeaseTTL, when the server ends the idle
 // transaction, and its handler's context is cancelled before another
-// subscriber starts on the row.
+// subscriber starts on the row. The stall is a blackhole: the stalled
+// subscriber's close of its connection never reaches the server.
 func TestStalledLockedClaimFreesItsRowsAfterTheLease(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
@@ -278,7 +279,7 @@ func TestStalledLockedClaimFreesItsRowsAfterTheLease(t *testing.T) {
 	cfg.QueryTimeout = 2 * time.Second
 	cfg.GracefulTimeout = 500 * time.Millisecond
 	stalled := startSub(t, ob, []string{"q"}, func(ctx context.Context, _ *Message[string]) error {
-		proxy.Stall()
+		proxy.Blackhole()
 		<-ctx.Done()
 		stalledCancelled.Store(time.Now().UnixNano())
 		return context.Cause(ctx)

@@ -457,7 +457,7 @@ func (c *byRing) take(ctx context.Context, toLane int16, ready []int32, most int
 	tx, rollback, err := dbx.BeginBatch(ctx, r.Pool, r.QueryTimeout,
 		func(d db.DBTX) (err error) {
 			taken, err = r.Queries(d).RingTakeLanes(ctx, db.RingTakeLanesParams{Queues: r.Queues, FromLane: 0, ToLane: toLane,
-				Turn: c.turn, Ready: ready, MaxLanes: int32(most)})
+				Turn: c.turn, Ready: ready, MaxLanes: int32(most), IdleTimeoutMs: r.LeaseTTL.Milliseconds()})
 			return err
 		},
 		func(d db.DBTX) (err error) {

@@ -27,8 +27,13 @@
 -- are never vacuumed, and estimates made without their statistics pass
 -- jit_above_cost, whose compilation takes longer than the statements.
 -- And it lets the claim's moves of keyed rows into the outbox table keep
--- their ids (the ring's version of the table's key trigger).
+-- their ids (the ring's version of the table's key trigger). The
+-- server ends the transaction once it has been idle for
+-- @idle_timeout_ms (the subscriber's LeaseTTL), as a claim by lock of the
+-- outbox table has it end: a claim whose connection stalled (no FIN, no
+-- reset) frees its lanes then, not when TCP keepalive gives up.
 SELECT l.queue, l.lane, s.pos::integer AS pos,
+       set_config('idle_in_transaction_session_timeout', (@idle_timeout_ms::bigint)::text, true) AS idle_timeout,
        set_config('plan_cache_mode', 'auto', true) AS plan_cache_mode,
        set_config('enable_bitmapscan', 'off', true) AS enable_bitmapscan,
        set_config('jit', 'off', true) AS jit,
