@@ -271,6 +271,19 @@ func TestStalledLockedClaimFreesItsRowsAfterTheLease(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	id := e.publish("q")
+	stalledClaimIsFreedAfterTheLease(t, e, id)
+	if _, ok := e.row(id); ok {
+		t.Error("the row is still in the outbox")
+	}
+}
+
+// stalledClaimIsFreedAfterTheLease runs a subscriber of queue q, claiming
+// by lock through a proxy that blackholes its connections as its handler
+// of row id starts; then, once that handler's context is cancelled,
+// another subscriber, which must handle row id, and only after that
+// cancellation.
+func stalledClaimIsFreedAfterTheLease(t *testing.T, e *env, id int64) {
+	t.Helper()
 	ob, proxy := proxiedOutbox(t, e)
 	var stalledCancelled, otherStarted atomic.Int64
 	cfg := lockingConfig(nil)
@@ -278,18 +291,26 @@ func TestStalledLockedClaimFreesItsRowsAfterTheLease(t *testing.T) {
 	cfg.LockWindow = 500 * time.Millisecond
 	cfg.QueryTimeout = 2 * time.Second
 	cfg.GracefulTimeout = 500 * time.Millisecond
-	stalled := startSub(t, ob, []string{"q"}, func(ctx context.Context, _ *Message[string]) error {
-		proxy.Blackhole()
+	stalled := startSub(t, ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+		if m.ID == id {
+			proxy.Blackhole()
+		}
 		<-ctx.Done()
 		stalledCancelled.Store(time.Now().UnixNano())
 		return context.Cause(ctx)
 	}, cfg)
 	eventually(t, "the stalled subscriber's handler cancelled", func() bool { return stalledCancelled.Load() != 0 })
-	other := startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
-		otherStarted.CompareAndSwap(0, time.Now().UnixNano())
+	handled := make(chan int64, 1)
+	other := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+		if otherStarted.CompareAndSwap(0, time.Now().UnixNano()) {
+			handled <- m.ID
+		}
 		return nil
 	}, lockingConfig(nil))
-	eventually(t, "the row handled by the other subscriber", func() bool { _, ok := e.row(id); return !ok })
+	if got := waitForWithin(t, handled, "the row handled by the other subscriber", time.Minute); got != id {
+		t.Errorf("the other subscriber handled row %d, want %d", got, id)
+	}
+	eventually(t, "the row's delivery done", func() bool { return e.undelivered("q") == 0 })
 	if err := other.stop(); err != nil {
 		t.Errorf("other Run: %v", err)
 	}

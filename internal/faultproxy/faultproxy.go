@@ -20,9 +20,9 @@ type Proxy struct {
 	stalled atomic.Bool
 	// blackholed passes no close on either (Blackhole).
 	blackholed atomic.Bool
-	mu      sync.Mutex
-	closed  bool
-	pairs   map[*pair]struct{}
+	mu         sync.Mutex
+	closed     bool
+	pairs      map[*pair]struct{}
 }
 
 // pair is one proxied connection: the client's side and the target's.

@@ -47,19 +47,28 @@ func roundTrip(t *testing.T, c net.Conn, s string) {
 	}
 }
 
-func TestHalfOpenEndsTheServerSideAndSilencesTheClientSide(t *testing.T) {
-	t.Parallel()
+// proxiedEcho starts an echo server behind a proxy and returns the
+// proxy, a client connection through it that has made a round trip, and
+// the server's channel of ended connections (echoServer).
+func proxiedEcho(t *testing.T) (*Proxy, net.Conn, <-chan struct{}) {
+	t.Helper()
 	target, ended := echoServer(t)
 	p, err := Listen(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(p.Close)
 	c, err := net.Dial("tcp", p.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	roundTrip(t, c, "before")
+	return p, c, ended
+}
+
+func TestHalfOpenEndsTheServerSideAndSilencesTheClientSide(t *testing.T) {
+	t.Parallel()
+	p, c, ended := proxiedEcho(t)
 
 	n, closed := p.HalfOpen()
 	if n != 1 {
@@ -102,17 +111,7 @@ func TestHalfOpenEndsTheServerSideAndSilencesTheClientSide(t *testing.T) {
 
 func TestBlackholePassesNoCloseOn(t *testing.T) {
 	t.Parallel()
-	target, ended := echoServer(t)
-	p, err := Listen(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	c, err := net.Dial("tcp", p.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	roundTrip(t, c, "before")
+	p, c, ended := proxiedEcho(t)
 
 	p.Blackhole()
 	// Nothing passes, and the client's close does not reach the server.
