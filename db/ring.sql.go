@@ -1436,6 +1436,83 @@ func (q *Queries) RingTurnState(ctx context.Context) (RingTurnStateRow, error) {
 	return i, err
 }
 
+const ringUnprocessed = `-- name: RingUnprocessed :many
+WITH pos AS MATERIALIZED (
+    SELECT l.lane, coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+    FROM /*outbox:table*/outbox_ring_lanes AS l
+    LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                       WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true
+    WHERE l.queue = $1::text
+)
+SELECT u.id, u.payload, u.headers,
+       least(greatest(u.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at
+FROM (
+    SELECT r.id, r.payload, r.headers, r.next_attempt_at
+    FROM pos AS p
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.queue = $1::text AND r.lane = p.lane
+     AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+     AND NOT pg_visible_in_snapshot(r.txid, p.snap)
+    UNION ALL
+    SELECT r.id, r.payload, r.headers, r.next_attempt_at
+    FROM pos AS p
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.queue = $1::text AND r.lane = p.lane
+     AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)
+    UNION ALL
+    SELECT r.id, r.payload, r.headers, r.next_attempt_at
+    FROM /*outbox:table*/outbox_ring AS r
+    WHERE r.queue = $1::text
+      AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = $1::text AND x.lane = 0)
+) AS u
+ORDER BY u.id
+LIMIT $2::integer
+`
+
+type RingUnprocessedParams struct {
+	Queue   string
+	MaxRows int32
+}
+
+type RingUnprocessedRow struct {
+	ID            int64
+	Payload       []byte
+	Headers       []byte
+	NextAttemptAt time.Time
+}
+
+// Up to @max_rows rows of @queue in the ring that the newest progress of
+// their lane has not consumed, as RingQueueDepths counts them, in id
+// order: Outbox.Unprocessed's rows of the ring. It takes no lock and
+// changes nothing. It reads each lane from where its progress's unseen
+// rows start, through the ring's indexes, and orders what it found: a
+// peek for tests and debugging, which reads a queue's whole unconsumed
+// backlog in the ring.
+func (q *Queries) RingUnprocessed(ctx context.Context, arg RingUnprocessedParams) ([]RingUnprocessedRow, error) {
+	rows, err := q.db.Query(ctx, ringUnprocessed, arg.Queue, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RingUnprocessedRow{}
+	for rows.Next() {
+		var i RingUnprocessedRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Payload,
+			&i.Headers,
+			&i.NextAttemptAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const ringWaitAcks = `-- name: RingWaitAcks :exec
 SELECT pg_advisory_xact_lock_shared(
            ((/*outbox:literal*/'outbox_ring_acks'::regclass::oid)::bigint - 2147483648)::integer,

@@ -218,9 +218,12 @@ func (o *Outbox) readDepths(ctx context.Context, limit int64, blocked bool) (row
 }
 
 // inDepthTx runs fn in a read-only transaction of its own with the depth
-// query's plan settings (DepthPlanSettings), and commits it.
+// query's plan settings (DepthPlanSettings), and commits it. The
+// transaction is REPEATABLE READ: its statements share one snapshot, so
+// a row that a claim moves from the ring into the outbox table between
+// two of them is counted once, in one tier or the other.
 func (o *Outbox) inDepthTx(ctx context.Context, fn func(q *db.Queries) error) (err error) {
-	tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := o.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return err
 	}

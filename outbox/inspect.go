@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,6 +63,22 @@ type QueueStats struct {
 // count as ready until it ends). A missing outbox, or one at another
 // schema version, gives a *[SchemaError] naming the fix.
 func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
+	// The ring's rows still to be read, every one of them, first: rows
+	// move from the ring into the table only, so a row a claim moves
+	// between the two reads is counted twice for a moment, never missed.
+	// An outbox without the ring costs one statement more, not a
+	// transaction.
+	var ring []db.RingQueueDepthsRow
+	present, err := o.queries(o.pool).RingPresent(ctx)
+	if err == nil && present {
+		err = o.inDepthTx(ctx, func(q *db.Queries) (err error) {
+			ring, err = q.RingQueueDepths(ctx, math.MaxInt64)
+			return err
+		})
+	}
+	if err != nil {
+		return nil, o.readError(ctx, "QueueStats", err)
+	}
 	rows, err := o.queries(o.pool).QueueStats(ctx)
 	if err != nil {
 		return nil, o.readError(ctx, "QueueStats", err)
@@ -74,19 +92,6 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 			OldestHeldKey: r.OldestHeldKey, OldestHeldAge: dbx.Seconds(r.OldestHeldAgeSeconds),
 			HandOffs: r.HandOffs,
 		}
-	}
-	// The ring's rows still to be read, every one of them; an outbox
-	// without the ring costs one statement more, not a transaction.
-	var ring []db.RingQueueDepthsRow
-	present, err := o.queries(o.pool).RingPresent(ctx)
-	if err == nil && present {
-		err = o.inDepthTx(ctx, func(q *db.Queries) (err error) {
-			ring, err = q.RingQueueDepths(ctx, math.MaxInt64)
-			return err
-		})
-	}
-	if err != nil {
-		return nil, o.readError(ctx, "QueueStats", err)
 	}
 	return addByQueue(out, ring, func(s *QueueStats) *string { return &s.Queue }, func(s *QueueStats, r db.RingQueueDepthsRow) {
 		s.Ready += r.Ready
@@ -213,8 +218,12 @@ type PendingMessage struct {
 }
 
 // Unprocessed returns up to limit rows of queue still in the outbox,
-// oldest first, without claiming them: it takes no lease and changes
-// nothing, so it is safe beside running subscribers (tests, debugging).
+// oldest first (by id), without claiming them: it takes no lease and
+// changes nothing, so it is safe beside running subscribers (tests,
+// debugging). The rows in the ring (PublisherConfig.Tier TierRing) that
+// no claim has consumed are among them, with no deliveries and not
+// leased, also while a claim in flight holds their lane; it reads the
+// queue's whole unconsumed backlog in the ring to order it.
 // Any queue name the table can hold may be given, also one that
 // [ValidateQueue] refuses (rows other clients wrote). It reads through the
 // outbox's pool, so it sees committed rows only; [Outbox.UnprocessedTx]
@@ -243,16 +252,34 @@ func (o *Outbox) unprocessed(ctx context.Context, method string, conn DBTX, queu
 	if limit <= 0 {
 		return nil, &InputError{Field: "limit", Rule: "must be positive"}
 	}
-	rows, err := o.queries(conn).FetchUnprocessed(ctx, db.FetchUnprocessedParams{Queue: queue, MaxRows: int32(min(limit, 1<<30))})
+	maxRows := int32(min(limit, 1<<30))
+	q := o.queries(conn)
+	// The ring first: rows move from the ring into the table only, so a
+	// row a claim moves between the two reads is read twice (and kept
+	// once, as the table holds it), never missed.
+	ringRows, err := q.RingUnprocessed(ctx, db.RingUnprocessedParams{Queue: queue, MaxRows: maxRows})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: %s: %w", method, err)
+		return nil, o.readError(ctx, method, err)
+	}
+	rows, err := q.FetchUnprocessed(ctx, db.FetchUnprocessedParams{Queue: queue, MaxRows: maxRows})
+	if err != nil {
+		return nil, o.readError(ctx, method, err)
 	}
 	var hc headerCache
-	out := make([]PendingMessage, len(rows))
-	for i, r := range rows {
-		out[i] = PendingMessage{ID: r.ID, Queue: r.Queue, Payload: r.Payload, Deliveries: int(r.DeliveriesCount),
+	out := make([]PendingMessage, 0, len(rows)+len(ringRows))
+	for _, r := range rows {
+		m := PendingMessage{ID: r.ID, Queue: r.Queue, Payload: r.Payload, Deliveries: int(r.DeliveriesCount),
 			Leased: r.AcquiredToken.Valid, DueAt: r.NextAttemptAt}
-		out[i].Headers, out[i].RawHeaders = readHeaders(&hc, r.Headers)
+		m.Headers, m.RawHeaders = readHeaders(&hc, r.Headers)
+		out = append(out, m)
 	}
-	return out, nil
+	for _, r := range ringRows {
+		m := PendingMessage{ID: r.ID, Queue: queue, Payload: r.Payload, DueAt: r.NextAttemptAt}
+		m.Headers, m.RawHeaders = readHeaders(&hc, r.Headers)
+		out = append(out, m)
+	}
+	// A stable sort keeps the table's row of an id ahead of the ring's.
+	slices.SortStableFunc(out, func(a, b PendingMessage) int { return cmp.Compare(a.ID, b.ID) })
+	out = slices.CompactFunc(out, func(a, b PendingMessage) bool { return a.ID == b.ID })
+	return out[:min(len(out), limit)], nil
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -315,3 +317,138 @@ func TestTxHandlerCommitsEachRingRowsEffectsOnce(t *testing.T) {
 		t.Errorf("follow-ups (-want +got):\n%s", diff)
 	}
 }
+
+// Unprocessed lists the ring's rows that no claim has consumed beside
+// the outbox table's, oldest first, and UnprocessedTx the ring's rows
+// the caller's transaction wrote before it commits.
+func TestUnprocessedListsTheRingsRowsBesideTheTables(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ring, table := ringPublisher(t, e, "q"), newPublisher[string](t, e, "q", nil)
+	var want []string
+	for i := range 3 {
+		for _, pub := range []*Publisher[string]{table, ring} {
+			payload := fmt.Sprint(pub.tier, "-", i)
+			opts := &PublishOpts{Headers: map[string]string{"n": fmt.Sprint(i)}}
+			if i == 2 {
+				opts.OrderingKey = "k" // a keyed lane of the ring too
+			}
+			if _, err := pub.Publish(e.ctx, e.pubPool, payload, opts); err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, payload)
+		}
+	}
+	payloads := func(ms []PendingMessage) []string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, string(m.Payload))
+			if m.Headers["n"] == "" || m.Queue != "q" {
+				t.Errorf("row %d: queue %q, headers %v", m.ID, m.Queue, m.Headers)
+			}
+		}
+		return out
+	}
+	got, err := e.ob.Unprocessed(e.ctx, "q", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, payloads(got)); diff != "" {
+		t.Errorf("Unprocessed (-want +got):\n%s", diff)
+	}
+	if got, err = e.ob.Unprocessed(e.ctx, "q", 4); err != nil || !cmp.Equal(want[:4], payloads(got)) {
+		t.Errorf("Unprocessed, 4 rows: %q, %v; want %q", payloads(got), err, want[:4])
+	}
+
+	// Rows a transaction wrote into the ring, seen within it.
+	tx, err := e.pubPool.Begin(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(e.ctx) }()
+	if _, err := ring.PublishBatch(e.ctx, tx, []string{"tx-1", "tx-2"}, &PublishOpts{Headers: map[string]string{"n": "tx"}}); err != nil {
+		t.Fatal(err)
+	}
+	inTx, err := e.ob.UnprocessedTx(e.ctx, tx, "q", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(append(slices.Clone(want), "tx-1", "tx-2"), payloads(inTx)); diff != "" {
+		t.Errorf("UnprocessedTx (-want +got):\n%s", diff)
+	}
+	if err := tx.Rollback(e.ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Once a subscriber has handled them, none is left in either tier.
+	var handled atomic.Int64
+	startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+		handled.Add(1)
+		return nil
+	}, fastConfig[string](nil))
+	eventually(t, "every row handled", func() bool { return handled.Load() >= int64(len(want)) })
+	eventually(t, "no row left", func() bool {
+		got, err := e.ob.Unprocessed(e.ctx, "q", 100)
+		return err == nil && len(got) == 0
+	})
+}
+
+// The operators' reads count a row once while claims move it from the
+// ring into the outbox table: every row of the test fails and waits an
+// hour for its retry in the table, so the queue holds all of them
+// throughout, and every QueueDepths and Unprocessed read, taken while the
+// moves go on, says so (QueueStats reads the ring first and may count a
+// row in motion twice, never miss it).
+func TestOperatorsReadsCountARowOnceWhileItMovesFromTheRing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	const n = 300
+	payloads := make([]string, n)
+	for i := range payloads {
+		payloads[i] = fmt.Sprint(i)
+	}
+	if _, err := ringPublisher(t, e, "q").PublishBatch(e.ctx, e.pubPool, payloads, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig[string](nil)
+	cfg.FetchBatchSize = 10 // many claims, each moving its rows
+	startSub(t, e.ob, []string{"q"}, func(context.Context, *Message[string]) error {
+		return RetryAfter(errors.New("later"), time.Hour)
+	}, cfg)
+	var reads int
+	for done := false; !done; reads++ {
+		depths, err := e.ob.QueueDepths(e.ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var total, scheduled int64
+		for _, d := range depths {
+			if d.Queue == "q" {
+				total, scheduled = d.Ready+d.Scheduled+d.Leased+d.Expired, d.Scheduled
+			}
+		}
+		if total != n {
+			t.Fatalf("read %d: QueueDepths counts %d rows of %d", reads, total, n)
+		}
+		rows, err := e.ob.Unprocessed(e.ctx, "q", 2*n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rows) != n {
+			t.Fatalf("read %d: Unprocessed lists %d rows of %d", reads, len(rows), n)
+		}
+		stats, err := e.ob.QueueStats(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range stats {
+			if s.Queue == "q" && s.Ready+s.Scheduled+s.Leased+s.Expired < n {
+				t.Fatalf("read %d: QueueStats counts %d rows of %d", reads, s.Ready+s.Scheduled+s.Leased+s.Expired, n)
+			}
+		}
+		// Every row waits for its retry in the table: the moves are over.
+		done = scheduled == n && e.count("outbox") == n
+	}
+	t.Logf("%d reads while the rows moved", reads)
+}
+

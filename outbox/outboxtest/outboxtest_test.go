@@ -45,9 +45,24 @@ func setup(t *testing.T) (*pgtest.DB, *outbox.Outbox, *outbox.Publisher[Order]) 
 	return d, ob, pub
 }
 
+// Published and Drain see the rows a publisher wrote into the outbox
+// table, or into its ring.
 func TestPublishedAndDrain(t *testing.T) {
 	t.Parallel()
-	d, ob, pub := setup(t)
+	for _, tier := range []outbox.Tier{outbox.TierTable, outbox.TierRing} {
+		t.Run(tier.String(), func(t *testing.T) {
+			t.Parallel()
+			publishedAndDrain(t, tier)
+		})
+	}
+}
+
+func publishedAndDrain(t *testing.T, tier outbox.Tier) {
+	d, ob, _ := setup(t)
+	pub, err := outbox.NewPublisher(ob, "orders", &outbox.PublisherConfig[Order]{Tier: tier})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := pub.PublishBatch(t.Context(), d.Pool, []Order{{"o-1"}, {"o-2"}, {"o-3"}}, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -692,3 +692,42 @@ WITH progress AS (
 UPDATE /*outbox:table*/outbox_ring_turns AS t
 SET done_below = pg_snapshot_xmax(pg_current_snapshot())
 WHERE t.done_below IS NOT NULL;
+
+-- name: RingUnprocessed :many
+-- Up to @max_rows rows of @queue in the ring that the newest progress of
+-- their lane has not consumed, as RingQueueDepths counts them, in id
+-- order: Outbox.Unprocessed's rows of the ring. It takes no lock and
+-- changes nothing. It reads each lane from where its progress's unseen
+-- rows start, through the ring's indexes, and orders what it found: a
+-- peek for tests and debugging, which reads a queue's whole unconsumed
+-- backlog in the ring.
+WITH pos AS MATERIALIZED (
+    SELECT l.lane, coalesce(n.snap, '1:1:'::pg_snapshot) AS snap, coalesce(n.below, 9223372036854775807) AS below
+    FROM /*outbox:table*/outbox_ring_lanes AS l
+    LEFT JOIN LATERAL (SELECT g.snap, g.below FROM /*outbox:table*/outbox_ring_progress AS g
+                       WHERE g.queue = l.queue AND g.lane = l.lane ORDER BY g.seq DESC LIMIT 1) AS n ON true
+    WHERE l.queue = @queue::text
+)
+SELECT u.id, u.payload, u.headers,
+       least(greatest(u.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at
+FROM (
+    SELECT r.id, r.payload, r.headers, r.next_attempt_at
+    FROM pos AS p
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.queue = @queue::text AND r.lane = p.lane
+     AND r.txid >= /*outbox:table*/outbox_ring_since(p.snap, pg_current_snapshot())
+     AND NOT pg_visible_in_snapshot(r.txid, p.snap)
+    UNION ALL
+    SELECT r.id, r.payload, r.headers, r.next_attempt_at
+    FROM pos AS p
+    JOIN /*outbox:table*/outbox_ring AS r
+      ON r.queue = @queue::text AND r.lane = p.lane
+     AND r.ordering_key IS NOT NULL AND r.id > p.below AND pg_visible_in_snapshot(r.txid, p.snap)
+    UNION ALL
+    SELECT r.id, r.payload, r.headers, r.next_attempt_at
+    FROM /*outbox:table*/outbox_ring AS r
+    WHERE r.queue = @queue::text
+      AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_ring_lanes AS x WHERE x.queue = @queue::text AND x.lane = 0)
+) AS u
+ORDER BY u.id
+LIMIT @max_rows::integer;
