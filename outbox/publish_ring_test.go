@@ -452,3 +452,49 @@ func TestOperatorsReadsCountARowOnceWhileItMovesFromTheRing(t *testing.T) {
 	t.Logf("%d reads while the rows moved", reads)
 }
 
+// A claim of the ring hands a transaction's rows of a lane whole, more
+// than the subscriber's buffer holds (FetchBatchSize), and waits for its
+// workers to take them: a subscriber stopped then returns from Run all
+// the same, and the rows it never started are delivered by the next.
+func TestRunReturnsWhenAClaimOfTheRingHandedMoreRowsThanItsBuffer(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	payloads := make([]string, 300) // 75 in each unkeyed lane, one transaction
+	for i := range payloads {
+		payloads[i] = fmt.Sprint(i)
+	}
+	ids, err := ringPublisher(t, e, "q").PublishBatch(e.ctx, e.pubPool, payloads, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen handledIDs
+	running, release := make(chan struct{}, 2), make(chan struct{})
+	cfg := fastConfig[string](nil)
+	cfg.Workers, cfg.FetchBatchSize = 2, 10
+	first := startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+		seen.add(m.ID)
+		select {
+		case running <- struct{}{}:
+		default:
+		}
+		<-release
+		return nil
+	}, cfg)
+	// Both workers hold a row: the claim's hand-out is past the buffer.
+	waitFor(t, running, "the first handler")
+	waitFor(t, running, "the second handler")
+	first.cancel()
+	close(release)
+	if err := waitForWithin(t, first.done, "Run's return", time.Minute); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	first.stopped = true
+	startSub(t, e.ob, []string{"q"}, func(_ context.Context, m *Message[string]) error {
+		seen.add(m.ID)
+		return nil
+	}, fastConfig[string](nil))
+	eventually(t, "every row handled", func() bool { return len(seen.sorted()) >= len(ids) })
+	if diff := cmp.Diff(ids, seen.sorted()); diff != "" {
+		t.Errorf("rows handled (-published +handled):\n%s", diff)
+	}
+}

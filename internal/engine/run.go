@@ -270,9 +270,21 @@ func rowAttrs(d *lease.Delivery) []any {
 	return []any{slog.String("queue", d.Row.Queue), slog.Int64("id", d.Row.ID), slog.Int("deliveries", int(d.Row.DeliveriesCount))}
 }
 
-// hand puts claimed rows in buf for the workers.
+// hand puts claimed rows in buf for the workers. A claim of the ring
+// may hand more rows than buf holds (a transaction's rows of a lane come
+// whole), and waits for the workers to take them; once the run stops,
+// the workers take no more, and the rows left go to unstarted, which the
+// stop hands back, so that the claim, and with it Run, does not wait for
+// good.
 func (r *run) hand(ds []*lease.Delivery) {
-	for _, d := range ds {
-		r.buf <- d
+	for i, d := range ds {
+		select {
+		case r.buf <- d:
+		case <-r.stopping:
+			r.unstartedMu.Lock()
+			r.unstarted = append(r.unstarted, ds[i:]...)
+			r.unstartedMu.Unlock()
+			return
+		}
 	}
 }
