@@ -91,7 +91,13 @@ const (
 	// on) move into the outbox table as their claim ends. Subscribers
 	// claim from the ring as soon as their queues use it; a claim of the
 	// ring takes more round trips than one of the table, so a quiet
-	// queue's delivery waits longer on it.
+	// queue's delivery waits longer on it. A claim reads a transaction's
+	// rows of a lane whole (a lane's progress is a snapshot, which cannot
+	// end inside a transaction), however many there are: a transaction of
+	// a million rows of one queue makes claims of about a quarter of a
+	// million each, held in memory and moved into the table as far as
+	// their handlers have not run by the claim's end. Write large backfills
+	// in transactions of thousands of rows.
 	//
 	// A key's rows keep their order when its publishers write into the
 	// ring, or move from the table to the ring (a ring row of a key the
