@@ -98,7 +98,8 @@ type QueueDepth struct {
 // of the ring still holds count as ready until it ends). Its counts read
 // a queue's rows through the ring's indexes, lane after lane, each in the
 // order the lane reads them, up to the cap: past it, a scheduled row may
-// go uncounted.
+// go uncounted. Both tiers are read in one snapshot, so a row that a
+// claim moves from the ring into the table counts once, in one of them.
 //
 // A missing outbox, or one at another schema version, gives a
 // *[SchemaError] naming the fix.

@@ -60,7 +60,9 @@ type QueueStats struct {
 // metrics). With the log tier's ring beside the outbox table, every row
 // of the ring that no lane has consumed yet counts too, as ready or
 // scheduled, and in the oldest age (rows a claim of the ring still holds
-// count as ready until it ends). A missing outbox, or one at another
+// count as ready until it ends). The ring is read before the table, so a
+// row that a claim moves from one into the other meanwhile counts twice
+// in that read, never in neither. A missing outbox, or one at another
 // schema version, gives a *[SchemaError] naming the fix.
 func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	// The ring's rows still to be read, every one of them, first: rows
