@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -276,7 +277,9 @@ func TestPublishIntoAMissingTableNamesTheFix(t *testing.T) {
 
 // A transactional subscriber handles the ring's rows as the table's:
 // each handler's writes commit once, with its row's acknowledgement, a
-// failed delivery's writes roll back, and the ring is drained.
+// failed delivery's writes roll back, and the ring is drained. (Which
+// delivery commits is the database's: under SERIALIZABLE, a handler's
+// transaction may fail to serialize and its row be delivered again.)
 func TestTxHandlerCommitsEachRingRowsEffectsOnce(t *testing.T) {
 	t.Parallel()
 	e := setupTx(t)
@@ -305,13 +308,12 @@ func TestTxHandlerCommitsEachRingRowsEffectsOnce(t *testing.T) {
 	}, fastConfig[string](nil))
 	eventually(t, "every order invoiced", func() bool { return len(e.invoices()) == len(orders) })
 	eventually(t, "the ring's rows consumed", func() bool { return e.undelivered("orders") == 0 })
-	want := map[string]int{}
-	for _, o := range orders {
-		want[o] = 1
+	invoices := e.invoices()
+	if diff := cmp.Diff(orders, slices.Sorted(maps.Keys(invoices)), cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
+		t.Errorf("orders invoiced (-want +got):\n%s", diff)
 	}
-	want["o-7"] = 2 // its first delivery rolled back
-	if diff := cmp.Diff(want, e.invoices()); diff != "" {
-		t.Errorf("invoices, by the delivery that committed (-want +got):\n%s", diff)
+	if invoices["o-7"] < 2 {
+		t.Errorf("o-7 was invoiced by delivery %d, whose writes rolled back; want a later one", invoices["o-7"])
 	}
 	if diff := cmp.Diff(follows, e.queued("invoiced"), cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
 		t.Errorf("follow-ups (-want +got):\n%s", diff)
@@ -360,8 +362,9 @@ func TestUnprocessedListsTheRingsRowsBesideTheTables(t *testing.T) {
 		t.Errorf("Unprocessed, 4 rows: %q, %v; want %q", payloads(got), err, want[:4])
 	}
 
-	// Rows a transaction wrote into the ring, seen within it.
-	tx, err := e.pubPool.Begin(e.ctx)
+	// Rows a transaction wrote into the ring, seen within it (a test's
+	// own connection: the publisher role reads no payloads).
+	tx, err := e.db.Pool.Begin(e.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
