@@ -21,6 +21,15 @@ import (
 // A Publisher with Tier TierRing writes into the outbox's ring, through
 // the public API, as the publisher role with only its grants.
 
+// numbered returns the payloads "0" to n-1.
+func numbered(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprint(i)
+	}
+	return out
+}
+
 // ringPublisher returns a publisher of strings to queue that writes into
 // the ring.
 func ringPublisher(t *testing.T, e *env, queue string) *Publisher[string] {
@@ -406,11 +415,7 @@ func TestOperatorsReadsCountARowOnceWhileItMovesFromTheRing(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	const n = 300
-	payloads := make([]string, n)
-	for i := range payloads {
-		payloads[i] = fmt.Sprint(i)
-	}
-	if _, err := ringPublisher(t, e, "q").PublishBatch(e.ctx, e.pubPool, payloads, nil); err != nil {
+	if _, err := ringPublisher(t, e, "q").PublishBatch(e.ctx, e.pubPool, numbered(n), nil); err != nil {
 		t.Fatal(err)
 	}
 	cfg := fastConfig[string](nil)
@@ -462,11 +467,8 @@ func TestOperatorsReadsCountARowOnceWhileItMovesFromTheRing(t *testing.T) {
 func TestRunReturnsWhenAClaimOfTheRingHandedMoreRowsThanItsBuffer(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	payloads := make([]string, 300) // 75 in each unkeyed lane, one transaction
-	for i := range payloads {
-		payloads[i] = fmt.Sprint(i)
-	}
-	ids, err := ringPublisher(t, e, "q").PublishBatch(e.ctx, e.pubPool, payloads, nil)
+	// 75 in each unkeyed lane, one transaction.
+	ids, err := ringPublisher(t, e, "q").PublishBatch(e.ctx, e.pubPool, numbered(300), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -321,17 +321,15 @@ func (p *publisher) insertBatch(ctx context.Context, tx DBTX, payloads [][]byte,
 		return nil, err
 	}
 	delay, notBefore := opts.schedule()
+	params := db.PublishBatchParams{
+		Queue: p.queue, Headers: headers, OrderingKey: opts.orderingKey(),
+		DelaySeconds: delay, NotBefore: notBefore, Payloads: payloads,
+	}
 	var ids []int64
 	if p.tier == TierRing {
-		ids, err = p.ob.queries(tx).PublishRingBatch(ctx, db.PublishRingBatchParams{
-			Queue: p.queue, Headers: headers, OrderingKey: opts.orderingKey(),
-			DelaySeconds: delay, NotBefore: notBefore, Payloads: payloads,
-		})
+		ids, err = p.ob.queries(tx).PublishRingBatch(ctx, db.PublishRingBatchParams(params))
 	} else {
-		ids, err = p.ob.queries(tx).PublishBatch(ctx, db.PublishBatchParams{
-			Queue: p.queue, Headers: headers, OrderingKey: opts.orderingKey(),
-			DelaySeconds: delay, NotBefore: notBefore, Payloads: payloads,
-		})
+		ids, err = p.ob.queries(tx).PublishBatch(ctx, params)
 	}
 	if err != nil {
 		return nil, p.writeError(ctx, "PublishBatch", err)

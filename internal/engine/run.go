@@ -281,9 +281,7 @@ func (r *run) hand(ds []*lease.Delivery) {
 		select {
 		case r.buf <- d:
 		case <-r.stopping:
-			r.unstartedMu.Lock()
-			r.unstarted = append(r.unstarted, ds[i:]...)
-			r.unstartedMu.Unlock()
+			r.unstart(ds[i:]...)
 			return
 		}
 	}

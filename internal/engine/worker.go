@@ -236,9 +236,10 @@ func (r *run) finish(d *lease.Delivery, o lease.Outcome) {
 	r.outcomes <- o
 }
 
-// unstart keeps a row a worker took after the stop, for release.
-func (r *run) unstart(d *lease.Delivery) {
+// unstart keeps rows no worker will start, taken after the stop or
+// never handed to a worker, for release.
+func (r *run) unstart(ds ...*lease.Delivery) {
 	r.unstartedMu.Lock()
-	r.unstarted = append(r.unstarted, d)
+	r.unstarted = append(r.unstarted, ds...)
 	r.unstartedMu.Unlock()
 }
