@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -94,10 +93,6 @@ func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers
 		CREATE INDEX ON `+minimal+` (queue, next_attempt_at, id) WHERE acquired_token IS NULL AND NOT blocked`); err != nil {
 		return err
 	}
-	insert := func(table string) string {
-		return "INSERT INTO " + table + " (queue, payload, headers) VALUES ($1, $2, $3) RETURNING id"
-	}
-	headers := []byte(`{"content-type": "application/json", "correlation-id": "5f0c6f8e-9a43-4f7e-8d0b-6f2f0c1a2b3c", "message-type": "order"}`)
 	sleepers := table("outbox_sleepers")
 	asleep := func(on bool) error {
 		_, err := pool.Exec(ctx, "DELETE FROM "+sleepers)
@@ -171,30 +166,14 @@ func concurrentPublish(ctx context.Context, env *benchEnv, o options, publishers
 			return elapsed, nil
 		}
 	}
-	publishWith := func(pub *outbox.Publisher[order]) func(tx pgx.Tx, i int) error {
-		return func(tx pgx.Tx, i int) error {
-			_, err := pub.Publish(ctx, tx, sampleOrder(i), nil)
-			return err
-		}
-	}
-	publish := publishWith(pub)
-	bare := func(table string) func(tx pgx.Tx, i int) error {
-		return func(tx pgx.Tx, i int) error {
-			payload, err := json.Marshal(sampleOrder(i))
-			if err != nil {
-				return err
-			}
-			var id int64
-			return tx.QueryRow(ctx, insert(table), topic, payload, headers).Scan(&id)
-		}
-	}
+	publish := publishOrder(ctx, pub)
 	cs := []contender{
-		{"bare INSERT, no trigger", concurrently(plain, false, false, bare(plain))},
-		{"bare INSERT, plain table (primary key and pending index)", concurrently(minimal, false, false, bare(minimal))},
-		{"bare INSERT into the outbox, nobody asleep", concurrently(table("outbox"), false, false, bare(table("outbox")))},
+		{"bare INSERT, no trigger", concurrently(plain, false, false, bareInsert(ctx, plain))},
+		{"bare INSERT, plain table (primary key and pending index)", concurrently(minimal, false, false, bareInsert(ctx, minimal))},
+		{"bare INSERT into the outbox, nobody asleep", concurrently(table("outbox"), false, false, bareInsert(ctx, table("outbox")))},
 		{"outbox Publish, nobody asleep", concurrently(table("outbox"), false, false, publish)},
-		{ringInsert, concurrently(ringTable.Sanitize(), false, false, bare(ringTable.Sanitize()))},
-		{ringPublish, concurrently(ringTable.Sanitize(), false, false, publishWith(ringPub))},
+		{ringInsert, concurrently(ringTable.Sanitize(), false, false, bareInsert(ctx, ringTable.Sanitize()))},
+		{ringPublish, concurrently(ringTable.Sanitize(), false, false, publishOrder(ctx, ringPub))},
 		{"outbox Publish, a subscriber handling", concurrently(table("outbox"), false, true, publish)},
 	}
 	if publishers == 32 {
