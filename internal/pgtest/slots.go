@@ -189,80 +189,63 @@ const reserveLockClass = 0x6f747372
 // reserving says (on) or stops saying that a test of this process waits
 // for slots 0 to want-1.
 func reserving(base string, want int, on bool) error {
-	slots.sessMu.Lock()
-	defer slots.sessMu.Unlock()
-	if err := openSession(base); err != nil {
-		return err
-	}
 	stmt := "SELECT pg_advisory_unlock_shared($1, $2)::text"
 	if on {
 		stmt = "SELECT pg_advisory_lock_shared($1, $2)::text"
 	}
-	var ignored string
-	if err := slots.sess.QueryRow(context.Background(), stmt, reserveLockClass, int32(want)).Scan(&ignored); err != nil {
-		dropSession()
-		return err
-	}
-	return nil
+	return onSession(base, func(conn *pgx.Conn) error {
+		var ignored string
+		return conn.QueryRow(context.Background(), stmt, reserveLockClass, int32(want)).Scan(&ignored)
+	})
 }
 
 // reservedBelow returns the number of low slots that tests waiting in
 // Reserve, of any process, wait for: 0 when none waits.
-func reservedBelow(base string) (int, error) {
-	slots.sessMu.Lock()
-	defer slots.sessMu.Unlock()
-	if err := openSession(base); err != nil {
-		return 0, err
-	}
-	var n int
-	err := slots.sess.QueryRow(context.Background(), `SELECT coalesce(max(objid), 0)::int FROM pg_catalog.pg_locks
-		WHERE locktype = 'advisory' AND classid = $1::oid AND objsubid = 2 AND granted
-		AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`,
-		int64(reserveLockClass)).Scan(&n)
-	if err != nil {
-		dropSession()
-		return 0, err
-	}
-	return n, nil
+func reservedBelow(base string) (n int, err error) {
+	err = onSession(base, func(conn *pgx.Conn) error {
+		return conn.QueryRow(context.Background(), `SELECT coalesce(max(objid), 0)::int FROM pg_catalog.pg_locks
+			WHERE locktype = 'advisory' AND classid = $1::oid AND objsubid = 2 AND granted
+			AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`,
+			int64(reserveLockClass)).Scan(&n)
+	})
+	return n, err
 }
 
-// openSession opens the session that holds the process's slots, unless
-// it is open. Call it with slots.sessMu held.
-func openSession(base string) error {
-	if slots.sess != nil {
-		return nil
+// onSession runs fn on the session that holds the process's slots,
+// opening it first unless it is open. A failure of fn closes the session
+// (its locks end with it; the next call opens another).
+func onSession(base string, fn func(conn *pgx.Conn) error) error {
+	slots.sessMu.Lock()
+	defer slots.sessMu.Unlock()
+	if slots.sess == nil {
+		conn, err := dial(base, slotAppName())
+		if err != nil {
+			return err
+		}
+		slots.sess, slots.mine = conn, map[int]bool{}
 	}
-	conn, err := dial(base, slotAppName())
-	if err != nil {
+	if err := fn(slots.sess); err != nil {
+		dropSession()
 		return err
 	}
-	slots.sess, slots.mine = conn, map[int]bool{}
 	return nil
 }
 
 // takeSlot takes slot s on the process's session, opening it first, and
 // reports whether it was free.
-func takeSlot(base string, s int) (bool, error) {
-	slots.sessMu.Lock()
-	defer slots.sessMu.Unlock()
-	if slots.mine[s] {
-		// A session takes an advisory lock it holds again: the process's
-		// own tests are told apart here.
-		return false, nil
-	}
-	if err := openSession(base); err != nil {
-		return false, err
-	}
-	ok, err := tryLock(slots.sess, slotLockClass, int32(s))
-	if err != nil {
-		// The session's locks end with it; the next try opens another.
-		dropSession()
-		return false, err
-	}
-	if ok {
-		slots.mine[s] = true
-	}
-	return ok, nil
+func takeSlot(base string, s int) (ok bool, err error) {
+	err = onSession(base, func(conn *pgx.Conn) error {
+		if slots.mine[s] {
+			// A session takes an advisory lock it holds again: the
+			// process's own tests are told apart here.
+			return nil
+		}
+		if ok, err = tryLock(conn, slotLockClass, int32(s)); ok {
+			slots.mine[s] = true
+		}
+		return err
+	})
+	return ok, err
 }
 
 // giveBack lets go of slots held by the process's session.
