@@ -35,6 +35,7 @@ WITH held AS MATERIALIZED (
         LIMIT $5::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
+    WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
     UNION ALL
     SELECT e.id, e.queue, e.next_attempt_at, false
     FROM unnest($3::text[]) AS q(name)
@@ -49,6 +50,7 @@ WITH held AS MATERIALIZED (
         LIMIT $5::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
+    WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
 ), ranked AS (
     SELECT c.id, c.next_attempt_at, c.recheck,
            row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
@@ -118,6 +120,8 @@ type ClaimRow struct {
 // gets another: a delivery is its row id and token together, and the
 // writes of an earlier delivery of the row match nothing. A key has one
 // unblocked row at a time, so a batch never holds two rows of one key.
+// A paused queue (a row of <table>_pauses, schema 14) is passed by: none
+// of its rows is claimed, due or with an expired lease.
 //
 // It keeps the promises of claims by lock (sql/queries/locked.sql) too.
 // A row that the record of an ended claim by lock still holds (in
@@ -223,6 +227,7 @@ WITH held AS MATERIALIZED (
         SELECT o.id, o.next_attempt_at, NOT o.xmax = '0'::xid AS recheck
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = $3::text
+          AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = $3::text)
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
@@ -238,6 +243,7 @@ WITH held AS MATERIALIZED (
         SELECT o.id, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = $3::text
+          AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = $3::text)
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
           AND o.lease_expires_at >= coalesce(now() - make_interval(secs => $6::float8), '-infinity')
@@ -303,7 +309,7 @@ type ClaimQueueRow struct {
 // the rows Claim would take, without the ranking that shares a batch
 // across queues (one queue needs none),
 // and with Claim's columns but the queue, which the caller named
-// (recheck among them).
+// (recheck among them). A paused queue gives no row.
 func (q *Queries) ClaimQueue(ctx context.Context, arg ClaimQueueParams) ([]ClaimQueueRow, error) {
 	rows, err := q.db.Query(ctx, claimQueue,
 		arg.Token,

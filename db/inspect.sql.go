@@ -147,6 +147,7 @@ CROSS JOIN LATERAL (
     ORDER BY o.next_attempt_at
     LIMIT 1
 ) AS n
+WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
 ORDER BY n.next_attempt_at
 LIMIT 1
 `
@@ -168,7 +169,8 @@ type NextDueInParams struct {
 // on now(), the statement's start, since a volatile clock_timestamp()
 // there would make it a filter, and the probe would read every entry
 // from the queue's start (under a snapshot held open anywhere in the
-// cluster, every row deleted since it was taken).
+// cluster, every row deleted since it was taken). Paused queues are left
+// out: no claim takes their rows.
 func (q *Queries) NextDueIn(ctx context.Context, arg NextDueInParams) (float64, error) {
 	row := q.db.QueryRow(ctx, nextDueIn, arg.Queues, arg.SinceClaimSeconds)
 	var due_in_seconds float64

@@ -100,7 +100,10 @@ func (q *Queries) Probe(ctx context.Context) (int32, error) {
 
 const sleep = `-- name: Sleep :exec
 INSERT INTO /*outbox:table*/outbox_sleepers AS s (id, queues, until)
-VALUES ($1::uuid, $2::text[], now() + make_interval(secs => $3::float8))
+VALUES ($1::uuid,
+        ARRAY(SELECT q.name FROM unnest($2::text[]) AS q(name)
+              WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)),
+        now() + make_interval(secs => $3::float8))
 ON CONFLICT (id) DO UPDATE SET queues = excluded.queues, until = excluded.until
 `
 
@@ -114,7 +117,10 @@ type SleepParams struct {
 // record lapses, writers of those queues' rows notify (migration 6). @id
 // is a random id per sleep: the subscriber refreshes its record while it
 // sleeps, and draws a new id when it sleeps again after a wake-up, so no
-// record has more versions than one sleep's refreshes.
+// record has more versions than one sleep's refreshes. Paused queues are
+// left out of the record: writers of their rows need not wake a
+// subscriber that would not claim them (a resume notifies, see
+// ResumeQueue).
 func (q *Queries) Sleep(ctx context.Context, arg SleepParams) error {
 	_, err := q.db.Exec(ctx, sleep, arg.ID, arg.Queues, arg.ForSeconds)
 	return err

@@ -27,6 +27,7 @@ WITH picked AS (
         LIMIT $5::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
+    WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
     LIMIT $5::integer
 )
 UPDATE /*outbox:table*/outbox AS o
@@ -269,6 +270,7 @@ WITH held AS MATERIALIZED (
         LIMIT $6::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
+    WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
 ), ranked AS (
     SELECT c.id, c.queue, c.next_attempt_at, c.payload, c.headers, c.ordering_key, c.timer_id, c.created_at, c.attempts_count, c.deliveries_count, c.first_attempt_at, row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
     FROM candidates AS c
@@ -378,6 +380,7 @@ SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
        ) AS xid
 FROM /*outbox:table*/outbox AS o
 WHERE o.queue = $2::text
+  AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = $2::text)
   AND o.acquired_token IS NULL
   AND NOT o.blocked
   AND o.next_attempt_at <= now()
@@ -414,6 +417,7 @@ type LockQueueRow struct {
 
 // Claims that hold their rows by row lock (migration 7). Each runs in the
 // claim's own transaction but RecordLock, which must commit on its own.
+// Each passes a paused queue by (<table>_pauses, schema 14; see Claim).
 // Locks, in the calling transaction, up to @max_rows rows of one queue
 // that ClaimQueue would lease, without writing them: rows with no lease
 // that are not blocked and are due. (Rows whose lease expired are taken

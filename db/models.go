@@ -59,6 +59,13 @@ type OutboxLock struct {
 	Until     time.Time
 }
 
+type OutboxPause struct {
+	Queue    string
+	PausedAt time.Time
+	PausedBy string
+	Reason   string
+}
+
 type OutboxRing struct {
 	ID            int64
 	Queue         string

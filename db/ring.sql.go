@@ -620,7 +620,8 @@ SELECT w.queue::text AS queue, w.lane::smallint AS lane,
        coalesce(c.snaps, '{}')::text[] AS crashed,
        coalesce(c.belows, '{}')::bigint[] AS crashed_below,
        coalesce(c.untils, '{}')::timestamptz[] AS crashed_until,
-       coalesce(c.xids, '{}')::bigint[] AS crashed_xids
+       coalesce(c.xids, '{}')::bigint[] AS crashed_xids,
+       EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = w.queue) AS paused
 FROM (SELECT unnest($1::text[]) AS queue, unnest($2::smallint[]) AS lane) AS w
 LEFT JOIN LATERAL (
     SELECT g.seq, g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g
@@ -653,6 +654,7 @@ type RingPositionsRow struct {
 	CrashedBelow []int64
 	CrashedUntil []time.Time
 	CrashedXids  []int64
+	Paused       bool
 }
 
 // Where each lane @lanes of @queues stands (arrays of one element per
@@ -665,7 +667,9 @@ type RingPositionsRow struct {
 // since while a keyed lane's bound leaves rows that snapshot saw unread);
 // and the snapshots, bounds, lease ends and transaction ids of the claims
 // after that progress whose transactions aborted (crashed or lost
-// deliveries).
+// deliveries); and whether the lane's queue is paused (schema 14): then
+// the claim hands none of its rows out and moves them into the outbox
+// table, where they wait for the resume, and the ring turns past them.
 func (q *Queries) RingPositions(ctx context.Context, arg RingPositionsParams) ([]RingPositionsRow, error) {
 	rows, err := q.db.Query(ctx, ringPositions, arg.Queues, arg.Lanes)
 	if err != nil {
@@ -689,6 +693,7 @@ func (q *Queries) RingPositions(ctx context.Context, arg RingPositionsParams) ([
 			&i.CrashedBelow,
 			&i.CrashedUntil,
 			&i.CrashedXids,
+			&i.Paused,
 		); err != nil {
 			return nil, err
 		}

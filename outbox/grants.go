@@ -24,8 +24,9 @@ type Roles struct {
 	// Subscriber runs subscribers (claims by lease and by lock from the
 	// outbox table, and of the ring's lanes, transactional handlers
 	// included) and operates the outbox:
-	// QueueStats, QueueDepths, RetryBacklog, Unprocessed, Health and the
-	// dead letters (list, replay, purge). Empty: none.
+	// QueueStats, QueueDepths, RetryBacklog, Unprocessed, Health, queue
+	// pauses (PauseQueue, ResumeQueue) and the dead letters (list,
+	// replay, purge). Empty: none.
 	Subscriber string
 }
 
@@ -76,6 +77,9 @@ func Grants(cfg *Config, roles Roles) ([]string, error) {
 			// through the function alone.
 			"GRANT SELECT ON "+rel("_handoff")+" TO "+s,
 			"GRANT EXECUTE ON FUNCTION "+rel("_hand_off")+"(text[], integer) TO "+s,
+			// Queue pauses (schema 14): read by every claim, written by
+			// PauseQueue and ResumeQueue.
+			"GRANT SELECT, INSERT, DELETE ON "+rel("_pauses")+" TO "+s,
 		)
 		// Reads, claims and turns of the log tier's ring (schema 13).
 		out = append(out, ring.Grants(n, "", roles.Subscriber)...)

@@ -52,10 +52,13 @@ type QueueStats struct {
 	// transaction could not, because a publisher of the key had not
 	// committed). It stays near zero while subscribers run.
 	HandOffs int64 `json:"hand_offs"`
+	// Paused is the queue's pause ([Outbox.PauseQueue]); nil while it
+	// runs.
+	Paused *QueuePause `json:"paused,omitempty"`
 }
 
 // QueueStats reports every queue that has rows in the outbox or its
-// dead-letter table, by name. It reads both tables whole: it is for
+// dead-letter table, or is paused, by name. It reads both tables whole: it is for
 // operators, not hot paths ([Outbox.QueueDepths] is the cheap read for
 // metrics). With the log tier's ring beside the outbox table, every row
 // of the ring that no lane has consumed yet counts too, as ready or
@@ -95,11 +98,16 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 			HandOffs: r.HandOffs,
 		}
 	}
-	return addByQueue(out, ring, func(s *QueueStats) *string { return &s.Queue }, func(s *QueueStats, r db.RingQueueDepthsRow) {
+	out = addByQueue(out, ring, func(s *QueueStats) *string { return &s.Queue }, func(s *QueueStats, r db.RingQueueDepthsRow) {
 		s.Ready += r.Ready
 		s.Scheduled += r.Scheduled
 		s.OldestAge = max(s.OldestAge, dbx.Seconds(r.OldestAgeSeconds))
-	}), nil
+	})
+	paused, err := o.PausedQueues(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return withPauses(out, paused), nil
 }
 
 // OutboxName names an outbox: the schema and the table of its rows.

@@ -257,6 +257,8 @@ func TestSleepHorizonNeedsNoNewPrivilege(t *testing.T) {
 	e.exec("GRANT SELECT, INSERT ON outbox TO " + ident)
 	e.exec("GRANT USAGE ON SEQUENCE outbox_id_seq TO " + ident)
 	e.exec("GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_sleepers TO " + ident)
+	// A sleep record leaves the paused queues out (schema 14).
+	e.exec("GRANT SELECT ON outbox_pauses TO " + ident)
 	asRole := func(what string, fn func(q *db.Queries) error) {
 		t.Helper()
 		tx := e.fixtureTx()

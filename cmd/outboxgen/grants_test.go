@@ -104,6 +104,7 @@ func TestGrantsApply(t *testing.T) {
 		sub + " outbox_dlq DELETE", sub + " outbox_dlq INSERT", sub + " outbox_dlq SELECT", sub + " outbox_dlq UPDATE",
 		sub + " outbox_handoff SELECT",
 		sub + " outbox_locks DELETE", sub + " outbox_locks INSERT", sub + " outbox_locks SELECT", sub + " outbox_locks UPDATE",
+		sub + " outbox_pauses DELETE", sub + " outbox_pauses INSERT", sub + " outbox_pauses SELECT",
 		sub + " outbox_ring_acks DELETE", sub + " outbox_ring_acks INSERT", sub + " outbox_ring_acks SELECT",
 		sub + " outbox_ring_claims DELETE", sub + " outbox_ring_claims INSERT", sub + " outbox_ring_claims SELECT",
 		sub + " outbox_ring_lanes INSERT", sub + " outbox_ring_lanes SELECT", sub + " outbox_ring_lanes UPDATE",
@@ -113,7 +114,7 @@ func TestGrantsApply(t *testing.T) {
 	}
 	for range 2 {
 		r := runCLI(t, env, append([]string{"grants", "-apply", "-publisher", pub, "-subscriber", sub}, flags...)...)
-		if r.code != 0 || stripHeader(r.stdout) != "granted: 18 statements\n" {
+		if r.code != 0 || stripHeader(r.stdout) != "granted: 19 statements\n" {
 			t.Fatalf("exit %d: %s%s", r.code, r.stdout, r.stderr)
 		}
 		if diff := cmp.Diff(want, privileges()); diff != "" {

@@ -78,14 +78,30 @@ func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, strings.Join(columns, "\t")+"\t")
 	for _, s := range stats {
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d/%d\t%s\t\n", cell(s.Queue), s.Ready, s.Scheduled, s.Blocked,
+		name := cell(s.Queue)
+		if s.Paused != nil {
+			name += " (paused)"
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d/%d\t%s\t\n", name, s.Ready, s.Scheduled, s.Blocked,
 			s.Leased, s.Expired, oldest(s), s.DeadLettered,
 			s.HeldKeysRetrying, s.HeldKeysScheduled, heldKey(s))
 	}
 	if len(stats) == 0 {
 		fmt.Fprintln(w, "(no rows)"+strings.Repeat("\t", len(columns)))
 	}
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, s := range stats {
+		if p := s.Paused; p != nil {
+			fmt.Fprintf(stdout, "queue %s paused since %s by %s", cell(p.Queue), p.PausedAt.UTC().Format(time.RFC3339), cell(p.PausedBy))
+			if p.Reason != "" {
+				fmt.Fprintf(stdout, ": %s", cell(p.Reason))
+			}
+			fmt.Fprintln(stdout, "; no subscriber claims its rows until `outboxgen queue resume`")
+		}
+	}
+	return nil
 }
 
 // oldest is the OLDEST cell: the age of the queue's oldest row, or "-"

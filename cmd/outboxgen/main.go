@@ -138,6 +138,7 @@ Commands:
   inspect      show each queue's depth, leases, age, dead letters and held ordering keys
   health       check NOTIFY, the notification queue, what holds back vacuum, dead rows and the schema version
   dlq          list, show, replay or purge dead-lettered rows
+  queue        pause or resume a queue, or list the paused ones
   grants       print (or -apply) the GRANT statements of a publishing and a subscribing role
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
   console      serve the web console: queues, held keys, dead letters, rows, health
@@ -147,7 +148,7 @@ Flags may come before or after a command's arguments. Run
 "outboxgen COMMAND -h" for a command's flags and an example.
 
 Environment (a flag wins over its variable):
-  DATABASE_URL   database of migrate, inspect, health, dlq, console, rebase and grants -apply (-dsn);
+  DATABASE_URL   database of migrate, inspect, health, dlq, queue, console, rebase and grants -apply (-dsn);
                  when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
                  PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
   OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
@@ -159,7 +160,7 @@ the outboxes the database holds.
 `
 
 // commands are the command names, for suggestions.
-var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "grants", "bind", "console", "rebase", "help"}
+var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "queue", "grants", "bind", "console", "rebase", "help"}
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	if len(args) == 0 {
@@ -177,6 +178,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return healthCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "dlq":
 		return dlqCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "queue":
+		return queueCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "grants":
 		return grantsCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "bind":

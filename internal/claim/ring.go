@@ -553,8 +553,18 @@ func (c *byRing) heldKeys(ctx context.Context, q claimTx, l *lane) ([]string, er
 // others in l.later, for the claim to move into the outbox table,
 // unleased (spill): rows not yet due and, in a keyed lane, the rows of
 // keys the outbox table holds, which go behind the key's rows there, and
-// a key's rows from its first one not yet due.
+// a key's rows from its first one not yet due. A paused queue's rows all
+// move: they wait in the outbox table, which no claim of a paused queue
+// reads, and the ring turns past them.
 func (c *byRing) due(ctx context.Context, q claimTx, l *lane) ([]int, error) {
+	if l.pos.Paused {
+		m := moves{}
+		for i := range l.rows {
+			m.add(l.rows[i].ID, int64(l.rows[i].Txid), 0, false)
+		}
+		l.later = m
+		return nil, nil
+	}
 	held, err := c.heldKeys(ctx, q, l)
 	if err != nil {
 		return nil, err

@@ -9,6 +9,8 @@
 -- gets another: a delivery is its row id and token together, and the
 -- writes of an earlier delivery of the row match nothing. A key has one
 -- unblocked row at a time, so a batch never holds two rows of one key.
+-- A paused queue (a row of <table>_pauses, schema 14) is passed by: none
+-- of its rows is claimed, due or with an expired lease.
 --
 -- It keeps the promises of claims by lock (sql/queries/locked.sql) too.
 -- A row that the record of an ended claim by lock still holds (in
@@ -83,6 +85,7 @@ WITH held AS MATERIALIZED (
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
+    WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
     UNION ALL
     SELECT e.id, e.queue, e.next_attempt_at, false
     FROM unnest(@queues::text[]) AS q(name)
@@ -97,6 +100,7 @@ WITH held AS MATERIALIZED (
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
+    WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
 ), ranked AS (
     SELECT c.id, c.next_attempt_at, c.recheck,
            row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
@@ -136,7 +140,7 @@ RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
 -- the rows Claim would take, without the ranking that shares a batch
 -- across queues (one queue needs none),
 -- and with Claim's columns but the queue, which the caller named
--- (recheck among them).
+-- (recheck among them). A paused queue gives no row.
 WITH held AS MATERIALIZED (
     -- The records that hold (until > now()), through the index on until:
     -- those of claims made within a lease, not every record.
@@ -149,6 +153,7 @@ WITH held AS MATERIALIZED (
         SELECT o.id, o.next_attempt_at, NOT o.xmax = '0'::xid AS recheck
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = @queue::text
+          AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = @queue::text)
           AND o.acquired_token IS NULL
           AND NOT o.blocked
           AND o.next_attempt_at <= now()
@@ -164,6 +169,7 @@ WITH held AS MATERIALIZED (
         SELECT o.id, o.next_attempt_at
         FROM /*outbox:table*/outbox AS o
         WHERE o.queue = @queue::text
+          AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = @queue::text)
           AND o.acquired_token IS NOT NULL
           AND o.lease_expires_at < now()
           AND o.lease_expires_at >= coalesce(now() - make_interval(secs => sqlc.narg(expired_within)::float8), '-infinity')

@@ -91,7 +91,8 @@ ORDER BY 1;
 -- on now(), the statement's start, since a volatile clock_timestamp()
 -- there would make it a filter, and the probe would read every entry
 -- from the queue's start (under a snapshot held open anywhere in the
--- cluster, every row deleted since it was taken).
+-- cluster, every row deleted since it was taken). Paused queues are left
+-- out: no claim takes their rows.
 SELECT extract(epoch FROM n.next_attempt_at - clock_timestamp())::float8 AS due_in_seconds
 FROM unnest(@queues::text[]) AS q(name)
 CROSS JOIN LATERAL (
@@ -103,6 +104,7 @@ CROSS JOIN LATERAL (
     ORDER BY o.next_attempt_at
     LIMIT 1
 ) AS n
+WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
 ORDER BY n.next_attempt_at
 LIMIT 1;
 

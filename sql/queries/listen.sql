@@ -25,9 +25,15 @@ SELECT 1::integer AS alive;
 -- record lapses, writers of those queues' rows notify (migration 6). @id
 -- is a random id per sleep: the subscriber refreshes its record while it
 -- sleeps, and draws a new id when it sleeps again after a wake-up, so no
--- record has more versions than one sleep's refreshes.
+-- record has more versions than one sleep's refreshes. Paused queues are
+-- left out of the record: writers of their rows need not wake a
+-- subscriber that would not claim them (a resume notifies, see
+-- ResumeQueue).
 INSERT INTO /*outbox:table*/outbox_sleepers AS s (id, queues, until)
-VALUES (@id::uuid, @queues::text[], now() + make_interval(secs => @for_seconds::float8))
+VALUES (@id::uuid,
+        ARRAY(SELECT q.name FROM unnest(@queues::text[]) AS q(name)
+              WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)),
+        now() + make_interval(secs => @for_seconds::float8))
 ON CONFLICT (id) DO UPDATE SET queues = excluded.queues, until = excluded.until;
 
 -- name: Wake :exec

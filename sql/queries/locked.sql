@@ -1,5 +1,6 @@
 -- Claims that hold their rows by row lock (migration 7). Each runs in the
 -- claim's own transaction but RecordLock, which must commit on its own.
+-- Each passes a paused queue by (<table>_pauses, schema 14; see Claim).
 
 -- name: LockQueue :many
 -- Locks, in the calling transaction, up to @max_rows rows of one queue
@@ -41,6 +42,7 @@ SELECT o.id, o.payload, o.headers, o.ordering_key, o.timer_id,
        ) AS xid
 FROM /*outbox:table*/outbox AS o
 WHERE o.queue = @queue::text
+  AND NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = @queue::text)
   AND o.acquired_token IS NULL
   AND NOT o.blocked
   AND o.next_attempt_at <= now()
@@ -86,6 +88,7 @@ WITH held AS MATERIALIZED (
         LIMIT @per_queue::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS p
+    WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
 ), ranked AS (
     SELECT c.*, row_number() OVER (PARTITION BY c.queue ORDER BY c.next_attempt_at, c.id) AS rank
     FROM candidates AS c
@@ -128,6 +131,7 @@ WITH picked AS (
         LIMIT @max_rows::integer
         FOR UPDATE OF o SKIP LOCKED
     ) AS e
+    WHERE NOT EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = q.name)
     LIMIT @max_rows::integer
 )
 UPDATE /*outbox:table*/outbox AS o

@@ -101,7 +101,9 @@ ORDER BY s.pos;
 -- since while a keyed lane's bound leaves rows that snapshot saw unread);
 -- and the snapshots, bounds, lease ends and transaction ids of the claims
 -- after that progress whose transactions aborted (crashed or lost
--- deliveries).
+-- deliveries); and whether the lane's queue is paused (schema 14): then
+-- the claim hands none of its rows out and moves them into the outbox
+-- table, where they wait for the resume, and the ring turns past them.
 SELECT w.queue::text AS queue, w.lane::smallint AS lane,
        coalesce(p.seq, 0)::bigint AS seq,
        coalesce(p.snap, '1:1:'::pg_snapshot)::text AS prev,
@@ -116,7 +118,8 @@ SELECT w.queue::text AS queue, w.lane::smallint AS lane,
        coalesce(c.snaps, '{}')::text[] AS crashed,
        coalesce(c.belows, '{}')::bigint[] AS crashed_below,
        coalesce(c.untils, '{}')::timestamptz[] AS crashed_until,
-       coalesce(c.xids, '{}')::bigint[] AS crashed_xids
+       coalesce(c.xids, '{}')::bigint[] AS crashed_xids,
+       EXISTS (SELECT FROM /*outbox:table*/outbox_pauses AS z WHERE z.queue = w.queue) AS paused
 FROM (SELECT unnest(@queues::text[]) AS queue, unnest(@lanes::smallint[]) AS lane) AS w
 LEFT JOIN LATERAL (
     SELECT g.seq, g.snap, g.below, g.at FROM /*outbox:table*/outbox_ring_progress AS g

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// queue pause keeps the pause and its reason in the database, paused
+// lists it, a second pause keeps the first, resume ends it and says so,
+// and a resume of a running queue says that it was not paused.
+func TestQueuePauseResumeAndPaused(t *testing.T) {
+	t.Parallel()
+	d, _, env, flags := migrated(t)
+	cli := func(args ...string) result {
+		t.Helper()
+		return runCLI(t, env, append(args, flags...)...)
+	}
+	if r := cli("queue", "paused"); r.code != 0 || !strings.HasSuffix(r.stdout, "no queue is paused\n") {
+		t.Fatalf("queue paused: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	r := cli("queue", "pause", "orders", "-reason", "payments API down")
+	if r.code != 0 || !strings.Contains(r.stdout, `queue orders is paused (since `) || !strings.Contains(r.stdout, ": payments API down); ") {
+		t.Fatalf("queue pause: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := cli("queue", "pause", "orders", "-reason", "another"); r.code != 0 || !strings.Contains(r.stdout, ": payments API down); ") {
+		t.Fatalf("queue pause of a paused queue: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	var reasons []string
+	if err := d.Pool.QueryRow(t.Context(), "SELECT array_agg(queue || ': ' || reason) FROM outbox_pauses").Scan(&reasons); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"orders: payments API down"}, reasons); diff != "" {
+		t.Errorf("the pauses in the database (-want +got):\n%s", diff)
+	}
+	r = cli("queue", "paused")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[1], "QUEUE") || !strings.HasPrefix(lines[2], "orders ") ||
+		!strings.HasSuffix(lines[2], "payments API down") {
+		t.Fatalf("queue paused: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	// inspect shows the paused queue, though it has no rows.
+	r = cli("inspect")
+	if r.code != 0 || !strings.Contains(r.stdout, "orders (paused)") ||
+		!strings.Contains(r.stdout, ": payments API down; no subscriber claims its rows until `outboxgen queue resume`") {
+		t.Fatalf("inspect of a paused queue: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	r = cli("inspect", "-json")
+	var stats []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &stats); r.code != 0 || err != nil || len(stats) != 1 || stats[0]["paused"] == nil {
+		t.Fatalf("inspect -json of a paused queue: exit %d %q %q (%v)", r.code, r.stdout, r.stderr, err)
+	}
+	r = cli("queue", "paused", "-json")
+	var listed []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &listed); r.code != 0 || err != nil || len(listed) != 1 || listed[0]["queue"] != "orders" ||
+		listed[0]["reason"] != "payments API down" {
+		t.Fatalf("queue paused -json: exit %d %q %q (%v)", r.code, r.stdout, r.stderr, err)
+	}
+	if r := cli("queue", "resume", "orders"); r.code != 0 || !strings.HasSuffix(r.stdout, "queue orders resumed; its subscribers were woken\n") {
+		t.Fatalf("queue resume: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := cli("queue", "resume", "orders"); r.code != 0 || !strings.HasSuffix(r.stdout, "queue orders was not paused\n") {
+		t.Fatalf("queue resume of a running queue: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// Usage errors exit 2 with the reason, before anything is changed.
+func TestQueueUsageErrors(t *testing.T) {
+	t.Parallel()
+	d, _, env, flags := migrated(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"queue"}, "want pause QUEUE, resume QUEUE or paused"},
+		{[]string{"queue", "pasue", "q"}, `unknown command "pasue"`},
+		{[]string{"queue", "pause"}, "queue pause: want a queue name"},
+		{[]string{"queue", "resume", "q", "extra"}, "unexpected arguments"},
+		{[]string{"queue", "resume", "q", "-reason", "x"}, "-reason is pause's"},
+		{[]string{"queue", "pause", "q", "-reason", strings.Repeat("r", 1025)}, "reason"},
+		{[]string{"queue", "pause", strings.Repeat("q", 256)}, "queue"},
+	} {
+		r := runCLI(t, env, append(tc.args, flags...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want 2 and %q", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+	var n int
+	if err := d.Pool.QueryRow(t.Context(), "SELECT count(*) FROM outbox_pauses").Scan(&n); err != nil || n != 0 {
+		t.Errorf("pauses after the refused commands: %d, %v; want 0", n, err)
+	}
+}
