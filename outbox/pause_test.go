@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/internal/dbx"
 )
@@ -347,4 +351,135 @@ func TestUpgradeFromSchema13AddsPausesAndKeepsRowsInEveryState(t *testing.T) {
 		}
 	})
 	e.handlesEveryDueRow("in the ring")
+}
+
+// A pause holds every subscriber process of the queue: a subscriber in
+// another OS process (a copy of the test binary) and one in this process,
+// both started after the rows were published, claim and go to sleep
+// without handing one out; the ring's rows move into the outbox table.
+// Resumed, the two processes handle every row once, each key's in order
+// (recorded in the database, in the order the handlers ran).
+func TestAPauseHoldsEverySubscriberProcess(t *testing.T) {
+	if url := os.Getenv(keyedChildURLEnv); url != "" {
+		pauseChild(t, url, os.Getenv(keyedChildSchemaEnv))
+		return
+	}
+	t.Parallel()
+	e := setup(t)
+	e.exec(`CREATE TABLE pause_calls (id bigserial PRIMARY KEY, payload text NOT NULL, pid int NOT NULL)`)
+	e.exec(`GRANT INSERT ON pause_calls TO PUBLIC`)
+	e.exec(`GRANT USAGE ON SEQUENCE pause_calls_id_seq TO PUBLIC`)
+	if _, err := e.ob.PauseQueue(e.ctx, "q", "across processes"); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, p := range []struct {
+		pub       *Publisher[string]
+		tier, key string
+	}{{newPublisher[string](t, e, "q", nil), "table", ""}, {newPublisher[string](t, e, "q", nil), "table", "k1"},
+		{ringPublisher(t, e, "q"), "ring", ""}, {ringPublisher(t, e, "q"), "ring", "k2"}} {
+		var payloads []string
+		for i := range 6 {
+			payloads = append(payloads, fmt.Sprintf("%s %s %d", p.tier, p.key, i))
+		}
+		if _, err := p.pub.PublishBatch(e.ctx, e.pubPool, payloads, &PublishOpts{OrderingKey: p.key}); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, payloads...)
+	}
+	child := startKeyedChild(t, e.obURL, e.db.Schema)
+	select {
+	case <-child.ready:
+	case <-time.After(time.Minute):
+		t.Fatalf("the child did not start:\n%s", child.output())
+	}
+	parent := startSub(t, e.ob, []string{"q"}, pauseRecorder(e.db.Pool, e.db.Schema), fastConfig[string](nil))
+	eventually(t, "both processes' subscribers asleep, their records leaving the paused queue out", func() bool {
+		var n int
+		if err := e.db.Pool.QueryRow(e.ctx, "SELECT count(*) FROM outbox_sleepers WHERE until > now() AND queues = '{}'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 2
+	})
+	eventually(t, "the ring's rows moved into the outbox table", func() bool { return e.countWhere("queue = 'q'") == len(want) })
+	calls := func() (payloads []string, pids map[int]bool) {
+		rows, err := e.db.Pool.Query(e.ctx, "SELECT payload, pid FROM pause_calls ORDER BY id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		pids = map[int]bool{}
+		for rows.Next() {
+			var p string
+			var pid int
+			if err := rows.Scan(&p, &pid); err != nil {
+				t.Fatal(err)
+			}
+			payloads, pids[pid] = append(payloads, p), true
+		}
+		return payloads, pids
+	}
+	if got, _ := calls(); len(got) > 0 {
+		t.Fatalf("handled while paused: %q", got)
+	}
+	if _, err := e.ob.ResumeQueue(e.ctx, "q"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "every row handled after the resume", func() bool { got, _ := calls(); return len(got) >= len(want) })
+	if err := parent.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if err := child.stop(); err != nil {
+		t.Errorf("child: %v\n%s", err, child.output())
+	}
+	got, _ := calls()
+	for _, key := range []string{"k1", "k2"} {
+		var seen []string
+		for _, s := range got {
+			if strings.Contains(s, " "+key+" ") {
+				seen = append(seen, s)
+			}
+		}
+		if !slices.IsSorted(seen) || len(seen) != 6 {
+			t.Errorf("key %s handled out of order or not once each: %q", key, seen)
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("handled after the resume (-want +got):\n%s", diff)
+	}
+}
+
+// pauseRecorder returns a handler that records each call in schema's
+// pause_calls, with the handling process's id, before it returns.
+func pauseRecorder(pool *pgxpool.Pool, schema string) Handler[string] {
+	table := pgx.Identifier{schema, "pause_calls"}.Sanitize()
+	return func(ctx context.Context, m *Message[string]) error {
+		_, err := pool.Exec(ctx, "INSERT INTO "+table+" (payload, pid) VALUES ($1, $2)", m.Payload, os.Getpid())
+		return err
+	}
+}
+
+// pauseChild is TestAPauseHoldsEverySubscriberProcess in child mode: a
+// subscriber of queue q of the parent's outbox, at fastConfig, until its
+// standard input closes.
+func pauseChild(t *testing.T, url, schema string) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	pool := keyedPool(t, url, 8)
+	ob, err := New(pool, &Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSub(t, ob, []string{"q"}, pauseRecorder(pool, schema), fastConfig[string](nil))
+	fmt.Println(keyedChildReady)
+	<-ctx.Done()
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
 }
