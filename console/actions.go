@@ -62,6 +62,8 @@ type target struct {
 	filter outbox.DeadLetterFilter
 	queue  string
 	timer  string
+	// reason is a pause's.
+	reason string
 	drop   bool
 	// desc describes it for people and the action log.
 	desc string
@@ -417,6 +419,102 @@ var cancelTimer = actionKind{
 	},
 }
 
+// parseQueueTarget reads the queue a pause or a resume names, and a
+// pause's reason.
+func parseQueueTarget(form url.Values) (target, error) {
+	t := target{queue: form.Get("q"), reason: form.Get("reason"), fields: url.Values{}}
+	if t.queue == "" {
+		return t, &outbox.InputError{Field: "q", Rule: "name the queue"}
+	}
+	t.fields.Set("q", t.queue)
+	if t.reason != "" {
+		t.fields.Set("reason", t.reason)
+	}
+	t.desc = fmt.Sprintf("queue %q", t.queue)
+	return t, nil
+}
+
+// queueState says whether t's queue is paused and how many of its rows
+// are ready and scheduled (each counted up to the console's cap).
+func queueState(ctx context.Context, c *Console, rq *request, t target) (paused *outbox.QueuePause, state string, err error) {
+	ps, err := rq.ob.PausedQueues(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	for i := range ps {
+		if ps[i].Queue == t.queue {
+			paused = &ps[i]
+		}
+	}
+	ds, err := rq.ob.QueueDepths(ctx, &outbox.DepthOptions{Cap: c.cfg.DepthCap})
+	if err != nil {
+		return nil, "", err
+	}
+	var d outbox.QueueDepth
+	for _, x := range ds {
+		if x.Queue == t.queue {
+			d = x
+		}
+	}
+	rows := fmt.Sprintf("%s ready and %s scheduled rows", count(d.Ready, c.cfg.DepthCap), count(d.Scheduled, c.cfg.DepthCap))
+	if paused == nil {
+		return nil, fmt.Sprintf("The %s runs: %s.", t.desc, rows), nil
+	}
+	why := ""
+	if paused.Reason != "" {
+		why = ": " + paused.Reason
+	}
+	return paused, fmt.Sprintf("The %s is paused since %s by %s%s; %s wait.", t.desc, stamp(paused.PausedAt), paused.PausedBy, why, rows), nil
+}
+
+var pauseQueue = actionKind{
+	name: "pause queue", title: "Pause a queue", path: "/queue/pause",
+	parse: parseQueueTarget,
+	count: func(ctx context.Context, c *Console, rq *request, t target) (string, error) {
+		_, s, err := queueState(ctx, c, rq, t)
+		return s, err
+	},
+	dryRun: func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error) {
+		paused, s, err := queueState(ctx, c, rq, t)
+		if paused != nil {
+			return stepResult{msg: "Dry run: " + s + " Pausing it again changes nothing."}, err
+		}
+		return stepResult{msg: "Dry run: " + s + " Paused, no subscriber of it claims its rows from its next claim on; the rows being handled finish, and publishing goes on."}, err
+	},
+	run: func(ctx context.Context, _ *Console, rq *request, t target) (stepResult, error) {
+		p, err := rq.ob.PauseQueue(ctx, t.queue, t.reason)
+		if err != nil {
+			return stepResult{}, err
+		}
+		return stepResult{msg: fmt.Sprintf("The %s is paused since %s by %s.", t.desc, stamp(p.PausedAt), p.PausedBy),
+			attrs: []any{"paused_at", p.PausedAt, "reason", p.Reason}}, nil
+	},
+}
+
+var resumeQueue = actionKind{
+	name: "resume queue", title: "Resume a queue", path: "/queue/resume",
+	parse: parseQueueTarget,
+	count: func(ctx context.Context, c *Console, rq *request, t target) (string, error) {
+		_, s, err := queueState(ctx, c, rq, t)
+		return s, err
+	},
+	dryRun: func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error) {
+		paused, s, err := queueState(ctx, c, rq, t)
+		if paused == nil {
+			return stepResult{msg: "Dry run: " + s + " Nothing to resume."}, err
+		}
+		return stepResult{msg: "Dry run: " + s + " Resumed, its subscribers are woken and claim its rows at once."}, err
+	},
+	run: func(ctx context.Context, _ *Console, rq *request, t target) (stepResult, error) {
+		resumed, err := rq.ob.ResumeQueue(ctx, t.queue)
+		msg := fmt.Sprintf("Resumed the %s; its subscribers were woken.", t.desc)
+		if !resumed {
+			msg = fmt.Sprintf("Nothing to resume: the %s was not paused.", t.desc)
+		}
+		return stepResult{msg: msg, attrs: []any{"resumed", resumed}}, err
+	},
+}
+
 type actionData struct {
 	Title   string
 	Step    string
@@ -473,9 +571,13 @@ func (c *Console) action(k actionKind) func(http.ResponseWriter, *http.Request, 
 		d := actionData{Title: k.title, Post: rq.base + k.path, Fields: t.fieldList(), Drop: t.drop,
 			Replay: k.name == replayDeadLetters.name, Back: rq.base + "/dead"}
 		nav := "dead"
-		if k.name == cancelTimer.name {
+		switch k.name {
+		case cancelTimer.name:
 			d.Back = rq.base + "/row?q=" + url.QueryEscape(t.queue) + "&timer=" + url.QueryEscape(t.timer)
 			nav = "row"
+		case pauseQueue.name, resumeQueue.name:
+			d.Back = rq.base + "/queue?q=" + url.QueryEscape(t.queue)
+			nav = "queues"
 		}
 		ctx := r.Context()
 		switch step := r.PostForm.Get("step"); step {

@@ -283,3 +283,75 @@ func TestLargeActionGoesOnOverRequests(t *testing.T) {
 		t.Errorf("%d action log records, want one a request:\n%s", n, s.log.String())
 	}
 }
+
+// The queue page of a console with actions offers a pause; the pause goes
+// through its count, its dry run and its confirmation, with its reason;
+// the queues page and the queue page then show the queue paused, a
+// paused queue without rows included, and offer the resume, which wakes
+// the queue. A read-only console shows neither form and refuses both.
+func TestPauseAndResumeAQueue(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, Config{Actions: true})
+	s.fixture()
+	queue := s.page(s.base + "/queue?q=orders")
+	if !strings.Contains(queue, `id="pause"`) || strings.Contains(queue, `id="resume"`) || strings.Contains(queue, `id="paused"`) {
+		t.Fatalf("the queue page of a running queue:\n%s", queue)
+	}
+	form := url.Values{"q": {"orders"}, "reason": {"payments <down>"}}
+	code, body := s.post(s.base+"/queue/pause", form)
+	if code != 200 || !strings.Contains(body, "runs: ") {
+		t.Fatalf("pause, count: %d %q", code, errorText(body))
+	}
+	code, body = s.post(s.base+"/queue/pause", nextForm(t, body))
+	if code != 200 || !strings.Contains(body, "Dry run: ") {
+		t.Fatalf("pause, dry run: %d %q", code, errorText(body))
+	}
+	if ps, err := s.ob.PausedQueues(t.Context()); err != nil || len(ps) != 0 {
+		t.Fatalf("paused by the dry run: %+v, %v", ps, err)
+	}
+	code, body = s.post(s.base+"/queue/pause", nextForm(t, body))
+	if code != 200 || !strings.Contains(body, "is paused since") {
+		t.Fatalf("pause, confirm: %d %q", code, errorText(body))
+	}
+	ps, err := s.ob.PausedQueues(t.Context())
+	if err != nil || len(ps) != 1 || ps[0].Queue != "orders" || ps[0].Reason != "payments <down>" {
+		t.Fatalf("PausedQueues after the pause: %+v, %v", ps, err)
+	}
+	if _, err := s.ob.PauseQueue(t.Context(), "idle", ""); err != nil {
+		t.Fatal(err)
+	}
+	queues := s.page(s.base + "/")
+	for _, q := range []string{"orders", "idle"} {
+		if !regexp.MustCompile(`data-queue="` + q + `">\s*<td><a class="queue-link"[^>]*>` + q + `</a> <span class="paused warn">paused</span>`).MatchString(queues) {
+			t.Errorf("the queues page does not show %s paused:\n%s", q, queues)
+		}
+	}
+	queue = s.page(s.base + "/queue?q=orders")
+	if !strings.Contains(queue, `id="paused"`) || !strings.Contains(queue, ": payments &lt;down&gt;.") || !strings.Contains(queue, `id="resume"`) {
+		t.Fatalf("the queue page of a paused queue:\n%s", queue)
+	}
+	resume := url.Values{"q": {"orders"}, "step": {"confirm"}}
+	if code, body := s.post(s.base+"/queue/resume", resume); code != 200 || !strings.Contains(body, "Resumed the queue") {
+		t.Fatalf("resume: %d %q", code, errorText(body))
+	}
+	if code, body := s.post(s.base+"/queue/resume", resume); code != 200 || !strings.Contains(body, "Nothing to resume") {
+		t.Fatalf("resume again: %d %q", code, errorText(body))
+	}
+	if code, body := s.post(s.base+"/queue/pause", url.Values{"step": {"confirm"}}); code != http.StatusBadRequest {
+		t.Errorf("a pause naming no queue: %d %q, want 400", code, errorText(body))
+	}
+
+	ro := newSite(t, Config{})
+	ro.fixture()
+	if body := ro.page(ro.base + "/queue?q=orders"); strings.Contains(body, `id="pause"`) || strings.Contains(body, `id="resume"`) {
+		t.Errorf("a read-only console's queue page offers a pause or a resume")
+	}
+	for _, p := range []string{"/queue/pause", "/queue/resume"} {
+		if code, body := ro.post(ro.base+p, url.Values{"q": {"orders"}, "step": {"confirm"}}); code != http.StatusForbidden {
+			t.Errorf("POST %s to a read-only console = %d %q, want 403", p, code, errorText(body))
+		}
+	}
+	if ps, err := ro.ob.PausedQueues(t.Context()); err != nil || len(ps) != 0 {
+		t.Errorf("a read-only console paused: %+v, %v", ps, err)
+	}
+}

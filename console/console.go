@@ -20,8 +20,8 @@
 // that made a browser resolve its own name to the console's address (DNS
 // rebinding) is refused, reads as well as actions.
 //
-// Actions (replaying dead letters, deleting them, cancelling a timer)
-// are off unless [Config.Actions] is set. Each is a POST carrying a
+// Actions (replaying dead letters, deleting them, cancelling a timer,
+// pausing and resuming a queue) are off unless [Config.Actions] is set. Each is a POST carrying a
 // token from the console's own page (a cookie, signed with a key of the
 // console's own, that the page's form must repeat) from the console's own
 // origin, goes through a count, a dry run and a confirmation, and is
@@ -54,8 +54,9 @@ type Config struct {
 	// actions, to write the dead-letter and outbox tables).
 	Pool *pgxpool.Pool
 
-	// Actions enables replaying and deleting dead letters and cancelling
-	// timers. Default false: the console only reads.
+	// Actions enables replaying and deleting dead letters, cancelling
+	// timers, and pausing and resuming queues. Default false: the console
+	// only reads.
 	Actions bool
 
 	// Path is the URL path the handler is mounted at, without a trailing
@@ -247,6 +248,8 @@ func (c *Console) routes() {
 	m.HandleFunc("POST "+o+"/dead/replay", c.withOutbox(c.action(replayDeadLetters)))
 	m.HandleFunc("POST "+o+"/dead/delete", c.withOutbox(c.action(deleteDeadLetters)))
 	m.HandleFunc("POST "+o+"/timer/cancel", c.withOutbox(c.action(cancelTimer)))
+	m.HandleFunc("POST "+o+"/queue/pause", c.withOutbox(c.action(pauseQueue)))
+	m.HandleFunc("POST "+o+"/queue/resume", c.withOutbox(c.action(resumeQueue)))
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, nil, http.StatusNotFound, errors.New("no such page"))
 	})

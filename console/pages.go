@@ -168,6 +168,8 @@ type depthRow struct {
 	outbox.QueueDepth
 	Link string
 	Cap  int64
+	// Paused is the queue's pause; nil while it runs.
+	Paused *outbox.QueuePause
 }
 
 func (c *Console) depths(r *http.Request, rq *request) ([]depthRow, error) {
@@ -177,9 +179,24 @@ func (c *Console) depths(r *http.Request, rq *request) ([]depthRow, error) {
 	}
 	rq.readAt, rq.read = time.Now(), ds
 	rq.st.history.add(rq.readAt, ds, c.refresh())
-	out := make([]depthRow, len(ds))
-	for i, d := range ds {
-		out[i] = depthRow{QueueDepth: d, Link: rq.base + "/queue?q=" + url.QueryEscape(d.Queue), Cap: c.cfg.DepthCap}
+	paused, err := rq.ob.PausedQueues(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]depthRow, 0, len(ds)+len(paused))
+	for _, d := range ds {
+		out = append(out, depthRow{QueueDepth: d})
+	}
+	// A paused queue is listed even when it has no rows.
+	for _, p := range paused {
+		i, found := slices.BinarySearchFunc(out, p.Queue, func(d depthRow, q string) int { return strings.Compare(d.Queue, q) })
+		if !found {
+			out = slices.Insert(out, i, depthRow{QueueDepth: outbox.QueueDepth{Queue: p.Queue}})
+		}
+		out[i].Paused = &p
+	}
+	for i := range out {
+		out[i].Link, out[i].Cap = rq.base+"/queue?q="+url.QueryEscape(out[i].Queue), c.cfg.DepthCap
 	}
 	return out, nil
 }
@@ -224,6 +241,8 @@ type queueData struct {
 	Keys     []outbox.HeldKey
 	DeadLink string
 	KeysLink string
+	// Paused is the queue's pause; nil while it runs.
+	Paused *outbox.QueuePause
 }
 
 // keysOnQueuePage is how many held keys the queue page lists.
@@ -244,7 +263,7 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, rq *request)
 		DeadLink: rq.base + "/dead?q=" + url.QueryEscape(q), KeysLink: rq.base + "/keys?q=" + url.QueryEscape(q)}
 	for _, row := range ds {
 		if row.Queue == q {
-			d.Depth, d.Found = row, true
+			d.Depth, d.Found, d.Paused = row, true, row.Paused
 		}
 	}
 	if d.Found {

@@ -21,7 +21,8 @@ const consoleUsage = `usage: outboxgen console [-listen ADDR] [-actions] [-user 
 Serves the web console: the outboxes in the database, each queue's depth
 with a chart, held ordering keys, dead letters, a row by id or timer id,
 and health. It reads only, unless -actions enables replaying and
-deleting dead letters and cancelling timers (each a form in three steps:
+deleting dead letters, cancelling timers, and pausing and resuming
+queues (each a form in three steps:
 count, dry run, confirm; each logged to stderr with who asked, through
 which host and from which origin; every refused request is logged too).
 
@@ -54,7 +55,7 @@ func consoleCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	fs := newFlags("console", consoleUsage, stderr)
 	conn := connFlags(fs)
 	listen := fs.String("listen", "127.0.0.1:8080", "address to listen on (host:port)")
-	actions := fs.Bool("actions", false, "enable replaying and deleting dead letters and cancelling timers")
+	actions := fs.Bool("actions", false, "enable replaying and deleting dead letters, cancelling timers, and pausing and resuming queues")
 	user := fs.String("user", "", "user name of HTTP basic authentication (password: $OUTBOXGEN_CONSOLE_PASSWORD)")
 	var allowHosts []string
 	fs.Func("allow-host", "a host `NAME` to answer besides loopback ones, without scheme or port (repeat it, or separate names with commas)", func(v string) error {

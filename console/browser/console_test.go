@@ -593,3 +593,65 @@ func TestReadOnlyConsole(t *testing.T) {
 		t.Errorf("after counting: %d dead letters, want 1", n)
 	}
 }
+
+// An operator pauses a queue from its page, giving a reason, through the
+// count, the dry run and the confirmation; the queues page and the queue
+// page then show it paused, its new row waits, and the resume, from the
+// same page, lets the running subscriber handle it.
+func TestOperatorPausesAndResumesAQueue(t *testing.T) {
+	chromiumPath(t)
+	t.Parallel()
+	f := newOutbox(t)
+	c := &consumer{}
+	subscribe(t, f.Outbox, []string{"orders"}, c)
+	publish(t, f, jsonBytes{}, "orders", []byte(`{"order":"before"}`), nil)
+	eventually(t, "the subscriber handles the first row", 30*time.Second, func(context.Context) (bool, error) {
+		return c.accepted(`{"order":"before"}`), nil
+	})
+
+	srv := serveConsole(t, f, true)
+	p := newPage(t, srv.URL)
+	base := outboxPath(f)
+	p.open(base + "/queue?q=orders")
+	p.do("typing the reason", chromedp.SendKeys(chromedp.CSS("#pause-reason"), "payments API down"))
+	p.click("button#pause")
+	if got := p.text("p#count"); !strings.Contains(got, `queue "orders" runs`) {
+		t.Errorf("pause count = %q", got)
+	}
+	p.click("button#dry-run")
+	if got := p.text("p#dry-result"); !strings.Contains(got, "no subscriber of it claims its rows") {
+		t.Errorf("pause dry run = %q", got)
+	}
+	if ps, err := f.Outbox.PausedQueues(t.Context()); err != nil || len(ps) != 0 {
+		t.Fatalf("paused by the dry run: %+v, %v", ps, err)
+	}
+	p.click("button#confirm")
+	if got := p.text("p#result"); !strings.Contains(got, `queue "orders" is paused since`) {
+		t.Errorf("pause result = %q", got)
+	}
+	p.shot("pause-done.png")
+
+	publish(t, f, jsonBytes{}, "orders", []byte(`{"order":"while paused"}`), nil)
+	p.open(base + "/")
+	if got := p.text(`table#queues tr.queue[data-queue="orders"] span.paused`); got != "paused" {
+		t.Errorf("the queues page marks orders %q, want paused", got)
+	}
+	p.open(base + "/queue?q=orders")
+	if got := p.text("p#paused"); !strings.Contains(got, "payments API down") {
+		t.Errorf("the queue page's pause = %q, want it to give the reason", got)
+	}
+	if got := strings.TrimSpace(p.text("dl#depth dd.ready")); got != "1" || c.accepted(`{"order":"while paused"}`) {
+		t.Errorf("while paused: ready %q, handled %v; want the row waiting", got, c.accepted(`{"order":"while paused"}`))
+	}
+	p.shot("paused-queue.png")
+
+	p.click("button#resume")
+	p.click("button#dry-run")
+	p.click("button#confirm")
+	if got := p.text("p#result"); !strings.Contains(got, `Resumed the queue "orders"`) {
+		t.Errorf("resume result = %q", got)
+	}
+	eventually(t, "the subscriber handles the row after the resume", 30*time.Second, func(context.Context) (bool, error) {
+		return c.accepted(`{"order":"while paused"}`), nil
+	})
+}
