@@ -114,6 +114,9 @@ type Health struct {
 	// Ring is the state of the log tier's ring beside the outbox table;
 	// nil when it has none.
 	Ring *RingHealth
+	// Paused lists the paused queues ([Outbox.PauseQueue]); a pause is
+	// an operator's choice, not a problem. Empty before schema 14.
+	Paused []QueuePause
 	// Problems names each condition past its threshold, with its fix; empty
 	// when all is well.
 	Problems []string
@@ -233,6 +236,11 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 	}
 	if h.Ring, err = o.ringHealth(ctx); err != nil {
 		return h, wrapOp("Health", err)
+	}
+	if v >= pausesSchema {
+		if h.Paused, err = o.PausedQueues(ctx); err != nil {
+			return h, wrapOp("Health", err)
+		}
 	}
 	h.NotifyTook, err = o.probeNotify(ctx, &opt)
 	h.NotifyHeard = err == nil

@@ -11,6 +11,9 @@ import (
 	"github.com/outboxgen/outboxgen/db"
 )
 
+// pausesSchema is the schema version that has queue pauses.
+const pausesSchema = 14
+
 // PauseReasonMaxBytes is the longest reason [Outbox.PauseQueue] takes.
 const PauseReasonMaxBytes = 1024
 

@@ -113,6 +113,13 @@ func printHealth(w io.Writer, h *outbox.Health, listenDSN bool) {
 		}
 		fmt.Fprintf(w, "ring                  writers in partition %d for %v; the next %s\n", r.Partition, r.WritingFor.Round(time.Second), next)
 	}
+	for _, p := range h.Paused {
+		why := ""
+		if p.Reason != "" {
+			why = ": " + cell(p.Reason)
+		}
+		fmt.Fprintf(w, "paused                queue %s since %s by %s%s\n", cell(p.Queue), p.PausedAt.UTC().Format(time.RFC3339), cell(p.PausedBy), why)
+	}
 	if len(h.Problems) == 0 {
 		fmt.Fprintln(w, "problems              none")
 		return

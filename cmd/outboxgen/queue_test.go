@@ -52,6 +52,12 @@ func TestQueuePauseResumeAndPaused(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &stats); r.code != 0 || err != nil || len(stats) != 1 || stats[0]["paused"] == nil {
 		t.Fatalf("inspect -json of a paused queue: exit %d %q %q (%v)", r.code, r.stdout, r.stderr, err)
 	}
+	// health lists it, and it is no problem.
+	r = cli("health")
+	if r.code != 0 || !strings.Contains(r.stdout, "paused                queue orders since ") ||
+		!strings.Contains(r.stdout, ": payments API down\n") || !strings.Contains(r.stdout, "problems              none") {
+		t.Fatalf("health with a paused queue: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
 	r = cli("queue", "paused", "-json")
 	var listed []map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &listed); r.code != 0 || err != nil || len(listed) != 1 || listed[0]["queue"] != "orders" ||
