@@ -264,14 +264,14 @@ func (a *accounting) line(c *coordinator) string {
 	return fmt.Sprintf("chaos: committed %d = acked %d + dead-lettered %d; lost %d; rolled back %d (delivered %d); "+
 		"duplicates %d (%s); overlapping deliveries %d (%s); deliveries counts: %d not increasing, %d below the recorded; "+
 		"key overlaps %d (%s); order violations %d; left %d; deliveries by claim: %s; "+
-		"faults: kills %d, backend terminations %d, stalls %d, cuts %d, half-opens %d (%d connections), pg restarts %d; "+
+		"faults: kills %d, backend terminations %d, stalls %d, cuts %d, half-opens %d (%d connections), pg restarts %d, queue pauses %d; "+
 		"publish transactions %d (%d failed by faults)",
 		a.committed, a.acked, a.deadLettered, a.lost, a.rolledBack, a.phantom,
 		total(a.duplicates), breakdown(a.duplicates), total(a.overlaps), breakdown(a.overlaps),
 		a.countsNotIncreasing, a.countsBelow,
 		total(a.keyOverlaps), breakdown(a.keyOverlaps), a.orderViolations, a.left, breakdown(a.claims),
 		c.kills.Load(), c.terminations.Load(), c.stalls.Load(), c.cuts.Load(), c.halfOpens.Load(), c.halfOpened.Load(),
-		c.restarts.Load(), a.pubAttempted, a.pubFailed)
+		c.restarts.Load(), c.pauses.Load(), a.pubAttempted, a.pubFailed)
 }
 
 // halfOpenLine says how long the worker took to close the connections

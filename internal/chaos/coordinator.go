@@ -61,7 +61,7 @@ type coordinator struct {
 	procs []*workerProc
 
 	// counts of what was done to the system
-	kills, terminations, stalls, cuts, halfOpens, restarts atomic.Int64
+	kills, terminations, stalls, cuts, halfOpens, restarts, pauses atomic.Int64
 	// halfOpened counts the connections left half-open; halfOpenings
 	// tracks the half-open faults whose connections the worker has not
 	// all closed yet, and halfOpenLasted how long each took.
@@ -354,7 +354,7 @@ func (c *coordinator) event(ctx context.Context, kind string, worker int, lasted
 func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
 	restartAt := began.Add(c.duration / 2)
 	restarted := !c.restartPG
-	faults := rand.IntN(5)
+	faults := rand.IntN(6)
 	for time.Since(began) < c.duration && ctx.Err() == nil {
 		sleep(ctx, time.Duration(2000+rand.IntN(3000))*time.Millisecond)
 		if !restarted && time.Now().After(restartAt) {
@@ -364,7 +364,7 @@ func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
 		}
 		// Every kind of fault in turn, each at a random target.
 		faults++
-		switch faults % 5 {
+		switch faults % 6 {
 		case 0:
 			c.kill(ctx, rand.IntN(c.workers))
 		case 1:
@@ -378,6 +378,8 @@ func (c *coordinator) breakThings(ctx context.Context, began time.Time) {
 			c.log.Info("chaos: cut", slog.Int("connections", n))
 		case 4:
 			c.halfOpen(ctx)
+		case 5:
+			c.pause(ctx, queues[rand.IntN(len(queues))], time.Duration(1000+rand.IntN(2000))*time.Millisecond)
 		}
 	}
 }
@@ -416,6 +418,24 @@ func (c *coordinator) halfOpen(ctx context.Context) {
 		}
 		c.event(context.WithoutCancel(ctx), "half_open", 0, time.Since(began))
 	}()
+}
+
+// pause pauses queue for d, as an operator would (Outbox.PauseQueue),
+// and resumes it: its rows wait meanwhile, and every promise holds
+// across it.
+func (c *coordinator) pause(ctx context.Context, queue string, d time.Duration) {
+	if _, err := c.ob.PauseQueue(ctx, queue, "chaos"); err != nil {
+		c.log.Warn("chaos: pause", slog.String("queue", queue), slog.Any("error", err))
+		return
+	}
+	sleep(ctx, d)
+	// Resumed even when the run ends meanwhile: the drain needs the queue.
+	if _, err := c.ob.ResumeQueue(context.WithoutCancel(ctx), queue); err != nil {
+		c.log.Error("chaos: resume", slog.String("queue", queue), slog.Any("error", err))
+		return
+	}
+	c.pauses.Add(1)
+	c.event(context.WithoutCancel(ctx), "pause", -1, d)
 }
 
 // kill SIGKILLs worker n mid-batch and starts it again.
