@@ -1,7 +1,9 @@
 package console
 
 import (
+	"context"
 	"html"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -353,5 +355,44 @@ func TestPauseAndResumeAQueue(t *testing.T) {
 	}
 	if ps, err := ro.ob.PausedQueues(t.Context()); err != nil || len(ps) != 0 {
 		t.Errorf("a read-only console paused: %+v, %v", ps, err)
+	}
+}
+
+// The Queues page lists the running subscribers, and a queue's page
+// those of the queue; with none, each says so.
+func TestPagesListTheRunningSubscribers(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, Config{})
+	s.fixture()
+	if body := s.page(s.base + "/"); !strings.Contains(body, `id="no-subscribers"`) {
+		t.Fatalf("the Queues page with no subscriber running:\n%s", body)
+	}
+	sub, err := outbox.NewSubscriber(s.ob, []string{"orders"}, func(context.Context, *outbox.Message[[]byte]) error { return nil },
+		&outbox.SubscriberConfig[[]byte]{Name: "order-mailer", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	row := regexp.MustCompile(`<tr class="subscriber" data-name="order-mailer">\s*<td class="name mono">order-mailer</td>`)
+	var body string
+	for deadline := time.Now().Add(time.Minute); !row.MatchString(body); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the Queues page does not list the subscriber:\n%s", body)
+		}
+		body = s.page(s.base + "/")
+	}
+	if body := s.page(s.base + "/queue?q=orders"); !row.MatchString(body) {
+		t.Errorf("the orders queue's page does not list its subscriber:\n%s", body)
+	}
+	if body := s.page(s.base + "/queue?q=invoices"); row.MatchString(body) || !strings.Contains(body, `id="no-subscribers"`) {
+		t.Errorf("the invoices queue's page lists another queue's subscriber:\n%s", body)
 	}
 }

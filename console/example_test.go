@@ -25,7 +25,7 @@ func Example_mount() {
 	c, err := console.New(console.Config{
 		Pool:         pool,
 		Path:         "/ops/outbox",               // where it is mounted: its links start there
-		Actions:      true,                        // replay, delete, cancel; off by default
+		Actions:      true,                        // replay, delete, cancel, pause, resume; off by default
 		AllowedHosts: []string{"ops.example.com"}, // the names it is reached by, besides localhost
 		User: func(r *http.Request) string { // who, in the action log
 			name, _ := operator(r)

@@ -35,12 +35,13 @@ var pageNames = []string{"overview", "outbox", "queue", "keys", "dead", "deadlet
 // path.
 func parsePages(path string) (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
-		"num":     num,
-		"count":   count,
-		"dur":     dur,
-		"stamp":   stamp,
-		"clip":    clip,
-		"preview": preview,
+		"num":      num,
+		"count":    count,
+		"dur":      dur,
+		"stamp":    stamp,
+		"presence": func() string { return dur(outbox.SubscriberPresenceInterval) },
+		"clip":     clip,
+		"preview":  preview,
 		"deadPreview": func(d outbox.DeadLetter) string {
 			return previewOf(d.Payload, d.PayloadSize, deadPreviewChars)
 		},
@@ -220,6 +221,8 @@ type outboxData struct {
 	Queues []depthRow
 	Chart  chart
 	Cap    int64
+	// Subscribers are the running subscribers' presence records.
+	Subscribers []outbox.SubscriberInfo
 }
 
 func (c *Console) outboxPage(w http.ResponseWriter, r *http.Request, rq *request) {
@@ -228,7 +231,13 @@ func (c *Console) outboxPage(w http.ResponseWriter, r *http.Request, rq *request
 		c.fail(w, r, rq, statusOf(err), err)
 		return
 	}
-	v := rq.view(rq.name.String(), "queues", outboxData{Queues: ds, Chart: outboxChart(rq.st.history.withCurrent(rq.readAt, rq.read)), Cap: c.cfg.DepthCap})
+	subs, err := rq.ob.Subscribers(r.Context())
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	v := rq.view(rq.name.String(), "queues", outboxData{Queues: ds, Chart: outboxChart(rq.st.history.withCurrent(rq.readAt, rq.read)),
+		Cap: c.cfg.DepthCap, Subscribers: subs})
 	v.Refresh = c.refreshSeconds()
 	c.render(w, r, http.StatusOK, "outbox", v, rq.start)
 }
@@ -243,6 +252,8 @@ type queueData struct {
 	KeysLink string
 	// Paused is the queue's pause; nil while it runs.
 	Paused *outbox.QueuePause
+	// Subscribers are the presence records of the queue's subscribers.
+	Subscribers []outbox.SubscriberInfo
 }
 
 // keysOnQueuePage is how many held keys the queue page lists.
@@ -264,6 +275,16 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, rq *request)
 	for _, row := range ds {
 		if row.Queue == q {
 			d.Depth, d.Found, d.Paused = row, true, row.Paused
+		}
+	}
+	subs, err := rq.ob.Subscribers(r.Context())
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	for _, s := range subs {
+		if slices.Contains(s.Queues, q) {
+			d.Subscribers = append(d.Subscribers, s)
 		}
 	}
 	if d.Found {

@@ -175,3 +175,21 @@ type OutboxSleeper struct {
 type OutboxSleepersTurn struct {
 	Turn bool
 }
+
+type OutboxSubscriber struct {
+	ID           pgtype.UUID
+	Name         string
+	Host         string
+	Pid          int32
+	Queues       []string
+	Workers      int32
+	Busy         int32
+	InFlight     int32
+	ClaimPath    string
+	State        string
+	StateSince   time.Time
+	LastClaimAt  *time.Time
+	StartedAt    time.Time
+	SeenAt       time.Time
+	EverySeconds float64
+}

@@ -25,8 +25,8 @@ type Roles struct {
 	// outbox table, and of the ring's lanes, transactional handlers
 	// included) and operates the outbox:
 	// QueueStats, QueueDepths, RetryBacklog, Unprocessed, Health, queue
-	// pauses (PauseQueue, ResumeQueue) and the dead letters (list,
-	// replay, purge). Empty: none.
+	// pauses (PauseQueue, ResumeQueue), Subscribers and the dead letters
+	// (list, replay, purge). Empty: none.
 	Subscriber string
 }
 
@@ -78,8 +78,10 @@ func Grants(cfg *Config, roles Roles) ([]string, error) {
 			"GRANT SELECT ON "+rel("_handoff")+" TO "+s,
 			"GRANT EXECUTE ON FUNCTION "+rel("_hand_off")+"(text[], integer) TO "+s,
 			// Queue pauses (schema 14): read by every claim, written by
-			// PauseQueue and ResumeQueue.
+			// PauseQueue and ResumeQueue; and the subscribers' presence
+			// records, which each writes and Subscribers reads.
 			"GRANT SELECT, INSERT, DELETE ON "+rel("_pauses")+" TO "+s,
+			"GRANT SELECT, INSERT, UPDATE, DELETE ON "+rel("_subscribers")+" TO "+s,
 		)
 		// Reads, claims and turns of the log tier's ring (schema 13).
 		out = append(out, ring.Grants(n, "", roles.Subscriber)...)

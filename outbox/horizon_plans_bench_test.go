@@ -105,8 +105,9 @@ type hotPathBench struct {
 	ob  *Outbox
 	q   *db.Queries
 	// sleeper is the id of the live state's sleep record, of the
-	// subscriber the benchmark plays.
-	sleeper pgtype.UUID
+	// subscriber the benchmark plays, and presence that of its presence
+	// record.
+	sleeper, presence pgtype.UUID
 	// live is the state settle wrote.
 	live hotPathLive
 	// conn is the session the statements are measured on, a new one for
@@ -195,6 +196,11 @@ func (h *hotPathBench) churn(n int) {
 			h.must(err, "PublishBatch")
 		}
 		h.must(h.q.Wake(h.ctx, sleeper), "Wake")
+		// A subscriber writes its presence record every 5 s: a round is
+		// 100 rows, about every 50 rounds at 1,000 rows a second.
+		if round%50 == 0 {
+			h.must(h.q.Present(h.ctx, h.presenceRecord()), "Present")
+		}
 		for {
 			_, err := h.q.HandOff(h.ctx, db.HandOffParams{Queues: []string{hotPathQueue}, MaxKeys: engine.HandoffMaxKeys})
 			h.must(err, "HandOff")
@@ -574,6 +580,8 @@ func (h *hotPathBench) measure() []hotPathCost {
 			_ = q.Sleep(ctx, db.SleepParams{ID: h.sleeper, Queues: q1, ForSeconds: 2})
 		}},
 		{"wake", func(q *db.Queries) { _ = q.Wake(ctx, h.sleeper) }},
+		{"present", func(q *db.Queries) { _ = q.Present(ctx, h.presenceRecord()) }},
+		{"absent", func(q *db.Queries) { _ = q.Absent(ctx, other) }},
 		{"leave", func(q *db.Queries) { _ = q.Leave(ctx, other) }},
 		{"in-flight", func(q *db.Queries) { _, _ = q.InFlight(ctx) }},
 	}
@@ -733,4 +741,14 @@ func (h *hotPathBench) blocks(tx pgx.Tx) map[string]int {
 	}
 	h.must(rows.Err(), "blocks")
 	return m
+}
+
+// presenceRecord is the presence record of the subscriber the benchmark
+// plays, with an id drawn once.
+func (h *hotPathBench) presenceRecord() db.PresentParams {
+	if !h.presence.Valid {
+		h.presence = newSleepID()
+	}
+	return db.PresentParams{ID: h.presence, Name: "bench", Host: "h", Pid: 1, Queues: []string{hotPathQueue}, Workers: 4,
+		ClaimPath: "lock", State: "claiming", StateSince: time.Now(), EverySeconds: 5}
 }

@@ -64,7 +64,7 @@ func TestMigrationStatus(t *testing.T) {
 		}
 		got = append(got, s.Name)
 	}
-	want := []string{"00001_create_outbox.sql", "00002_create_outbox_dlq.sql", "00003_create_outbox_notify.sql", "00004_lease_expiry_on_row.sql", "00005_per_key_order.sql", "00006_notify_sleepers.sql", "00007_locked_claims.sql", "00008_sleep_horizon.sql", "00009_least_privilege.sql", "00010_cheaper_key_hand_over.sql", "00011_private_owner_functions.sql", "00012_scans_past_the_churn.sql", "00013_log_ring.sql", "00014_queue_pause.sql"}
+	want := []string{"00001_create_outbox.sql", "00002_create_outbox_dlq.sql", "00003_create_outbox_notify.sql", "00004_lease_expiry_on_row.sql", "00005_per_key_order.sql", "00006_notify_sleepers.sql", "00007_locked_claims.sql", "00008_sleep_horizon.sql", "00009_least_privilege.sql", "00010_cheaper_key_hand_over.sql", "00011_private_owner_functions.sql", "00012_scans_past_the_churn.sql", "00013_log_ring.sql", "00014_operators.sql"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("migrations (-want +got):\n%s", diff)
 	}

@@ -111,10 +111,11 @@ func TestGrantsApply(t *testing.T) {
 		sub + " outbox_ring_progress DELETE", sub + " outbox_ring_progress INSERT", sub + " outbox_ring_progress SELECT",
 		sub + " outbox_ring_turns SELECT", sub + " outbox_ring_turns UPDATE",
 		sub + " outbox_sleepers DELETE", sub + " outbox_sleepers INSERT", sub + " outbox_sleepers SELECT", sub + " outbox_sleepers UPDATE",
+		sub + " outbox_subscribers DELETE", sub + " outbox_subscribers INSERT", sub + " outbox_subscribers SELECT", sub + " outbox_subscribers UPDATE",
 	}
 	for range 2 {
 		r := runCLI(t, env, append([]string{"grants", "-apply", "-publisher", pub, "-subscriber", sub}, flags...)...)
-		if r.code != 0 || stripHeader(r.stdout) != "granted: 19 statements\n" {
+		if r.code != 0 || stripHeader(r.stdout) != "granted: 20 statements\n" {
 			t.Fatalf("exit %d: %s%s", r.code, r.stdout, r.stderr)
 		}
 		if diff := cmp.Diff(want, privileges()); diff != "" {

@@ -10,6 +10,8 @@
 //	outboxgen health [-listen-dsn DSN] [-notify-timeout D] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen dlq list|show ID|replay|purge [-queue Q] [-reason R] [-older-than D] [-limit N] [-after ID]
 //	    [-drop-timer-ids] [-dry-run] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen queue pause Q [-reason TEXT] | resume Q | paused [-json] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen subscribers [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen grants [-publisher ROLE] [-subscriber ROLE] [-apply] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
 //	outboxgen console [-listen ADDR] [-actions] [-user NAME] [-allow-host NAME] [-dsn DSN]
@@ -26,6 +28,8 @@
 // migrations directory.
 // inspect shows each queue's state; health checks the conditions that
 // break PostgreSQL queues and exits with status 1 when it finds one.
+// queue pauses and resumes a queue's subscribers; subscribers lists the
+// running subscribers of every process.
 // grants prints, or runs, what a publishing and a subscribing role must
 // be granted. bind
 // writes typed constructors and an AsyncAPI document for the types
@@ -38,7 +42,8 @@
 //
 // Environment (a flag wins over its variable):
 //
-//	DATABASE_URL   database of migrate, inspect, health, dlq, console and grants -apply (-dsn);
+//	DATABASE_URL   database of migrate, inspect, health, dlq, queue, subscribers, console, rebase
+//	               and grants -apply (-dsn);
 //	               when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
 //	               PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
 //	OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
@@ -139,6 +144,7 @@ Commands:
   health       check NOTIFY, the notification queue, what holds back vacuum, dead rows and the schema version
   dlq          list, show, replay or purge dead-lettered rows
   queue        pause or resume a queue, or list the paused ones
+  subscribers  the running subscribers, in every process: queues, state, busy workers, last claim
   grants       print (or -apply) the GRANT statements of a publishing and a subscribing role
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
   console      serve the web console: queues, held keys, dead letters, rows, health
@@ -148,7 +154,7 @@ Flags may come before or after a command's arguments. Run
 "outboxgen COMMAND -h" for a command's flags and an example.
 
 Environment (a flag wins over its variable):
-  DATABASE_URL   database of migrate, inspect, health, dlq, queue, console, rebase and grants -apply (-dsn);
+  DATABASE_URL   database of migrate, inspect, health, dlq, queue, subscribers, console, rebase and grants -apply (-dsn);
                  when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
                  PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
   OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
@@ -160,7 +166,7 @@ the outboxes the database holds.
 `
 
 // commands are the command names, for suggestions.
-var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "queue", "grants", "bind", "console", "rebase", "help"}
+var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "queue", "subscribers", "grants", "bind", "console", "rebase", "help"}
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	if len(args) == 0 {
@@ -180,6 +186,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return dlqCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "queue":
 		return queueCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "subscribers":
+		return subscribersCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "grants":
 		return grantsCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "bind":

@@ -78,10 +78,11 @@ func TestMigrateUpDownUp(t *testing.T) {
 
 	all := []string{"events", "events_dlq", "events_goose_version", "events_handoff", "events_locks", "events_pauses", "events_ring", "events_ring_acks",
 		"events_ring_claims", "events_ring_lanes", "events_ring_p0", "events_ring_p1", "events_ring_p2", "events_ring_p3",
-		"events_ring_progress", "events_ring_turns", "events_sleepers", "events_sleepers_turn"}
-	at13 := slices.DeleteFunc(slices.Clone(all), func(t string) bool { return t == "events_pauses" })
+		"events_ring_progress", "events_ring_turns", "events_sleepers", "events_sleepers_turn", "events_subscribers"}
+	at13 := slices.DeleteFunc(slices.Clone(all), func(t string) bool { return t == "events_pauses" || t == "events_subscribers" })
 	at12 := slices.DeleteFunc(slices.Clone(at13), func(t string) bool { return strings.HasPrefix(t, "events_ring") })
-	// As in goose, down is one step: the last migration drops the pauses,
+	// As in goose, down is one step: the last migration drops the pauses
+	// and the presence records,
 	// the one before it the ring, the three before that drop no table,
 	// the one before them drops events_sleepers_turn.
 	for _, step := range []struct {
@@ -238,7 +239,7 @@ func TestEnvironmentNamesTheOutbox(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"jobs", "jobs_dlq", "jobs_goose_version", "jobs_handoff", "jobs_locks", "jobs_pauses", "jobs_ring", "jobs_ring_acks",
 		"jobs_ring_claims", "jobs_ring_lanes", "jobs_ring_p0", "jobs_ring_p1", "jobs_ring_p2", "jobs_ring_p3", "jobs_ring_progress",
-		"jobs_ring_turns", "jobs_sleepers", "jobs_sleepers_turn"}, tables); err != nil || diff != "" {
+		"jobs_ring_turns", "jobs_sleepers", "jobs_sleepers_turn", "jobs_subscribers"}, tables); err != nil || diff != "" {
 		t.Errorf("tables after migrate up (-want +got): %v\n%s", err, diff)
 	}
 	if r := runCLI(t, env, "inspect", "-json"); r.code != 0 || r.stdout != "[]\n" {

@@ -1,11 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/outboxgen/outboxgen/outbox"
 )
 
 // queue pause keeps the pause and its reason in the database, paused
@@ -96,5 +102,47 @@ func TestQueueUsageErrors(t *testing.T) {
 	var n int
 	if err := d.Pool.QueryRow(t.Context(), "SELECT count(*) FROM outbox_pauses").Scan(&n); err != nil || n != 0 {
 		t.Errorf("pauses after the refused commands: %d, %v; want 0", n, err)
+	}
+}
+
+// subscribers lists a running subscriber with its queues and state, and
+// says so when none runs.
+func TestSubscribersCommand(t *testing.T) {
+	t.Parallel()
+	_, ob, env, flags := migrated(t)
+	if r := runCLI(t, env, append([]string{"subscribers"}, flags...)...); r.code != 0 || !strings.Contains(r.stdout, "no subscriber is running") {
+		t.Fatalf("subscribers with none: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	sub, err := outbox.NewSubscriber(ob, []string{"orders", "refunds"}, func(context.Context, *outbox.Message[[]byte]) error { return nil },
+		&outbox.SubscriberConfig[[]byte]{Name: "billing", Workers: 3, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	var r result
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		r = runCLI(t, env, append([]string{"subscribers"}, flags...)...)
+		if strings.Contains(r.stdout, "billing") || time.Now().After(deadline) {
+			break
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[1], "NAME") || !strings.HasPrefix(lines[2], "billing ") ||
+		!strings.Contains(lines[2], " orders,refunds ") || !strings.Contains(lines[2], "/3 ") {
+		t.Fatalf("subscribers: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, append([]string{"subscribers", "-json"}, flags...)...)
+	var subs []outbox.SubscriberInfo
+	if err := json.Unmarshal([]byte(r.stdout), &subs); r.code != 0 || err != nil || len(subs) != 1 || subs[0].Name != "billing" ||
+		subs[0].Workers != 3 || subs[0].PID != os.Getpid() {
+		t.Fatalf("subscribers -json: exit %d %q %q (%v)", r.code, r.stdout, r.stderr, err)
 	}
 }

@@ -43,6 +43,7 @@ func (r *run) fetch(ctx context.Context) {
 		r.sweepLocks(ctx, q)
 		sent := time.Now()
 		want := int32(min(free, cfg.FetchBatchSize))
+		r.presence.claimSent()
 		n, err := r.claims.Claim(ctx, want)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -62,6 +63,7 @@ func (r *run) fetch(ctx context.Context) {
 			continue
 		}
 		r.emit(MetricEvent{Name: EventFetched, Queue: r.s.Queues[0], Count: n})
+		r.presence.claimed(n > 0)
 		if n > 0 {
 			idle = 0
 			r.found(ctx, q, n, n >= int(want))

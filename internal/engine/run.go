@@ -57,6 +57,9 @@ type run struct {
 	// (ms) each transactional handler's transaction sets (idleLift).
 	liftIdle int64
 
+	// presence is what the run's presence record says of it.
+	presence *presence
+
 	// buf holds claimed rows not yet handed to a worker.
 	buf chan *lease.Delivery
 	// wake tells the fetcher to claim now (a NOTIFY, a reconnect, a retry).
@@ -126,6 +129,7 @@ func newRun(ctx context.Context, s *Subscriber) *run {
 		outcomes:   make(chan lease.Outcome, s.AckBatchSize*2),
 		leases:     lease.NewTracker(s.LeaseTTL),
 		sleeper:    newSleeper(),
+		presence:   newPresence(),
 		metrics:    newMetricsSink(s.Metrics, s.Log, s.FetchBatchSize),
 		logs:       newLogSummary(s.Log, logSummaryInterval),
 		handlerCtx: hctx,
@@ -161,6 +165,8 @@ func (r *run) run(ctx context.Context) error {
 	var fetcher sync.WaitGroup
 	fetcher.Go(func() { r.fetch(ctx) })
 	r.crew.Hire(r.s.Workers, func(w *crew.Worker) { r.work(ctx, w) })
+	var present sync.WaitGroup // the presence record's writes, once the crew is hired
+	present.Go(func() { r.present(ctx) })
 
 	<-ctx.Done()
 	close(r.stopping)
@@ -177,7 +183,9 @@ func (r *run) run(ctx context.Context) error {
 	r.leave()
 	r.release() // rows no worker started go back at once
 	r.drain(deadline)
-	r.release() // rows a worker took after the stop began
+	r.release()    // rows a worker took after the stop began
+	present.Wait() // its last write, as stopping, before its delete
+	r.absent()
 	lockUnwritten := r.claims.Ended()
 	close(r.outcomes)
 	unwritten := <-ackDone + lockUnwritten

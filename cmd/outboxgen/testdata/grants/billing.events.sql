@@ -11,6 +11,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON "billing"."events_sleepers", "billing"."
 GRANT SELECT ON "billing"."events_handoff" TO "wor""ker";
 GRANT EXECUTE ON FUNCTION "billing"."events_hand_off"(text[], integer) TO "wor""ker";
 GRANT SELECT, INSERT, DELETE ON "billing"."events_pauses" TO "wor""ker";
+GRANT SELECT, INSERT, UPDATE, DELETE ON "billing"."events_subscribers" TO "wor""ker";
 GRANT SELECT ON "billing"."events_ring" TO "wor""ker";
 GRANT SELECT, INSERT, UPDATE ON "billing"."events_ring_lanes" TO "wor""ker";
 GRANT SELECT, INSERT, DELETE ON "billing"."events_ring_progress", "billing"."events_ring_claims", "billing"."events_ring_acks" TO "wor""ker";

@@ -11,6 +11,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON "public"."outbox_sleepers", "public"."ou
 GRANT SELECT ON "public"."outbox_handoff" TO "worker";
 GRANT EXECUTE ON FUNCTION "public"."outbox_hand_off"(text[], integer) TO "worker";
 GRANT SELECT, INSERT, DELETE ON "public"."outbox_pauses" TO "worker";
+GRANT SELECT, INSERT, UPDATE, DELETE ON "public"."outbox_subscribers" TO "worker";
 GRANT SELECT ON "public"."outbox_ring" TO "worker";
 GRANT SELECT, INSERT, UPDATE ON "public"."outbox_ring_lanes" TO "worker";
 GRANT SELECT, INSERT, DELETE ON "public"."outbox_ring_progress", "public"."outbox_ring_claims", "public"."outbox_ring_acks" TO "worker";
