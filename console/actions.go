@@ -467,13 +467,17 @@ func queueState(ctx context.Context, c *Console, rq *request, t target) (paused 
 	return paused, fmt.Sprintf("The %s is paused since %s by %s%s; %s wait.", t.desc, stamp(paused.PausedAt), paused.PausedBy, why, rows), nil
 }
 
+// queueCount is the count step of a pause or a resume: what queueState
+// says.
+func queueCount(ctx context.Context, c *Console, rq *request, t target) (string, error) {
+	_, s, err := queueState(ctx, c, rq, t)
+	return s, err
+}
+
 var pauseQueue = actionKind{
 	name: "pause queue", title: "Pause a queue", path: "/queue/pause",
 	parse: parseQueueTarget,
-	count: func(ctx context.Context, c *Console, rq *request, t target) (string, error) {
-		_, s, err := queueState(ctx, c, rq, t)
-		return s, err
-	},
+	count: queueCount,
 	dryRun: func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error) {
 		paused, s, err := queueState(ctx, c, rq, t)
 		if paused != nil {
@@ -494,10 +498,7 @@ var pauseQueue = actionKind{
 var resumeQueue = actionKind{
 	name: "resume queue", title: "Resume a queue", path: "/queue/resume",
 	parse: parseQueueTarget,
-	count: func(ctx context.Context, c *Console, rq *request, t target) (string, error) {
-		_, s, err := queueState(ctx, c, rq, t)
-		return s, err
-	},
+	count: queueCount,
 	dryRun: func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error) {
 		paused, s, err := queueState(ctx, c, rq, t)
 		if paused == nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/outboxgen/outboxgen/internal/pgtest"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -372,15 +373,7 @@ func TestPagesListTheRunningSubscribers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	pgtest.RunUntilEnd(t, sub.Run)
 	row := regexp.MustCompile(`<tr class="subscriber" data-name="order-mailer">\s*<td class="name mono">order-mailer</td>`)
 	var body string
 	for deadline := time.Now().Add(time.Minute); !row.MatchString(body); time.Sleep(20 * time.Millisecond) {

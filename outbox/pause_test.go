@@ -316,9 +316,10 @@ func TestPauseQueueRefusesBadInputAndAnOldSchema(t *testing.T) {
 }
 
 // Upgrading from schema 13 keeps rows in every state, the records, and
-// the ring's rows; a queue paused at 14 runs again after going down to
-// 13, and up again it is not paused.
-func TestUpgradeFromSchema13AddsPausesAndKeepsRowsInEveryState(t *testing.T) {
+// the ring's rows, and adds the pauses and the presence records; a queue
+// paused at 14 runs again after going down to 13, and up again it is not
+// paused.
+func TestUpgradeFromSchema13AddsPausesAndPresenceAndKeepsRowsInEveryState(t *testing.T) {
 	t.Parallel()
 	e := atVersion(t, 13)
 	state := e.seedEveryStateAndRecords()
@@ -333,8 +334,8 @@ func TestUpgradeFromSchema13AddsPausesAndKeepsRowsInEveryState(t *testing.T) {
 			t.Errorf("at 13 again (-want +got):\n%s", diff)
 		}
 		var exists bool
-		if err := e.db.Pool.QueryRow(e.ctx, "SELECT to_regclass('outbox_pauses') IS NOT NULL").Scan(&exists); err != nil || exists {
-			t.Errorf("at 13 again, the pauses table exists = %v, %v", exists, err)
+		if err := e.db.Pool.QueryRow(e.ctx, "SELECT to_regclass('outbox_pauses') IS NOT NULL OR to_regclass('outbox_subscribers') IS NOT NULL").Scan(&exists); err != nil || exists {
+			t.Errorf("at 13 again, the pauses or the presence table exists = %v, %v", exists, err)
 		}
 	}, func(step string) {
 		if diff := cmp.Diff(before, append(state(), ringRows())); diff != "" {
@@ -343,6 +344,9 @@ func TestUpgradeFromSchema13AddsPausesAndKeepsRowsInEveryState(t *testing.T) {
 		paused, err := e.ob.PausedQueues(e.ctx)
 		if err != nil || len(paused) != 0 {
 			t.Errorf("%s: PausedQueues = %+v, %v; want none", step, paused, err)
+		}
+		if subs, err := e.ob.Subscribers(e.ctx); err != nil || len(subs) != 0 {
+			t.Errorf("%s: Subscribers = %+v, %v; want none", step, subs, err)
 		}
 		if step == "upgrade" {
 			if _, err := e.ob.PauseQueue(e.ctx, "q", "before going down"); err != nil {

@@ -172,6 +172,22 @@ func describeDB(user, host string, port uint16, database string) string {
 	return fmt.Sprintf("%s@%s/%s", user, net.JoinHostPort(host, strconv.Itoa(int(port))), database)
 }
 
+// openOutbox opens the outbox the flags name (open), prints where the
+// command cmd looks (header) and fails when the outbox does not exist
+// (requireOutbox); the caller closes the target.
+func (c conn) openOutbox(ctx context.Context, cmd string, getenv func(string) string, stdout, stderr io.Writer, asJSON bool) (*target, error) {
+	t, err := c.open(ctx, cmd, getenv)
+	if err != nil {
+		return nil, err
+	}
+	t.header(stdout, stderr, asJSON)
+	if err := t.requireOutbox(ctx, cmd); err != nil {
+		t.close()
+		return nil, err
+	}
+	return t, nil
+}
+
 // requireOutbox fails when the outbox does not exist, naming the database
 // and the outboxes that do exist there, so that an operator who forgot
 // -schema or -table is not sent to create an empty one.

@@ -135,15 +135,11 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if r := *reason; r != "" && !contains(reasons, r) {
 		return fmt.Errorf("%w: dlq: -reason %q is not one of %s%s", errUsage, r, strings.Join(reasons, ", "), suggest(r, reasons))
 	}
-	t, err := conn.open(ctx, "dlq "+sub, getenv)
+	t, err := conn.openOutbox(ctx, "dlq "+sub, getenv, stdout, stderr, *asJSON)
 	if err != nil {
 		return err
 	}
 	defer t.close()
-	t.header(stdout, stderr, *asJSON)
-	if err := t.requireOutbox(ctx, "dlq "+sub); err != nil {
-		return err
-	}
 	ob := t.ob
 
 	switch sub {

@@ -39,17 +39,13 @@ func healthCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if err := noArgs(pos, "health"); err != nil {
 		return err
 	}
-	t, err := conn.open(ctx, "health", getenv)
+	// A table that does not exist has no dead rows and no vacuum to
+	// report: say which outboxes the database holds instead.
+	t, err := conn.openOutbox(ctx, "health", getenv, stdout, stderr, *asJSON)
 	if err != nil {
 		return err
 	}
 	defer t.close()
-	t.header(stdout, stderr, *asJSON)
-	// A table that does not exist has no dead rows and no vacuum to
-	// report: say which outboxes the database holds instead.
-	if err := t.requireOutbox(ctx, "health"); err != nil {
-		return err
-	}
 	h, err := t.ob.Health(ctx, &outbox.HealthOptions{ListenDSN: *listenDSN, NotifyTimeout: *timeout})
 	if err != nil {
 		return err

@@ -40,15 +40,11 @@ func inspectCmd(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	if err := noArgs(pos, "inspect"); err != nil {
 		return err
 	}
-	t, err := conn.open(ctx, "inspect", getenv)
+	t, err := conn.openOutbox(ctx, "inspect", getenv, stdout, stderr, *asJSON)
 	if err != nil {
 		return err
 	}
 	defer t.close()
-	t.header(stdout, stderr, *asJSON)
-	if err := t.requireOutbox(ctx, "inspect"); err != nil {
-		return err
-	}
 	if err := t.ob.Check(ctx); err != nil {
 		return err
 	}

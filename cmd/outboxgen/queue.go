@@ -66,15 +66,11 @@ func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	if *reason != "" && sub != "pause" {
 		return fmt.Errorf("%w: queue %s: -reason is pause's", errUsage, sub)
 	}
-	t, err := conn.open(ctx, "queue", getenv)
+	t, err := conn.openOutbox(ctx, "queue "+sub, getenv, stdout, stderr, *asJSON)
 	if err != nil {
 		return err
 	}
 	defer t.close()
-	t.header(stdout, stderr, *asJSON)
-	if err := t.requireOutbox(ctx, "queue "+sub); err != nil {
-		return err
-	}
 	switch sub {
 	case "pause":
 		p, err := t.ob.PauseQueue(ctx, name, *reason)

@@ -39,15 +39,11 @@ func rebaseCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	if !*yes {
 		return fmt.Errorf("%w: rebase: -yes is required: it is meant for an outbox restored from a dump, before its writers and subscribers start, and delivers again what a claim held", errUsage)
 	}
-	t, err := conn.open(ctx, "rebase", getenv)
+	t, err := conn.openOutbox(ctx, "rebase", getenv, stdout, stderr, false)
 	if err != nil {
 		return err
 	}
 	defer t.close()
-	t.header(stdout, stderr, false)
-	if err := t.requireOutbox(ctx, "rebase"); err != nil {
-		return err
-	}
 	r, err := t.ob.RebaseRing(ctx)
 	if err != nil {
 		return err

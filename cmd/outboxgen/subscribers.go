@@ -41,15 +41,11 @@ func subscribersCmd(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := noArgs(pos, "subscribers"); err != nil {
 		return err
 	}
-	t, err := conn.open(ctx, "subscribers", getenv)
+	t, err := conn.openOutbox(ctx, "subscribers", getenv, stdout, stderr, *asJSON)
 	if err != nil {
 		return err
 	}
 	defer t.close()
-	t.header(stdout, stderr, *asJSON)
-	if err := t.requireOutbox(ctx, "subscribers"); err != nil {
-		return err
-	}
 	subs, err := t.ob.Subscribers(ctx)
 	if err != nil {
 		return err

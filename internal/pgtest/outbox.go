@@ -78,3 +78,19 @@ func IDs(tb testing.TB, conn interface {
 	slices.Sort(ids)
 	return ids
 }
+
+// RunUntilEnd runs run (a subscriber's Run, say) in a goroutine until tb
+// ends, then cancels its context, waits for it and fails tb when it
+// returned an error.
+func RunUntilEnd(tb testing.TB, run func(ctx context.Context) error) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	tb.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			tb.Errorf("run: %v", err)
+		}
+	})
+}
