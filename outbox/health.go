@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,6 +37,8 @@ type HealthOptions struct {
 	XidAge           int64
 	DeadTuples       int64
 	RingStuck        time.Duration
+	ReadyWait        time.Duration
+	Unclaimed        time.Duration
 }
 
 // withDefaults fills every zero field of o with its default.
@@ -61,6 +64,12 @@ func (o HealthOptions) withDefaults() HealthOptions {
 	if o.RingStuck <= 0 {
 		o.RingStuck = HealthRingStuck
 	}
+	if o.ReadyWait <= 0 {
+		o.ReadyWait = HealthReadyWait
+	}
+	if o.Unclaimed <= 0 {
+		o.Unclaimed = HealthUnclaimed
+	}
 	return o
 }
 
@@ -84,7 +93,19 @@ const (
 	// tier's ring this long, and the next is not yet empty, so they cannot
 	// move on (a subscriber's turn moves them every 10 s when it can).
 	HealthRingStuck = 5 * time.Minute
+	// HealthReadyWait: a queue's oldest ready row (due, not leased, not
+	// behind its key) has waited this long: its subscribers fall behind,
+	// are stuck, or do not run. Paused queues are left out.
+	HealthReadyWait = 5 * time.Minute
+	// HealthUnclaimed: a queue has had a ready row this long and no
+	// running subscriber of it has a presence record (schema 14): nobody
+	// claims it. Paused queues are left out.
+	HealthUnclaimed = time.Minute
 )
+
+// healthDepthCap is where Health's counts of each queue's rows stop: it
+// reads them to judge the queues' waits, and must stay cheap.
+const healthDepthCap = 1000
 
 // Health is what [Outbox.Health] found: the conditions that break
 // PostgreSQL queues in production.
@@ -117,6 +138,13 @@ type Health struct {
 	// Paused lists the paused queues ([Outbox.PauseQueue]); a pause is
 	// an operator's choice, not a problem. Empty before schema 14.
 	Paused []QueuePause
+	// Queues are the queues' depths, each count stopping at 1,000 (see
+	// [Outbox.QueueDepths]), and Subscribers the running subscribers'
+	// presence records ([Outbox.Subscribers]): a queue whose oldest ready
+	// row has waited ReadyWait, or that has ready rows and no running
+	// subscriber for Unclaimed, is a problem. Empty before schema 14.
+	Queues      []QueueDepth
+	Subscribers []SubscriberInfo
 	// Problems names each condition past its threshold, with its fix; empty
 	// when all is well.
 	Problems []string
@@ -239,6 +267,12 @@ func (o *Outbox) Health(ctx context.Context, opts *HealthOptions) (Health, error
 	}
 	if v >= pausesSchema {
 		if h.Paused, err = o.PausedQueues(ctx); err != nil {
+			return h, wrapOp("Health", err)
+		}
+		if h.Queues, err = o.QueueDepths(ctx, &DepthOptions{Cap: healthDepthCap}); err != nil {
+			return h, wrapOp("Health", err)
+		}
+		if h.Subscribers, err = o.Subscribers(ctx); err != nil {
 			return h, wrapOp("Health", err)
 		}
 	}
@@ -379,6 +413,33 @@ func (h *Health) problems(o *Outbox, opt *HealthOptions) []string {
 	if r := h.Ring; r != nil && !r.NextEmptied && r.WritingFor >= opt.RingStuck {
 		out = append(out, r.problem(o.naming.Qualified(o.naming.Table+"_ring")))
 	}
+	return append(out, h.waits(opt)...)
+}
+
+// waits are the problems of queues whose ready rows wait: for ReadyWait,
+// or for Unclaimed with no running subscriber of theirs. Paused queues
+// wait by choice.
+func (h *Health) waits(opt *HealthOptions) []string {
+	var out []string
+	for _, d := range h.Queues {
+		if d.Ready == 0 || slices.ContainsFunc(h.Paused, func(p QueuePause) bool { return p.Queue == d.Queue }) {
+			continue
+		}
+		claimed := slices.ContainsFunc(h.Subscribers, func(s SubscriberInfo) bool { return !s.Gone && slices.Contains(s.Queues, d.Queue) })
+		ready := fmt.Sprint(d.Ready)
+		if d.Ready >= healthDepthCap {
+			ready = fmt.Sprintf("%d or more", healthDepthCap)
+		}
+		switch {
+		case !claimed && d.OldestReadyWait >= opt.Unclaimed:
+			out = append(out, fmt.Sprintf("queue %q has ready rows (%s), the oldest waiting %v, and no running subscriber of it has shown itself "+
+				"for %v (outboxgen subscribers): start its subscribers, or check that they reach the database", d.Queue, ready,
+				roundWait(d.OldestReadyWait), 3*SubscriberPresenceInterval))
+		case d.OldestReadyWait >= opt.ReadyWait:
+			out = append(out, fmt.Sprintf("queue %q's oldest ready row has waited %v (ready rows: %s): its subscribers fall behind or are stuck; "+
+				"see outboxgen subscribers (busy workers, last claim) and outboxgen inspect", d.Queue, roundWait(d.OldestReadyWait), ready))
+		}
+	}
 	return out
 }
 
@@ -406,4 +467,13 @@ func (r *RingHealth) problem(ring string) string {
 	}
 	return fmt.Sprintf("the ring %s cannot turn: writers have written into partition %d for %v, and the next, %d, is not emptied: %s; "+
 		"until it is, partition %d takes every write", ring, r.Partition, r.WritingFor.Round(time.Second), (r.Partition+1)%4, strings.Join(why, "; "), r.Partition)
+}
+
+// roundWait rounds a wait for people: to the millisecond under a second,
+// else to the second.
+func roundWait(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(time.Second)
 }

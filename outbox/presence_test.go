@@ -5,7 +5,9 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -135,5 +137,69 @@ func TestSubscribersNeedsTheSubscriberRoleAndSchema14(t *testing.T) {
 	var se *SchemaError
 	if _, err := old.ob.Subscribers(old.ctx); !errors.As(err, &se) || se.Version != 13 {
 		t.Errorf("Subscribers at schema 13 = %v; want a *SchemaError", err)
+	}
+}
+
+// Health makes a queue's wait a problem: ready rows and no running
+// subscriber of the queue for Unclaimed, or an oldest ready row older
+// than ReadyWait while its subscribers run; a paused queue is neither.
+func TestHealthReportsQueuesThatWait(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	publish := func(queue string, n int) {
+		t.Helper()
+		if _, err := newPublisher[string](t, e, queue, nil).PublishBatch(e.ctx, e.pubPool, slices.Repeat([]string{"x"}, n), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("unclaimed", 2)
+	publish("paused", 1)
+	if _, err := e.ob.PauseQueue(e.ctx, "paused", ""); err != nil {
+		t.Fatal(err)
+	}
+	inHand, release := make(chan struct{}, 1), make(chan struct{})
+	defer close(release)
+	cfg := fastConfig[string](nil)
+	cfg.Name, cfg.Workers, cfg.FetchBatchSize = "slow", 1, 1
+	startSub(t, e.ob, []string{"slow"}, func(ctx context.Context, m *Message[string]) error {
+		inHand <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}, cfg)
+	publish("slow", 3)
+	<-inHand
+	eventually(t, "the slow queue's subscriber shown", func() bool { return len(subscribersNamed(t, e.ob, "slow")) == 1 })
+
+	opts := &HealthOptions{ReadyWait: time.Millisecond, Unclaimed: time.Millisecond}
+	var h Health
+	eventually(t, "both waits reported", func() bool {
+		var err error
+		if h, err = e.ob.Health(e.ctx, opts); err != nil {
+			t.Fatal(err)
+		}
+		return len(h.Problems) >= 2
+	})
+	var waits []string
+	for _, p := range h.Problems {
+		switch {
+		case strings.HasPrefix(p, `queue "unclaimed" has ready rows (2), the oldest waiting `) &&
+			strings.Contains(p, "and no running subscriber of it has shown itself"):
+			waits = append(waits, "unclaimed")
+		case strings.HasPrefix(p, `queue "slow"'s oldest ready row has waited `):
+			waits = append(waits, "slow")
+		case strings.Contains(p, `"paused"`):
+			t.Errorf("a paused queue's wait is a problem: %s", p)
+		}
+	}
+	if diff := cmp.Diff([]string{"unclaimed", "slow"}, waits, cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
+		t.Errorf("the waits among the problems (-want +got):\n%s\n%q", diff, h.Problems)
+	}
+	// At the defaults (a minute, five minutes) rows this young are no
+	// problem.
+	if h, err := e.ob.Health(e.ctx, nil); err != nil || slices.ContainsFunc(h.Problems, func(p string) bool { return strings.HasPrefix(p, "queue ") }) {
+		t.Errorf("Health at the defaults: %v, %q", err, h.Problems)
 	}
 }

@@ -15,9 +15,11 @@ const healthUsage = `Usage: outboxgen health [-listen-dsn DSN] [-json] [flags]
 Checks what breaks PostgreSQL queues in production: the schema's version
 against this release's, whether a NOTIFY reaches a LISTEN connection (give
 -listen-dsn the subscribers' ListenDSN when they have one), how full the
-server's notification queue is, what holds back vacuum in the cluster, and
-the outbox table's dead rows and transaction-id age. Prints the report and
-exits with status 1 when it found a problem.
+server's notification queue is, what holds back vacuum in the cluster,
+the outbox table's dead rows and transaction-id age, and queues whose
+ready rows wait: past -ready-wait, or past -unclaimed with no running
+subscriber of theirs (paused queues wait by choice). Prints the report
+and exits with status 1 when it found a problem.
 
 Example:
   DATABASE_URL=postgres://localhost/app outboxgen health -schema billing
@@ -32,6 +34,8 @@ func healthCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	listenDSN := fs.String("listen-dsn", "", "connection string of the LISTEN connection (default: -dsn's)")
 	timeout := fs.Duration("notify-timeout", 2*time.Second, "how long to wait for the NOTIFY probe")
 	asJSON := fs.Bool("json", false, "print JSON instead of text")
+	readyWait := fs.Duration("ready-wait", outbox.HealthReadyWait, "a problem when a queue's oldest ready row has waited this long")
+	unclaimed := fs.Duration("unclaimed", outbox.HealthUnclaimed, "a problem when a queue has had ready rows this long and no running subscriber of it")
 	pos, err := parseFlags(fs, args, "health")
 	if err != nil {
 		return err
@@ -46,7 +50,8 @@ func healthCmd(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		return err
 	}
 	defer t.close()
-	h, err := t.ob.Health(ctx, &outbox.HealthOptions{ListenDSN: *listenDSN, NotifyTimeout: *timeout})
+	h, err := t.ob.Health(ctx, &outbox.HealthOptions{ListenDSN: *listenDSN, NotifyTimeout: *timeout, ReadyWait: *readyWait,
+		Unclaimed: *unclaimed})
 	if err != nil {
 		return err
 	}

@@ -139,3 +139,25 @@ func TestSubscribersCommand(t *testing.T) {
 		t.Fatalf("subscribers -json: exit %d %q %q (%v)", r.code, r.stdout, r.stderr, err)
 	}
 }
+
+// health's -unclaimed and -ready-wait set when a queue's wait is a
+// problem: a fresh row of a queue nobody subscribes to is none at the
+// defaults, and is one past -unclaimed 1ms (exit status 1).
+func TestHealthJudgesWaitingQueues(t *testing.T) {
+	t.Parallel()
+	d, ob, env, flags := migrated(t)
+	pub, err := outbox.NewPublisher[string](ob, "jobs", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(t.Context(), d.Pool, "job", nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := runCLI(t, env, append([]string{"health"}, flags...)...); r.code != 0 || strings.Contains(r.stdout, `queue "jobs"`) {
+		t.Fatalf("health at the defaults: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	r := runCLI(t, env, append([]string{"health", "-unclaimed", "1ms", "-ready-wait", "1h"}, flags...)...)
+	if r.code != 1 || !strings.Contains(r.stdout, `queue "jobs" has ready rows (1)`) {
+		t.Fatalf("health -unclaimed 1ms: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
