@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/chromedp"
 	"github.com/google/go-cmp/cmp"
 
@@ -654,4 +656,41 @@ func TestOperatorPausesAndResumesAQueue(t *testing.T) {
 	eventually(t, "the subscriber handles the row after the resume", 30*time.Second, func(context.Context) (bool, error) {
 		return c.accepted(`{"order":"while paused"}`), nil
 	})
+}
+
+// colorScheme emulates the browser's prefers-color-scheme.
+func colorScheme(scheme string) chromedp.Action[chromedp.Void] {
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
+		return err
+	})
+}
+
+// A browser that prefers a dark color scheme gets the console dark: its
+// page, tables and text; one that prefers light gets it light.
+func TestTheConsoleFollowsTheBrowsersColorScheme(t *testing.T) {
+	chromiumPath(t)
+	t.Parallel()
+	f := newOutbox(t)
+	publish(t, f, jsonBytes{}, "orders", []byte(`{"order":"o-1"}`), nil)
+	srv := serveConsole(t, f, false)
+	p := newPage(t, srv.URL)
+	colors := `(() => { const s = e => getComputedStyle(document.querySelector(e));
+		return [s("body").backgroundColor, s("body").color, s("table#queues").backgroundColor]; })()`
+	for _, c := range []struct {
+		scheme string
+		want   []string
+	}{
+		{"dark", []string{"rgb(14, 17, 22)", "rgb(230, 232, 236)", "rgb(22, 27, 34)"}},
+		{"light", []string{"rgb(247, 248, 250)", "rgb(29, 35, 48)", "rgb(255, 255, 255)"}},
+	} {
+		p.do("emulating "+c.scheme, colorScheme(c.scheme))
+		p.open(outboxPath(f) + "/")
+		p.do("waiting for the queues", chromedp.WaitVisible(chromedp.CSS("table#queues")))
+		if diff := cmp.Diff(c.want, eval[[]string](p, colors)); diff != "" {
+			t.Errorf("%s: the page's background, text and table colors (-want +got):\n%s", c.scheme, diff)
+		}
+		p.shot("color-scheme-" + c.scheme + ".png")
+	}
 }
