@@ -1,6 +1,8 @@
 package console
 
 import (
+	"html"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -25,5 +27,30 @@ func TestDeadListPreviewsLargePayloads(t *testing.T) {
 	want := []string{"(2000001 bytes of binary)", strings.TrimSpace(strings.Repeat("ab ", 27)) + "…"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("previews (-want +got):\n%s", diff)
+	}
+}
+
+// The first page of the dead letters groups the newest by why they
+// failed, with links to each group's rows and its newest dead letter;
+// the next pages do not.
+func TestDeadLettersPageShowsWhyTheyFailed(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, Config{})
+	s.fixture()
+	body := s.page(s.base + "/dead")
+	if !strings.Contains(body, `<table id="causes">`) || !strings.Contains(body, "Among the newest 3 dead letters") {
+		t.Fatalf("the dead letters page shows no causes:\n%s", body)
+	}
+	causes, _, err := s.ob.DeadLetterCauses(t.Context(), nil)
+	if err != nil || len(causes) == 0 {
+		t.Fatalf("DeadLetterCauses: %v, %v", causes, err)
+	}
+	c := causes[0]
+	link := html.EscapeString(s.base + "/dead?" + url.Values{"q": {c.Queue}, "reason": {c.Reason}}.Encode())
+	if !strings.Contains(body, `<a href="`+link+`"`) || !strings.Contains(body, html.EscapeString(c.Cause)) {
+		t.Errorf("the largest cause %+v is not on the page with its link %s:\n%s", c, link, body)
+	}
+	if body := s.page(s.base + "/dead?before=2"); strings.Contains(body, `<table id="causes">`) {
+		t.Errorf("a next page shows the causes again")
 	}
 }

@@ -343,7 +343,12 @@ var reasons = []string{outbox.ReasonMaxDeliveries, outbox.ReasonRetryExhausted, 
 const deadPreviewChars = 80
 
 type deadData struct {
-	Filter  filterForm
+	Filter filterForm
+	// Causes group the newest deadCauseSample dead letters (of the
+	// filter's queue) by why they failed, on the first page; Sampled is
+	// how many they grouped.
+	Causes  []causeRow
+	Sampled int64
 	Rows    []outbox.DeadLetter
 	Next    string
 	Older   []struct{ Value, Label string }
@@ -351,6 +356,20 @@ type deadData struct {
 	Queues  []string
 	Link    func(int64) string
 }
+
+// causeRow is a cause of dead letters, with the links to its rows and to
+// its newest dead letter.
+type causeRow struct {
+	outbox.DeadLetterCause
+	Rows, Newest string
+}
+
+// deadCauseSample and deadCauses bound the dead letters page's causes:
+// the newest 2,000 dead letters, the 10 largest groups.
+const (
+	deadCauseSample = 2000
+	deadCauses      = 10
+)
 
 // filterForm is a dead-letter filter as its form fields hold it.
 type filterForm struct {
@@ -409,6 +428,19 @@ func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, rq *request) 
 		d.Next = rq.base + "/dead?" + next.Encode()
 	}
 	d.Rows = rows
+	if r.URL.Query().Get("before") == "" {
+		causes, sampled, err := rq.ob.DeadLetterCauses(r.Context(), &outbox.DeadLetterCauseOptions{Queue: ff.Queue, Sample: deadCauseSample,
+			Limit: deadCauses})
+		if err != nil {
+			c.fail(w, r, rq, statusOf(err), err)
+			return
+		}
+		d.Sampled = sampled
+		for _, cs := range causes {
+			q := url.Values{"q": {cs.Queue}, "reason": {cs.Reason}}
+			d.Causes = append(d.Causes, causeRow{DeadLetterCause: cs, Rows: rq.base + "/dead?" + q.Encode(), Newest: d.Link(cs.NewestID)})
+		}
+	}
 	queues := map[string]bool{}
 	for _, row := range rows {
 		queues[row.Queue] = true

@@ -52,6 +52,86 @@ func (q *Queries) CountDeadLetters(ctx context.Context, arg CountDeadLettersPara
 	return i, err
 }
 
+const deadLetterCauses = `-- name: DeadLetterCauses :many
+WITH sample AS MATERIALIZED (
+    SELECT x.id, x.queue, x.failure_reason, x.failed_at, coalesce(x.last_error, '') AS last_error
+    FROM /*outbox:table*/outbox_dlq AS x
+    WHERE ($2::text IS NULL OR x.queue = $2::text)
+    ORDER BY x.id DESC
+    LIMIT $3::integer
+), grouped AS (
+    SELECT s.queue, s.failure_reason,
+           regexp_replace(regexp_replace(s.last_error, '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') AS cause,
+           count(*)::bigint AS rows, max(s.id) AS newest_id
+    FROM sample AS s
+    GROUP BY 1, 2, 3
+)
+SELECT g.queue::text AS queue, g.failure_reason::text AS failure_reason, g.cause::text AS cause, g.rows, g.newest_id::bigint AS newest_id,
+       least(greatest(s.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS newest_failed_at,
+       s.last_error::text AS newest_error,
+       (SELECT count(*) FROM sample)::bigint AS sampled
+FROM grouped AS g
+JOIN sample AS s ON s.id = g.newest_id
+ORDER BY g.rows DESC, g.newest_id DESC
+LIMIT $1::integer
+`
+
+type DeadLetterCausesParams struct {
+	MaxGroups int32
+	Queue     *string
+	Sample    int32
+}
+
+type DeadLetterCausesRow struct {
+	Queue          string
+	FailureReason  string
+	Cause          string
+	Rows           int64
+	NewestID       int64
+	NewestFailedAt time.Time
+	NewestError    string
+	Sampled        int64
+}
+
+// Why the newest @sample dead letters failed (of @queue, when set): their
+// groups by queue, reason and cause, the last error with every run of
+// digits and every id-like hex run replaced by "#" (so "order 4211
+// timed out after 30s" and "order 977 timed out after 12s" are one
+// cause), each with how many of the sample it holds and its newest dead
+// letter (id, failure time, last error as written), the largest groups
+// first, at most @max_groups. The sample is the newest rows by id,
+// through the primary key (or one queue's through its index), as
+// ListDeadLettersNewest walks them: a bounded read however many rows the
+// table holds.
+func (q *Queries) DeadLetterCauses(ctx context.Context, arg DeadLetterCausesParams) ([]DeadLetterCausesRow, error) {
+	rows, err := q.db.Query(ctx, deadLetterCauses, arg.MaxGroups, arg.Queue, arg.Sample)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []DeadLetterCausesRow{}
+	for rows.Next() {
+		var i DeadLetterCausesRow
+		if err := rows.Scan(
+			&i.Queue,
+			&i.FailureReason,
+			&i.Cause,
+			&i.Rows,
+			&i.NewestID,
+			&i.NewestFailedAt,
+			&i.NewestError,
+			&i.Sampled,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const deadLetterWithLease = `-- name: DeadLetterWithLease :execrows
 WITH d AS (
     DELETE FROM /*outbox:table*/outbox AS o

@@ -20,7 +20,7 @@ import (
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
-const dlqUsage = `Usage: outboxgen dlq list|show ID|replay|purge [flags]
+const dlqUsage = `Usage: outboxgen dlq list|show ID|replay|purge|causes [flags]
 
 Operates on the outbox's dead-letter table:
   list     rows in id order, filtered by -queue, -reason, -older-than;
@@ -34,6 +34,9 @@ Operates on the outbox's dead-letter table:
            timer id instead. Needs -queue, -reason or -older-than, or -yes
            to replay every row
   purge    deletes the matching rows; needs -older-than or -yes
+  causes   why the newest -sample dead letters (of -queue) failed: groups
+           by queue, reason and last error with numbers and ids as #,
+           the largest first (-limit groups), each with its newest row
 
 replay and purge work in batches (500 and 1,000 rows) in id order, each
 committed on its own, with progress on stderr: interrupted, they have
@@ -53,6 +56,7 @@ Examples:
   outboxgen dlq replay -queue orders.created -reason retry_exhausted -dry-run
   outboxgen dlq replay -queue orders.created -reason retry_exhausted -up-to 90412 -expect 2499
   outboxgen dlq purge -older-than 720h
+  outboxgen dlq causes -queue orders.created
 
 Flags:
 `
@@ -66,12 +70,13 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	queue := fs.String("queue", "", "only rows of this queue")
 	reason := fs.String("reason", "", "only rows with this reason: max_deliveries, retry_exhausted, rejected, decode_error")
 	olderThan := fs.Duration("older-than", 0, "only rows dead-lettered at least this long ago")
-	limit := fs.Int("limit", 100, "list: at most this many rows")
+	limit := fs.Int("limit", 100, "list: at most this many rows; causes: at most this many groups")
 	after := fs.Int64("after", 0, "list: only rows with ids above this one (the next page after -limit rows); default: from the lowest id")
 	asJSON := fs.Bool("json", false, "list, show, replay: print JSON")
 	dropTimerIDs := fs.Bool("drop-timer-ids", false, "replay: replay rows whose timer id is live in the outbox without it, instead of skipping them")
 	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row; replay: without a filter, replay every row")
 	dryRun := fs.Bool("dry-run", false, "replay, purge: say what it would do, reading only, and change nothing")
+	sample := fs.Int("sample", outbox.DeadLetterCauseSampleDefault, "causes: how many of the newest dead letters to group")
 	upTo := fs.Int64("up-to", 0, "replay, purge, list: only rows with ids up to this one (the bound a -dry-run printed)")
 	expect := fs.Int64("expect", -1, "replay, purge: with -up-to, how many rows the dry run matched; the command says so when the set changed")
 	pos, err := parseFlags(fs, args, "dlq")
@@ -84,7 +89,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	}
 	sub, rest := pos[0], pos[1:]
 	if !contains(dlqCommands, sub) {
-		return fmt.Errorf("%w: dlq: unknown command %q%s (want list, show, replay or purge)", errUsage, sub, suggest(sub, dlqCommands))
+		return fmt.Errorf("%w: dlq: unknown command %q%s (want list, show, replay, purge or causes)", errUsage, sub, suggest(sub, dlqCommands))
 	}
 	var id int64
 	if sub == "show" {
@@ -143,6 +148,27 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	ob := t.ob
 
 	switch sub {
+	case "causes":
+		if *reason != "" || *olderThan != 0 {
+			return fmt.Errorf("%w: dlq causes: groups the newest dead letters of -queue (or every queue); -reason and -older-than are not its", errUsage)
+		}
+		groups := min(*limit, outbox.DeadLetterCauseLimitMax)
+		causes, sampled, err := ob.DeadLetterCauses(ctx, &outbox.DeadLetterCauseOptions{Queue: *queue, Sample: *sample, Limit: groups})
+		if err != nil {
+			return usageIfInput(err)
+		}
+		if *asJSON {
+			return printJSON(stdout, map[string]any{"sampled": sampled, "causes": causes})
+		}
+		fmt.Fprintf(stdout, "the newest %d dead letters, by cause:\n", sampled)
+		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ROWS\tQUEUE\tREASON\tCAUSE\tNEWEST")
+		for _, c := range causes {
+			cause, _, _ := strings.Cut(c.Cause, "\n")
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d (%s)\n", c.Rows, cell(c.Queue), cell(c.Reason), clip(lastErrorCell(cause), 80), c.NewestID,
+				c.NewestFailedAt.Format(time.RFC3339))
+		}
+		return w.Flush()
 	case "list":
 		// One row more than asked says whether another page exists.
 		rows, err := ob.DeadLetters(ctx, filter, from, *limit+1)
@@ -275,7 +301,7 @@ func setChanged(w io.Writer, expect, matched int64, f outbox.DeadLetterFilter) {
 var reasons = []string{outbox.ReasonMaxDeliveries, outbox.ReasonRetryExhausted, outbox.ReasonRejected, outbox.ReasonDecodeError}
 
 // dlqCommands are dlq's sub-commands, for suggestions.
-var dlqCommands = []string{"list", "show", "replay", "purge"}
+var dlqCommands = []string{"list", "show", "replay", "purge", "causes"}
 
 // deadLetterJSON is a dead letter as dlq list and show print it: a payload
 // that is UTF-8 text as text, any other in base64.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -299,5 +300,37 @@ func TestDLQPurgeWithinTheDryRunsBound(t *testing.T) {
 	}
 	if diff := cmp.Diff([]int64{2501}, left); rows.Err() != nil || diff != "" {
 		t.Errorf("left (-want +got):\n%s", diff)
+	}
+}
+
+// dlq causes groups the newest dead letters by why they failed, the
+// largest group first, in a table or as JSON; -reason is not its.
+func TestDLQCauses(t *testing.T) {
+	t.Parallel()
+	d, _, env, flags := migrated(t)
+	if _, err := d.Pool.Exec(t.Context(), `INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason, last_error)
+		SELECT r.id, 'orders', '\x00', 1, 1, now(), r.reason, r.err FROM (VALUES
+			(1, 'retry_exhausted', 'order 4211 timed out'), (2, 'retry_exhausted', 'order 977 timed out'),
+			(3, 'rejected', 'unknown customer 12')) AS r(id, reason, err)`); err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, env, append([]string{"dlq", "causes"}, flags...)...)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 5 || !strings.HasSuffix(lines[1], "the newest 3 dead letters, by cause:") ||
+		!regexp.MustCompile(`^2 +orders +retry_exhausted +order # timed out +2 \(`).MatchString(lines[3]) ||
+		!regexp.MustCompile(`^1 +orders +rejected +unknown customer # +3 \(`).MatchString(lines[4]) {
+		t.Fatalf("dlq causes: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, env, append([]string{"dlq", "causes", "-json", "-sample", "1"}, flags...)...)
+	var got struct {
+		Sampled int64                    `json:"sampled"`
+		Causes  []outbox.DeadLetterCause `json:"causes"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); r.code != 0 || err != nil || got.Sampled != 1 || len(got.Causes) != 1 ||
+		got.Causes[0].Cause != "unknown customer #" {
+		t.Fatalf("dlq causes -json -sample 1: exit %d %q %q (%v)", r.code, r.stdout, r.stderr, err)
+	}
+	if r := runCLI(t, env, append([]string{"dlq", "causes", "-reason", "rejected"}, flags...)...); r.code != 2 {
+		t.Errorf("dlq causes -reason: exit %d, want 2: %s", r.code, r.stderr)
 	}
 }

@@ -218,3 +218,36 @@ SELECT x.id, x.queue, x.payload, octet_length(x.payload)::bigint AS payload_size
        x.failure_reason, x.last_error
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE x.id = @id::bigint;
+
+-- name: DeadLetterCauses :many
+-- Why the newest @sample dead letters failed (of @queue, when set): their
+-- groups by queue, reason and cause, the last error with every run of
+-- digits and every id-like hex run replaced by "#" (so "order 4211
+-- timed out after 30s" and "order 977 timed out after 12s" are one
+-- cause), each with how many of the sample it holds and its newest dead
+-- letter (id, failure time, last error as written), the largest groups
+-- first, at most @max_groups. The sample is the newest rows by id,
+-- through the primary key (or one queue's through its index), as
+-- ListDeadLettersNewest walks them: a bounded read however many rows the
+-- table holds.
+WITH sample AS MATERIALIZED (
+    SELECT x.id, x.queue, x.failure_reason, x.failed_at, coalesce(x.last_error, '') AS last_error
+    FROM /*outbox:table*/outbox_dlq AS x
+    WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
+    ORDER BY x.id DESC
+    LIMIT @sample::integer
+), grouped AS (
+    SELECT s.queue, s.failure_reason,
+           regexp_replace(regexp_replace(s.last_error, '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') AS cause,
+           count(*)::bigint AS rows, max(s.id) AS newest_id
+    FROM sample AS s
+    GROUP BY 1, 2, 3
+)
+SELECT g.queue::text AS queue, g.failure_reason::text AS failure_reason, g.cause::text AS cause, g.rows, g.newest_id::bigint AS newest_id,
+       least(greatest(s.failed_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS newest_failed_at,
+       s.last_error::text AS newest_error,
+       (SELECT count(*) FROM sample)::bigint AS sampled
+FROM grouped AS g
+JOIN sample AS s ON s.id = g.newest_id
+ORDER BY g.rows DESC, g.newest_id DESC
+LIMIT @max_groups::integer;

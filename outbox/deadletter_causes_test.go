@@ -1,0 +1,56 @@
+package outbox
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// DeadLetterCauses groups the newest dead letters by queue, reason and
+// their last error with numbers and ids written as "#", the largest
+// groups first, each with its newest dead letter; it groups only the
+// newest Sample rows, and one queue's when asked.
+func TestDeadLetterCausesGroupsTheNewestDeadLettersByWhyTheyFailed(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason, last_error)
+		SELECT r.id, r.queue, '\x00', 1, 1, now(), r.reason, r.err FROM (VALUES
+			(1, 'orders', 'retry_exhausted', 'payments: order 4211 timed out after 30s'),
+			(2, 'orders', 'retry_exhausted', 'payments: order 977 timed out after 12s'),
+			(3, 'orders', 'rejected', 'unknown customer 3e5e3c72-54aa-7da4-b492-3eabf6783e01'),
+			(4, 'orders', 'retry_exhausted', 'payments: order 12 timed out after 5s'),
+			(5, 'invoices', 'decode_error', NULL),
+			(6, 'orders', 'rejected', 'unknown customer 0b1c2d3e-0000-4000-8000-000000000001')) AS r(id, queue, reason, err)`)
+	causes, sampled, err := e.ob.DeadLetterCauses(e.ctx, nil)
+	if err != nil {
+		t.Fatalf("DeadLetterCauses: %v", err)
+	}
+	ignore := cmpopts.IgnoreFields(DeadLetterCause{}, "NewestFailedAt")
+	want := []DeadLetterCause{
+		{Queue: "orders", Reason: "retry_exhausted", Cause: "payments: order # timed out after #s", Rows: 3, NewestID: 4,
+			NewestError: "payments: order 12 timed out after 5s"},
+		{Queue: "orders", Reason: "rejected", Cause: "unknown customer #", Rows: 2, NewestID: 6,
+			NewestError: "unknown customer 0b1c2d3e-0000-4000-8000-000000000001"},
+		{Queue: "invoices", Reason: "decode_error", Cause: "", Rows: 1, NewestID: 5},
+	}
+	if diff := cmp.Diff(want, causes, ignore); diff != "" || sampled != 6 {
+		t.Errorf("DeadLetterCauses (-want +got):\n%s(sampled %d, want 6)", diff, sampled)
+	}
+	// The newest three rows only; one queue's only.
+	causes, sampled, err = e.ob.DeadLetterCauses(e.ctx, &DeadLetterCauseOptions{Sample: 3})
+	if err != nil || sampled != 3 || len(causes) != 3 || causes[0].Rows != 1 {
+		t.Errorf("DeadLetterCauses of the newest 3 = %+v, %d, %v", causes, sampled, err)
+	}
+	causes, _, err = e.ob.DeadLetterCauses(e.ctx, &DeadLetterCauseOptions{Queue: "invoices", Limit: 5})
+	if diff := cmp.Diff(want[2:], causes, ignore); diff != "" || err != nil {
+		t.Errorf("DeadLetterCauses of invoices (-want +got):\n%s%v", diff, err)
+	}
+	for _, o := range []DeadLetterCauseOptions{{Sample: -1}, {Sample: DeadLetterCauseSampleMax + 1}, {Limit: DeadLetterCauseLimitMax + 1}} {
+		var ie *InputError
+		if _, _, err := e.ob.DeadLetterCauses(e.ctx, &o); !errors.As(err, &ie) {
+			t.Errorf("DeadLetterCauses(%+v) = %v; want an *InputError", o, err)
+		}
+	}
+}
