@@ -134,3 +134,31 @@ func TestBasicAuth(t *testing.T) {
 		}
 	}
 }
+
+// Lines whose peaks are far apart are drawn on a logarithmic axis, so
+// that a small queue's line is not flat under a large one's; lines of
+// like size stay on a linear one.
+func TestChartOfQueuesFarApartIsLogarithmic(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	samples := func(big int64) []sample {
+		var out []sample
+		for i := range int64(3) {
+			out = append(out, sample{at: t0.Add(time.Duration(i) * time.Second),
+				depths: []outbox.QueueDepth{{Queue: "big", Ready: big}, {Queue: "small", Ready: 10 + 10*i}}})
+		}
+		return out
+	}
+	c := outboxChart(samples(100_000))
+	if !c.Log || len(c.Lines) != 2 || c.Lines[1].Label != "small" {
+		t.Fatalf("chart of 100,000 and 10-30 rows = %+v; want a logarithmic axis", c)
+	}
+	// ln(1+30)/ln(1+100,000) of the height: the small line climbs to
+	// about 30% of it, where a linear axis would keep it at 0.05%.
+	if diff := cmp.Diff("0.0,126.7 360.0,117.7 720.0,112.3", c.Lines[1].Points); diff != "" {
+		t.Errorf("the small queue's line (-want +got):\n%s", diff)
+	}
+	if c := outboxChart(samples(100)); c.Log {
+		t.Errorf("chart of 100 and 10-30 rows drawn on a logarithmic axis")
+	}
+}

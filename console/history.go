@@ -3,6 +3,7 @@ package console
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -67,6 +68,10 @@ type chart struct {
 	// Max is the top of the y axis; Span the time the x axis covers.
 	Max  string
 	Span string
+	// Log says the y axis is logarithmic: the lines' peaks are more
+	// than logAbove apart, and a linear axis would draw the small ones
+	// flat along the bottom.
+	Log bool
 	// Empty says why there is nothing to draw yet.
 	Empty string
 }
@@ -81,6 +86,10 @@ type line struct {
 
 const (
 	chartWidth, chartHeight = 720, 160
+	// logAbove is how many times the highest line's peak must exceed the
+	// lowest's (of those above zero) for the chart to draw on a
+	// logarithmic axis.
+	logAbove = 20
 	// maxChartLines is how many queues the outbox chart draws: those with
 	// the deepest backlog now.
 	maxChartLines = 6
@@ -151,13 +160,28 @@ func drawChart(samples []sample, ss []series) chart {
 			top = max(top, values[i][j])
 		}
 	}
+	// Peaks far apart: a logarithmic axis, so that a small queue's line
+	// is not drawn flat under a large one's.
+	var low int64 = math.MaxInt64
+	for _, vs := range values {
+		if peak := slices.Max(vs); peak > 0 {
+			low = min(low, peak)
+		}
+	}
+	c.Log = low < math.MaxInt64 && top/low > logAbove
+	height := func(v int64) float64 {
+		if c.Log {
+			return math.Log1p(float64(v)) / math.Log1p(float64(top))
+		}
+		return float64(v) / float64(top)
+	}
 	t0, t1 := samples[0].at, samples[len(samples)-1].at
 	span := max(t1.Sub(t0), time.Millisecond)
 	for i, s := range ss {
 		var b strings.Builder
 		for j, smp := range samples {
 			x := float64(smp.at.Sub(t0)) / float64(span) * chartWidth
-			y := chartHeight - float64(values[i][j])/float64(top)*chartHeight
+			y := chartHeight - height(values[i][j])*chartHeight
 			fmt.Fprintf(&b, "%.1f,%.1f ", x, y)
 		}
 		c.Lines = append(c.Lines, line{
