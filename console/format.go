@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/outboxgen/outboxgen/outbox"
 )
 
 // payloadView is a payload as the console shows it.
@@ -159,4 +161,15 @@ func stamp(t time.Time) string {
 		return "—"
 	}
 	return t.UTC().Format("2006-01-02 15:04:05 UTC")
+}
+
+// estimated is what a count capped at limit shows of its estimate (field
+// of e, see outbox.DepthEstimate): " ≈ N (estimated)", or nothing when
+// the count is under the cap or there is no estimate.
+func estimated(n, limit int64, e *outbox.DepthEstimate, field string) string {
+	if e == nil || limit <= 0 || n < limit {
+		return ""
+	}
+	v := map[string]int64{"ready": e.Ready, "scheduled": e.Scheduled, "leased": e.Leased, "expired": e.Expired, "blocked": e.Blocked}[field]
+	return " ≈ " + num(max(v, n)) + " (estimated)"
 }

@@ -162,3 +162,16 @@ func TestChartOfQueuesFarApartIsLogarithmic(t *testing.T) {
 		t.Errorf("chart of 100 and 10-30 rows drawn on a logarithmic axis")
 	}
 }
+
+// A count at the cap shows its estimate, never below the count itself;
+// one under the cap, or without an estimate, shows none.
+func TestEstimatedShowsAnEstimateOnlyPastTheCap(t *testing.T) {
+	t.Parallel()
+	e := &outbox.DepthEstimate{Ready: 1_234_567, Leased: 3}
+	got := []string{estimated(5000, 5000, e, "ready"), estimated(5000, 5000, e, "leased"), estimated(4999, 5000, e, "ready"),
+		estimated(5000, 5000, nil, "ready")}
+	want := []string{" ≈ 1,234,567 (estimated)", " ≈ 5,000 (estimated)", "", ""}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}

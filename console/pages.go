@@ -37,6 +37,7 @@ func parsePages(path string) (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
 		"num":      num,
 		"count":    count,
+		"est":      estimated,
 		"dur":      dur,
 		"stamp":    stamp,
 		"presence": func() string { return dur(outbox.SubscriberPresenceInterval) },
@@ -174,7 +175,7 @@ type depthRow struct {
 }
 
 func (c *Console) depths(r *http.Request, rq *request) ([]depthRow, error) {
-	ds, err := rq.ob.QueueDepths(r.Context(), &outbox.DepthOptions{Cap: c.cfg.DepthCap, Blocked: true})
+	ds, err := rq.ob.QueueDepths(r.Context(), &outbox.DepthOptions{Cap: c.cfg.DepthCap, Blocked: true, Estimate: true})
 	if err != nil {
 		return nil, err
 	}

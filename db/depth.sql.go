@@ -9,6 +9,71 @@ import (
 	"context"
 )
 
+const depthEstimates = `-- name: DepthEstimates :many
+SELECT o.queue::text AS queue,
+       (count(*) FILTER (WHERE o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at <= now())
+        * 100 / $1::float8)::bigint AS ready,
+       (count(*) FILTER (WHERE o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at > now())
+        * 100 / $1::float8)::bigint AS scheduled,
+       (count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at >= now())
+        * 100 / $1::float8)::bigint AS leased,
+       (count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at < now())
+        * 100 / $1::float8)::bigint AS expired,
+       (count(*) FILTER (WHERE o.acquired_token IS NULL AND o.blocked) * 100 / $1::float8)::bigint AS blocked
+FROM /*outbox:table*/outbox AS o TABLESAMPLE SYSTEM ($1::float8)
+WHERE o.queue = ANY ($2::text[])
+GROUP BY o.queue
+ORDER BY o.queue
+`
+
+type DepthEstimatesParams struct {
+	Percent float64
+	Queues  []string
+}
+
+type DepthEstimatesRow struct {
+	Queue     string
+	Ready     int64
+	Scheduled int64
+	Leased    int64
+	Expired   int64
+	Blocked   int64
+}
+
+// Estimates of QueueDepths' counts of each of @queues past the cap, and
+// of its blocked rows: the rows of a sample of @percent of the outbox
+// table's pages (TABLESAMPLE SYSTEM, which reads only those pages),
+// counted by state and scaled up. Pages hold rows written together, so
+// an estimate is coarse (a queue whose rows lie in few pages may be
+// missed, or counted many times over); it is marked as one wherever it
+// is shown.
+func (q *Queries) DepthEstimates(ctx context.Context, arg DepthEstimatesParams) ([]DepthEstimatesRow, error) {
+	rows, err := q.db.Query(ctx, depthEstimates, arg.Percent, arg.Queues)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []DepthEstimatesRow{}
+	for rows.Next() {
+		var i DepthEstimatesRow
+		if err := rows.Scan(
+			&i.Queue,
+			&i.Ready,
+			&i.Scheduled,
+			&i.Leased,
+			&i.Expired,
+			&i.Blocked,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const depthPlanSettings = `-- name: DepthPlanSettings :exec
 
 SELECT set_config('enable_seqscan', 'off', true),
@@ -34,6 +99,26 @@ SELECT set_config('enable_seqscan', 'off', true),
 func (q *Queries) DepthPlanSettings(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, depthPlanSettings)
 	return err
+}
+
+const depthSamplePercent = `-- name: DepthSamplePercent :one
+SELECT (CASE WHEN c.reltuples < 0 THEN -1
+             ELSE least(100, greatest(0.001, 100 * r.rows / greatest(c.reltuples, 1))) END)::float8 AS percent
+FROM (SELECT $1::float8 AS rows) AS r
+CROSS JOIN pg_catalog.pg_class AS c
+WHERE c.oid = /*outbox:literal*/'outbox'::regclass
+`
+
+// The share, in percent, of the outbox table's pages that holds about
+// @sample_rows rows by the planner's count of its rows (pg_class's
+// reltuples, which VACUUM and ANALYZE keep): the sample DepthEstimates
+// reads. At most 100; -1 when the table was never vacuumed or analyzed
+// and the planner does not know.
+func (q *Queries) DepthSamplePercent(ctx context.Context, sampleRows float64) (float64, error) {
+	row := q.db.QueryRow(ctx, depthSamplePercent, sampleRows)
+	var percent float64
+	err := row.Scan(&percent)
+	return percent, err
 }
 
 const queueDepths = `-- name: QueueDepths :many

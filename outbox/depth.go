@@ -35,6 +35,31 @@ type DepthOptions struct {
 	// queue's first Cap keyed rows, in key order, and counts the blocked
 	// ones among them. Default false.
 	Blocked bool
+	// Estimate also estimates the counts of each queue whose counts
+	// reached Cap ([QueueDepth.Estimate]), from the rows of a sample of
+	// the outbox table's pages that holds about DepthEstimateSampleRows
+	// rows (TABLESAMPLE SYSTEM, by the planner's count of the table's
+	// rows): one more bounded read. Default false.
+	Estimate bool
+}
+
+// DepthEstimateSampleRows is about how many rows the sample of
+// [DepthOptions.Estimate] reads.
+const DepthEstimateSampleRows = 10_000
+
+// DepthEstimate estimates a capped queue's counts ([DepthOptions.Estimate]):
+// the rows of a sample of the outbox table's pages, counted as QueueDepth
+// counts them and scaled up. Pages hold rows written together, so an
+// estimate is coarse, and one of zero means the sample found none: show
+// it as an estimate.
+type DepthEstimate struct {
+	Ready     int64 `json:"ready"`
+	Scheduled int64 `json:"scheduled"`
+	Leased    int64 `json:"leased"`
+	Expired   int64 `json:"expired"`
+	Blocked   int64 `json:"blocked"`
+	// SampledPercent is the share of the table's pages the sample read.
+	SampledPercent float64 `json:"sampled_percent"`
 }
 
 // QueueDepth is one queue's depth as [Outbox.QueueDepths] reads it: the
@@ -71,6 +96,10 @@ type QueueDepth struct {
 	// Capped reports that at least one of the counts reached the cap, so
 	// it is a lower bound.
 	Capped bool `json:"capped"`
+	// Estimate estimates the counts when Capped and
+	// [DepthOptions.Estimate] asked for it, and the planner knows the
+	// table's size (it was vacuumed or analyzed); nil otherwise.
+	Estimate *DepthEstimate `json:"estimate,omitempty"`
 }
 
 // QueueDepths reports every queue that has rows in the outbox or its
@@ -131,7 +160,50 @@ func (o *Outbox) QueueDepths(ctx context.Context, opts *DepthOptions) ([]QueueDe
 		out[i].Blocked = b.Blocked
 		out[i].Capped = out[i].Capped || b.Scanned >= limit
 	}
-	return addRingDepths(out, ringRows, limit), nil
+	out = addRingDepths(out, ringRows, limit)
+	if opts != nil && opts.Estimate {
+		if err := o.estimateDepths(ctx, out); err != nil {
+			return nil, o.readError(ctx, "QueueDepths", err)
+		}
+	}
+	return out, nil
+}
+
+// estimateDepths sets the Estimate of each capped queue of ds from a
+// sample of the outbox table's pages; none when no queue is capped or the
+// planner does not know the table's size.
+func (o *Outbox) estimateDepths(ctx context.Context, ds []QueueDepth) error {
+	var capped []string
+	for _, d := range ds {
+		if d.Capped {
+			capped = append(capped, d.Queue)
+		}
+	}
+	if len(capped) == 0 {
+		return nil
+	}
+	q := o.queries(o.pool)
+	percent, err := q.DepthSamplePercent(ctx, DepthEstimateSampleRows)
+	if err != nil || percent <= 0 {
+		return err
+	}
+	rows, err := q.DepthEstimates(ctx, db.DepthEstimatesParams{Percent: percent, Queues: capped})
+	if err != nil {
+		return err
+	}
+	at := make(map[string]db.DepthEstimatesRow, len(rows))
+	for _, r := range rows {
+		at[r.Queue] = r
+	}
+	for i := range ds {
+		if !ds[i].Capped {
+			continue
+		}
+		r := at[ds[i].Queue]
+		ds[i].Estimate = &DepthEstimate{Ready: r.Ready, Scheduled: r.Scheduled, Leased: r.Leased, Expired: r.Expired, Blocked: r.Blocked,
+			SampledPercent: percent}
+	}
+	return nil
 }
 
 // addRingDepths adds to out, the depths of the outbox table's queues in

@@ -255,3 +255,41 @@ func TestQueueDepthsOfAMissingOrOldOutbox(t *testing.T) {
 		}
 	}
 }
+
+// With Estimate, a queue whose counts reach the cap gets an estimate of
+// them from a sample of the table's pages (the whole table, when it holds
+// fewer rows than the sample: then exact); a queue under the cap gets
+// none, and neither does a table the planner has not measured.
+func TestQueueDepthsEstimatesCappedCounts(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.exec(`INSERT INTO outbox (queue, payload, next_attempt_at)
+		SELECT 'big', '\x00', now() + CASE WHEN i <= 50 THEN interval '1 hour' ELSE interval '0' END FROM generate_series(1, 350) AS i`)
+	e.exec(`INSERT INTO outbox (queue, payload) SELECT 'small', '\x00' FROM generate_series(1, 3)`)
+	opts := &DepthOptions{Cap: 100, Estimate: true}
+	// Never vacuumed nor analyzed: the planner does not know the table's
+	// size (PostgreSQL 14 on), and nothing is estimated.
+	ds, err := e.ob.QueueDepths(e.ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reltuples float64
+	if err := e.db.Pool.QueryRow(e.ctx, "SELECT reltuples FROM pg_class WHERE oid = 'outbox'::regclass").Scan(&reltuples); err != nil {
+		t.Fatal(err)
+	}
+	if reltuples < 0 && ds[0].Estimate != nil {
+		t.Errorf("an estimate of a table the planner has not measured: %+v", ds[0].Estimate)
+	}
+	e.exec(`ANALYZE outbox`)
+	ds, err = e.ob.QueueDepths(e.ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []QueueDepth{
+		{Queue: "big", Ready: 100, Scheduled: 50, Capped: true, Estimate: &DepthEstimate{Ready: 300, Scheduled: 50, SampledPercent: 100}},
+		{Queue: "small", Ready: 3},
+	}
+	if diff := cmp.Diff(want, ds, cmpopts.IgnoreFields(QueueDepth{}, "OldestReadyWait")); diff != "" {
+		t.Errorf("QueueDepths with Estimate (-want +got):\n%s", diff)
+	}
+}

@@ -105,3 +105,38 @@ SELECT q.queue::text AS queue,
                    AND o.next_attempt_at <= now()), 0)::float8 AS oldest_ready_wait_seconds
 FROM queues AS q
 ORDER BY q.queue;
+
+-- name: DepthSamplePercent :one
+-- The share, in percent, of the outbox table's pages that holds about
+-- @sample_rows rows by the planner's count of its rows (pg_class's
+-- reltuples, which VACUUM and ANALYZE keep): the sample DepthEstimates
+-- reads. At most 100; -1 when the table was never vacuumed or analyzed
+-- and the planner does not know.
+SELECT (CASE WHEN c.reltuples < 0 THEN -1
+             ELSE least(100, greatest(0.001, 100 * r.rows / greatest(c.reltuples, 1))) END)::float8 AS percent
+FROM (SELECT @sample_rows::float8 AS rows) AS r
+CROSS JOIN pg_catalog.pg_class AS c
+WHERE c.oid = /*outbox:literal*/'outbox'::regclass;
+
+-- name: DepthEstimates :many
+-- Estimates of QueueDepths' counts of each of @queues past the cap, and
+-- of its blocked rows: the rows of a sample of @percent of the outbox
+-- table's pages (TABLESAMPLE SYSTEM, which reads only those pages),
+-- counted by state and scaled up. Pages hold rows written together, so
+-- an estimate is coarse (a queue whose rows lie in few pages may be
+-- missed, or counted many times over); it is marked as one wherever it
+-- is shown.
+SELECT o.queue::text AS queue,
+       (count(*) FILTER (WHERE o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at <= now())
+        * 100 / @percent::float8)::bigint AS ready,
+       (count(*) FILTER (WHERE o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at > now())
+        * 100 / @percent::float8)::bigint AS scheduled,
+       (count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at >= now())
+        * 100 / @percent::float8)::bigint AS leased,
+       (count(*) FILTER (WHERE o.acquired_token IS NOT NULL AND o.lease_expires_at < now())
+        * 100 / @percent::float8)::bigint AS expired,
+       (count(*) FILTER (WHERE o.acquired_token IS NULL AND o.blocked) * 100 / @percent::float8)::bigint AS blocked
+FROM /*outbox:table*/outbox AS o TABLESAMPLE SYSTEM (@percent::float8)
+WHERE o.queue = ANY (@queues::text[])
+GROUP BY o.queue
+ORDER BY o.queue;
