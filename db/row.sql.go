@@ -10,6 +10,66 @@ import (
 	"time"
 )
 
+const cancelRow = `-- name: CancelRow :one
+WITH gone AS (
+    DELETE FROM /*outbox:table*/outbox AS o
+    WHERE o.id = $1::bigint AND o.acquired_token IS NULL
+    RETURNING o.queue
+)
+SELECT (count(*) > 0)::boolean AS cancelled, coalesce(max(g.queue), '')::text AS queue FROM gone AS g
+`
+
+type CancelRowRow struct {
+	Cancelled bool
+	Queue     string
+}
+
+// An operator's "cancel": deletes row @id when no subscriber holds it; a
+// keyed row's key hands on to its next row as a handled row's does (the
+// key triggers). Returns whether it deleted the row, and its queue.
+func (q *Queries) CancelRow(ctx context.Context, id int64) (CancelRowRow, error) {
+	row := q.db.QueryRow(ctx, cancelRow, id)
+	var i CancelRowRow
+	err := row.Scan(&i.Cancelled, &i.Queue)
+	return i, err
+}
+
+const deadLetterRow = `-- name: DeadLetterRow :one
+WITH d AS (
+    DELETE FROM /*outbox:table*/outbox AS o
+    WHERE o.id = $1::bigint AND o.acquired_token IS NULL
+    RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
+              o.deliveries_count, o.attempts_count, o.created_at, o.last_error
+), moved AS (
+    INSERT INTO /*outbox:table*/outbox_dlq AS x (
+        id, queue, payload, headers, ordering_key, timer_id,
+        deliveries_count, attempts_count, created_at, failed_at, failure_reason, last_error
+    )
+    SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id, d.deliveries_count, d.attempts_count, d.created_at,
+           now(), 'rejected', left(concat_ws('; last handler error: ', $2::text, d.last_error), 2048)
+    FROM d
+    RETURNING 1
+)
+SELECT (count(*) > 0)::boolean AS moved FROM moved
+`
+
+type DeadLetterRowParams struct {
+	ID   int64
+	Note string
+}
+
+// An operator's "move to the dead letters": moves row @id, when no
+// subscriber holds it, into the dead-letter table in one statement, with
+// reason rejected and @note as its last error (the last handler error
+// kept after it), as DeadLetterWithLease moves a row whose handler
+// rejected it. Returns whether it moved the row.
+func (q *Queries) DeadLetterRow(ctx context.Context, arg DeadLetterRowParams) (bool, error) {
+	row := q.db.QueryRow(ctx, deadLetterRow, arg.ID, arg.Note)
+	var moved bool
+	err := row.Scan(&moved)
+	return moved, err
+}
+
 const getRow = `-- name: GetRow :one
 SELECT o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
        o.attempts_count, o.deliveries_count, o.blocked, o.last_error,
@@ -94,4 +154,25 @@ func (q *Queries) GetRowIDByTimer(ctx context.Context, arg GetRowIDByTimerParams
 	var id int64
 	err := row.Scan(&id)
 	return id, err
+}
+
+const retryRowNow = `-- name: RetryRowNow :one
+WITH due AS (
+    UPDATE /*outbox:table*/outbox AS o
+    SET next_attempt_at = now()
+    WHERE o.id = $1::bigint AND o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at > now()
+    RETURNING o.queue
+)
+SELECT count(pg_notify(/*outbox:channel*/'outbox_outbox', d.queue)) > 0 AS retried FROM due AS d
+`
+
+// An operator's "retry now": makes row @id due now when no subscriber
+// holds it, it is not behind its key's head, and it is due later
+// (delayed, or waiting for its retry); wakes its queue's sleeping
+// subscribers. Returns whether it changed the row.
+func (q *Queries) RetryRowNow(ctx context.Context, id int64) (bool, error) {
+	row := q.db.QueryRow(ctx, retryRowNow, id)
+	var retried bool
+	err := row.Scan(&retried)
+	return retried, err
 }

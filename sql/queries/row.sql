@@ -22,3 +22,50 @@ WHERE o.id = @id::bigint;
 SELECT o.id
 FROM /*outbox:table*/outbox AS o
 WHERE o.queue = @queue::text AND o.timer_id = @timer_id::text;
+
+-- name: RetryRowNow :one
+-- An operator's "retry now": makes row @id due now when no subscriber
+-- holds it, it is not behind its key's head, and it is due later
+-- (delayed, or waiting for its retry); wakes its queue's sleeping
+-- subscribers. Returns whether it changed the row.
+WITH due AS (
+    UPDATE /*outbox:table*/outbox AS o
+    SET next_attempt_at = now()
+    WHERE o.id = @id::bigint AND o.acquired_token IS NULL AND NOT o.blocked AND o.next_attempt_at > now()
+    RETURNING o.queue
+)
+SELECT count(pg_notify(/*outbox:channel*/'outbox_outbox', d.queue)) > 0 AS retried FROM due AS d;
+
+-- name: CancelRow :one
+-- An operator's "cancel": deletes row @id when no subscriber holds it; a
+-- keyed row's key hands on to its next row as a handled row's does (the
+-- key triggers). Returns whether it deleted the row, and its queue.
+WITH gone AS (
+    DELETE FROM /*outbox:table*/outbox AS o
+    WHERE o.id = @id::bigint AND o.acquired_token IS NULL
+    RETURNING o.queue
+)
+SELECT (count(*) > 0)::boolean AS cancelled, coalesce(max(g.queue), '')::text AS queue FROM gone AS g;
+
+-- name: DeadLetterRow :one
+-- An operator's "move to the dead letters": moves row @id, when no
+-- subscriber holds it, into the dead-letter table in one statement, with
+-- reason rejected and @note as its last error (the last handler error
+-- kept after it), as DeadLetterWithLease moves a row whose handler
+-- rejected it. Returns whether it moved the row.
+WITH d AS (
+    DELETE FROM /*outbox:table*/outbox AS o
+    WHERE o.id = @id::bigint AND o.acquired_token IS NULL
+    RETURNING o.id, o.queue, o.payload, o.headers, o.ordering_key, o.timer_id,
+              o.deliveries_count, o.attempts_count, o.created_at, o.last_error
+), moved AS (
+    INSERT INTO /*outbox:table*/outbox_dlq AS x (
+        id, queue, payload, headers, ordering_key, timer_id,
+        deliveries_count, attempts_count, created_at, failed_at, failure_reason, last_error
+    )
+    SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id, d.deliveries_count, d.attempts_count, d.created_at,
+           now(), 'rejected', left(concat_ws('; last handler error: ', @note::text, d.last_error), 2048)
+    FROM d
+    RETURNING 1
+)
+SELECT (count(*) > 0)::boolean AS moved FROM moved;
