@@ -62,9 +62,11 @@ type target struct {
 	filter outbox.DeadLetterFilter
 	queue  string
 	timer  string
-	// reason is a pause's.
+	// reason is a pause's reason, or a row's note.
 	reason string
-	drop   bool
+	// row is the id of the row an action on one row acts on.
+	row  int64
+	drop bool
 	// desc describes it for people and the action log.
 	desc string
 	// fields are the form fields that name it.
@@ -516,6 +518,74 @@ var resumeQueue = actionKind{
 	},
 }
 
+// parseRowTarget reads the row an action on one row names, and a move's
+// note.
+func parseRowTarget(form url.Values) (target, error) {
+	t := target{fields: url.Values{}, reason: form.Get("note")}
+	id, err := strconv.ParseInt(form.Get("id"), 10, 64)
+	if err != nil {
+		return t, &outbox.InputError{Field: "id", Rule: "name the row by its id"}
+	}
+	t.row = id
+	t.fields.Set("id", strconv.FormatInt(id, 10))
+	if t.reason != "" {
+		t.fields.Set("note", t.reason)
+	}
+	t.desc = fmt.Sprintf("row %d", id)
+	return t, nil
+}
+
+// rowState says what row t is now, for an action's count and dry run.
+func rowState(ctx context.Context, _ *Console, rq *request, t target) (string, error) {
+	row, ok, err := rq.ob.Row(ctx, t.row)
+	switch {
+	case err != nil:
+		return "", err
+	case !ok:
+		return fmt.Sprintf("The outbox holds no %s: it was delivered, dead-lettered or cancelled.", t.desc), nil
+	case row.State == outbox.RowLeased || row.State == outbox.RowExpired:
+		return fmt.Sprintf("A subscriber holds %s of queue %q (%s): its handler decides its outcome.", t.desc, row.Queue, row.State), nil
+	}
+	return fmt.Sprintf("%s of queue %q is %s, due %s, after %d attempts.", strings.ToUpper(t.desc[:1])+t.desc[1:], row.Queue, row.State,
+		stamp(row.NextAttemptAt), row.Attempts), nil
+}
+
+// rowAction is an action on one row: its count and dry run say what the
+// row is and what the action would do (would), and run does it, or says
+// why it did nothing (unless).
+func rowAction(name, title, path, would, unless string, do func(ctx context.Context, rq *request, t target) (bool, error)) actionKind {
+	return actionKind{
+		name: name, title: title, path: path, parse: parseRowTarget,
+		count: rowState,
+		dryRun: func(ctx context.Context, c *Console, rq *request, t target) (stepResult, error) {
+			s, err := rowState(ctx, c, rq, t)
+			return stepResult{msg: "Dry run: " + s + " " + would}, err
+		},
+		run: func(ctx context.Context, _ *Console, rq *request, t target) (stepResult, error) {
+			ok, err := do(ctx, rq, t)
+			msg := fmt.Sprintf("Done: %s.", strings.ToLower(title[:1])+title[1:])
+			if !ok {
+				msg = fmt.Sprintf("Nothing done: %s is gone, a subscriber holds it%s.", t.desc, unless)
+			}
+			return stepResult{msg: msg, attrs: []any{"row", t.row, "done", ok, "note", t.reason}}, err
+		},
+	}
+}
+
+var (
+	retryRow = rowAction("retry row now", "Retry a row now", "/row/retry", "Confirmed, it is due now, and its queue's subscribers are woken.",
+		", or it is not waiting for a later time (due, or behind its key's head)", func(ctx context.Context, rq *request, t target) (bool, error) { return rq.ob.RetryRowNow(ctx, t.row) })
+	cancelRow     = rowAction("cancel row", "Cancel a row", "/row/cancel", "Confirmed, it is deleted and never delivered; a key's next row comes next.", "", func(ctx context.Context, rq *request, t target) (bool, error) { return rq.ob.CancelRow(ctx, t.row) })
+	deadLetterRow = rowAction("dead-letter row", "Move a row to the dead letters", "/row/dead-letter",
+		"Confirmed, it moves to the dead letters (reason rejected, the note as its last error), where it can be replayed.", "", func(ctx context.Context, rq *request, t target) (bool, error) {
+			note := t.reason
+			if note == "" {
+				note = "moved to the dead letters from the console"
+			}
+			return rq.ob.DeadLetterRow(ctx, t.row, note)
+		})
+)
+
 type actionData struct {
 	Title   string
 	Step    string
@@ -579,6 +649,9 @@ func (c *Console) action(k actionKind) func(http.ResponseWriter, *http.Request, 
 		case pauseQueue.name, resumeQueue.name:
 			d.Back = rq.base + "/queue?q=" + url.QueryEscape(t.queue)
 			nav = "queues"
+		case retryRow.name, cancelRow.name, deadLetterRow.name:
+			d.Back = rq.base + "/row?id=" + strconv.FormatInt(t.row, 10)
+			nav = "row"
 		}
 		ctx := r.Context()
 		switch step := r.PostForm.Get("step"); step {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,14 +33,16 @@ func TestActionsAreOffUnlessEnabled(t *testing.T) {
 	s.fixture()
 	for _, p := range []string{s.base + "/dead", s.base + "/dead/-1", s.base + "/row?q=orders&timer=remind-7"} {
 		body := s.page(p)
-		for _, id := range []string{"replay-filter", "replay-selected", "delete-filter", "replay-one", "delete-one", "cancel-timer"} {
+		for _, id := range []string{"replay-filter", "replay-selected", "delete-filter", "replay-one", "delete-one", "cancel-timer",
+			"retry-now", "cancel-row", "dead-letter-row", "pause", "resume"} {
 			if strings.Contains(body, `id="`+id+`"`) {
 				t.Errorf("%s of a read-only console shows #%s", p, id)
 			}
 		}
 	}
-	for _, p := range []string{"/dead/replay", "/dead/delete", "/timer/cancel"} {
-		code, body := s.post(s.base+p, url.Values{"scope": {"filter"}, "step": {"confirm"}, "q": {"orders"}, "timer": {"remind-7"}})
+	for _, p := range []string{"/dead/replay", "/dead/delete", "/timer/cancel", "/queue/pause", "/queue/resume", "/row/retry", "/row/cancel",
+		"/row/dead-letter"} {
+		code, body := s.post(s.base+p, url.Values{"scope": {"filter"}, "step": {"confirm"}, "q": {"orders"}, "timer": {"remind-7"}, "id": {"1"}})
 		if code != http.StatusForbidden || !strings.Contains(errorText(body), "actions are turned off") {
 			t.Errorf("POST %s = %d %q, want 403", p, code, errorText(body))
 		}
@@ -387,5 +390,71 @@ func TestPagesListTheRunningSubscribers(t *testing.T) {
 	}
 	if body := s.page(s.base + "/queue?q=invoices"); row.MatchString(body) || !strings.Contains(body, `id="no-subscribers"`) {
 		t.Errorf("the invoices queue's page lists another queue's subscriber:\n%s", body)
+	}
+}
+
+// The row page of a console with actions offers retry now (for a
+// scheduled row), cancel and move to the dead letters, each through its
+// count, dry run and confirmation; a leased row's page offers none.
+func TestRowActions(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, Config{Actions: true})
+	s.fixture()
+	pub, err := outbox.NewPublisher[[]byte](s.ob, "ops", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int64, 3)
+	for i := range ids {
+		if ids[i], err = pub.Publish(t.Context(), s.d.Pool, []byte(`{}`), &outbox.PublishOpts{Delay: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page := s.page(s.base + "/row?id=" + strconv.FormatInt(ids[0], 10))
+	for _, id := range []string{"retry-now", "cancel-row", "dead-letter-row"} {
+		if !strings.Contains(page, `id="`+id+`"`) {
+			t.Errorf("the scheduled row's page lacks #%s", id)
+		}
+	}
+	act := func(path string, id int64, note string) string {
+		t.Helper()
+		form := url.Values{"id": {strconv.FormatInt(id, 10)}, "note": {note}}
+		code, body := s.post(s.base+path, form)
+		if code != 200 || !strings.Contains(body, "is scheduled") {
+			t.Fatalf("%s, count: %d %q", path, code, errorText(body))
+		}
+		code, body = s.post(s.base+path, nextForm(t, body))
+		if code != 200 || !strings.Contains(body, "Dry run: ") {
+			t.Fatalf("%s, dry run: %d %q", path, code, errorText(body))
+		}
+		code, body = s.post(s.base+path, nextForm(t, body))
+		if code != 200 {
+			t.Fatalf("%s, confirm: %d %q", path, code, errorText(body))
+		}
+		return strings.Join(said(body), " ")
+	}
+	if got := act("/row/retry", ids[0], ""); got != "Done: retry a row now." {
+		t.Errorf("retry now said %q", got)
+	}
+	if got := act("/row/cancel", ids[1], ""); got != "Done: cancel a row." {
+		t.Errorf("cancel said %q", got)
+	}
+	if got := act("/row/dead-letter", ids[2], "ops: bad order"); got != "Done: move a row to the dead letters." {
+		t.Errorf("dead-letter said %q", got)
+	}
+	row, ok, err := s.ob.Row(t.Context(), ids[0])
+	if err != nil || !ok || row.State != outbox.RowReady {
+		t.Errorf("the retried row: %+v, %v, %v; want it ready", row, ok, err)
+	}
+	if _, ok, _ := s.ob.Row(t.Context(), ids[1]); ok {
+		t.Error("the cancelled row is still in the outbox")
+	}
+	if d, ok, err := s.ob.DeadLetter(t.Context(), ids[2]); err != nil || !ok || d.LastError != "ops: bad order" {
+		t.Errorf("the dead-lettered row: %+v, %v, %v", d, ok, err)
+	}
+	// Again: nothing to do, and it says so.
+	form := url.Values{"id": {strconv.FormatInt(ids[1], 10)}, "step": {"confirm"}}
+	if code, body := s.post(s.base+"/row/cancel", form); code != 200 || !strings.Contains(strings.Join(said(body), " "), "Nothing done") {
+		t.Errorf("cancel of a gone row: %d %q", code, said(body))
 	}
 }

@@ -21,7 +21,8 @@
 // rebinding) is refused, reads as well as actions.
 //
 // Actions (replaying dead letters, deleting them, cancelling a timer,
-// pausing and resuming a queue) are off unless [Config.Actions] is set. Each is a POST carrying a
+// pausing and resuming a queue, retrying, cancelling or dead-lettering a
+// row) are off unless [Config.Actions] is set. Each is a POST carrying a
 // token from the console's own page (a cookie, signed with a key of the
 // console's own, that the page's form must repeat) from the console's own
 // origin, goes through a count, a dry run and a confirmation, and is
@@ -55,8 +56,8 @@ type Config struct {
 	Pool *pgxpool.Pool
 
 	// Actions enables replaying and deleting dead letters, cancelling
-	// timers, and pausing and resuming queues. Default false: the console
-	// only reads.
+	// timers, pausing and resuming queues, and retrying, cancelling and
+	// dead-lettering rows. Default false: the console only reads.
 	Actions bool
 
 	// Path is the URL path the handler is mounted at, without a trailing
@@ -250,6 +251,9 @@ func (c *Console) routes() {
 	m.HandleFunc("POST "+o+"/timer/cancel", c.withOutbox(c.action(cancelTimer)))
 	m.HandleFunc("POST "+o+"/queue/pause", c.withOutbox(c.action(pauseQueue)))
 	m.HandleFunc("POST "+o+"/queue/resume", c.withOutbox(c.action(resumeQueue)))
+	m.HandleFunc("POST "+o+"/row/retry", c.withOutbox(c.action(retryRow)))
+	m.HandleFunc("POST "+o+"/row/cancel", c.withOutbox(c.action(cancelRow)))
+	m.HandleFunc("POST "+o+"/row/dead-letter", c.withOutbox(c.action(deadLetterRow)))
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, nil, http.StatusNotFound, errors.New("no such page"))
 	})
