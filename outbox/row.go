@@ -128,17 +128,23 @@ func (o *Outbox) row(ctx context.Context, op string, id int64) (Row, bool, error
 	}
 	var hc headerCache
 	out.Headers, out.RawHeaders = readHeaders(&hc, r.Headers)
-	switch {
-	case r.Leased && r.LeaseExpiresAt.Before(r.ReadAt):
-		out.State = RowExpired
-	case r.Leased:
-		out.State = RowLeased
-	case r.Blocked:
-		out.State = RowBlocked
-	case r.NextAttemptAt.After(r.ReadAt):
-		out.State = RowScheduled
-	default:
-		out.State = RowReady
-	}
+	out.State = rowState(r.Leased, r.Blocked, r.LeaseExpiresAt, r.NextAttemptAt, r.ReadAt)
 	return out, true, nil
+}
+
+// rowState is the state of a row read at readAt: leased (its lease
+// expiring at expires), blocked behind its key, or due at due.
+func rowState(leased, blocked bool, expires, due, readAt time.Time) string {
+	switch {
+	case leased && expires.Before(readAt):
+		return RowExpired
+	case leased:
+		return RowLeased
+	case blocked:
+		return RowBlocked
+	case due.After(readAt):
+		return RowScheduled
+	default:
+		return RowReady
+	}
 }

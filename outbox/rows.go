@@ -1,0 +1,156 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/outboxgen/outboxgen/db"
+)
+
+// Bounds of [Outbox.Rows].
+const (
+	RowsLimitDefault = 50
+	RowsLimitMax     = 1000
+)
+
+// RowQuery chooses the rows [Outbox.Rows] lists: one queue's rows in one
+// state, or one ordering key's rows.
+type RowQuery struct {
+	// Queue is the queue. Required.
+	Queue string
+	// State is RowReady (the default), RowScheduled, RowLeased or
+	// RowExpired. Rows behind their key's head (RowBlocked) are listed
+	// by key (Key; HeldKeys finds the keys that hold rows back).
+	State string
+	// Key, when set, lists the rows of this ordering key in every state,
+	// in the key's order (its head first), and State is not used.
+	Key string
+	// Newest lists the newest first: the latest due, the latest lease
+	// expiry, a key's last row; else the oldest first.
+	Newest bool
+	// After continues from the page before (its Next).
+	After *RowCursor
+	// Limit is how many rows a page holds. Default RowsLimitDefault; at
+	// most RowsLimitMax.
+	Limit int
+}
+
+// RowCursor is where a page of [Outbox.Rows] ended: pass it as
+// RowQuery.After, with the same query, for the next page.
+type RowCursor struct {
+	At time.Time `json:"at"`
+	ID int64     `json:"id"`
+}
+
+// RowSummary is one row as [Outbox.Rows] lists it: what a list shows, the
+// payload left out ([Outbox.Row] reads it whole).
+type RowSummary struct {
+	ID    int64  `json:"id"`
+	Queue string `json:"queue"`
+	// State is RowReady, RowScheduled, RowBlocked, RowLeased or
+	// RowExpired, on the server's clock when it was read.
+	State       string `json:"state"`
+	OrderingKey string `json:"ordering_key,omitempty"`
+	TimerID     string `json:"timer_id,omitempty"`
+	// MessageType is its message-type header.
+	MessageType string `json:"message_type,omitempty"`
+	Attempts    int    `json:"attempts"`
+	Deliveries  int    `json:"deliveries"`
+	// LastError is the first 200 characters of the last handler error.
+	LastError      string    `json:"last_error,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+	NextAttemptAt  time.Time `json:"next_attempt_at"`
+	LeaseExpiresAt time.Time `json:"lease_expires_at,omitzero"`
+}
+
+// Rows lists a page of the outbox table's rows of one queue in one state
+// (or of one ordering key), oldest or newest first, and the cursor of the
+// next page (nil after the last). Each page is one range of an index (the
+// pending index for ready and scheduled rows, the lease-expiry index for
+// leased and expired ones, the ordering index for a key) that stops at the
+// page's size, however many rows the queue holds. Rows in the log tier's
+// ring are listed once they move into the table. Invalid queries give an
+// *[InputError].
+func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor, error) {
+	if err := checkQueueToRead("RowQuery.Queue", q.Queue); err != nil {
+		return nil, nil, err
+	}
+	if q.Limit == 0 {
+		q.Limit = RowsLimitDefault
+	}
+	if q.Limit < 0 || q.Limit > RowsLimitMax {
+		return nil, nil, &InputError{Field: "RowQuery.Limit", Rule: fmt.Sprintf("must be 1 to %d", RowsLimitMax)}
+	}
+	if q.State == "" {
+		q.State = RowReady
+	}
+	// From the start: before every row oldest first, after every row
+	// newest first.
+	after := RowCursor{At: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), ID: math.MinInt64}
+	if q.Newest {
+		after = RowCursor{At: time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC), ID: math.MaxInt64}
+	}
+	if q.After != nil {
+		after = *q.After
+	}
+	db1 := o.queries(o.pool)
+	n := int32(q.Limit + 1) // one more says whether a next page exists
+	var rows []db.RowsPendingRow
+	var err error
+	switch {
+	case q.Key != "":
+		if err := checkKey("RowQuery.Key", q.Key); err != nil {
+			return nil, nil, err
+		}
+		var r []db.RowsOfKeyRow
+		r, err = db1.RowsOfKey(ctx, db.RowsOfKeyParams{Newest: q.Newest, Queue: q.Queue, Key: q.Key, AfterID: after.ID, MaxRows: n})
+		for _, x := range r {
+			rows = append(rows, db.RowsPendingRow(x))
+		}
+	case q.State == RowReady || q.State == RowScheduled:
+		rows, err = db1.RowsPending(ctx, db.RowsPendingParams{Newest: q.Newest, Queue: q.Queue, Due: q.State == RowReady,
+			AfterAt: after.At, AfterID: after.ID, MaxRows: n})
+	case q.State == RowLeased || q.State == RowExpired:
+		var r []db.RowsLeasedRow
+		r, err = db1.RowsLeased(ctx, db.RowsLeasedParams{Newest: q.Newest, Queue: q.Queue, Expired: q.State == RowExpired,
+			AfterAt: after.At, AfterID: after.ID, MaxRows: n})
+		for _, x := range r {
+			rows = append(rows, db.RowsPendingRow(x))
+		}
+	default:
+		return nil, nil, &InputError{Field: "RowQuery.State",
+			Rule: fmt.Sprintf("must be %s, %s, %s or %s (blocked rows are listed by their Key); is %q", RowReady, RowScheduled, RowLeased, RowExpired, q.State)}
+	}
+	if err != nil {
+		return nil, nil, o.readError(ctx, "Rows", err)
+	}
+	var next *RowCursor
+	if len(rows) > q.Limit {
+		rows = rows[:q.Limit]
+		last := rows[len(rows)-1]
+		next = &RowCursor{At: last.NextAttemptAt, ID: last.ID}
+		if q.State == RowLeased || q.State == RowExpired {
+			next.At = last.LeaseExpiresAt
+		}
+	}
+	out := make([]RowSummary, len(rows))
+	for i, r := range rows {
+		s := RowSummary{ID: r.ID, Queue: r.Queue, Attempts: int(r.AttemptsCount), Deliveries: int(r.DeliveriesCount), LastError: r.LastError,
+			CreatedAt: r.CreatedAt, NextAttemptAt: r.NextAttemptAt,
+			State: rowState(r.Leased, r.Blocked, r.LeaseExpiresAt, r.NextAttemptAt, r.ReadAt)}
+		if r.Leased {
+			s.LeaseExpiresAt = r.LeaseExpiresAt
+		}
+		if r.OrderingKey != nil {
+			s.OrderingKey = *r.OrderingKey
+		}
+		if r.TimerID != nil {
+			s.TimerID = *r.TimerID
+		}
+		s.MessageType = r.MessageType
+		out[i] = s
+	}
+	return out, next, nil
+}

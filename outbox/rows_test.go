@@ -1,0 +1,117 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// Rows lists a queue's rows by state, oldest or newest first, a page at
+// a time, and a key's rows in the key's order; bad queries are refused.
+func TestRowsListsAQueuesRowsByState(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	pub := newPublisher[string](t, e, "q", nil)
+	var ready, scheduled, keyed []int64
+	for i := range 5 {
+		id, err := pub.Publish(e.ctx, e.pubPool, "ready", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready = append(ready, id)
+		if id, err = pub.Publish(e.ctx, e.pubPool, "later", &PublishOpts{Delay: time.Duration(i+1) * time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		scheduled = append(scheduled, id)
+	}
+	for range 3 {
+		id, err := pub.Publish(e.ctx, e.pubPool, "keyed", &PublishOpts{OrderingKey: "k", Delay: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyed = append(keyed, id)
+	}
+	ids := func(rs []RowSummary) []int64 {
+		var out []int64
+		for _, r := range rs {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+	// All ready rows, two a page, oldest first.
+	var got []int64
+	var after *RowCursor
+	for pages := 0; ; pages++ {
+		rs, next, err := e.ob.Rows(e.ctx, RowQuery{Queue: "q", Limit: 2, After: after})
+		if err != nil || pages > 5 {
+			t.Fatalf("Rows: %v (page %d)", err, pages)
+		}
+		for _, r := range rs {
+			if r.State != RowReady || r.MessageType == "" {
+				t.Errorf("a ready row listed as %+v", r)
+			}
+		}
+		got = append(got, ids(rs)...)
+		if after = next; next == nil {
+			break
+		}
+	}
+	if diff := cmp.Diff(ready, got); diff != "" {
+		t.Errorf("ready rows, oldest first (-want +got):\n%s", diff)
+	}
+	// Scheduled rows, the latest due first: the keyed head (due in an
+	// hour, like the first scheduled row) is among them, its followers
+	// are not (they wait behind it).
+	rs, next, err := e.ob.Rows(e.ctx, RowQuery{Queue: "q", State: RowScheduled, Newest: true, Limit: 3})
+	if err != nil || next == nil {
+		t.Fatalf("Rows scheduled: %v, next %v", err, next)
+	}
+	if diff := cmp.Diff([]int64{scheduled[4], scheduled[3], scheduled[2]}, ids(rs)); diff != "" {
+		t.Errorf("scheduled rows, latest due first (-want +got):\n%s", diff)
+	}
+	rs, _, err = e.ob.Rows(e.ctx, RowQuery{Queue: "q", Key: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var states []string
+	for _, r := range rs {
+		states = append(states, r.State)
+	}
+	if diff := cmp.Diff(keyed, ids(rs)); diff != "" || !slices.Equal(states, []string{RowScheduled, RowBlocked, RowBlocked}) {
+		t.Errorf("the key's rows (-want +got):\n%s%q", diff, states)
+	}
+	// A row in hand of a subscriber that claims by lease is leased (one a
+	// claim by lock holds reads as ready, as QueueStats counts it); none
+	// is expired.
+	inHand, release := make(chan struct{}, 10), make(chan struct{})
+	cfg := fastConfig[string](nil)
+	cfg.LockWindow = -1
+	s := startSub(t, e.ob, []string{"q"}, func(ctx context.Context, m *Message[string]) error {
+		inHand <- struct{}{}
+		<-release
+		return nil
+	}, cfg)
+	<-inHand
+	rs, _, err = e.ob.Rows(e.ctx, RowQuery{Queue: "q", State: RowLeased})
+	if err != nil || len(rs) == 0 || rs[0].State != RowLeased || rs[0].LeaseExpiresAt.IsZero() {
+		t.Errorf("leased rows = %+v, %v", rs, err)
+	}
+	if rs, _, err := e.ob.Rows(e.ctx, RowQuery{Queue: "q", State: RowExpired}); err != nil || len(rs) != 0 {
+		t.Errorf("expired rows = %+v, %v; want none", rs, err)
+	}
+	close(release)
+	if err := s.stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	for _, q := range []RowQuery{{}, {Queue: "q", State: RowBlocked}, {Queue: "q", Limit: RowsLimitMax + 1}, {Queue: "q", State: "nope"}} {
+		var ie *InputError
+		var ce *ConfigError
+		if _, _, err := e.ob.Rows(e.ctx, q); !errors.As(err, &ie) && !errors.As(err, &ce) {
+			t.Errorf("Rows(%+v) = %v; want an *InputError or *ConfigError", q, err)
+		}
+	}
+}
