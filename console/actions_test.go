@@ -458,3 +458,44 @@ func TestRowActions(t *testing.T) {
 		t.Errorf("cancel of a gone row: %d %q", code, said(body))
 	}
 }
+
+// The rows page lists a queue's rows in the state asked, with links to
+// each row and to the next page, and a key's rows; the queue page links
+// it.
+func TestRowsPage(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, Config{})
+	s.fixture()
+	pub, err := outbox.NewPublisher[[]byte](s.ob, "ops", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for range rowsPerPage + 1 {
+		id, err := pub.Publish(t.Context(), s.d.Pool, []byte(`{}`), &outbox.PublishOpts{Delay: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if body := s.page(s.base + "/queue?q=ops"); !strings.Contains(body, `href="`+s.base+`/rows?q=ops&amp;state=scheduled"`) {
+		t.Fatalf("the queue page does not link its scheduled rows:\n%s", body)
+	}
+	body := s.page(s.base + "/rows?q=ops&state=scheduled")
+	rowRE := regexp.MustCompile(`<tr class="row" data-id="(\d+)">`)
+	got := rowRE.FindAllStringSubmatch(body, -1)
+	next := regexp.MustCompile(`id="next" href="([^"]+)"`).FindStringSubmatch(body)
+	if len(got) != rowsPerPage || got[0][1] != strconv.FormatInt(ids[0], 10) || next == nil {
+		t.Fatalf("the first page lists %d rows, next %v:\n%s", len(got), next, body)
+	}
+	body = s.page(html.UnescapeString(next[1]))
+	if got := rowRE.FindAllStringSubmatch(body, -1); len(got) != 1 || got[0][1] != strconv.FormatInt(ids[rowsPerPage], 10) {
+		t.Errorf("the second page lists %v", got)
+	}
+	if body := s.page(s.base + "/rows?q=ops"); !strings.Contains(body, `id="no-rows"`) {
+		t.Errorf("the ready rows of a queue whose rows are all scheduled:\n%s", body)
+	}
+	if code, _ := s.get(s.base + "/rows?q=ops&after=nonsense"); code != http.StatusBadRequest {
+		t.Errorf("a bad cursor: %d, want 400", code)
+	}
+}

@@ -242,6 +242,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET "+o+"/{$}", c.withOutbox(c.outboxPage))
 	m.HandleFunc("GET "+o+"/queue", c.withOutbox(c.queuePage))
 	m.HandleFunc("GET "+o+"/keys", c.withOutbox(c.keysPage))
+	m.HandleFunc("GET "+o+"/rows", c.withOutbox(c.rowsPage))
 	m.HandleFunc("GET "+o+"/dead", c.withOutbox(c.deadPage))
 	m.HandleFunc("GET "+o+"/dead/{id}", c.withOutbox(c.deadLetterPage))
 	m.HandleFunc("GET "+o+"/row", c.withOutbox(c.rowPage))

@@ -85,6 +85,13 @@ func (fx *fixture) pages(tb testing.TB, h http.Handler) []page {
 	ps = append(ps,
 		page{"keys", base + "/keys", `id="keys"`},
 		page{"keys/orders", base + "/keys?q=orders", `id="keys"`},
+		page{"rows/ready", base + "/rows?q=orders", `id="rows-filter"`},
+		page{"rows/ready/newest", base + "/rows?q=orders&order=newest", `id="rows-filter"`},
+		page{"rows/scheduled", base + "/rows?q=orders&state=scheduled", `id="rows-filter"`},
+		page{"rows/scheduled/newest", base + "/rows?q=orders&state=scheduled&order=newest", `id="rows-filter"`},
+		page{"rows/leased", base + "/rows?q=orders&state=leased", `id="rows-filter"`},
+		page{"rows/expired/newest", base + "/rows?q=orders&state=expired&order=newest", `id="rows-filter"`},
+		page{"rows/key", base + "/rows?q=orders&key=customer-7", `id="rows-filter"`},
 		page{"dead", base + "/dead", `id="next"`},
 		page{"dead/queue", base + "/dead?q=emails", `id="next"`},
 	)

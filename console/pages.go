@@ -2,8 +2,10 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"embed"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -29,7 +31,7 @@ var staticRoot embed.FS
 var staticFS, _ = fs.Sub(staticRoot, "static")
 
 // pageNames are the pages, each a template of its own beside the layout.
-var pageNames = []string{"overview", "outbox", "queue", "keys", "dead", "deadletter", "row", "health", "action", "error"}
+var pageNames = []string{"overview", "outbox", "queue", "keys", "rows", "dead", "deadletter", "row", "health", "action", "error"}
 
 // parsePages parses each page with the layout, its links built under
 // path.
@@ -255,6 +257,8 @@ type queueData struct {
 	Paused *outbox.QueuePause
 	// Subscribers are the presence records of the queue's subscribers.
 	Subscribers []outbox.SubscriberInfo
+	// RowStates are the states the rows page lists.
+	RowStates []string
 }
 
 // keysOnQueuePage is how many held keys the queue page lists.
@@ -272,7 +276,8 @@ func (c *Console) queuePage(w http.ResponseWriter, r *http.Request, rq *request)
 		return
 	}
 	d := queueData{Queue: q, Chart: queueChart(rq.st.history.withCurrent(rq.readAt, rq.read), q),
-		DeadLink: rq.base + "/dead?q=" + url.QueryEscape(q), KeysLink: rq.base + "/keys?q=" + url.QueryEscape(q)}
+		RowStates: []string{outbox.RowReady, outbox.RowScheduled, outbox.RowLeased, outbox.RowExpired},
+		DeadLink:  rq.base + "/dead?q=" + url.QueryEscape(q), KeysLink: rq.base + "/keys?q=" + url.QueryEscape(q)}
 	for _, row := range ds {
 		if row.Queue == q {
 			d.Depth, d.Found, d.Paused = row, true, row.Paused
@@ -326,6 +331,55 @@ func (c *Console) keysPage(w http.ResponseWriter, r *http.Request, rq *request) 
 		return
 	}
 	c.render(w, r, http.StatusOK, "keys", rq.view("Held keys", "keys", keysData{Queue: q, Keys: keys, Limit: keysPerPage, Scan: heldKeysScan}), rq.start)
+}
+
+type rowsData struct {
+	Queue, State, Key string
+	Newest            bool
+	States            []string
+	Rows              []outbox.RowSummary
+	Next              string
+	Link              func(int64) string
+}
+
+// rowsPerPage is how many rows the rows page lists.
+const rowsPerPage = 50
+
+// rowsPage lists a queue's rows in one state, or a key's rows
+// (outbox.Rows), a page at a time; every filter is in the URL.
+func (c *Console) rowsPage(w http.ResponseWriter, r *http.Request, rq *request) {
+	v := r.URL.Query()
+	d := rowsData{Queue: v.Get("q"), State: cmp.Or(v.Get("state"), outbox.RowReady), Key: v.Get("key"), Newest: v.Get("order") == "newest",
+		States: []string{outbox.RowReady, outbox.RowScheduled, outbox.RowLeased, outbox.RowExpired},
+		Link:   func(id int64) string { return rq.base + "/row?id=" + strconv.FormatInt(id, 10) }}
+	if d.Queue == "" {
+		c.fail(w, r, rq, http.StatusBadRequest, errors.New("name a queue: ?q=name"))
+		return
+	}
+	q := outbox.RowQuery{Queue: d.Queue, State: d.State, Key: d.Key, Newest: d.Newest, Limit: rowsPerPage}
+	if s := v.Get("after"); s != "" {
+		at, id, ok := strings.Cut(s, "/")
+		t, terr := time.Parse(time.RFC3339Nano, at)
+		n, nerr := strconv.ParseInt(id, 10, 64)
+		if !ok || terr != nil || nerr != nil {
+			c.fail(w, r, rq, http.StatusBadRequest, &outbox.InputError{Field: "after", Rule: "must be the next page's link, as this page gave it"})
+			return
+		}
+		q.After = &outbox.RowCursor{At: t, ID: n}
+	}
+	rows, next, err := rq.ob.Rows(r.Context(), q)
+	if err != nil {
+		c.fail(w, r, rq, statusOf(err), err)
+		return
+	}
+	d.Rows = rows
+	if next != nil {
+		nv := maps.Clone(v)
+		nv.Set("after", next.At.Format(time.RFC3339Nano)+"/"+strconv.FormatInt(next.ID, 10))
+		d.Next = rq.base + "/rows?" + nv.Encode()
+	}
+	title := fmt.Sprintf("Rows of %s", d.Queue)
+	c.render(w, r, http.StatusOK, "rows", rq.view(title, "queues", d), rq.start)
 }
 
 // deadPerPage is how many dead letters a page lists.
