@@ -12,6 +12,8 @@
 //	    [-drop-timer-ids] [-dry-run] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen queue pause Q [-reason TEXT] | resume Q | paused [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen subscribers [-json] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen rows -queue Q [-state S | -key K] [-newest] [-limit N] [-after CURSOR] [-json] [-dsn DSN] [-schema S] [-table T]
+//	outboxgen row show|retry|cancel|dead-letter ID [-note TEXT] [-yes] [-json] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen grants [-publisher ROLE] [-subscriber ROLE] [-apply] [-dsn DSN] [-schema S] [-table T]
 //	outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
 //	outboxgen console [-listen ADDR] [-actions] [-user NAME] [-allow-host NAME] [-dsn DSN]
@@ -29,7 +31,8 @@
 // inspect shows each queue's state; health checks the conditions that
 // break PostgreSQL queues and exits with status 1 when it finds one.
 // queue pauses and resumes a queue's subscribers; subscribers lists the
-// running subscribers of every process.
+// running subscribers of every process; rows lists a queue's rows by
+// state, and row shows one row or acts on it.
 // grants prints, or runs, what a publishing and a subscribing role must
 // be granted. bind
 // writes typed constructors and an AsyncAPI document for the types
@@ -42,8 +45,8 @@
 //
 // Environment (a flag wins over its variable):
 //
-//	DATABASE_URL   database of migrate, inspect, health, dlq, queue, subscribers, console, rebase
-//	               and grants -apply (-dsn);
+//	DATABASE_URL   database of migrate, inspect, health, dlq, queue, subscribers, rows, row, console,
+//	               rebase and grants -apply (-dsn);
 //	               when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
 //	               PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
 //	OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
@@ -145,6 +148,8 @@ Commands:
   dlq          list, show, replay or purge dead-lettered rows
   queue        pause or resume a queue, or list the paused ones
   subscribers  the running subscribers, in every process: queues, state, busy workers, last claim
+  rows         a queue's rows by state, or a key's rows, a page at a time
+  row          one row by id: show it, retry it now, cancel it or move it to the dead letters
   grants       print (or -apply) the GRANT statements of a publishing and a subscribing role
   bind         generate typed bindings and an AsyncAPI document (for go:generate)
   console      serve the web console: queues, held keys, dead letters, rows, health
@@ -154,7 +159,7 @@ Flags may come before or after a command's arguments. Run
 "outboxgen COMMAND -h" for a command's flags and an example.
 
 Environment (a flag wins over its variable):
-  DATABASE_URL   database of migrate, inspect, health, dlq, queue, subscribers, console, rebase and grants -apply (-dsn);
+  DATABASE_URL   database of migrate, inspect, health, dlq, queue, subscribers, rows, row, console, rebase and grants -apply (-dsn);
                  when unset, PostgreSQL's client defaults (PGHOST, PGPORT,
                  PGDATABASE, PGUSER, PGPASSWORD, ...), as psql uses them
   OUTBOX_SCHEMA  schema of the outbox tables, default public (-schema)
@@ -166,7 +171,7 @@ the outboxes the database holds.
 `
 
 // commands are the command names, for suggestions.
-var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "queue", "subscribers", "grants", "bind", "console", "rebase", "help"}
+var commands = []string{"migrate", "migrations", "inspect", "health", "dlq", "queue", "subscribers", "rows", "row", "grants", "bind", "console", "rebase", "help"}
 
 func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
 	if len(args) == 0 {
@@ -188,6 +193,10 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return queueCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "subscribers":
 		return subscribersCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "rows":
+		return rowsCmd(ctx, args[1:], stdout, stderr, getenv)
+	case "row":
+		return rowCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "grants":
 		return grantsCmd(ctx, args[1:], stdout, stderr, getenv)
 	case "bind":

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -159,5 +160,62 @@ func TestHealthJudgesWaitingQueues(t *testing.T) {
 	r := runCLI(t, env, append([]string{"health", "-unclaimed", "1ms", "-ready-wait", "1h"}, flags...)...)
 	if r.code != 1 || !strings.Contains(r.stdout, `queue "jobs" has ready rows (1)`) {
 		t.Fatalf("health -unclaimed 1ms: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// rows lists a queue's rows by state, page by page; row shows one row,
+// retries it now, and dead-letters or cancels it only with -yes.
+func TestRowsAndRowCommands(t *testing.T) {
+	t.Parallel()
+	d, ob, env, flags := migrated(t)
+	cli := func(args ...string) result {
+		t.Helper()
+		return runCLI(t, env, append(args, flags...)...)
+	}
+	pub, err := outbox.NewPublisher[string](ob, "jobs", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 3 {
+		id, err := pub.Publish(t.Context(), d.Pool, fmt.Sprint("job ", i), &outbox.PublishOpts{Delay: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, fmt.Sprint(id))
+	}
+	r := cli("rows", "-queue", "jobs", "-state", "scheduled", "-limit", "2")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 5 || !strings.HasPrefix(lines[2], ids[0]+" ") || !strings.HasPrefix(lines[4], "more rows: rerun with -after ") {
+		t.Fatalf("rows: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = cli("rows", "-queue", "jobs", "-state", "scheduled", "-limit", "2", "-after", strings.TrimPrefix(lines[4], "more rows: rerun with -after "))
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); r.code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[2], ids[2]+" ") {
+		t.Fatalf("rows, second page: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := cli("row", "show", ids[0]); r.code != 0 || !strings.Contains(r.stdout, "state") || !strings.Contains(r.stdout, "job 0") {
+		t.Fatalf("row show: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := cli("row", "retry", ids[0]); r.code != 0 || !strings.Contains(r.stdout, "retry done") {
+		t.Fatalf("row retry: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := cli("row", "retry", ids[0]); r.code != 1 || !strings.Contains(r.stderr, "nothing done") {
+		t.Fatalf("row retry of a due row: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := cli("row", "cancel", ids[1]); r.code != 2 {
+		t.Fatalf("row cancel without -yes: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := cli("row", "cancel", ids[1], "-yes"); r.code != 0 {
+		t.Fatalf("row cancel -yes: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := cli("row", "dead-letter", ids[2], "-yes"); r.code != 2 || !strings.Contains(r.stderr, "-note") {
+		t.Fatalf("row dead-letter without -note: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := cli("row", "dead-letter", ids[2], "-yes", "-note", "ops: gone"); r.code != 0 {
+		t.Fatalf("row dead-letter: exit %d\n%s", r.code, r.stderr)
+	}
+	r = cli("rows", "-queue", "jobs")
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); r.code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[2], ids[0]+" ") {
+		t.Fatalf("rows after the actions: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
