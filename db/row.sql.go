@@ -177,243 +177,78 @@ func (q *Queries) RetryRowNow(ctx context.Context, id int64) (bool, error) {
 	return retried, err
 }
 
-const rowsLeased = `-- name: RowsLeased :many
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE NOT $1::boolean AND o.queue = $2::text AND o.acquired_token IS NOT NULL
-   AND o.lease_expires_at < CASE WHEN $3::boolean THEN now() ELSE 'infinity'::timestamptz END
-   AND o.lease_expires_at >= CASE WHEN $3::boolean THEN '-infinity'::timestamptz ELSE now() END
-   AND (o.lease_expires_at, o.id) > ($4::timestamptz, $5::bigint)
- ORDER BY o.lease_expires_at, o.id
- LIMIT $6::integer)
-UNION ALL
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE $1::boolean AND o.queue = $2::text AND o.acquired_token IS NOT NULL
-   AND o.lease_expires_at < CASE WHEN $3::boolean THEN now() ELSE 'infinity'::timestamptz END
-   AND o.lease_expires_at >= CASE WHEN $3::boolean THEN '-infinity'::timestamptz ELSE now() END
-   AND (o.lease_expires_at, o.id) < ($4::timestamptz, $5::bigint)
- ORDER BY o.lease_expires_at DESC, o.id DESC
- LIMIT $6::integer)
+const rows = `-- name: Rows :many
+WITH page AS (
+    (SELECT o.id, o.next_attempt_at AS k FROM /*outbox:table*/outbox AS o
+     WHERE $2::text = 'pending' AND NOT $1::boolean AND o.queue = $3::text AND o.acquired_token IS NULL AND NOT o.blocked
+       AND o.next_attempt_at < CASE WHEN $4::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
+       AND o.next_attempt_at > CASE WHEN $4::boolean THEN '-infinity'::timestamptz ELSE now() END
+       AND (o.next_attempt_at, o.id) > ($5::timestamptz, $6::bigint)
+     ORDER BY o.next_attempt_at, o.id
+     LIMIT $7::integer)
+    UNION ALL
+    (SELECT o.id, o.next_attempt_at FROM /*outbox:table*/outbox AS o
+     WHERE $2::text = 'pending' AND $1::boolean AND o.queue = $3::text AND o.acquired_token IS NULL AND NOT o.blocked
+       AND o.next_attempt_at < CASE WHEN $4::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
+       AND o.next_attempt_at > CASE WHEN $4::boolean THEN '-infinity'::timestamptz ELSE now() END
+       AND (o.next_attempt_at, o.id) < ($5::timestamptz, $6::bigint)
+     ORDER BY o.next_attempt_at DESC, o.id DESC
+     LIMIT $7::integer)
+    UNION ALL
+    (SELECT o.id, o.lease_expires_at FROM /*outbox:table*/outbox AS o
+     WHERE $2::text = 'leased' AND NOT $1::boolean AND o.queue = $3::text AND o.acquired_token IS NOT NULL
+       AND o.lease_expires_at < CASE WHEN $8::boolean THEN now() ELSE 'infinity'::timestamptz END
+       AND o.lease_expires_at >= CASE WHEN $8::boolean THEN '-infinity'::timestamptz ELSE now() END
+       AND (o.lease_expires_at, o.id) > ($5::timestamptz, $6::bigint)
+     ORDER BY o.lease_expires_at, o.id
+     LIMIT $7::integer)
+    UNION ALL
+    (SELECT o.id, o.lease_expires_at FROM /*outbox:table*/outbox AS o
+     WHERE $2::text = 'leased' AND $1::boolean AND o.queue = $3::text AND o.acquired_token IS NOT NULL
+       AND o.lease_expires_at < CASE WHEN $8::boolean THEN now() ELSE 'infinity'::timestamptz END
+       AND o.lease_expires_at >= CASE WHEN $8::boolean THEN '-infinity'::timestamptz ELSE now() END
+       AND (o.lease_expires_at, o.id) < ($5::timestamptz, $6::bigint)
+     ORDER BY o.lease_expires_at DESC, o.id DESC
+     LIMIT $7::integer)
+    UNION ALL
+    (SELECT o.id, '-infinity'::timestamptz FROM /*outbox:table*/outbox AS o
+     WHERE $2::text = 'key' AND NOT $1::boolean AND o.queue = $3::text AND o.ordering_key = $9::text
+       AND o.id > $6::bigint
+     ORDER BY o.ordering_key, o.id
+     LIMIT $7::integer)
+    UNION ALL
+    (SELECT o.id, '-infinity'::timestamptz FROM /*outbox:table*/outbox AS o
+     WHERE $2::text = 'key' AND $1::boolean AND o.queue = $3::text AND o.ordering_key = $9::text
+       AND o.id < $6::bigint
+     ORDER BY o.ordering_key DESC, o.id DESC
+     LIMIT $7::integer)
+)
+SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
+       (o.acquired_token IS NOT NULL)::boolean AS leased,
+       least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
+       least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
+       coalesce(left(o.last_error, 200), '')::text AS last_error,
+       coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
+FROM page AS p
+JOIN /*outbox:table*/outbox AS o ON o.id = p.id
+ORDER BY CASE WHEN $1::boolean THEN NULL ELSE p.k END, CASE WHEN $1::boolean THEN p.k END DESC,
+         CASE WHEN $1::boolean THEN NULL ELSE p.id END, CASE WHEN $1::boolean THEN p.id END DESC
 `
 
-type RowsLeasedParams struct {
+type RowsParams struct {
 	Newest  bool
-	Queue   string
-	Expired bool
-	AfterAt time.Time
-	AfterID int64
-	MaxRows int32
-}
-
-type RowsLeasedRow struct {
-	ID              int64
-	Queue           string
-	OrderingKey     *string
-	TimerID         *string
-	AttemptsCount   int32
-	DeliveriesCount int32
-	Blocked         bool
-	Leased          bool
-	CreatedAt       time.Time
-	NextAttemptAt   time.Time
-	LeaseExpiresAt  time.Time
-	LastError       string
-	MessageType     string
-	ReadAt          time.Time
-}
-
-// A page of @queue's rows that a subscriber holds: with a live lease
-// (not @expired) or one past its expiry (@expired), in lease-expiry
-// order, soonest first from past (@after_at, @after_id), or latest first
-// (@newest) from before it; index ranges of the lease-expiry index, as
-// RowsPending's of the pending index.
-func (q *Queries) RowsLeased(ctx context.Context, arg RowsLeasedParams) ([]RowsLeasedRow, error) {
-	rows, err := q.db.Query(ctx, rowsLeased,
-		arg.Newest,
-		arg.Queue,
-		arg.Expired,
-		arg.AfterAt,
-		arg.AfterID,
-		arg.MaxRows,
-	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []RowsLeasedRow{}
-	for rows.Next() {
-		var i RowsLeasedRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.Queue,
-			&i.OrderingKey,
-			&i.TimerID,
-			&i.AttemptsCount,
-			&i.DeliveriesCount,
-			&i.Blocked,
-			&i.Leased,
-			&i.CreatedAt,
-			&i.NextAttemptAt,
-			&i.LeaseExpiresAt,
-			&i.LastError,
-			&i.MessageType,
-			&i.ReadAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const rowsOfKey = `-- name: RowsOfKey :many
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE NOT $1::boolean AND o.queue = $2::text AND o.ordering_key = $3::text AND o.id > $4::bigint
- ORDER BY o.ordering_key, o.id
- LIMIT $5::integer)
-UNION ALL
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE $1::boolean AND o.queue = $2::text AND o.ordering_key = $3::text AND o.id < $4::bigint
- ORDER BY o.ordering_key DESC, o.id DESC
- LIMIT $5::integer)
-`
-
-type RowsOfKeyParams struct {
-	Newest  bool
-	Queue   string
-	Key     string
-	AfterID int64
-	MaxRows int32
-}
-
-type RowsOfKeyRow struct {
-	ID              int64
-	Queue           string
-	OrderingKey     *string
-	TimerID         *string
-	AttemptsCount   int32
-	DeliveriesCount int32
-	Blocked         bool
-	Leased          bool
-	CreatedAt       time.Time
-	NextAttemptAt   time.Time
-	LeaseExpiresAt  time.Time
-	LastError       string
-	MessageType     string
-	ReadAt          time.Time
-}
-
-// A page of the rows of ordering key @key of @queue, in every state, in
-// the key's order (id), first from past @after_id, or last first
-// (@newest) from before it: ranges of the ordering index. A key's first
-// row is its head; the rest wait behind it (blocked).
-func (q *Queries) RowsOfKey(ctx context.Context, arg RowsOfKeyParams) ([]RowsOfKeyRow, error) {
-	rows, err := q.db.Query(ctx, rowsOfKey,
-		arg.Newest,
-		arg.Queue,
-		arg.Key,
-		arg.AfterID,
-		arg.MaxRows,
-	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []RowsOfKeyRow{}
-	for rows.Next() {
-		var i RowsOfKeyRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.Queue,
-			&i.OrderingKey,
-			&i.TimerID,
-			&i.AttemptsCount,
-			&i.DeliveriesCount,
-			&i.Blocked,
-			&i.Leased,
-			&i.CreatedAt,
-			&i.NextAttemptAt,
-			&i.LeaseExpiresAt,
-			&i.LastError,
-			&i.MessageType,
-			&i.ReadAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const rowsPending = `-- name: RowsPending :many
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE NOT $1::boolean AND o.queue = $2::text AND o.acquired_token IS NULL AND NOT o.blocked
-   AND o.next_attempt_at <= CASE WHEN $3::boolean THEN now() ELSE 'infinity'::timestamptz END
-   AND o.next_attempt_at > CASE WHEN $3::boolean THEN '-infinity'::timestamptz ELSE now() END
-   AND (o.next_attempt_at, o.id) > ($4::timestamptz, $5::bigint)
- ORDER BY o.next_attempt_at, o.id
- LIMIT $6::integer)
-UNION ALL
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE $1::boolean AND o.queue = $2::text AND o.acquired_token IS NULL AND NOT o.blocked
-   AND o.next_attempt_at <= CASE WHEN $3::boolean THEN now() ELSE 'infinity'::timestamptz END
-   AND o.next_attempt_at > CASE WHEN $3::boolean THEN '-infinity'::timestamptz ELSE now() END
-   AND (o.next_attempt_at, o.id) < ($4::timestamptz, $5::bigint)
- ORDER BY o.next_attempt_at DESC, o.id DESC
- LIMIT $6::integer)
-`
-
-type RowsPendingParams struct {
-	Newest  bool
+	Mode    string
 	Queue   string
 	Due     bool
 	AfterAt time.Time
 	AfterID int64
 	MaxRows int32
+	Expired bool
+	Key     string
 }
 
-type RowsPendingRow struct {
+type RowsRow struct {
 	ID              int64
 	Queue           string
 	OrderingKey     *string
@@ -430,28 +265,40 @@ type RowsPendingRow struct {
 	ReadAt          time.Time
 }
 
-// A page of @queue's rows that no subscriber holds and that are not
-// behind their key's head: due now (@due) or later (not @due), in their
-// due order, oldest first from past (@after_at, @after_id), or newest
-// first (@newest) from before it; each branch an index range of the
-// pending index that stops at @max_rows (the other branch's one-time
-// filter keeps it from running). A row due at -infinity is left out.
-func (q *Queries) RowsPending(ctx context.Context, arg RowsPendingParams) ([]RowsPendingRow, error) {
-	rows, err := q.db.Query(ctx, rowsPending,
+// A page of the outbox table's rows for Outbox.Rows, after the cursor
+// (@after_at, @after_id), or before it when @newest, at most @max_rows:
+//   - @mode 'pending': @queue's rows no subscriber holds and not behind
+//     their key's head, due now (@due) or later, in due order, through the
+//     pending index (rows due at -infinity or infinity are left out: a
+//     page's cursor holds a finite time);
+//   - 'leased': @queue's rows a subscriber holds, with a live lease or
+//     (@expired) one past its expiry, in lease-expiry order, through the
+//     lease-expiry index;
+//   - 'key': the rows of ordering key @key of @queue in every state, in
+//     the key's order (id), through the ordering index.
+//
+// Each branch is one index range that stops at @max_rows; the others'
+// one-time filters keep them from running. The page's rows are then
+// read by id.
+func (q *Queries) Rows(ctx context.Context, arg RowsParams) ([]RowsRow, error) {
+	rows, err := q.db.Query(ctx, rows,
 		arg.Newest,
+		arg.Mode,
 		arg.Queue,
 		arg.Due,
 		arg.AfterAt,
 		arg.AfterID,
 		arg.MaxRows,
+		arg.Expired,
+		arg.Key,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []RowsPendingRow{}
+	items := []RowsRow{}
 	for rows.Next() {
-		var i RowsPendingRow
+		var i RowsRow
 		if err := rows.Scan(
 			&i.ID,
 			&i.Queue,

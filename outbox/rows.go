@@ -71,7 +71,8 @@ type RowSummary struct {
 // pending index for ready and scheduled rows, the lease-expiry index for
 // leased and expired ones, the ordering index for a key) that stops at the
 // page's size, however many rows the queue holds. Rows in the log tier's
-// ring are listed once they move into the table. Invalid queries give an
+// ring are listed once they move into the table; rows due (or leased
+// until) at infinity are not listed. Invalid queries give an
 // *[InputError].
 func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor, error) {
 	if err := checkQueueToRead("RowQuery.Queue", q.Queue); err != nil {
@@ -95,34 +96,23 @@ func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor
 	if q.After != nil {
 		after = *q.After
 	}
-	db1 := o.queries(o.pool)
-	n := int32(q.Limit + 1) // one more says whether a next page exists
-	var rows []db.RowsPendingRow
-	var err error
+	p := db.RowsParams{Newest: q.Newest, Queue: q.Queue, AfterAt: after.At, AfterID: after.ID,
+		MaxRows: int32(q.Limit + 1)} // one more says whether a next page exists
 	switch {
 	case q.Key != "":
 		if err := checkKey("RowQuery.Key", q.Key); err != nil {
 			return nil, nil, err
 		}
-		var r []db.RowsOfKeyRow
-		r, err = db1.RowsOfKey(ctx, db.RowsOfKeyParams{Newest: q.Newest, Queue: q.Queue, Key: q.Key, AfterID: after.ID, MaxRows: n})
-		for _, x := range r {
-			rows = append(rows, db.RowsPendingRow(x))
-		}
+		p.Mode, p.Key = "key", q.Key
 	case q.State == RowReady || q.State == RowScheduled:
-		rows, err = db1.RowsPending(ctx, db.RowsPendingParams{Newest: q.Newest, Queue: q.Queue, Due: q.State == RowReady,
-			AfterAt: after.At, AfterID: after.ID, MaxRows: n})
+		p.Mode, p.Due = "pending", q.State == RowReady
 	case q.State == RowLeased || q.State == RowExpired:
-		var r []db.RowsLeasedRow
-		r, err = db1.RowsLeased(ctx, db.RowsLeasedParams{Newest: q.Newest, Queue: q.Queue, Expired: q.State == RowExpired,
-			AfterAt: after.At, AfterID: after.ID, MaxRows: n})
-		for _, x := range r {
-			rows = append(rows, db.RowsPendingRow(x))
-		}
+		p.Mode, p.Expired = "leased", q.State == RowExpired
 	default:
 		return nil, nil, &InputError{Field: "RowQuery.State",
 			Rule: fmt.Sprintf("must be %s, %s, %s or %s (blocked rows are listed by their Key); is %q", RowReady, RowScheduled, RowLeased, RowExpired, q.State)}
 	}
+	rows, err := o.queries(o.pool).Rows(ctx, p)
 	if err != nil {
 		return nil, nil, o.readError(ctx, "Rows", err)
 	}
@@ -131,7 +121,7 @@ func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor
 		rows = rows[:q.Limit]
 		last := rows[len(rows)-1]
 		next = &RowCursor{At: last.NextAttemptAt, ID: last.ID}
-		if q.State == RowLeased || q.State == RowExpired {
+		if p.Mode == "leased" {
 			next.At = last.LeaseExpiresAt
 		}
 	}

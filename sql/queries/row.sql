@@ -70,98 +70,74 @@ WITH d AS (
 )
 SELECT (count(*) > 0)::boolean AS moved FROM moved;
 
--- name: RowsPending :many
--- A page of @queue's rows that no subscriber holds and that are not
--- behind their key's head: due now (@due) or later (not @due), in their
--- due order, oldest first from past (@after_at, @after_id), or newest
--- first (@newest) from before it; each branch an index range of the
--- pending index that stops at @max_rows (the other branch's one-time
--- filter keeps it from running). A row due at -infinity is left out.
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE NOT @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NULL AND NOT o.blocked
-   AND o.next_attempt_at <= CASE WHEN @due::boolean THEN now() ELSE 'infinity'::timestamptz END
-   AND o.next_attempt_at > CASE WHEN @due::boolean THEN '-infinity'::timestamptz ELSE now() END
-   AND (o.next_attempt_at, o.id) > (@after_at::timestamptz, @after_id::bigint)
- ORDER BY o.next_attempt_at, o.id
- LIMIT @max_rows::integer)
-UNION ALL
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NULL AND NOT o.blocked
-   AND o.next_attempt_at <= CASE WHEN @due::boolean THEN now() ELSE 'infinity'::timestamptz END
-   AND o.next_attempt_at > CASE WHEN @due::boolean THEN '-infinity'::timestamptz ELSE now() END
-   AND (o.next_attempt_at, o.id) < (@after_at::timestamptz, @after_id::bigint)
- ORDER BY o.next_attempt_at DESC, o.id DESC
- LIMIT @max_rows::integer);
-
--- name: RowsLeased :many
--- A page of @queue's rows that a subscriber holds: with a live lease
--- (not @expired) or one past its expiry (@expired), in lease-expiry
--- order, soonest first from past (@after_at, @after_id), or latest first
--- (@newest) from before it; index ranges of the lease-expiry index, as
--- RowsPending's of the pending index.
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE NOT @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NOT NULL
-   AND o.lease_expires_at < CASE WHEN @expired::boolean THEN now() ELSE 'infinity'::timestamptz END
-   AND o.lease_expires_at >= CASE WHEN @expired::boolean THEN '-infinity'::timestamptz ELSE now() END
-   AND (o.lease_expires_at, o.id) > (@after_at::timestamptz, @after_id::bigint)
- ORDER BY o.lease_expires_at, o.id
- LIMIT @max_rows::integer)
-UNION ALL
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NOT NULL
-   AND o.lease_expires_at < CASE WHEN @expired::boolean THEN now() ELSE 'infinity'::timestamptz END
-   AND o.lease_expires_at >= CASE WHEN @expired::boolean THEN '-infinity'::timestamptz ELSE now() END
-   AND (o.lease_expires_at, o.id) < (@after_at::timestamptz, @after_id::bigint)
- ORDER BY o.lease_expires_at DESC, o.id DESC
- LIMIT @max_rows::integer);
-
--- name: RowsOfKey :many
--- A page of the rows of ordering key @key of @queue, in every state, in
--- the key's order (id), first from past @after_id, or last first
--- (@newest) from before it: ranges of the ordering index. A key's first
--- row is its head; the rest wait behind it (blocked).
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE NOT @newest::boolean AND o.queue = @queue::text AND o.ordering_key = @key::text AND o.id > @after_id::bigint
- ORDER BY o.ordering_key, o.id
- LIMIT @max_rows::integer)
-UNION ALL
-(SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
-        (o.acquired_token IS NOT NULL)::boolean AS leased,
-        least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
-        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
-        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
-        coalesce(left(o.last_error, 200), '')::text AS last_error, coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
- FROM /*outbox:table*/outbox AS o
- WHERE @newest::boolean AND o.queue = @queue::text AND o.ordering_key = @key::text AND o.id < @after_id::bigint
- ORDER BY o.ordering_key DESC, o.id DESC
- LIMIT @max_rows::integer);
+-- name: Rows :many
+-- A page of the outbox table's rows for Outbox.Rows, after the cursor
+-- (@after_at, @after_id), or before it when @newest, at most @max_rows:
+--   - @mode 'pending': @queue's rows no subscriber holds and not behind
+--     their key's head, due now (@due) or later, in due order, through the
+--     pending index (rows due at -infinity or infinity are left out: a
+--     page's cursor holds a finite time);
+--   - 'leased': @queue's rows a subscriber holds, with a live lease or
+--     (@expired) one past its expiry, in lease-expiry order, through the
+--     lease-expiry index;
+--   - 'key': the rows of ordering key @key of @queue in every state, in
+--     the key's order (id), through the ordering index.
+-- Each branch is one index range that stops at @max_rows; the others'
+-- one-time filters keep them from running. The page's rows are then
+-- read by id.
+WITH page AS (
+    (SELECT o.id, o.next_attempt_at AS k FROM /*outbox:table*/outbox AS o
+     WHERE @mode::text = 'pending' AND NOT @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NULL AND NOT o.blocked
+       AND o.next_attempt_at < CASE WHEN @due::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
+       AND o.next_attempt_at > CASE WHEN @due::boolean THEN '-infinity'::timestamptz ELSE now() END
+       AND (o.next_attempt_at, o.id) > (@after_at::timestamptz, @after_id::bigint)
+     ORDER BY o.next_attempt_at, o.id
+     LIMIT @max_rows::integer)
+    UNION ALL
+    (SELECT o.id, o.next_attempt_at FROM /*outbox:table*/outbox AS o
+     WHERE @mode::text = 'pending' AND @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NULL AND NOT o.blocked
+       AND o.next_attempt_at < CASE WHEN @due::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
+       AND o.next_attempt_at > CASE WHEN @due::boolean THEN '-infinity'::timestamptz ELSE now() END
+       AND (o.next_attempt_at, o.id) < (@after_at::timestamptz, @after_id::bigint)
+     ORDER BY o.next_attempt_at DESC, o.id DESC
+     LIMIT @max_rows::integer)
+    UNION ALL
+    (SELECT o.id, o.lease_expires_at FROM /*outbox:table*/outbox AS o
+     WHERE @mode::text = 'leased' AND NOT @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NOT NULL
+       AND o.lease_expires_at < CASE WHEN @expired::boolean THEN now() ELSE 'infinity'::timestamptz END
+       AND o.lease_expires_at >= CASE WHEN @expired::boolean THEN '-infinity'::timestamptz ELSE now() END
+       AND (o.lease_expires_at, o.id) > (@after_at::timestamptz, @after_id::bigint)
+     ORDER BY o.lease_expires_at, o.id
+     LIMIT @max_rows::integer)
+    UNION ALL
+    (SELECT o.id, o.lease_expires_at FROM /*outbox:table*/outbox AS o
+     WHERE @mode::text = 'leased' AND @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NOT NULL
+       AND o.lease_expires_at < CASE WHEN @expired::boolean THEN now() ELSE 'infinity'::timestamptz END
+       AND o.lease_expires_at >= CASE WHEN @expired::boolean THEN '-infinity'::timestamptz ELSE now() END
+       AND (o.lease_expires_at, o.id) < (@after_at::timestamptz, @after_id::bigint)
+     ORDER BY o.lease_expires_at DESC, o.id DESC
+     LIMIT @max_rows::integer)
+    UNION ALL
+    (SELECT o.id, '-infinity'::timestamptz FROM /*outbox:table*/outbox AS o
+     WHERE @mode::text = 'key' AND NOT @newest::boolean AND o.queue = @queue::text AND o.ordering_key = @key::text
+       AND o.id > @after_id::bigint
+     ORDER BY o.ordering_key, o.id
+     LIMIT @max_rows::integer)
+    UNION ALL
+    (SELECT o.id, '-infinity'::timestamptz FROM /*outbox:table*/outbox AS o
+     WHERE @mode::text = 'key' AND @newest::boolean AND o.queue = @queue::text AND o.ordering_key = @key::text
+       AND o.id < @after_id::bigint
+     ORDER BY o.ordering_key DESC, o.id DESC
+     LIMIT @max_rows::integer)
+)
+SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
+       (o.acquired_token IS NOT NULL)::boolean AS leased,
+       least(greatest(o.created_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS created_at,
+       least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
+       least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
+       coalesce(left(o.last_error, 200), '')::text AS last_error,
+       coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
+FROM page AS p
+JOIN /*outbox:table*/outbox AS o ON o.id = p.id
+ORDER BY CASE WHEN @newest::boolean THEN NULL ELSE p.k END, CASE WHEN @newest::boolean THEN p.k END DESC,
+         CASE WHEN @newest::boolean THEN NULL ELSE p.id END, CASE WHEN @newest::boolean THEN p.id END DESC;
