@@ -667,6 +667,10 @@ func TestDocsScreenshots(t *testing.T) {
 	if n := parseCount(t, p.text("table#queues tr.queue[data-queue="+cssString(qShipments)+"] td.leased")); n < len(leasedKeys) {
 		t.Errorf("Queues page: %s has %d leased rows, want at least %d", qShipments, n, len(leasedKeys))
 	}
+	// The subscribers at work, from their presence records.
+	if n := p.count("table#subscribers tr.subscriber"); n == 0 {
+		t.Errorf("Queues page: no running subscriber listed")
+	}
 	p.docShot("console-outbox.png")
 
 	// One queue: its counts, its chart, its held keys.
@@ -679,6 +683,13 @@ func TestDocsScreenshots(t *testing.T) {
 		t.Errorf("queue page: %d lines in the chart, want 5 (ready, scheduled, leased, blocked, dead)", n)
 	}
 	p.docShot("console-queue.png")
+
+	// The queue's scheduled rows, by due time.
+	p.click(`a.queue-rows[href$="state=scheduled"]`)
+	if n := p.count("table#rows tr.row"); n == 0 {
+		t.Errorf("rows page of %s: no scheduled row listed", qInvoices)
+	}
+	p.docShot("console-rows.png")
 	stopDrain()
 	stopSales()
 
@@ -718,6 +729,11 @@ func TestDocsScreenshots(t *testing.T) {
 	}
 	if qs := eval[[]string](p, `[...document.querySelectorAll('table#dead tr.dead td.queue')].map(td => td.textContent.trim())`); slices.ContainsFunc(qs, func(q string) bool { return q != qOrders }) {
 		t.Errorf("dead letters filtered by %s list queues %q", qOrders, qs)
+	}
+	// Why they failed: the gateway's 503s, numbers written as #, the
+	// largest group.
+	if got := p.text("table#causes tr.cause td.error-text"); got != "payment gateway: # Service Unavailable" {
+		t.Errorf("dead letters of %s: the largest cause is %q", qOrders, got)
 	}
 	p.docShot("console-dead-letters.png")
 
