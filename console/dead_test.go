@@ -50,6 +50,18 @@ func TestDeadLettersPageShowsWhyTheyFailed(t *testing.T) {
 	if !strings.Contains(body, `<a href="`+link+`"`) || !strings.Contains(body, html.EscapeString(c.Cause)) {
 		t.Errorf("the largest cause %+v is not on the page with its link %s:\n%s", c, link, body)
 	}
+	// A search within the sample's last errors keeps the groups whose
+	// errors hold it, and the page's other filters.
+	needle := c.Cause[:min(len(c.Cause), 6)]
+	body = s.page(s.base + "/dead?" + url.Values{"q": {c.Queue}, "error": {needle}}.Encode())
+	if !strings.Contains(body, `<input type="hidden" name="q" value="`+html.EscapeString(c.Queue)+`">`) ||
+		!strings.Contains(body, "those whose last error holds the search") || !strings.Contains(body, html.EscapeString(c.Cause)) {
+		t.Errorf("a search for %q:\n%s", needle, body)
+	}
+	if body := s.page(s.base + "/dead?error=no-such-error-anywhere"); strings.Contains(body, `<table id="causes">`) ||
+		!strings.Contains(body, `id="cause-search"`) {
+		t.Errorf("a search that matches nothing still lists causes, or loses its form")
+	}
 	if body := s.page(s.base + "/dead?before=2"); strings.Contains(body, `<table id="causes">`) {
 		t.Errorf("a next page shows the causes again")
 	}

@@ -404,6 +404,12 @@ type deadData struct {
 	// how many they grouped.
 	Causes  []causeRow
 	Sampled int64
+	// Contains is the search within the sample's last errors (error=),
+	// and SampleSize how many of the newest dead letters it searches.
+	Contains   string
+	SampleSize int64
+	// Search is the rest of the page's filter, for the search's form.
+	Search  [][2]string
 	Rows    []outbox.DeadLetter
 	Next    string
 	Older   []struct{ Value, Label string }
@@ -484,8 +490,14 @@ func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, rq *request) 
 	}
 	d.Rows = rows
 	if r.URL.Query().Get("before") == "" {
+		d.Contains, d.SampleSize = r.URL.Query().Get("error"), deadCauseSample
+		for _, k := range []string{"q", "reason", "older"} {
+			if v := r.URL.Query().Get(k); v != "" {
+				d.Search = append(d.Search, [2]string{k, v})
+			}
+		}
 		causes, sampled, err := rq.ob.DeadLetterCauses(r.Context(), &outbox.DeadLetterCauseOptions{Queue: ff.Queue, Sample: deadCauseSample,
-			Limit: deadCauses})
+			Limit: deadCauses, Contains: d.Contains})
 		if err != nil {
 			c.fail(w, r, rq, statusOf(err), err)
 			return

@@ -64,6 +64,7 @@ WITH sample AS MATERIALIZED (
            regexp_replace(regexp_replace(s.last_error, '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') AS cause,
            count(*)::bigint AS rows, max(s.id) AS newest_id
     FROM sample AS s
+    WHERE $4::text IS NULL OR strpos(lower(s.last_error), lower($4::text)) > 0
     GROUP BY 1, 2, 3
 )
 SELECT g.queue::text AS queue, g.failure_reason::text AS failure_reason, g.cause::text AS cause, g.rows, g.newest_id::bigint AS newest_id,
@@ -80,6 +81,7 @@ type DeadLetterCausesParams struct {
 	MaxGroups int32
 	Queue     *string
 	Sample    int32
+	Contains  *string
 }
 
 type DeadLetterCausesRow struct {
@@ -102,9 +104,15 @@ type DeadLetterCausesRow struct {
 // first, at most @max_groups. The sample is the newest rows by id,
 // through the primary key (or one queue's through its index), as
 // ListDeadLettersNewest walks them: a bounded read however many rows the
-// table holds.
+// table holds. With @contains, only the sample's rows whose last error
+// holds it (case-insensitive) are grouped: a search within the sample.
 func (q *Queries) DeadLetterCauses(ctx context.Context, arg DeadLetterCausesParams) ([]DeadLetterCausesRow, error) {
-	rows, err := q.db.Query(ctx, deadLetterCauses, arg.MaxGroups, arg.Queue, arg.Sample)
+	rows, err := q.db.Query(ctx, deadLetterCauses,
+		arg.MaxGroups,
+		arg.Queue,
+		arg.Sample,
+		arg.Contains,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,9 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -32,6 +34,10 @@ type DeadLetterCauseOptions struct {
 	// Limit is how many groups are returned, the largest first. Default:
 	// DeadLetterCauseLimitDefault; at most DeadLetterCauseLimitMax.
 	Limit int
+	// Contains, when set, groups only the sample's dead letters whose last
+	// error holds it, case-insensitively: a search within the sample (up
+	// to 1,024 bytes of UTF-8 without NUL).
+	Contains string
 }
 
 // DeadLetterCause is a group of dead letters that failed alike: one queue,
@@ -79,8 +85,11 @@ func (o *Outbox) DeadLetterCauses(ctx context.Context, opts *DeadLetterCauseOpti
 			return nil, 0, err
 		}
 	}
+	if c := opt.Contains; len(c) > 1024 || !utf8.ValidString(c) || strings.IndexByte(c, 0) >= 0 {
+		return nil, 0, &InputError{Field: "DeadLetterCauseOptions.Contains", Rule: "must be valid UTF-8 without NUL, at most 1,024 bytes"}
+	}
 	rows, err := o.queries(o.pool).DeadLetterCauses(ctx, db.DeadLetterCausesParams{Queue: orNil(opt.Queue), Sample: int32(opt.Sample),
-		MaxGroups: int32(opt.Limit)})
+		MaxGroups: int32(opt.Limit), Contains: orNil(opt.Contains)})
 	if err != nil {
 		return nil, 0, o.readError(ctx, "DeadLetterCauses", err)
 	}

@@ -47,7 +47,13 @@ func TestDeadLetterCausesGroupsTheNewestDeadLettersByWhyTheyFailed(t *testing.T)
 	if diff := cmp.Diff(want[2:], causes, ignore); diff != "" || err != nil {
 		t.Errorf("DeadLetterCauses of invoices (-want +got):\n%s%v", diff, err)
 	}
-	for _, o := range []DeadLetterCauseOptions{{Sample: -1}, {Sample: DeadLetterCauseSampleMax + 1}, {Limit: DeadLetterCauseLimitMax + 1}} {
+	// A search within the sample, case-insensitive.
+	causes, sampled, err = e.ob.DeadLetterCauses(e.ctx, &DeadLetterCauseOptions{Contains: "UNKNOWN customer"})
+	if diff := cmp.Diff(want[1:2], causes, ignore); diff != "" || err != nil || sampled != 6 {
+		t.Errorf("DeadLetterCauses containing %q (-want +got):\n%s%v (sampled %d)", "UNKNOWN customer", diff, err, sampled)
+	}
+	for _, o := range []DeadLetterCauseOptions{{Sample: -1}, {Sample: DeadLetterCauseSampleMax + 1}, {Limit: DeadLetterCauseLimitMax + 1},
+		{Contains: "a\x00b"}} {
 		var ie *InputError
 		if _, _, err := e.ob.DeadLetterCauses(e.ctx, &o); !errors.As(err, &ie) {
 			t.Errorf("DeadLetterCauses(%+v) = %v; want an *InputError", o, err)

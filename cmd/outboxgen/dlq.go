@@ -77,6 +77,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	yes := fs.Bool("yes", false, "purge: without -older-than, purge every matching row; replay: without a filter, replay every row")
 	dryRun := fs.Bool("dry-run", false, "replay, purge: say what it would do, reading only, and change nothing")
 	sample := fs.Int("sample", outbox.DeadLetterCauseSampleDefault, "causes: how many of the newest dead letters to group")
+	errorContains := fs.String("contains", "", "causes: group only the sampled dead letters whose last error holds this text (any case)")
 	upTo := fs.Int64("up-to", 0, "replay, purge, list: only rows with ids up to this one (the bound a -dry-run printed)")
 	expect := fs.Int64("expect", -1, "replay, purge: with -up-to, how many rows the dry run matched; the command says so when the set changed")
 	pos, err := parseFlags(fs, args, "dlq")
@@ -111,6 +112,9 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	}
 	if sub == "replay" && *queue == "" && *reason == "" && *olderThan == 0 && !*yes && !*dryRun {
 		return fmt.Errorf("%w: dlq replay: pass -queue, -reason or -older-than to choose rows, -dry-run to count them, or -yes to replay every dead-lettered row", errUsage)
+	}
+	if *errorContains != "" && sub != "causes" {
+		return fmt.Errorf("%w: dlq %s: -contains is causes'", errUsage, sub)
 	}
 	if *dryRun && sub != "replay" && sub != "purge" {
 		return fmt.Errorf("%w: dlq %s: -dry-run is replay's and purge's", errUsage, sub)
@@ -153,14 +157,19 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 			return fmt.Errorf("%w: dlq causes: groups the newest dead letters of -queue (or every queue); -reason and -older-than are not its", errUsage)
 		}
 		groups := min(*limit, outbox.DeadLetterCauseLimitMax)
-		causes, sampled, err := ob.DeadLetterCauses(ctx, &outbox.DeadLetterCauseOptions{Queue: *queue, Sample: *sample, Limit: groups})
+		causes, sampled, err := ob.DeadLetterCauses(ctx, &outbox.DeadLetterCauseOptions{Queue: *queue, Sample: *sample, Limit: groups,
+			Contains: *errorContains})
 		if err != nil {
 			return usageIfInput(err)
 		}
 		if *asJSON {
 			return printJSON(stdout, map[string]any{"sampled": sampled, "causes": causes})
 		}
-		fmt.Fprintf(stdout, "the newest %d dead letters, by cause:\n", sampled)
+		if *errorContains != "" {
+			fmt.Fprintf(stdout, "of the newest %d dead letters, those whose last error holds %s, by cause:\n", sampled, strconv.Quote(*errorContains))
+		} else {
+			fmt.Fprintf(stdout, "the newest %d dead letters, by cause:\n", sampled)
+		}
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ROWS\tQUEUE\tREASON\tCAUSE\tNEWEST")
 		for _, c := range causes {

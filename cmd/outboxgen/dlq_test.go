@@ -330,6 +330,14 @@ func TestDLQCauses(t *testing.T) {
 		got.Causes[0].Cause != "unknown customer #" {
 		t.Fatalf("dlq causes -json -sample 1: exit %d %q %q (%v)", r.code, r.stdout, r.stderr, err)
 	}
+	r = runCLI(t, env, append([]string{"dlq", "causes", "-contains", "TIMED out"}, flags...)...)
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); r.code != 0 || len(lines) != 4 ||
+		!strings.Contains(lines[1], `those whose last error holds "TIMED out"`) || !strings.HasPrefix(lines[3], "2 ") {
+		t.Fatalf("dlq causes -contains: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(t, env, append([]string{"dlq", "list", "-contains", "x"}, flags...)...); r.code != 2 {
+		t.Errorf("dlq list -contains: exit %d, want 2: %s", r.code, r.stderr)
+	}
 	if r := runCLI(t, env, append([]string{"dlq", "causes", "-reason", "rejected"}, flags...)...); r.code != 2 {
 		t.Errorf("dlq causes -reason: exit %d, want 2: %s", r.code, r.stderr)
 	}

@@ -229,7 +229,8 @@ WHERE x.id = @id::bigint;
 -- first, at most @max_groups. The sample is the newest rows by id,
 -- through the primary key (or one queue's through its index), as
 -- ListDeadLettersNewest walks them: a bounded read however many rows the
--- table holds.
+-- table holds. With @contains, only the sample's rows whose last error
+-- holds it (case-insensitive) are grouped: a search within the sample.
 WITH sample AS MATERIALIZED (
     SELECT x.id, x.queue, x.failure_reason, x.failed_at, coalesce(x.last_error, '') AS last_error
     FROM /*outbox:table*/outbox_dlq AS x
@@ -241,6 +242,7 @@ WITH sample AS MATERIALIZED (
            regexp_replace(regexp_replace(s.last_error, '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') AS cause,
            count(*)::bigint AS rows, max(s.id) AS newest_id
     FROM sample AS s
+    WHERE sqlc.narg(contains)::text IS NULL OR strpos(lower(s.last_error), lower(sqlc.narg(contains)::text)) > 0
     GROUP BY 1, 2, 3
 )
 SELECT g.queue::text AS queue, g.failure_reason::text AS failure_reason, g.cause::text AS cause, g.rows, g.newest_id::bigint AS newest_id,
