@@ -165,6 +165,14 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		if *asJSON {
 			return printJSON(stdout, map[string]any{"sampled": sampled, "causes": causes})
 		}
+		if len(causes) == 0 {
+			if *errorContains != "" {
+				fmt.Fprintf(stdout, "no dead letter among the newest %d holds %s in its last error\n", *sample, strconv.Quote(*errorContains))
+			} else {
+				fmt.Fprintln(stdout, "no dead letter")
+			}
+			return nil
+		}
 		if *errorContains != "" {
 			fmt.Fprintf(stdout, "of the newest %d dead letters, those whose last error holds %s, by cause:\n", sampled, strconv.Quote(*errorContains))
 		} else {

@@ -335,6 +335,10 @@ func TestDLQCauses(t *testing.T) {
 		!strings.Contains(lines[1], `those whose last error holds "TIMED out"`) || !strings.HasPrefix(lines[3], "2 ") {
 		t.Fatalf("dlq causes -contains: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	if r := runCLI(t, env, append([]string{"dlq", "causes", "-contains", "nowhere"}, flags...)...); r.code != 0 ||
+		!strings.HasSuffix(r.stdout, "no dead letter among the newest 10000 holds \"nowhere\" in its last error\n") {
+		t.Errorf("dlq causes -contains nowhere: exit %d %q", r.code, r.stdout)
+	}
 	if r := runCLI(t, env, append([]string{"dlq", "list", "-contains", "x"}, flags...)...); r.code != 2 {
 		t.Errorf("dlq list -contains: exit %d, want 2: %s", r.code, r.stderr)
 	}
