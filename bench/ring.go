@@ -315,6 +315,9 @@ func ringTurn(ctx context.Context, env *benchEnv, o options, keyed bool) error {
 			return res, err
 		}
 		werr := waitFor(ctx, &handled, n)
+		if werr != nil {
+			werr = fmt.Errorf("%w; %s", werr, unhandled(ctx, env, topic, &seen))
+		}
 		if werr == nil {
 			werr = waitRingDrained(ctx, env, 5*time.Millisecond)
 		}
@@ -364,4 +367,43 @@ func ringTurn(ctx context.Context, env *benchEnv, o options, keyed bool) error {
 	fmt.Fprintf(o.out, "turns: writers moved on: %v; partitions emptied: %d; emptyings a reader's lock put off: %d\n",
 		turns.Moved, turns.Truncated, turns.Busy)
 	return nil
+}
+
+// unhandled says where the rows of topic that no handler saw (seen holds
+// the ids handlers saw) are: still in the ring (with their partition,
+// lane and transaction), in the outbox table (with their state), or in
+// neither; a failed suite prints it, so that a row that did not arrive
+// can be followed.
+func unhandled(ctx context.Context, env *benchEnv, topic string, seen *sync.Map) string {
+	q := func(sql string) ([][]any, error) {
+		rows, err := env.pool.Query(ctx, sql, topic)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+	}
+	ringRows, err := q("SELECT id, slot, lane, txid::text FROM " + ringTable.Sanitize() + " WHERE queue = $1 ORDER BY id")
+	if err != nil {
+		return "where the rows are: " + err.Error()
+	}
+	tableRows, err := q("SELECT id, acquired_token IS NOT NULL, blocked, next_attempt_at > now(), deliveries_count FROM " +
+		pgx.Identifier{schemaRing, "outbox"}.Sanitize() + " WHERE queue = $1 ORDER BY id")
+	if err != nil {
+		return "where the rows are: " + err.Error()
+	}
+	var out []string
+	for _, r := range ringRows {
+		if _, ok := seen.Load(r[0].(int64)); !ok {
+			out = append(out, fmt.Sprintf("ring row %v (slot %v, lane %v, txid %v)", r[0], r[1], r[2], r[3]))
+		}
+	}
+	for _, r := range tableRows {
+		if _, ok := seen.Load(r[0].(int64)); !ok {
+			out = append(out, fmt.Sprintf("table row %v (leased %v, blocked %v, later %v, deliveries %v)", r[0], r[1], r[2], r[3], r[4]))
+		}
+	}
+	if len(out) == 0 {
+		return "no unhandled row is in the ring or the table (the ring's partitions holding them were emptied)"
+	}
+	return "unhandled: " + strings.Join(out[:min(len(out), 20)], "; ")
 }
