@@ -3,9 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -85,8 +83,8 @@ func (o *Outbox) DeadLetterCauses(ctx context.Context, opts *DeadLetterCauseOpti
 			return nil, 0, err
 		}
 	}
-	if c := opt.Contains; len(c) > 1024 || !utf8.ValidString(c) || strings.IndexByte(c, 0) >= 0 {
-		return nil, 0, &InputError{Field: "DeadLetterCauseOptions.Contains", Rule: "must be valid UTF-8 without NUL, at most 1,024 bytes"}
+	if err := checkText("DeadLetterCauseOptions.Contains", opt.Contains, 1024, false); err != nil {
+		return nil, 0, err
 	}
 	rows, err := o.queries(o.pool).DeadLetterCauses(ctx, db.DeadLetterCausesParams{Queue: orNil(opt.Queue), Sample: int32(opt.Sample),
 		MaxGroups: int32(opt.Limit), Contains: orNil(opt.Contains)})

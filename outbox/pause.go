@@ -2,11 +2,9 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -50,9 +48,8 @@ func (o *Outbox) PauseQueue(ctx context.Context, queue, reason string) (QueuePau
 	if err := checkQueueToRead("queue", queue); err != nil {
 		return QueuePause{}, err
 	}
-	if len(reason) > PauseReasonMaxBytes || !utf8.ValidString(reason) || strings.IndexByte(reason, 0) >= 0 {
-		return QueuePause{}, &InputError{Field: "reason",
-			Rule: fmt.Sprintf("must be valid UTF-8 without NUL, at most %d bytes; is %d", PauseReasonMaxBytes, len(reason))}
+	if err := checkText("reason", reason, PauseReasonMaxBytes, false); err != nil {
+		return QueuePause{}, err
 	}
 	r, err := o.queries(o.pool).PauseQueue(ctx, db.PauseQueueParams{Queue: queue, Reason: reason})
 	if err != nil {

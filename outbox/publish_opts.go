@@ -2,7 +2,9 @@ package outbox
 
 import (
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outboxgen/outboxgen/internal/msgtype"
 )
@@ -106,6 +108,21 @@ func checkKey(field, v string) error {
 	}
 	if !msgtype.Printable(v, true) {
 		return &InputError{Field: field, Rule: "must be printable UTF-8"}
+	}
+	return nil
+}
+
+// checkText enforces what an operator's free text (a pause's reason, a
+// dead letter's note, a search) must be to be stored or sent as text:
+// valid UTF-8 without NUL, at most maxBytes bytes, and not empty when
+// required.
+func checkText(field, v string, maxBytes int, required bool) error {
+	least := 0
+	if required {
+		least = 1
+	}
+	if len(v) < least || len(v) > maxBytes || !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+		return &InputError{Field: field, Rule: fmt.Sprintf("must be valid UTF-8 without NUL, %d to %d bytes; is %d", least, maxBytes, len(v))}
 	}
 	return nil
 }

@@ -2,9 +2,6 @@ package outbox
 
 import (
 	"context"
-	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/outboxgen/outboxgen/db"
 )
@@ -49,9 +46,8 @@ const DeadLetterRowNoteMaxBytes = 1024
 // row's last handler error kept after it. It can be replayed from there
 // as any dead letter. A keyed head's key hands on to its next row.
 func (o *Outbox) DeadLetterRow(ctx context.Context, id int64, note string) (bool, error) {
-	if note == "" || len(note) > DeadLetterRowNoteMaxBytes || !utf8.ValidString(note) || strings.IndexByte(note, 0) >= 0 {
-		return false, &InputError{Field: "note",
-			Rule: fmt.Sprintf("must be valid UTF-8 without NUL, 1 to %d bytes; is %d", DeadLetterRowNoteMaxBytes, len(note))}
+	if err := checkText("note", note, DeadLetterRowNoteMaxBytes, true); err != nil {
+		return false, err
 	}
 	ok, err := o.queries(o.pool).DeadLetterRow(ctx, db.DeadLetterRowParams{ID: id, Note: note})
 	if err != nil {
