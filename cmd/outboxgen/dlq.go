@@ -370,10 +370,13 @@ func printConflicts(w io.Writer, res outbox.ReplayResult, dry bool) error {
 	return tw.Flush()
 }
 
-// usageIfInput marks the library's input errors as usage errors.
+// usageIfInput marks the library's refusals of bad input (an
+// *outbox.InputError, or an *outbox.ConfigError of a name given) as usage
+// errors.
 func usageIfInput(err error) error {
 	var in *outbox.InputError
-	if errors.As(err, &in) {
+	var ce *outbox.ConfigError
+	if errors.As(err, &in) || errors.As(err, &ce) {
 		return fmt.Errorf("%w: %s", errUsage, libText(err))
 	}
 	return err

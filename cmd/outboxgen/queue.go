@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
 	"time"
-
-	"github.com/outboxgen/outboxgen/outbox"
 )
 
 const queueUsage = `Usage: outboxgen queue pause QUEUE [-reason TEXT] | resume QUEUE | paused [flags]
@@ -75,7 +72,7 @@ func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	case "pause":
 		p, err := t.ob.PauseQueue(ctx, name, *reason)
 		if err != nil {
-			return queueError(err)
+			return usageIfInput(err)
 		}
 		if *asJSON {
 			return printJSON(stdout, p)
@@ -88,7 +85,7 @@ func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	case "resume":
 		resumed, err := t.ob.ResumeQueue(ctx, name)
 		if err != nil {
-			return queueError(err)
+			return usageIfInput(err)
 		}
 		if *asJSON {
 			return printJSON(stdout, map[string]any{"queue": name, "resumed": resumed})
@@ -122,14 +119,4 @@ func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return tw.Flush()
 	}
 	return nil
-}
-
-// queueError turns the library's refusal of bad input into a usage error.
-func queueError(err error) error {
-	var ce *outbox.ConfigError
-	var ie *outbox.InputError
-	if errors.As(err, &ce) || errors.As(err, &ie) {
-		return fmt.Errorf("%w: %s", errUsage, libText(err))
-	}
-	return err
 }

@@ -78,7 +78,7 @@ func rowsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	defer t.close()
 	rows, next, err := t.ob.Rows(ctx, q)
 	if err != nil {
-		return queueError(err)
+		return usageIfInput(err)
 	}
 	hint := ""
 	if next != nil {
@@ -168,7 +168,7 @@ func rowCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		done, err = t.ob.DeadLetterRow(ctx, id, *note)
 	}
 	if err != nil {
-		return queueError(err)
+		return usageIfInput(err)
 	}
 	if !done {
 		why := "it is gone, or a subscriber holds it"
