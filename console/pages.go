@@ -358,14 +358,11 @@ func (c *Console) rowsPage(w http.ResponseWriter, r *http.Request, rq *request) 
 	}
 	q := outbox.RowQuery{Queue: d.Queue, State: d.State, Key: d.Key, Newest: d.Newest, Limit: rowsPerPage}
 	if s := v.Get("after"); s != "" {
-		at, id, ok := strings.Cut(s, "/")
-		t, terr := time.Parse(time.RFC3339Nano, at)
-		n, nerr := strconv.ParseInt(id, 10, 64)
-		if !ok || terr != nil || nerr != nil {
-			c.fail(w, r, rq, http.StatusBadRequest, &outbox.InputError{Field: "after", Rule: "must be the next page's link, as this page gave it"})
+		var err error
+		if q.After, err = outbox.ParseRowCursor("after", s); err != nil {
+			c.fail(w, r, rq, http.StatusBadRequest, err)
 			return
 		}
-		q.After = &outbox.RowCursor{At: t, ID: n}
 	}
 	rows, next, err := rq.ob.Rows(r.Context(), q)
 	if err != nil {
@@ -375,7 +372,7 @@ func (c *Console) rowsPage(w http.ResponseWriter, r *http.Request, rq *request) 
 	d.Rows = rows
 	if next != nil {
 		nv := maps.Clone(v)
-		nv.Set("after", next.At.Format(time.RFC3339Nano)+"/"+strconv.FormatInt(next.ID, 10))
+		nv.Set("after", next.String())
 		d.Next = rq.base + "/rows?" + nv.Encode()
 	}
 	title := fmt.Sprintf("Rows of %s", d.Queue)

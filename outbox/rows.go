@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
@@ -42,6 +44,24 @@ type RowQuery struct {
 type RowCursor struct {
 	At time.Time `json:"at"`
 	ID int64     `json:"id"`
+}
+
+// String writes the cursor as text (time/id), for a link or a command
+// line; [ParseRowCursor] reads it back.
+func (c RowCursor) String() string {
+	return c.At.Format(time.RFC3339Nano) + "/" + strconv.FormatInt(c.ID, 10)
+}
+
+// ParseRowCursor reads a cursor that [RowCursor.String] wrote. Other text
+// gives an *[InputError] for field.
+func ParseRowCursor(field, s string) (*RowCursor, error) {
+	at, id, ok := strings.Cut(s, "/")
+	t, terr := time.Parse(time.RFC3339Nano, at)
+	n, nerr := strconv.ParseInt(id, 10, 64)
+	if !ok || terr != nil || nerr != nil {
+		return nil, &InputError{Field: field, Rule: fmt.Sprintf("must be a cursor a page of rows gave (time/id); is %q", s)}
+	}
+	return &RowCursor{At: t, ID: n}, nil
 }
 
 // RowSummary is one row as [Outbox.Rows] lists it: what a list shows, the

@@ -115,3 +115,19 @@ func TestRowsListsAQueuesRowsByState(t *testing.T) {
 		}
 	}
 }
+
+// A cursor written as text reads back as itself; other text is refused.
+func TestRowCursorTextReadsBack(t *testing.T) {
+	t.Parallel()
+	c := RowCursor{At: time.Date(2026, 12, 7, 16, 6, 55, 31896000, time.UTC), ID: -42}
+	got, err := ParseRowCursor("after", c.String())
+	if err != nil || !got.At.Equal(c.At) || got.ID != c.ID {
+		t.Errorf("ParseRowCursor(%q) = %+v, %v; want %+v", c.String(), got, err, c)
+	}
+	for _, s := range []string{"", "nonsense", "2026-12-07T16:06:55Z", "2026-12-07T16:06:55Z/x", "x/1"} {
+		var ie *InputError
+		if _, err := ParseRowCursor("after", s); !errors.As(err, &ie) || ie.Field != "after" {
+			t.Errorf("ParseRowCursor(%q) = %v; want an *InputError for after", s, err)
+		}
+	}
+}

@@ -63,13 +63,9 @@ func rowsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	}
 	q := outbox.RowQuery{Queue: *queue, State: *state, Key: *key, Newest: *newest, Limit: *limit}
 	if *after != "" {
-		at, id, ok := strings.Cut(*after, "/")
-		t, terr := time.Parse(time.RFC3339Nano, at)
-		n, nerr := strconv.ParseInt(id, 10, 64)
-		if !ok || terr != nil || nerr != nil {
-			return fmt.Errorf("%w: rows: -after %q is not what a page printed", errUsage, *after)
+		if q.After, err = outbox.ParseRowCursor("-after", *after); err != nil {
+			return usageIfInput(err)
 		}
-		q.After = &outbox.RowCursor{At: t, ID: n}
 	}
 	t, err := conn.openOutbox(ctx, "rows", getenv, stdout, stderr, *asJSON)
 	if err != nil {
@@ -82,7 +78,7 @@ func rowsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	}
 	hint := ""
 	if next != nil {
-		hint = fmt.Sprintf("more rows: rerun with -after %s/%d\n", next.At.Format(time.RFC3339Nano), next.ID)
+		hint = fmt.Sprintf("more rows: rerun with -after %s\n", next)
 	}
 	if *asJSON {
 		fmt.Fprint(stderr, hint)
