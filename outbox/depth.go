@@ -211,7 +211,7 @@ func (o *Outbox) estimateDepths(ctx context.Context, ds []QueueDepth) error {
 // count stopping at limit, and returns the depths of both in order of
 // name.
 func addRingDepths(out []QueueDepth, rows []db.RingQueueDepthsRow, limit int64) []QueueDepth {
-	return addByQueue(out, rows, func(d *QueueDepth) *string { return &d.Queue }, func(d *QueueDepth, r db.RingQueueDepthsRow) {
+	return addByQueue(out, rows, ringRowQueue, func(d *QueueDepth) *string { return &d.Queue }, func(d *QueueDepth, r db.RingQueueDepthsRow) {
 		d.Ready = min(d.Ready+r.Ready, limit)
 		d.Scheduled = min(d.Scheduled+r.Scheduled, limit)
 		d.OldestReadyWait = max(d.OldestReadyWait, dbx.Seconds(r.OldestReadyWaitSeconds))
@@ -219,10 +219,11 @@ func addRingDepths(out []QueueDepth, rows []db.RingQueueDepthsRow, limit int64) 
 	})
 }
 
-// addByQueue adds each of rows, the ring's rows still to be read of a
-// queue, to the element of out (in order of queue name) that queue names,
-// or to a new one of that queue, and returns out in order of queue name.
-func addByQueue[T any](out []T, rows []db.RingQueueDepthsRow, queue func(*T) *string, add func(*T, db.RingQueueDepthsRow)) []T {
+// addByQueue adds each of rows (the ring's rows still to be read of a
+// queue, a queue's pause), whose queue rowQueue names, to the element of
+// out (in order of queue name) that queue names, or to a new one of that
+// queue, and returns out in order of queue name.
+func addByQueue[T, R any](out []T, rows []R, rowQueue func(R) string, queue func(*T) *string, add func(*T, R)) []T {
 	if len(rows) == 0 {
 		return out
 	}
@@ -231,11 +232,11 @@ func addByQueue[T any](out []T, rows []db.RingQueueDepthsRow, queue func(*T) *st
 		at[*queue(&out[i])] = i
 	}
 	for _, r := range rows {
-		i, ok := at[r.Queue]
+		i, ok := at[rowQueue(r)]
 		if !ok {
 			i = len(out)
 			var t T
-			*queue(&t) = r.Queue
+			*queue(&t) = rowQueue(r)
 			out = append(out, t)
 		}
 		add(&out[i], r)
@@ -243,6 +244,9 @@ func addByQueue[T any](out []T, rows []db.RingQueueDepthsRow, queue func(*T) *st
 	slices.SortFunc(out, func(a, b T) int { return strings.Compare(*queue(&a), *queue(&b)) })
 	return out
 }
+
+// ringRowQueue is the queue of a ring's depth row, for addByQueue.
+func ringRowQueue(r db.RingQueueDepthsRow) string { return r.Queue }
 
 // ringDepths reads, with q in a transaction of the depths' plan settings
 // (DepthPlanSettings), the depths of the ring's rows still to be read,

@@ -98,7 +98,8 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 			HandOffs: r.HandOffs,
 		}
 	}
-	out = addByQueue(out, ring, func(s *QueueStats) *string { return &s.Queue }, func(s *QueueStats, r db.RingQueueDepthsRow) {
+	statsQueue := func(s *QueueStats) *string { return &s.Queue }
+	out = addByQueue(out, ring, ringRowQueue, statsQueue, func(s *QueueStats, r db.RingQueueDepthsRow) {
 		s.Ready += r.Ready
 		s.Scheduled += r.Scheduled
 		s.OldestAge = max(s.OldestAge, dbx.Seconds(r.OldestAgeSeconds))
@@ -107,7 +108,10 @@ func (o *Outbox) QueueStats(ctx context.Context) ([]QueueStats, error) {
 	if err != nil {
 		return nil, err
 	}
-	return withPauses(out, paused), nil
+	// A paused queue is listed even without rows.
+	return addByQueue(out, paused, func(p QueuePause) string { return p.Queue }, statsQueue, func(s *QueueStats, p QueuePause) {
+		s.Paused = &p
+	}), nil
 }
 
 // OutboxName names an outbox: the schema and the table of its rows.

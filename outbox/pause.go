@@ -2,8 +2,6 @@ package outbox
 
 import (
 	"context"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/outboxgen/outboxgen/db"
@@ -85,20 +83,4 @@ func (o *Outbox) PausedQueues(ctx context.Context) ([]QueuePause, error) {
 		out[i] = QueuePause(r)
 	}
 	return out, nil
-}
-
-// withPauses sets the pause of each queue of stats that ps (in name
-// order) pauses, and adds the paused queues stats lacks, in name order.
-func withPauses(stats []QueueStats, ps []QueuePause) []QueueStats {
-	if len(ps) == 0 {
-		return stats
-	}
-	for _, p := range ps {
-		i, found := slices.BinarySearchFunc(stats, p.Queue, func(s QueueStats, q string) int { return strings.Compare(s.Queue, q) })
-		if !found {
-			stats = slices.Insert(stats, i, QueueStats{Queue: p.Queue})
-		}
-		stats[i].Paused = &p
-	}
-	return stats
 }
