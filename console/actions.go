@@ -126,7 +126,7 @@ func parseDeadTarget(form url.Values) (target, error) {
 	t.filter = f
 	t.fields["scope"] = []string{"filter"}
 	var parts []string
-	for _, p := range [][3]string{{"q", ff.Queue, "queue %q"}, {"reason", ff.Reason, "reason %s"}, {"older", ff.Older, "failed over %s ago"}} {
+	for _, p := range [][3]string{{"q", ff.Queue, "queue %q"}, {"reason", ff.Reason, "reason %s"}, {"cause", ff.Cause, "cause %q"}, {"older", ff.Older, "failed over %s ago"}} {
 		if p[1] != "" {
 			t.fields.Set(p[0], p[1])
 			parts = append(parts, fmt.Sprintf(p[2], p[1]))

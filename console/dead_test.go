@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/outboxgen/outboxgen/outbox"
 )
 
 var previewRE = regexp.MustCompile(`<td class="preview mono">([^<]*)</td>`)
@@ -46,7 +48,7 @@ func TestDeadLettersPageShowsWhyTheyFailed(t *testing.T) {
 		t.Fatalf("DeadLetterCauses: %v, %v", causes, err)
 	}
 	c := causes[0]
-	link := html.EscapeString(s.base + "/dead?" + url.Values{"q": {c.Queue}, "reason": {c.Reason}}.Encode())
+	link := strings.ReplaceAll(html.EscapeString(s.base+"/dead?"+url.Values{"q": {c.Queue}, "reason": {c.Reason}, "cause": {c.Cause}}.Encode()), "+", "&#43;")
 	if !strings.Contains(body, `<a href="`+link+`"`) || !strings.Contains(body, html.EscapeString(c.Cause)) {
 		t.Errorf("the largest cause %+v is not on the page with its link %s:\n%s", c, link, body)
 	}
@@ -64,5 +66,65 @@ func TestDeadLettersPageShowsWhyTheyFailed(t *testing.T) {
 	}
 	if body := s.page(s.base + "/dead?before=2"); strings.Contains(body, `<table id="causes">`) {
 		t.Errorf("a next page shows the causes again")
+	}
+}
+
+var (
+	causeFormRE = regexp.MustCompile(`(?s)<form class="replay-cause" method="post" action="[^"]*">(.*?)</form>`)
+	inputRE     = regexp.MustCompile(`<input type="hidden" name="(\w+)" value="([^"]*)">`)
+)
+
+// A cause's group links every dead letter of its cause (not only the
+// sample's), and "Replay all…" beside it replays exactly those, through
+// the count, the dry run and the confirmation.
+func TestReplayACauseFromTheDeadLettersPage(t *testing.T) {
+	t.Parallel()
+	s := newSite(t, Config{Actions: true})
+	s.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason, last_error)
+		SELECT i, 'orders', '\x00', 1, 1, now(), 'retry_exhausted',
+		       CASE WHEN i <= 3 THEN format('order %s timed out', 100 + i) ELSE format('sku %s missing', i) END
+		FROM generate_series(1, 5) AS i`)
+	body := s.page(s.base + "/dead")
+	var form url.Values
+	for _, m := range causeFormRE.FindAllStringSubmatch(body, -1) {
+		f := url.Values{}
+		for _, in := range inputRE.FindAllStringSubmatch(m[1], -1) {
+			f.Set(in[1], html.UnescapeString(in[2]))
+		}
+		if f.Get("cause") == "order # timed out" {
+			form = f
+		}
+	}
+	if form == nil {
+		t.Fatalf("no replay form for the cause %q:\n%s", "order # timed out", body)
+	}
+	// Its rows, and no other.
+	rows := s.page(s.base + "/dead?" + url.Values{"q": {"orders"}, "reason": {"retry_exhausted"}, "cause": {"order # timed out"}}.Encode())
+	var ids []string
+	for _, m := range regexp.MustCompile(`<tr class="dead" data-id="(\d+)">`).FindAllStringSubmatch(rows, -1) {
+		ids = append(ids, m[1])
+	}
+	if diff := cmp.Diff([]string{"3", "2", "1"}, ids); diff != "" {
+		t.Errorf("the cause's rows (-want +got):\n%s", diff)
+	}
+	for _, st := range []struct{ step, want string }{
+		{"", `The dead letters of queue &#34;orders&#34;, reason retry_exhausted, cause &#34;order # timed out&#34;: 3 rows.`},
+		{"dry-run", "Dry run: 3 rows would go back to the outbox"},
+		{"confirm", "Replayed 3 dead letters"},
+	} {
+		if st.step != "" {
+			form.Set("step", st.step)
+		}
+		code, body := s.post(s.base+"/dead/replay", form)
+		if code != 200 || !strings.Contains(body, st.want) {
+			t.Fatalf("step %q: %d %q; want %q", st.step, code, errorText(body), st.want)
+		}
+		if m := regexp.MustCompile(`name="upto" value="([^"]+)"`).FindStringSubmatch(body); m != nil {
+			form.Set("upto", m[1])
+			form.Set("expect", regexp.MustCompile(`name="expect" value="([^"]+)"`).FindStringSubmatch(body)[1])
+		}
+	}
+	if n := s.countDead(outbox.DeadLetterFilter{}); n != 2 {
+		t.Errorf("after replaying the cause, %d dead letters; want the other cause's 2", n)
 	}
 }

@@ -102,11 +102,20 @@ func (fx *fixture) pages(tb testing.TB, h http.Handler) []page {
 		ps = append(ps, page{"dead/older/" + o.Value, base + "/dead?older=" + o.Value, `id="next"`})
 	}
 	ps = append(ps, page{"dead/queue+reason+older", base + "/dead?q=billing&reason=decode_error&older=168h", `id="next"`})
-	next := regexp.MustCompile(`id="next" href="([^"]+)"`).FindStringSubmatch(get(tb, h, base+"/dead", `id="next"`))
+	first := get(tb, h, base+"/dead", `id="next"`)
+	next := regexp.MustCompile(`id="next" href="([^"]+)"`).FindStringSubmatch(first)
 	if next == nil {
 		tb.Fatal("the first page of dead letters links no next page")
 	}
+	// The largest cause's and the smallest's dead letters, as their links
+	// in "Why they failed" give them.
+	causes := regexp.MustCompile(`<td class="rows num"><a href="([^"]+)"`).FindAllStringSubmatch(first, -1)
+	if len(causes) < 2 {
+		tb.Fatal("the first page of dead letters links fewer than two causes")
+	}
 	ps = append(ps,
+		page{"dead/cause/largest", html.UnescapeString(causes[0][1]), `id="dead"`},
+		page{"dead/cause/smallest", html.UnescapeString(causes[len(causes)-1][1]), `id="dead"`},
 		page{"dead/next", html.UnescapeString(next[1]), `id="dead"`},
 		page{"deadletter", base + "/dead/" + id(fx.Dead), `id="meta"`},
 		page{"row/present", base + "/row?id=" + id(fx.Present), `id="row"`},

@@ -431,14 +431,14 @@ const (
 
 // filterForm is a dead-letter filter as its form fields hold it.
 type filterForm struct {
-	Queue, Reason, Older string
-	IDs                  []int64
+	Queue, Reason, Cause, Older string
+	IDs                         []int64
 }
 
 // filter parses the form fields of a dead-letter filter.
 func parseFilter(v url.Values) (filterForm, outbox.DeadLetterFilter, error) {
-	ff := filterForm{Queue: v.Get("q"), Reason: v.Get("reason"), Older: v.Get("older")}
-	f := outbox.DeadLetterFilter{Queue: ff.Queue, Reason: ff.Reason}
+	ff := filterForm{Queue: v.Get("q"), Reason: v.Get("reason"), Cause: v.Get("cause"), Older: v.Get("older")}
+	f := outbox.DeadLetterFilter{Queue: ff.Queue, Reason: ff.Reason, Cause: ff.Cause}
 	if ff.Older != "" {
 		d, err := time.ParseDuration(ff.Older)
 		if err != nil || d < 0 {
@@ -488,7 +488,7 @@ func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, rq *request) 
 	d.Rows = rows
 	if r.URL.Query().Get("before") == "" {
 		d.Contains, d.SampleSize = r.URL.Query().Get("error"), deadCauseSample
-		for _, k := range []string{"q", "reason", "older"} {
+		for _, k := range []string{"q", "reason", "cause", "older"} {
 			if v := r.URL.Query().Get(k); v != "" {
 				d.Search = append(d.Search, [2]string{k, v})
 			}
@@ -501,7 +501,7 @@ func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, rq *request) 
 		}
 		d.Sampled = sampled
 		for _, cs := range causes {
-			q := url.Values{"q": {cs.Queue}, "reason": {cs.Reason}}
+			q := url.Values{"q": {cs.Queue}, "reason": {cs.Reason}, "cause": {cs.Cause}}
 			d.Causes = append(d.Causes, causeRow{DeadLetterCause: cs, Rows: rq.base + "/dead?" + q.Encode(), Newest: d.Link(cs.NewestID)})
 		}
 	}

@@ -17,14 +17,16 @@ SELECT count(*)::bigint AS total, coalesce(max(x.id), -9223372036854775808)::big
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($1::text IS NULL OR x.queue = $1::text)
   AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND ($3::bigint[] IS NULL OR x.id = ANY($3::bigint[]))
-  AND ($4::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $4::float8))
-  AND x.id <= $5::bigint
+  AND ($3::text IS NULL OR regexp_replace(regexp_replace(coalesce(x.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = $3::text)
+  AND ($4::bigint[] IS NULL OR x.id = ANY($4::bigint[]))
+  AND ($5::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $5::float8))
+  AND x.id <= $6::bigint
 `
 
 type CountDeadLettersParams struct {
 	Queue            *string
 	Reason           *string
+	Cause            *string
 	Ids              []int64
 	OlderThanSeconds float64
 	UpToID           int64
@@ -43,6 +45,7 @@ func (q *Queries) CountDeadLetters(ctx context.Context, arg CountDeadLettersPara
 	row := q.db.QueryRow(ctx, countDeadLetters,
 		arg.Queue,
 		arg.Reason,
+		arg.Cause,
 		arg.Ids,
 		arg.OlderThanSeconds,
 		arg.UpToID,
@@ -247,16 +250,18 @@ SELECT x.id, x.queue, x.payload, octet_length(x.payload)::bigint AS payload_size
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($1::text IS NULL OR x.queue = $1::text)
   AND ($2::text IS NULL OR x.failure_reason = $2::text)
-  AND ($3::bigint[] IS NULL OR x.id = ANY($3::bigint[]))
-  AND ($4::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $4::float8))
-  AND x.id > $5::bigint
+  AND ($3::text IS NULL OR regexp_replace(regexp_replace(coalesce(x.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = $3::text)
+  AND ($4::bigint[] IS NULL OR x.id = ANY($4::bigint[]))
+  AND ($5::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $5::float8))
+  AND x.id > $6::bigint
 ORDER BY x.id
-LIMIT $6::integer
+LIMIT $7::integer
 `
 
 type ListDeadLettersParams struct {
 	Queue            *string
 	Reason           *string
+	Cause            *string
 	Ids              []int64
 	OlderThanSeconds float64
 	AfterID          int64
@@ -279,8 +284,8 @@ type ListDeadLettersRow struct {
 	LastError       *string
 }
 
-// Dead-lettered rows matching the optional filters (a queue, a reason, an
-// age, a set of ids) with ids above
+// Dead-lettered rows matching the optional filters (a queue, a reason, a
+// cause as DeadLetterCauses writes it, an age, a set of ids) with ids above
 // @after_id, in id order. An @older_than_seconds of 0 selects rows of
 // every age, also one whose failed_at another client wrote in the future;
 // the statements below filter the same way. Timestamps are read within
@@ -290,6 +295,7 @@ func (q *Queries) ListDeadLetters(ctx context.Context, arg ListDeadLettersParams
 	rows, err := q.db.Query(ctx, listDeadLetters,
 		arg.Queue,
 		arg.Reason,
+		arg.Cause,
 		arg.Ids,
 		arg.OlderThanSeconds,
 		arg.AfterID,
@@ -339,17 +345,19 @@ SELECT x.id, x.queue,
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE ($2::text IS NULL OR x.queue = $2::text)
   AND ($3::text IS NULL OR x.failure_reason = $3::text)
-  AND ($4::bigint[] IS NULL OR x.id = ANY($4::bigint[]))
-  AND ($5::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $5::float8))
-  AND x.id < $6::bigint
+  AND ($4::text IS NULL OR regexp_replace(regexp_replace(coalesce(x.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = $4::text)
+  AND ($5::bigint[] IS NULL OR x.id = ANY($5::bigint[]))
+  AND ($6::float8 = 0 OR x.failed_at <= now() - make_interval(secs => $6::float8))
+  AND x.id < $7::bigint
 ORDER BY x.id DESC
-LIMIT $7::integer
+LIMIT $8::integer
 `
 
 type ListDeadLettersNewestParams struct {
 	PayloadBytes     int32
 	Queue            *string
 	Reason           *string
+	Cause            *string
 	Ids              []int64
 	OlderThanSeconds float64
 	BeforeID         int64
@@ -384,6 +392,7 @@ func (q *Queries) ListDeadLettersNewest(ctx context.Context, arg ListDeadLetters
 		arg.PayloadBytes,
 		arg.Queue,
 		arg.Reason,
+		arg.Cause,
 		arg.Ids,
 		arg.OlderThanSeconds,
 		arg.BeforeID,
@@ -439,12 +448,13 @@ WITH picked AS (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE ($2::text IS NULL OR y.queue = $2::text)
       AND ($3::text IS NULL OR y.failure_reason = $3::text)
-      AND ($4::bigint[] IS NULL OR y.id = ANY($4::bigint[]))
-      AND ($5::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $5::float8))
+      AND ($4::text IS NULL OR regexp_replace(regexp_replace(coalesce(y.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = $4::text)
+      AND ($5::bigint[] IS NULL OR y.id = ANY($5::bigint[]))
+      AND ($6::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $6::float8))
       AND y.id > $1::bigint
-      AND y.id <= $6::bigint
+      AND y.id <= $7::bigint
     ORDER BY y.id
-    LIMIT $7::integer
+    LIMIT $8::integer
 ), deleted AS (
     DELETE FROM /*outbox:table*/outbox_dlq AS x
     USING picked AS p
@@ -460,6 +470,7 @@ type PurgeDeadLettersParams struct {
 	AfterID          int64
 	Queue            *string
 	Reason           *string
+	Cause            *string
 	Ids              []int64
 	OlderThanSeconds float64
 	UpToID           int64
@@ -482,6 +493,7 @@ func (q *Queries) PurgeDeadLetters(ctx context.Context, arg PurgeDeadLettersPara
 		arg.AfterID,
 		arg.Queue,
 		arg.Reason,
+		arg.Cause,
 		arg.Ids,
 		arg.OlderThanSeconds,
 		arg.UpToID,
@@ -498,12 +510,13 @@ WITH locked AS MATERIALIZED (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE ($1::text IS NULL OR y.queue = $1::text)
       AND ($2::text IS NULL OR y.failure_reason = $2::text)
-      AND ($3::bigint[] IS NULL OR y.id = ANY($3::bigint[]))
-      AND ($4::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $4::float8))
-      AND y.id > $5::bigint
-      AND y.id <= $6::bigint
+      AND ($3::text IS NULL OR regexp_replace(regexp_replace(coalesce(y.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = $3::text)
+      AND ($4::bigint[] IS NULL OR y.id = ANY($4::bigint[]))
+      AND ($5::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $5::float8))
+      AND y.id > $6::bigint
+      AND y.id <= $7::bigint
     ORDER BY y.id
-    LIMIT $7::integer
+    LIMIT $8::integer
     FOR UPDATE SKIP LOCKED
 ), picked AS MATERIALIZED (
     SELECT l.id, l.queue, l.timer_id,
@@ -518,13 +531,13 @@ WITH locked AS MATERIALIZED (
 ), moved AS (
     DELETE FROM /*outbox:table*/outbox_dlq AS x
     USING picked AS p
-    WHERE x.id = p.id AND (NOT p.conflict OR $8::boolean)
+    WHERE x.id = p.id AND (NOT p.conflict OR $9::boolean)
     RETURNING x.id, x.queue, x.payload,
               CASE WHEN x.headers IS NULL OR jsonb_typeof(x.headers) = 'object' THEN
                   coalesce(x.headers, '{}'::jsonb) || jsonb_build_object(
-                      $9::text, x.id::text,
-                      $10::text, coalesce(
-                          x.headers ->> $10::text,
+                      $10::text, x.id::text,
+                      $11::text, coalesce(
+                          x.headers ->> $11::text,
                           to_char(x.failed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
               ELSE x.headers END AS headers,
               x.ordering_key,
@@ -545,6 +558,7 @@ ORDER BY p.id
 type ReplayDeadLettersParams struct {
 	Queue               *string
 	Reason              *string
+	Cause               *string
 	Ids                 []int64
 	OlderThanSeconds    float64
 	AfterID             int64
@@ -581,6 +595,7 @@ func (q *Queries) ReplayDeadLetters(ctx context.Context, arg ReplayDeadLettersPa
 	rows, err := q.db.Query(ctx, replayDeadLetters,
 		arg.Queue,
 		arg.Reason,
+		arg.Cause,
 		arg.Ids,
 		arg.OlderThanSeconds,
 		arg.AfterID,
@@ -621,9 +636,10 @@ WITH timed AS (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE ($1::text IS NULL OR y.queue = $1::text)
       AND ($2::text IS NULL OR y.failure_reason = $2::text)
-      AND ($3::bigint[] IS NULL OR y.id = ANY($3::bigint[]))
-      AND ($4::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $4::float8))
-      AND y.id <= $5::bigint
+      AND ($3::text IS NULL OR regexp_replace(regexp_replace(coalesce(y.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = $3::text)
+      AND ($4::bigint[] IS NULL OR y.id = ANY($4::bigint[]))
+      AND ($5::float8 = 0 OR y.failed_at <= now() - make_interval(secs => $5::float8))
+      AND y.id <= $6::bigint
       AND y.timer_id IS NOT NULL
 )
 SELECT t.id, t.queue, t.timer_id::text AS timer_id
@@ -639,6 +655,7 @@ ORDER BY t.id
 type ReplayTimerConflictsParams struct {
 	Queue            *string
 	Reason           *string
+	Cause            *string
 	Ids              []int64
 	OlderThanSeconds float64
 	UpToID           int64
@@ -661,6 +678,7 @@ func (q *Queries) ReplayTimerConflicts(ctx context.Context, arg ReplayTimerConfl
 	rows, err := q.db.Query(ctx, replayTimerConflicts,
 		arg.Queue,
 		arg.Reason,
+		arg.Cause,
 		arg.Ids,
 		arg.OlderThanSeconds,
 		arg.UpToID,

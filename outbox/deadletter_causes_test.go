@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -58,5 +59,71 @@ func TestDeadLetterCausesGroupsTheNewestDeadLettersByWhyTheyFailed(t *testing.T)
 		if _, _, err := e.ob.DeadLetterCauses(e.ctx, &o); !errors.As(err, &ie) {
 			t.Errorf("DeadLetterCauses(%+v) = %v; want an *InputError", o, err)
 		}
+	}
+}
+
+func TestACauseSelectsEveryDeadLetterOfItToListCountReplayAndPurge(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// Ten dead letters: six of one cause (two beyond a sample of the
+	// newest four), four of another, in the same queue and reason.
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason, last_error)
+		SELECT i, 'orders', '\x00', 1, 1, now(), 'retry_exhausted',
+		       CASE WHEN i % 5 IN (1, 2) OR i IN (3, 10) THEN format('payments: order %s timed out after %ss', 4200 + i, i)
+		            ELSE format('stock: sku %s missing', md5(i::text)) END
+		FROM generate_series(1, 10) AS i`)
+	causes, _, err := e.ob.DeadLetterCauses(e.ctx, &DeadLetterCauseOptions{Sample: 4})
+	if err != nil || len(causes) == 0 {
+		t.Fatalf("DeadLetterCauses = %+v, %v", causes, err)
+	}
+	var timedOut DeadLetterCause
+	for _, c := range causes {
+		if strings.HasPrefix(c.Cause, "payments:") {
+			timedOut = c
+		}
+	}
+	if timedOut.Cause != "payments: order # timed out after #s" {
+		t.Fatalf("causes of the newest 4 = %+v; want the timeouts' among them", causes)
+	}
+	f := DeadLetterFilter{Queue: "orders", Reason: ReasonRetryExhausted, Cause: timedOut.Cause}
+	want := []int64{1, 2, 3, 6, 7, 10} // not only the sample's
+	rows, err := e.ob.DeadLetters(e.ctx, f, 0, 100)
+	if err != nil {
+		t.Fatalf("DeadLetters: %v", err)
+	}
+	var got []int64
+	for _, r := range rows {
+		got = append(got, r.ID)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("DeadLetters of the cause (-want +got):\n%s", diff)
+	}
+	if n, err := e.ob.CountDeadLetters(e.ctx, f); n != 6 || err != nil {
+		t.Errorf("CountDeadLetters of the cause = %d, %v; want 6", n, err)
+	}
+	dry, err := e.ob.ReplayDeadLetters(e.ctx, f, &ReplayOpts{DryRun: true})
+	if err != nil || dry.Matched != 6 || dry.UpToID != 10 || dry.Replayed != 6 {
+		t.Errorf("dry run of the cause's replay = %+v, %v; want 6 matched up to id 10", dry, err)
+	}
+	f.UpToID = &dry.UpToID
+	res, err := e.ob.ReplayDeadLetters(e.ctx, f, nil)
+	if err != nil || res.Replayed != 6 {
+		t.Errorf("replay of the cause = %+v, %v; want 6 replayed", res, err)
+	}
+	if n := e.countWhere("queue = 'orders'"); n != 6 {
+		t.Errorf("the outbox holds %d rows of orders after the replay; want the cause's 6", n)
+	}
+	// The other cause is left, and a purge by its cause takes it whole.
+	left, err := e.ob.DeadLetters(e.ctx, DeadLetterFilter{}, 0, 100)
+	if err != nil || len(left) != 4 {
+		t.Fatalf("dead letters left = %d, %v; want the other cause's 4", len(left), err)
+	}
+	purged, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{Cause: "stock: sku # missing"}, nil)
+	if err != nil || purged.Deleted != 4 {
+		t.Errorf("purge of the other cause = %+v, %v; want 4 deleted", purged, err)
+	}
+	var ie *InputError
+	if _, err := e.ob.CountDeadLetters(e.ctx, DeadLetterFilter{Cause: "a\x00b"}); !errors.As(err, &ie) || ie.Field != "DeadLetterFilter.Cause" {
+		t.Errorf("CountDeadLetters with a NUL in the cause = %v; want an *InputError for DeadLetterFilter.Cause", err)
 	}
 }

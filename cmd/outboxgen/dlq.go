@@ -23,7 +23,7 @@ import (
 const dlqUsage = `Usage: outboxgen dlq list|show ID|replay|purge|causes [flags]
 
 Operates on the outbox's dead-letter table:
-  list     rows in id order, filtered by -queue, -reason, -older-than;
+  list     rows in id order, filtered by -queue, -reason, -cause, -older-than;
            -limit rows a page, the next page with -after the last id
   show ID  one row in full, payload included
   replay   moves the matching rows back into the outbox (new ids, attempts
@@ -31,12 +31,14 @@ Operates on the outbox's dead-letter table:
            and first-failed-at: when it first failed); a row is always in
            exactly one table. A row whose timer id is live in the outbox
            stays and is listed; -drop-timer-ids replays it without its
-           timer id instead. Needs -queue, -reason or -older-than, or -yes
+           timer id instead. Needs -queue, -reason, -cause or -older-than, or -yes
            to replay every row
   purge    deletes the matching rows; needs -older-than or -yes
   causes   why the newest -sample dead letters (of -queue) failed: groups
            by queue, reason and last error with numbers and ids as #,
-           the largest first (-limit groups), each with its newest row
+           the largest first (-limit groups), each with its newest row;
+           -cause with a group's cause (-json prints it whole) lists,
+           replays or purges every dead letter of that cause
 
 replay and purge work in batches (500 and 1,000 rows) in id order, each
 committed on its own, with progress on stderr: interrupted, they have
@@ -57,6 +59,7 @@ Examples:
   outboxgen dlq replay -queue orders.created -reason retry_exhausted -up-to 90412 -expect 2499
   outboxgen dlq purge -older-than 720h
   outboxgen dlq causes -queue orders.created
+  outboxgen dlq replay -queue orders.created -reason retry_exhausted -cause 'order # timed out after #s' -dry-run
 
 Flags:
 `
@@ -69,6 +72,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	conn := connFlags(fs)
 	queue := fs.String("queue", "", "only rows of this queue")
 	reason := fs.String("reason", "", "only rows with this reason: max_deliveries, retry_exhausted, rejected, decode_error")
+	cause := fs.String("cause", "", "list, replay, purge: only rows whose last error is this cause, as causes prints it (numbers and ids as #)")
 	olderThan := fs.Duration("older-than", 0, "only rows dead-lettered at least this long ago")
 	limit := fs.Int("limit", 100, "list: at most this many rows; causes: at most this many groups")
 	after := fs.Int64("after", 0, "list: only rows with ids above this one (the next page after -limit rows); default: from the lowest id")
@@ -106,12 +110,12 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if err := noArgs(rest, "dlq "+sub); err != nil {
 		return err
 	}
-	filter := outbox.DeadLetterFilter{Queue: *queue, Reason: *reason, OlderThan: *olderThan}
+	filter := outbox.DeadLetterFilter{Queue: *queue, Reason: *reason, Cause: *cause, OlderThan: *olderThan}
 	if sub == "purge" && *olderThan == 0 && !*yes {
 		return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
 	}
-	if sub == "replay" && *queue == "" && *reason == "" && *olderThan == 0 && !*yes && !*dryRun {
-		return fmt.Errorf("%w: dlq replay: pass -queue, -reason or -older-than to choose rows, -dry-run to count them, or -yes to replay every dead-lettered row", errUsage)
+	if sub == "replay" && *queue == "" && *reason == "" && *cause == "" && *olderThan == 0 && !*yes && !*dryRun {
+		return fmt.Errorf("%w: dlq replay: pass -queue, -reason, -cause or -older-than to choose rows, -dry-run to count them, or -yes to replay every dead-lettered row", errUsage)
 	}
 	if *errorContains != "" && sub != "causes" {
 		return fmt.Errorf("%w: dlq %s: -contains is causes'", errUsage, sub)
@@ -153,8 +157,8 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 
 	switch sub {
 	case "causes":
-		if *reason != "" || *olderThan != 0 {
-			return fmt.Errorf("%w: dlq causes: groups the newest dead letters of -queue (or every queue); -reason and -older-than are not its", errUsage)
+		if *reason != "" || *cause != "" || *olderThan != 0 {
+			return fmt.Errorf("%w: dlq causes: groups the newest dead letters of -queue (or every queue); -reason, -cause and -older-than are not its", errUsage)
 		}
 		groups := min(*limit, outbox.DeadLetterCauseLimitMax)
 		causes, sampled, err := ob.DeadLetterCauses(ctx, &outbox.DeadLetterCauseOptions{Queue: *queue, Sample: *sample, Limit: groups,
@@ -185,7 +189,13 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d (%s)\n", c.Rows, cell(c.Queue), cell(c.Reason), clip(lastErrorCell(cause), 80), c.NewestID,
 				c.NewestFailedAt.Format(time.RFC3339))
 		}
-		return w.Flush()
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		c := causes[0]
+		fmt.Fprintf(stdout, "a group's dead letters, all of them: dlq list|replay|purge -queue %s -reason %s -cause %s (-json prints each cause whole)\n",
+			shellQuote(c.Queue), c.Reason, shellQuote(c.Cause))
+		return nil
 	case "list":
 		// One row more than asked says whether another page exists.
 		rows, err := ob.DeadLetters(ctx, filter, from, *limit+1)

@@ -128,7 +128,7 @@ func TestDLQUsageErrors(t *testing.T) {
 		{[]string{"dlq", "lsit"}, 2, `unknown command "lsit"; did you mean "list"?`},
 		{[]string{"dlq", "list", "-dry-run"}, 2, "-dry-run is replay's and purge's"},
 		{[]string{"dlq", "purge", "-yes", "-expect", "3"}, 2, "-expect needs -up-to"},
-		{[]string{"dlq", "replay"}, 2, "pass -queue, -reason or -older-than"},
+		{[]string{"dlq", "replay"}, 2, "pass -queue, -reason, -cause or -older-than"},
 		{[]string{"dlq", "list", "-limit", "0"}, 2, "-limit must be between 1 and 100000"},
 		{[]string{"dlq", "list", "-limit", "100001"}, 2, "-limit must be between 1 and 100000"},
 		{[]string{"dlq", "list"}, 1, "dlq list: cannot reach nobody@127.0.0.1:1/none"},
@@ -316,9 +316,10 @@ func TestDLQCauses(t *testing.T) {
 	}
 	r := runCLI(t, env, append([]string{"dlq", "causes"}, flags...)...)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	if r.code != 0 || len(lines) != 5 || !strings.HasSuffix(lines[1], "the newest 3 dead letters, by cause:") ||
+	if r.code != 0 || len(lines) != 6 || !strings.HasSuffix(lines[1], "the newest 3 dead letters, by cause:") ||
 		!regexp.MustCompile(`^2 +orders +retry_exhausted +order # timed out +2 \(`).MatchString(lines[3]) ||
-		!regexp.MustCompile(`^1 +orders +rejected +unknown customer # +3 \(`).MatchString(lines[4]) {
+		!regexp.MustCompile(`^1 +orders +rejected +unknown customer # +3 \(`).MatchString(lines[4]) ||
+		!strings.HasPrefix(lines[5], `a group's dead letters, all of them: dlq list|replay|purge -queue 'orders' -reason retry_exhausted -cause 'order # timed out' `) {
 		t.Fatalf("dlq causes: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r = runCLI(t, env, append([]string{"dlq", "causes", "-json", "-sample", "1"}, flags...)...)
@@ -331,7 +332,7 @@ func TestDLQCauses(t *testing.T) {
 		t.Fatalf("dlq causes -json -sample 1: exit %d %q %q (%v)", r.code, r.stdout, r.stderr, err)
 	}
 	r = runCLI(t, env, append([]string{"dlq", "causes", "-contains", "TIMED out"}, flags...)...)
-	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); r.code != 0 || len(lines) != 4 ||
+	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); r.code != 0 || len(lines) != 5 ||
 		!strings.Contains(lines[1], `those whose last error holds "TIMED out"`) || !strings.HasPrefix(lines[3], "2 ") {
 		t.Fatalf("dlq causes -contains: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -344,5 +345,30 @@ func TestDLQCauses(t *testing.T) {
 	}
 	if r := runCLI(t, env, append([]string{"dlq", "causes", "-reason", "rejected"}, flags...)...); r.code != 2 {
 		t.Errorf("dlq causes -reason: exit %d, want 2: %s", r.code, r.stderr)
+	}
+	// The command it prints lists and replays that cause's dead letters,
+	// and the other's stay.
+	cause := []string{"-queue", "orders", "-reason", "retry_exhausted", "-cause", "order # timed out"}
+	if r := runCLI(t, env, append(append([]string{"dlq", "list", "-json"}, cause...), flags...)...); r.code != 0 ||
+		strings.Count(r.stdout, `"reason": "retry_exhausted"`) != 2 {
+		t.Errorf("dlq list -cause: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(t, env, append(append([]string{"dlq", "replay"}, cause...), flags...)...); r.code != 0 {
+		t.Fatalf("dlq replay -cause: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	var left []int64
+	rows, _ := d.Pool.Query(t.Context(), "SELECT id FROM outbox_dlq ORDER BY id")
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, id)
+	}
+	if diff := cmp.Diff([]int64{3}, left); rows.Err() != nil || diff != "" {
+		t.Errorf("dead letters left after replaying the timeouts (-want +got):\n%s", diff)
+	}
+	if r := runCLI(t, env, append([]string{"dlq", "causes", "-cause", "x"}, flags...)...); r.code != 2 {
+		t.Errorf("dlq causes -cause: exit %d, want 2: %s", r.code, r.stderr)
 	}
 }

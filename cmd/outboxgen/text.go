@@ -39,3 +39,13 @@ func printable(s, allowed string) bool {
 		return !unicode.IsPrint(r) && !strings.ContainsRune(allowed, r)
 	})
 }
+
+// shellQuote is s as one word for a POSIX shell, single-quoted, when it
+// is printable UTF-8; else quoted as a Go string, escapes visible (a
+// command line to read, not to paste).
+func shellQuote(s string) string {
+	if !printable(s, "") {
+		return strconv.Quote(s)
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

@@ -26,8 +26,8 @@ SELECT d.id, d.queue, d.payload, d.headers, d.ordering_key, d.timer_id,
 FROM d;
 
 -- name: ListDeadLetters :many
--- Dead-lettered rows matching the optional filters (a queue, a reason, an
--- age, a set of ids) with ids above
+-- Dead-lettered rows matching the optional filters (a queue, a reason, a
+-- cause as DeadLetterCauses writes it, an age, a set of ids) with ids above
 -- @after_id, in id order. An @older_than_seconds of 0 selects rows of
 -- every age, also one whose failed_at another client wrote in the future;
 -- the statements below filter the same way. Timestamps are read within
@@ -41,6 +41,7 @@ SELECT x.id, x.queue, x.payload, octet_length(x.payload)::bigint AS payload_size
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND (sqlc.narg(cause)::text IS NULL OR regexp_replace(regexp_replace(coalesce(x.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = sqlc.narg(cause)::text)
   AND (sqlc.narg(ids)::bigint[] IS NULL OR x.id = ANY(sqlc.narg(ids)::bigint[]))
   AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
   AND x.id > @after_id::bigint
@@ -67,6 +68,7 @@ WITH locked AS MATERIALIZED (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
       AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
+      AND (sqlc.narg(cause)::text IS NULL OR regexp_replace(regexp_replace(coalesce(y.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = sqlc.narg(cause)::text)
       AND (sqlc.narg(ids)::bigint[] IS NULL OR y.id = ANY(sqlc.narg(ids)::bigint[]))
       AND (@older_than_seconds::float8 = 0 OR y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
       AND y.id > @after_id::bigint
@@ -121,6 +123,7 @@ WITH picked AS (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
       AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
+      AND (sqlc.narg(cause)::text IS NULL OR regexp_replace(regexp_replace(coalesce(y.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = sqlc.narg(cause)::text)
       AND (sqlc.narg(ids)::bigint[] IS NULL OR y.id = ANY(sqlc.narg(ids)::bigint[]))
       AND (@older_than_seconds::float8 = 0 OR y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
       AND y.id > @after_id::bigint
@@ -146,6 +149,7 @@ SELECT count(*)::bigint AS total, coalesce(max(x.id), -9223372036854775808)::big
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND (sqlc.narg(cause)::text IS NULL OR regexp_replace(regexp_replace(coalesce(x.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = sqlc.narg(cause)::text)
   AND (sqlc.narg(ids)::bigint[] IS NULL OR x.id = ANY(sqlc.narg(ids)::bigint[]))
   AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
   AND x.id <= @up_to_id::bigint;
@@ -170,6 +174,7 @@ WITH timed AS (
     FROM /*outbox:table*/outbox_dlq AS y
     WHERE (sqlc.narg(queue)::text IS NULL OR y.queue = sqlc.narg(queue)::text)
       AND (sqlc.narg(reason)::text IS NULL OR y.failure_reason = sqlc.narg(reason)::text)
+      AND (sqlc.narg(cause)::text IS NULL OR regexp_replace(regexp_replace(coalesce(y.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = sqlc.narg(cause)::text)
       AND (sqlc.narg(ids)::bigint[] IS NULL OR y.id = ANY(sqlc.narg(ids)::bigint[]))
       AND (@older_than_seconds::float8 = 0 OR y.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
       AND y.id <= @up_to_id::bigint
@@ -203,6 +208,7 @@ SELECT x.id, x.queue,
 FROM /*outbox:table*/outbox_dlq AS x
 WHERE (sqlc.narg(queue)::text IS NULL OR x.queue = sqlc.narg(queue)::text)
   AND (sqlc.narg(reason)::text IS NULL OR x.failure_reason = sqlc.narg(reason)::text)
+  AND (sqlc.narg(cause)::text IS NULL OR regexp_replace(regexp_replace(coalesce(x.last_error, ''), '[0-9a-fA-F]*[0-9][0-9a-fA-F]*(-[0-9a-fA-F]+)*', '#', 'g'), '#(\s*#)+', '#', 'g') = sqlc.narg(cause)::text)
   AND (sqlc.narg(ids)::bigint[] IS NULL OR x.id = ANY(sqlc.narg(ids)::bigint[]))
   AND (@older_than_seconds::float8 = 0 OR x.failed_at <= now() - make_interval(secs => @older_than_seconds::float8))
   AND x.id < @before_id::bigint
