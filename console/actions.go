@@ -126,11 +126,21 @@ func parseDeadTarget(form url.Values) (target, error) {
 	t.filter = f
 	t.fields["scope"] = []string{"filter"}
 	var parts []string
-	for _, p := range [][3]string{{"q", ff.Queue, "queue %q"}, {"reason", ff.Reason, "reason %s"}, {"cause", ff.Cause, "cause %q"}, {"older", ff.Older, "failed over %s ago"}} {
-		if p[1] != "" {
-			t.fields.Set(p[0], p[1])
-			parts = append(parts, fmt.Sprintf(p[2], p[1]))
-		}
+	add := func(field, value, desc string) {
+		t.fields.Set(field, value)
+		parts = append(parts, fmt.Sprintf(desc, value))
+	}
+	if ff.Queue != "" {
+		add("q", ff.Queue, "queue %q")
+	}
+	if ff.Reason != "" {
+		add("reason", ff.Reason, "reason %s")
+	}
+	if ff.HasCause { // "" too: the dead letters without a last error
+		add("cause", ff.Cause, "cause %q")
+	}
+	if ff.Older != "" {
+		add("older", ff.Older, "failed over %s ago")
 	}
 	t.desc = "every dead letter"
 	if len(parts) > 0 {

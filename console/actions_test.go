@@ -498,4 +498,35 @@ func TestRowsPage(t *testing.T) {
 	if code, _ := s.get(s.base + "/rows?q=ops&after=nonsense"); code != http.StatusBadRequest {
 		t.Errorf("a bad cursor: %d, want 400", code)
 	}
+	// Filtered by message type and age, the filters kept in the form and
+	// the URL.
+	var refund int64
+	if err := s.d.Pool.QueryRow(t.Context(), `INSERT INTO outbox (queue, payload, headers, next_attempt_at)
+		VALUES ('ops', 'r', '{"message-type": "shop.Refund"}', now() + interval '2 hours') RETURNING id`).Scan(&refund); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		query string
+		want  []string
+	}{
+		{"&type=shop.Refund", []string{strconv.FormatInt(refund, 10)}},
+		{"&type=shop.Refund&newer=1h", []string{strconv.FormatInt(refund, 10)}},
+		{"&type=shop.Refund&older=1h", nil},
+		{"&older=5m", nil},
+	} {
+		body := s.page(s.base + "/rows?q=ops&state=scheduled" + c.query)
+		var got []string
+		for _, m := range rowRE.FindAllStringSubmatch(body, -1) {
+			got = append(got, m[1])
+		}
+		if diff := cmp.Diff(c.want, got); diff != "" || (c.want == nil) != strings.Contains(body, `id="no-rows"`) {
+			t.Errorf("rows %s (-want +got):\n%s", c.query, diff)
+		}
+		if strings.Contains(c.query, "type=") && !strings.Contains(body, `name="type" value="shop.Refund"`) {
+			t.Errorf("rows %s: the form lost the type filter", c.query)
+		}
+	}
+	if code, _ := s.get(s.base + "/rows?q=ops&older=yesterday"); code != http.StatusBadRequest {
+		t.Errorf("a bad age: %d, want 400", code)
+	}
 }

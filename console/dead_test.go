@@ -84,6 +84,8 @@ func TestReplayACauseFromTheDeadLettersPage(t *testing.T) {
 		SELECT i, 'orders', '\x00', 1, 1, now(), 'retry_exhausted',
 		       CASE WHEN i <= 3 THEN format('order %s timed out', 100 + i) ELSE format('sku %s missing', i) END
 		FROM generate_series(1, 5) AS i`)
+	s.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (6, 'orders', '\x00', 1, 1, now(), 'retry_exhausted')`)
 	body := s.page(s.base + "/dead")
 	var form url.Values
 	for _, m := range causeFormRE.FindAllStringSubmatch(body, -1) {
@@ -107,6 +109,13 @@ func TestReplayACauseFromTheDeadLettersPage(t *testing.T) {
 	if diff := cmp.Diff([]string{"3", "2", "1"}, ids); diff != "" {
 		t.Errorf("the cause's rows (-want +got):\n%s", diff)
 	}
+	// The empty cause is the dead letters without a last error, not every
+	// cause.
+	uncaused := s.page(s.base + "/dead?q=orders&reason=retry_exhausted&cause=")
+	if m := regexp.MustCompile(`<tr class="dead" data-id="(\d+)">`).FindAllStringSubmatch(uncaused, -1); len(m) != 1 || m[0][1] != "6" ||
+		!strings.Contains(uncaused, "Cause: no last error") {
+		t.Errorf("the dead letters without a last error: %v", m)
+	}
 	for _, st := range []struct{ step, want string }{
 		{"", `The dead letters of queue &#34;orders&#34;, reason retry_exhausted, cause &#34;order # timed out&#34;: 3 rows.`},
 		{"dry-run", "Dry run: 3 rows would go back to the outbox"},
@@ -124,7 +133,7 @@ func TestReplayACauseFromTheDeadLettersPage(t *testing.T) {
 			form.Set("expect", regexp.MustCompile(`name="expect" value="([^"]+)"`).FindStringSubmatch(body)[1])
 		}
 	}
-	if n := s.countDead(outbox.DeadLetterFilter{}); n != 2 {
-		t.Errorf("after replaying the cause, %d dead letters; want the other cause's 2", n)
+	if n := s.countDead(outbox.DeadLetterFilter{}); n != 3 {
+		t.Errorf("after replaying the cause, %d dead letters; want the other causes' 3", n)
 	}
 }

@@ -92,6 +92,10 @@ func (fx *fixture) pages(tb testing.TB, h http.Handler) []page {
 		page{"rows/leased", base + "/rows?q=orders&state=leased", `id="rows-filter"`},
 		page{"rows/expired/newest", base + "/rows?q=orders&state=expired&order=newest", `id="rows-filter"`},
 		page{"rows/key", base + "/rows?q=orders&key=customer-7", `id="rows-filter"`},
+		// A type no row has: the page reads its most, RowsScan rows.
+		page{"rows/ready/type", base + "/rows?q=orders&type=shop.Refunded", `id="no-rows-yet"`},
+		page{"rows/scheduled/newer", base + "/rows?q=orders&state=scheduled&newer=5m&order=newest", `id="rows-filter"`},
+		page{"rows/ready/older", base + "/rows?q=orders&older=1h", `id="rows-filter"`},
 		page{"dead", base + "/dead", `id="next"`},
 		page{"dead/queue", base + "/dead?q=emails", `id="next"`},
 	)

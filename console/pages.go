@@ -335,11 +335,42 @@ func (c *Console) keysPage(w http.ResponseWriter, r *http.Request, rq *request) 
 
 type rowsData struct {
 	Queue, State, Key string
-	Newest            bool
-	States            []string
-	Rows              []outbox.RowSummary
-	Next              string
-	Link              func(int64) string
+	// Type, Older and Newer are the message type and age filters, as the
+	// URL holds them; Filtered says one is set, and Scan how many rows a
+	// filtered page reads at most.
+	Type, Older, Newer string
+	Filtered           bool
+	Scan               int64
+	OlderChoices       []struct{ Value, Label string }
+	NewerChoices       []struct{ Value, Label string }
+	Newest             bool
+	States             []string
+	Rows               []outbox.RowSummary
+	Next               string
+	Link               func(int64) string
+}
+
+// Ages the rows page's filters offer: published over (older) or within
+// (newer) a time ago.
+var (
+	rowsOlderChoices = []struct{ Value, Label string }{
+		{"", "any time"}, {"5m", "over 5 minutes ago"}, {"1h", "over an hour ago"}, {"24h", "over a day ago"},
+	}
+	rowsNewerChoices = []struct{ Value, Label string }{
+		{"", "any time"}, {"5m", "in the last 5 minutes"}, {"1h", "in the last hour"}, {"24h", "in the last day"},
+	}
+)
+
+// age parses an age filter of the URL: "" is none.
+func age(field, s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, &outbox.InputError{Field: field, Rule: "must be a duration such as 1h"}
+	}
+	return d, nil
 }
 
 // rowsPerPage is how many rows the rows page lists.
@@ -356,13 +387,20 @@ func (c *Console) rowsPage(w http.ResponseWriter, r *http.Request, rq *request) 
 		c.fail(w, r, rq, http.StatusBadRequest, errors.New("name a queue: ?q=name"))
 		return
 	}
-	q := outbox.RowQuery{Queue: d.Queue, State: d.State, Key: d.Key, Newest: d.Newest, Limit: rowsPerPage}
-	if s := v.Get("after"); s != "" {
-		var err error
-		if q.After, err = outbox.ParseRowCursor("after", s); err != nil {
-			c.fail(w, r, rq, http.StatusBadRequest, err)
-			return
-		}
+	d.Type, d.Older, d.Newer, d.Scan = v.Get("type"), v.Get("older"), v.Get("newer"), outbox.RowsScan
+	d.OlderChoices, d.NewerChoices = rowsOlderChoices, rowsNewerChoices
+	d.Filtered = d.Type != "" || d.Older != "" || d.Newer != ""
+	q := outbox.RowQuery{Queue: d.Queue, State: d.State, Key: d.Key, MessageType: d.Type, Newest: d.Newest, Limit: rowsPerPage}
+	var err error
+	if q.OlderThan, err = age("older", d.Older); err == nil {
+		q.NewerThan, err = age("newer", d.Newer)
+	}
+	if s := v.Get("after"); s != "" && err == nil {
+		q.After, err = outbox.ParseRowCursor("after", s)
+	}
+	if err != nil {
+		c.fail(w, r, rq, http.StatusBadRequest, err)
+		return
 	}
 	rows, next, err := rq.ob.Rows(r.Context(), q)
 	if err != nil {
@@ -431,14 +469,30 @@ const (
 
 // filterForm is a dead-letter filter as its form fields hold it.
 type filterForm struct {
-	Queue, Reason, Cause, Older string
-	IDs                         []int64
+	Queue, Reason, Older string
+	// Cause is the cause a group of "Why they failed" links, when
+	// HasCause ("" is the dead letters without a last error); Uncaused
+	// links the same filter without it.
+	Cause    string
+	HasCause bool
+	Uncaused string
+	IDs      []int64
 }
 
 // filter parses the form fields of a dead-letter filter.
 func parseFilter(v url.Values) (filterForm, outbox.DeadLetterFilter, error) {
-	ff := filterForm{Queue: v.Get("q"), Reason: v.Get("reason"), Cause: v.Get("cause"), Older: v.Get("older")}
-	f := outbox.DeadLetterFilter{Queue: ff.Queue, Reason: ff.Reason, Cause: ff.Cause}
+	ff := filterForm{Queue: v.Get("q"), Reason: v.Get("reason"), Older: v.Get("older"), Cause: v.Get("cause"), HasCause: v.Has("cause")}
+	f := outbox.DeadLetterFilter{Queue: ff.Queue, Reason: ff.Reason}
+	if ff.HasCause {
+		f.Cause = &ff.Cause
+		u := url.Values{}
+		for _, k := range []string{"q", "reason", "older"} {
+			if x := v.Get(k); x != "" {
+				u.Set(k, x)
+			}
+		}
+		ff.Uncaused = "?" + u.Encode()
+	}
 	if ff.Older != "" {
 		d, err := time.ParseDuration(ff.Older)
 		if err != nil || d < 0 {
@@ -489,8 +543,8 @@ func (c *Console) deadPage(w http.ResponseWriter, r *http.Request, rq *request) 
 	if r.URL.Query().Get("before") == "" {
 		d.Contains, d.SampleSize = r.URL.Query().Get("error"), deadCauseSample
 		for _, k := range []string{"q", "reason", "cause", "older"} {
-			if v := r.URL.Query().Get(k); v != "" {
-				d.Search = append(d.Search, [2]string{k, v})
+			if r.URL.Query().Has(k) { // an empty cause is one: no last error
+				d.Search = append(d.Search, [2]string{k, r.URL.Query().Get(k)})
 			}
 		}
 		causes, sampled, err := rq.ob.DeadLetterCauses(r.Context(), &outbox.DeadLetterCauseOptions{Queue: ff.Queue, Sample: deadCauseSample,

@@ -178,50 +178,71 @@ func (q *Queries) RetryRowNow(ctx context.Context, id int64) (bool, error) {
 }
 
 const rows = `-- name: Rows :many
-WITH page AS (
-    (SELECT o.id, o.next_attempt_at AS k FROM /*outbox:table*/outbox AS o
-     WHERE $2::text = 'pending' AND NOT $1::boolean AND o.queue = $3::text AND o.acquired_token IS NULL AND NOT o.blocked
+WITH scanned AS (
+    (SELECT o.id, o.next_attempt_at AS k, row_number() OVER (ORDER BY o.next_attempt_at, o.id) AS pos,
+            o.headers ->> 'message-type' AS message_type, o.created_at
+     FROM /*outbox:table*/outbox AS o
+     WHERE $1::text = 'pending' AND NOT $2::boolean AND o.queue = $3::text AND o.acquired_token IS NULL AND NOT o.blocked
        AND o.next_attempt_at < CASE WHEN $4::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
        AND o.next_attempt_at > CASE WHEN $4::boolean THEN '-infinity'::timestamptz ELSE now() END
        AND (o.next_attempt_at, o.id) > ($5::timestamptz, $6::bigint)
      ORDER BY o.next_attempt_at, o.id
      LIMIT $7::integer)
     UNION ALL
-    (SELECT o.id, o.next_attempt_at FROM /*outbox:table*/outbox AS o
-     WHERE $2::text = 'pending' AND $1::boolean AND o.queue = $3::text AND o.acquired_token IS NULL AND NOT o.blocked
+    (SELECT o.id, o.next_attempt_at, row_number() OVER (ORDER BY o.next_attempt_at DESC, o.id DESC),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
+     WHERE $1::text = 'pending' AND $2::boolean AND o.queue = $3::text AND o.acquired_token IS NULL AND NOT o.blocked
        AND o.next_attempt_at < CASE WHEN $4::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
        AND o.next_attempt_at > CASE WHEN $4::boolean THEN '-infinity'::timestamptz ELSE now() END
        AND (o.next_attempt_at, o.id) < ($5::timestamptz, $6::bigint)
      ORDER BY o.next_attempt_at DESC, o.id DESC
      LIMIT $7::integer)
     UNION ALL
-    (SELECT o.id, o.lease_expires_at FROM /*outbox:table*/outbox AS o
-     WHERE $2::text = 'leased' AND NOT $1::boolean AND o.queue = $3::text AND o.acquired_token IS NOT NULL
+    (SELECT o.id, o.lease_expires_at, row_number() OVER (ORDER BY o.lease_expires_at, o.id),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
+     WHERE $1::text = 'leased' AND NOT $2::boolean AND o.queue = $3::text AND o.acquired_token IS NOT NULL
        AND o.lease_expires_at < CASE WHEN $8::boolean THEN now() ELSE 'infinity'::timestamptz END
        AND o.lease_expires_at >= CASE WHEN $8::boolean THEN '-infinity'::timestamptz ELSE now() END
        AND (o.lease_expires_at, o.id) > ($5::timestamptz, $6::bigint)
      ORDER BY o.lease_expires_at, o.id
      LIMIT $7::integer)
     UNION ALL
-    (SELECT o.id, o.lease_expires_at FROM /*outbox:table*/outbox AS o
-     WHERE $2::text = 'leased' AND $1::boolean AND o.queue = $3::text AND o.acquired_token IS NOT NULL
+    (SELECT o.id, o.lease_expires_at, row_number() OVER (ORDER BY o.lease_expires_at DESC, o.id DESC),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
+     WHERE $1::text = 'leased' AND $2::boolean AND o.queue = $3::text AND o.acquired_token IS NOT NULL
        AND o.lease_expires_at < CASE WHEN $8::boolean THEN now() ELSE 'infinity'::timestamptz END
        AND o.lease_expires_at >= CASE WHEN $8::boolean THEN '-infinity'::timestamptz ELSE now() END
        AND (o.lease_expires_at, o.id) < ($5::timestamptz, $6::bigint)
      ORDER BY o.lease_expires_at DESC, o.id DESC
      LIMIT $7::integer)
     UNION ALL
-    (SELECT o.id, '-infinity'::timestamptz FROM /*outbox:table*/outbox AS o
-     WHERE $2::text = 'key' AND NOT $1::boolean AND o.queue = $3::text AND o.ordering_key = $9::text
+    (SELECT o.id, '-infinity'::timestamptz, row_number() OVER (ORDER BY o.ordering_key, o.id),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
+     WHERE $1::text = 'key' AND NOT $2::boolean AND o.queue = $3::text AND o.ordering_key = $9::text
        AND o.id > $6::bigint
      ORDER BY o.ordering_key, o.id
      LIMIT $7::integer)
     UNION ALL
-    (SELECT o.id, '-infinity'::timestamptz FROM /*outbox:table*/outbox AS o
-     WHERE $2::text = 'key' AND $1::boolean AND o.queue = $3::text AND o.ordering_key = $9::text
+    (SELECT o.id, '-infinity'::timestamptz, row_number() OVER (ORDER BY o.ordering_key DESC, o.id DESC),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
+     WHERE $1::text = 'key' AND $2::boolean AND o.queue = $3::text AND o.ordering_key = $9::text
        AND o.id < $6::bigint
      ORDER BY o.ordering_key DESC, o.id DESC
      LIMIT $7::integer)
+), page AS (
+    (SELECT s.id, s.pos, false AS edge FROM scanned AS s
+     WHERE ($10::text = '' OR s.message_type = $10::text)
+       AND ($11::float8 = 0 OR s.created_at <= now() - make_interval(secs => $11::float8))
+       AND ($12::float8 = 0 OR s.created_at > now() - make_interval(secs => $12::float8))
+     ORDER BY s.pos
+     LIMIT $13::integer)
+    UNION ALL
+    (SELECT s.id, s.pos, true FROM scanned AS s ORDER BY s.pos DESC LIMIT 1)
 )
 SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
        (o.acquired_token IS NOT NULL)::boolean AS leased,
@@ -229,23 +250,27 @@ SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries
        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
        coalesce(left(o.last_error, 200), '')::text AS last_error,
-       coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
+       coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at,
+       p.edge::boolean AS edge, p.pos::bigint AS pos
 FROM page AS p
 JOIN /*outbox:table*/outbox AS o ON o.id = p.id
-ORDER BY CASE WHEN $1::boolean THEN NULL ELSE p.k END, CASE WHEN $1::boolean THEN p.k END DESC,
-         CASE WHEN $1::boolean THEN NULL ELSE p.id END, CASE WHEN $1::boolean THEN p.id END DESC
+ORDER BY p.edge, p.pos
 `
 
 type RowsParams struct {
-	Newest  bool
-	Mode    string
-	Queue   string
-	Due     bool
-	AfterAt time.Time
-	AfterID int64
-	MaxRows int32
-	Expired bool
-	Key     string
+	Mode             string
+	Newest           bool
+	Queue            string
+	Due              bool
+	AfterAt          time.Time
+	AfterID          int64
+	ScanRows         int32
+	Expired          bool
+	Key              string
+	MessageType      string
+	OlderThanSeconds float64
+	NewerThanSeconds float64
+	MaxRows          int32
 }
 
 type RowsRow struct {
@@ -263,10 +288,12 @@ type RowsRow struct {
 	LastError       string
 	MessageType     string
 	ReadAt          time.Time
+	Edge            bool
+	Pos             int64
 }
 
 // A page of the outbox table's rows for Outbox.Rows, after the cursor
-// (@after_at, @after_id), or before it when @newest, at most @max_rows:
+// (@after_at, @after_id), or before it when @newest:
 //   - @mode 'pending': @queue's rows no subscriber holds and not behind
 //     their key's head, due now (@due) or later, in due order, through the
 //     pending index (rows due at -infinity or infinity are left out: a
@@ -277,20 +304,30 @@ type RowsRow struct {
 //   - 'key': the rows of ordering key @key of @queue in every state, in
 //     the key's order (id), through the ordering index.
 //
-// Each branch is one index range that stops at @max_rows; the others'
-// one-time filters keep them from running. The page's rows are then
-// read by id.
+// Each branch is one index range that stops after @scan_rows entries; the
+// others' one-time filters keep them from running. Of the entries it
+// read (with the heap's message type and creation time), those matching
+// the filters (message-type header @message_type;
+// created at least @older_than_seconds ago, or within
+// @newer_than_seconds; each unset when empty or 0) are the page, at most
+// @max_rows, in the order read; the last entry read follows them as the
+// edge, from which a page the filters left short goes on. The rows are
+// then read by id.
 func (q *Queries) Rows(ctx context.Context, arg RowsParams) ([]RowsRow, error) {
 	rows, err := q.db.Query(ctx, rows,
-		arg.Newest,
 		arg.Mode,
+		arg.Newest,
 		arg.Queue,
 		arg.Due,
 		arg.AfterAt,
 		arg.AfterID,
-		arg.MaxRows,
+		arg.ScanRows,
 		arg.Expired,
 		arg.Key,
+		arg.MessageType,
+		arg.OlderThanSeconds,
+		arg.NewerThanSeconds,
+		arg.MaxRows,
 	)
 	if err != nil {
 		return nil, err
@@ -314,6 +351,8 @@ func (q *Queries) Rows(ctx context.Context, arg RowsParams) ([]RowsRow, error) {
 			&i.LastError,
 			&i.MessageType,
 			&i.ReadAt,
+			&i.Edge,
+			&i.Pos,
 		); err != nil {
 			return nil, err
 		}

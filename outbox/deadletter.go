@@ -60,12 +60,12 @@ type DeadLetterFilter struct {
 	Queue string
 	// Reason selects one failure reason.
 	Reason string
-	// Cause selects the rows whose last error is this cause as
-	// [Outbox.DeadLetterCauses] writes it (digit and id-like runs as "#"):
-	// every dead letter of the group, not only the sample's. Matching it
-	// reads each candidate row's last error, so a cause is best given with
-	// its Queue and Reason.
-	Cause string
+	// Cause, when not nil, selects the rows whose last error is this
+	// cause as [Outbox.DeadLetterCauses] writes it (digit and id-like runs
+	// as "#"; "" for rows without a last error): every dead letter of the
+	// group, not only the sample's. Matching it reads each candidate row's
+	// last error, so a cause is best given with its Queue and Reason.
+	Cause *string
 	// OlderThan selects rows dead-lettered at least this long ago.
 	OlderThan time.Duration
 	// IDs selects the rows with these ids (an operator's selection); empty
@@ -99,8 +99,10 @@ func (f DeadLetterFilter) check() error {
 	if f.OlderThan < 0 {
 		return &InputError{Field: "DeadLetterFilter.OlderThan", Rule: "must not be negative"}
 	}
-	if err := checkText("DeadLetterFilter.Cause", f.Cause, 2048, false); err != nil {
-		return err
+	if f.Cause != nil {
+		if err := checkText("DeadLetterFilter.Cause", *f.Cause, 2048, false); err != nil {
+			return err
+		}
 	}
 	switch f.Reason {
 	case "", ReasonMaxDeliveries, ReasonRetryExhausted, ReasonRejected, ReasonDecodeError:
@@ -129,7 +131,7 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadLetterFilter, afterID in
 		return nil, &InputError{Field: "limit", Rule: "must be positive"}
 	}
 	rows, err := o.queries(o.pool).ListDeadLetters(ctx, db.ListDeadLettersParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: orNil(f.Cause), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
+		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: f.Cause, Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
 		AfterID: afterID, MaxRows: int32(min(limit, 1<<30)),
 	})
 	if err != nil {
@@ -205,7 +207,7 @@ func (o *Outbox) newestDeadLetters(ctx context.Context, op string, f DeadLetterF
 		beforeID = min(beforeID, up+1)
 	}
 	rows, err := o.queries(o.pool).ListDeadLettersNewest(ctx, db.ListDeadLettersNewestParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: orNil(f.Cause), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
+		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: f.Cause, Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
 		BeforeID: beforeID, MaxRows: int32(min(limit, 1<<30)), PayloadBytes: prefix,
 	})
 	if err != nil {

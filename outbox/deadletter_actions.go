@@ -138,7 +138,7 @@ func (o *Outbox) ReplayDeadLetters(ctx context.Context, f DeadLetterFilter, opts
 	res.Matched, res.UpToID = count.Total, count.MaxID
 	err = inBatches(ctx, count.Total, opts.Progress, func(after int64) (int64, int64, error) {
 		p := db.ReplayDeadLettersParams{
-			Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: orNil(f.Cause), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
+			Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: f.Cause, Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
 			AfterID: after, UpToID: count.MaxID, MaxRows: replayBatch, DropTimerIds: opts.DropConflictingTimerIDs,
 			HeaderReplayedFrom: HeaderReplayedFrom, HeaderFirstFailedAt: HeaderFirstFailedAt,
 		}
@@ -221,7 +221,7 @@ func (o *Outbox) replayDryRun(ctx context.Context, conn db.DBTX, f DeadLetterFil
 		return res, nil
 	}
 	rows, err := q.ReplayTimerConflicts(ctx, db.ReplayTimerConflictsParams{
-		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: orNil(f.Cause), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
+		Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: f.Cause, Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
 		UpToID: count.MaxID})
 	if err != nil {
 		return res, err
@@ -240,7 +240,7 @@ func (o *Outbox) replayDryRun(ctx context.Context, conn db.DBTX, f DeadLetterFil
 
 // countParams are the parameters of CountDeadLetters for f.
 func countParams(f DeadLetterFilter) db.CountDeadLettersParams {
-	return db.CountDeadLettersParams{Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: orNil(f.Cause), Ids: f.ids(),
+	return db.CountDeadLettersParams{Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: f.Cause, Ids: f.ids(),
 		OlderThanSeconds: f.OlderThan.Seconds(), UpToID: f.upTo()}
 }
 
@@ -309,7 +309,7 @@ func (o *Outbox) PurgeDeadLetters(ctx context.Context, f DeadLetterFilter, opts 
 	}
 	err = inBatches(ctx, count.Total, opts.Progress, func(after int64) (int64, int64, error) {
 		b, err := q.PurgeDeadLetters(ctx, db.PurgeDeadLettersParams{
-			Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: orNil(f.Cause), Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
+			Queue: orNil(f.Queue), Reason: orNil(f.Reason), Cause: f.Cause, Ids: f.ids(), OlderThanSeconds: f.OlderThan.Seconds(),
 			AfterID: after, UpToID: count.MaxID, MaxRows: purgeBatch})
 		if err != nil {
 			return 0, 0, fmt.Errorf("outbox: PurgeDeadLetters after %d rows: %w", res.Deleted, err)

@@ -85,7 +85,7 @@ func TestACauseSelectsEveryDeadLetterOfItToListCountReplayAndPurge(t *testing.T)
 	if timedOut.Cause != "payments: order # timed out after #s" {
 		t.Fatalf("causes of the newest 4 = %+v; want the timeouts' among them", causes)
 	}
-	f := DeadLetterFilter{Queue: "orders", Reason: ReasonRetryExhausted, Cause: timedOut.Cause}
+	f := DeadLetterFilter{Queue: "orders", Reason: ReasonRetryExhausted, Cause: &timedOut.Cause}
 	want := []int64{1, 2, 3, 6, 7, 10} // not only the sample's
 	rows, err := e.ob.DeadLetters(e.ctx, f, 0, 100)
 	if err != nil {
@@ -118,12 +118,18 @@ func TestACauseSelectsEveryDeadLetterOfItToListCountReplayAndPurge(t *testing.T)
 	if err != nil || len(left) != 4 {
 		t.Fatalf("dead letters left = %d, %v; want the other cause's 4", len(left), err)
 	}
-	purged, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{Cause: "stock: sku # missing"}, nil)
+	purged, err := e.ob.PurgeDeadLetters(e.ctx, DeadLetterFilter{Cause: new("stock: sku # missing")}, nil)
 	if err != nil || purged.Deleted != 4 {
 		t.Errorf("purge of the other cause = %+v, %v; want 4 deleted", purged, err)
 	}
+	// The empty cause is the dead letters without a last error.
+	e.exec(`INSERT INTO outbox_dlq (id, queue, payload, deliveries_count, attempts_count, created_at, failure_reason)
+		VALUES (11, 'orders', '\x00', 1, 1, now(), 'decode_error')`)
+	if n, err := e.ob.CountDeadLetters(e.ctx, DeadLetterFilter{Cause: new("")}); n != 1 || err != nil {
+		t.Errorf("CountDeadLetters of the empty cause = %d, %v; want the 1 without a last error", n, err)
+	}
 	var ie *InputError
-	if _, err := e.ob.CountDeadLetters(e.ctx, DeadLetterFilter{Cause: "a\x00b"}); !errors.As(err, &ie) || ie.Field != "DeadLetterFilter.Cause" {
+	if _, err := e.ob.CountDeadLetters(e.ctx, DeadLetterFilter{Cause: new("a\x00b")}); !errors.As(err, &ie) || ie.Field != "DeadLetterFilter.Cause" {
 		t.Errorf("CountDeadLetters with a NUL in the cause = %v; want an *InputError for DeadLetterFilter.Cause", err)
 	}
 }

@@ -15,6 +15,9 @@ import (
 const (
 	RowsLimitDefault = 50
 	RowsLimitMax     = 1000
+	// RowsScan is how many rows of its index a page with a filter
+	// (RowQuery.MessageType, OlderThan, NewerThan) reads at most.
+	RowsScan = 5000
 )
 
 // RowQuery chooses the rows [Outbox.Rows] lists: one queue's rows in one
@@ -29,6 +32,13 @@ type RowQuery struct {
 	// Key, when set, lists the rows of this ordering key in every state,
 	// in the key's order (its head first), and State is not used.
 	Key string
+	// MessageType, when set, lists only rows whose message-type header
+	// is this.
+	MessageType string
+	// OlderThan, when not 0, lists only rows created at least this long
+	// ago; NewerThan, when not 0, only rows created less than this long
+	// ago (on the database's clock).
+	OlderThan, NewerThan time.Duration
 	// Newest lists the newest first: the latest due, the latest lease
 	// expiry, a key's last row; else the oldest first.
 	Newest bool
@@ -90,7 +100,11 @@ type RowSummary struct {
 // next page (nil after the last). Each page is one range of an index (the
 // pending index for ready and scheduled rows, the lease-expiry index for
 // leased and expired ones, the ordering index for a key) that stops at the
-// page's size, however many rows the queue holds. Rows in the log tier's
+// page's size, however many rows the queue holds. With a filter
+// (MessageType, OlderThan, NewerThan), a page reads at most [RowsScan]
+// rows of its range and lists those that match: a page can then hold
+// fewer rows than Limit, or none, and still have a next one, which goes
+// on from the last row it read. Rows in the log tier's
 // ring are listed once they move into the table; rows due (or leased
 // until) at infinity are not listed. Invalid queries give an
 // *[InputError].
@@ -107,6 +121,13 @@ func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor
 	if q.State == "" {
 		q.State = RowReady
 	}
+	if q.OlderThan < 0 || q.NewerThan < 0 {
+		return nil, nil, &InputError{Field: "RowQuery.OlderThan", Rule: "OlderThan and NewerThan must not be negative"}
+	}
+	if err := checkText("RowQuery.MessageType", q.MessageType, HeadersMaxBytes, false); err != nil {
+		return nil, nil, err
+	}
+	filtered := q.MessageType != "" || q.OlderThan != 0 || q.NewerThan != 0
 	// From the start: before every row oldest first, after every row
 	// newest first.
 	after := RowCursor{At: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), ID: math.MinInt64}
@@ -116,8 +137,12 @@ func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor
 	if q.After != nil {
 		after = *q.After
 	}
-	p := db.RowsParams{Newest: q.Newest, Queue: q.Queue, AfterAt: after.At, AfterID: after.ID,
-		MaxRows: int32(q.Limit + 1)} // one more says whether a next page exists
+	// One row more than the page says whether a next one exists.
+	p := db.RowsParams{Newest: q.Newest, Queue: q.Queue, AfterAt: after.At, AfterID: after.ID, MaxRows: int32(q.Limit + 1),
+		ScanRows: int32(q.Limit + 1), MessageType: q.MessageType, OlderThanSeconds: q.OlderThan.Seconds(), NewerThanSeconds: q.NewerThan.Seconds()}
+	if filtered {
+		p.ScanRows = RowsScan
+	}
 	switch {
 	case q.Key != "":
 		if err := checkKey("RowQuery.Key", q.Key); err != nil {
@@ -136,13 +161,25 @@ func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor
 	if err != nil {
 		return nil, nil, o.readError(ctx, "Rows", err)
 	}
-	var next *RowCursor
-	if len(rows) > q.Limit {
-		rows = rows[:q.Limit]
-		last := rows[len(rows)-1]
-		next = &RowCursor{At: last.NextAttemptAt, ID: last.ID}
+	// The rows that matched, then the last row the page read: the next
+	// page goes on after the page's last row when it is full, else after
+	// the last row read when the read stopped at its bound.
+	cursor := func(r db.RowsRow) *RowCursor {
 		if p.Mode == "leased" {
-			next.At = last.LeaseExpiresAt
+			return &RowCursor{At: r.LeaseExpiresAt, ID: r.ID}
+		}
+		return &RowCursor{At: r.NextAttemptAt, ID: r.ID}
+	}
+	var next *RowCursor
+	if n := len(rows); n > 0 && rows[n-1].Edge {
+		edge := rows[n-1]
+		rows = rows[:n-1]
+		switch {
+		case len(rows) > q.Limit:
+			rows = rows[:q.Limit]
+			next = cursor(rows[q.Limit-1])
+		case edge.Pos >= int64(p.ScanRows):
+			next = cursor(edge)
 		}
 	}
 	out := make([]RowSummary, len(rows))

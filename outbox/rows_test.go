@@ -131,3 +131,70 @@ func TestRowCursorTextReadsBack(t *testing.T) {
 		}
 	}
 }
+
+// Rows filters by message type and age within a bounded read: a page
+// reads at most RowsScan rows of its index range, so a page of a rare
+// type can be short, or empty, and still lead on to the rest; paging on
+// lists every match once, in order.
+func TestRowsFiltersByMessageTypeAndAgeWithinABoundedRead(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// 6,000 ready rows in due order by i; five of type b, two of them
+	// created in the last hour; the odd ones created two hours ago.
+	e.exec(`INSERT INTO outbox (queue, payload, headers, created_at, next_attempt_at)
+		SELECT 'q', 'p', jsonb_build_object('message-type', CASE WHEN i IN (11, 20, 4991, 5500, 5991) THEN 'b' ELSE 'a' END),
+		       CASE WHEN i % 2 = 1 THEN now() - interval '2 hours' ELSE now() END,
+		       now() - make_interval(secs => 7000 - i)
+		FROM generate_series(1, 6000) AS i`)
+	var first int64
+	if err := e.db.Pool.QueryRow(e.ctx, "SELECT min(id) - 1 FROM outbox").Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	all := func(q RowQuery) (ids []int64, pages []int) {
+		t.Helper()
+		for {
+			rs, next, err := e.ob.Rows(e.ctx, q)
+			if err != nil || len(pages) > 10 {
+				t.Fatalf("Rows(%+v): %v after %d pages", q, err, len(pages))
+			}
+			pages = append(pages, len(rs))
+			for _, r := range rs {
+				ids = append(ids, r.ID-first) // its i
+			}
+			if q.After = next; next == nil {
+				return ids, pages
+			}
+		}
+	}
+	for _, c := range []struct {
+		q         RowQuery
+		ids       []int64
+		pageSizes []int
+	}{
+		// Two a page: the first is full; the second read its 5,000 rows
+		// and found one; the third reads to the end.
+		{RowQuery{Queue: "q", MessageType: "b", Limit: 2}, []int64{11, 20, 4991, 5500, 5991}, []int{2, 1, 2}},
+		{RowQuery{Queue: "q", MessageType: "b", OlderThan: time.Hour, Newest: true, Limit: 10}, []int64{5991, 4991, 11}, []int{2, 1}},
+		{RowQuery{Queue: "q", MessageType: "b", NewerThan: time.Hour}, []int64{20, 5500}, []int{1, 1}},
+		{RowQuery{Queue: "q", MessageType: "none"}, nil, []int{0, 0}},
+	} {
+		ids, pages := all(c.q)
+		if diff := cmp.Diff(c.ids, ids); diff != "" || !slices.Equal(c.pageSizes, pages) {
+			t.Errorf("Rows(%+v) (-want +got):\n%spages of %v; want %v", c.q, diff, pages, c.pageSizes)
+		}
+	}
+	rs, next, err := e.ob.Rows(e.ctx, RowQuery{Queue: "q", OlderThan: time.Hour, Limit: 3})
+	var ids []int64
+	for _, r := range rs {
+		ids = append(ids, r.ID-first)
+	}
+	if diff := cmp.Diff([]int64{1, 3, 5}, ids); diff != "" || next == nil || err != nil {
+		t.Errorf("the oldest rows created over an hour ago (-want +got):\n%snext %v, %v", diff, next, err)
+	}
+	for _, q := range []RowQuery{{Queue: "q", OlderThan: -time.Second}, {Queue: "q", NewerThan: -1}, {Queue: "q", MessageType: "a\x00"}} {
+		var ie *InputError
+		if _, _, err := e.ob.Rows(e.ctx, q); !errors.As(err, &ie) {
+			t.Errorf("Rows(%+v) = %v; want an *InputError", q, err)
+		}
+	}
+}

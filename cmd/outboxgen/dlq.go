@@ -72,7 +72,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	conn := connFlags(fs)
 	queue := fs.String("queue", "", "only rows of this queue")
 	reason := fs.String("reason", "", "only rows with this reason: max_deliveries, retry_exhausted, rejected, decode_error")
-	cause := fs.String("cause", "", "list, replay, purge: only rows whose last error is this cause, as causes prints it (numbers and ids as #)")
+	cause := fs.String("cause", "", "list, replay, purge: only rows whose last error is this cause, as causes prints it (numbers and ids as #; '' for none)")
 	olderThan := fs.Duration("older-than", 0, "only rows dead-lettered at least this long ago")
 	limit := fs.Int("limit", 100, "list: at most this many rows; causes: at most this many groups")
 	after := fs.Int64("after", 0, "list: only rows with ids above this one (the next page after -limit rows); default: from the lowest id")
@@ -110,11 +110,19 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if err := noArgs(rest, "dlq "+sub); err != nil {
 		return err
 	}
-	filter := outbox.DeadLetterFilter{Queue: *queue, Reason: *reason, Cause: *cause, OlderThan: *olderThan}
+	filter := outbox.DeadLetterFilter{Queue: *queue, Reason: *reason, OlderThan: *olderThan}
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "up-to":
+			filter.UpToID = upTo
+		case "cause": // -cause '' is the dead letters without a last error
+			filter.Cause = cause
+		}
+	})
 	if sub == "purge" && *olderThan == 0 && !*yes {
 		return fmt.Errorf("%w: dlq purge: pass -older-than D, or -yes to purge every matching row", errUsage)
 	}
-	if sub == "replay" && *queue == "" && *reason == "" && *cause == "" && *olderThan == 0 && !*yes && !*dryRun {
+	if sub == "replay" && *queue == "" && *reason == "" && filter.Cause == nil && *olderThan == 0 && !*yes && !*dryRun {
 		return fmt.Errorf("%w: dlq replay: pass -queue, -reason, -cause or -older-than to choose rows, -dry-run to count them, or -yes to replay every dead-lettered row", errUsage)
 	}
 	if *errorContains != "" && sub != "causes" {
@@ -123,11 +131,6 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	if *dryRun && sub != "replay" && sub != "purge" {
 		return fmt.Errorf("%w: dlq %s: -dry-run is replay's and purge's", errUsage, sub)
 	}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "up-to" {
-			filter.UpToID = upTo
-		}
-	})
 	if *expect >= 0 && filter.UpToID == nil {
 		return fmt.Errorf("%w: dlq %s: -expect needs -up-to (both as the dry run printed them)", errUsage, sub)
 	}
@@ -157,7 +160,7 @@ func dlqCmd(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 
 	switch sub {
 	case "causes":
-		if *reason != "" || *cause != "" || *olderThan != 0 {
+		if *reason != "" || filter.Cause != nil || *olderThan != 0 {
 			return fmt.Errorf("%w: dlq causes: groups the newest dead letters of -queue (or every queue); -reason, -cause and -older-than are not its", errUsage)
 		}
 		groups := min(*limit, outbox.DeadLetterCauseLimitMax)

@@ -218,4 +218,26 @@ func TestRowsAndRowCommands(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); r.code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[2], ids[0]+" ") {
 		t.Fatalf("rows after the actions: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// Filtered by message type and age.
+	var listed []outbox.RowSummary
+	if r := cli("rows", "-queue", "jobs", "-json"); r.code != 0 || json.Unmarshal([]byte(r.stdout), &listed) != nil || len(listed) != 1 ||
+		listed[0].MessageType == "" {
+		t.Fatalf("rows -json: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-type", listed[0].MessageType, "-newer-than", "1h"}, ids[0] + " "},
+		{[]string{"-type", "other.Type"}, "(no rows)"},
+		{[]string{"-older-than", "1h"}, "(no rows)"},
+	} {
+		r := cli(append([]string{"rows", "-queue", "jobs"}, c.args...)...)
+		if lines := strings.Split(strings.TrimSpace(r.stdout), "\n"); r.code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[2], c.want) {
+			t.Errorf("rows %q: exit %d\n%s%s", c.args, r.code, r.stdout, r.stderr)
+		}
+	}
+	if r := cli("rows", "-queue", "jobs", "-older-than", "-1s"); r.code != 2 {
+		t.Errorf("rows -older-than -1s: exit %d, want 2\n%s", r.code, r.stderr)
+	}
 }

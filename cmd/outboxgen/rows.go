@@ -14,7 +14,7 @@ import (
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
-const rowsUsage = `Usage: outboxgen rows -queue Q [-state S | -key K] [-newest] [-limit N] [-json] [flags]
+const rowsUsage = `Usage: outboxgen rows -queue Q [-state S | -key K] [-type T] [-older-than D] [-newer-than D] [-newest] [-limit N] [-json] [flags]
        outboxgen row show|retry|cancel|dead-letter ID [-note TEXT] [-yes] [flags]
 
 rows lists a queue's rows in one state (-state ready, the default,
@@ -22,6 +22,9 @@ scheduled, leased or expired), oldest first (-newest: newest first), or
 an ordering key's rows in every state in the key's order (-key), a page
 of -limit rows; the last line gives the flag of the next page (-after).
 Each page is one index range, however many rows the queue holds.
+-type, -older-than and -newer-than list only the rows of a message type
+or created that long ago: a page then reads at most 5,000 rows of its
+range, and may list fewer than -limit, or none, and still go on.
 
 row acts on one row of the outbox by id:
   show          the row: state, times, attempts, lease, key, last error,
@@ -35,6 +38,7 @@ A row a subscriber holds is left to its handler.
 Examples:
   outboxgen rows -queue orders.created -state scheduled
   outboxgen rows -queue orders.created -key customer-42
+  outboxgen rows -queue orders.created -type shop.OrderPlaced -older-than 1h
   outboxgen row retry 4211
   outboxgen row dead-letter 4211 -note "customer closed the account" -yes
 
@@ -47,6 +51,9 @@ func rowsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	queue := fs.String("queue", "", "the queue (required)")
 	state := fs.String("state", outbox.RowReady, "ready, scheduled, leased or expired")
 	key := fs.String("key", "", "the rows of this ordering key, in every state, instead of -state")
+	msgType := fs.String("type", "", "only rows of this message type (its message-type header)")
+	olderThan := fs.Duration("older-than", 0, "only rows created at least this long ago")
+	newerThan := fs.Duration("newer-than", 0, "only rows created less than this long ago")
 	newest := fs.Bool("newest", false, "newest first")
 	limit := fs.Int("limit", outbox.RowsLimitDefault, "rows a page")
 	after := fs.String("after", "", "the next page: the value the page before printed")
@@ -61,7 +68,8 @@ func rowsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	if *queue == "" {
 		return fmt.Errorf("%w: rows: -queue is required", errUsage)
 	}
-	q := outbox.RowQuery{Queue: *queue, State: *state, Key: *key, Newest: *newest, Limit: *limit}
+	q := outbox.RowQuery{Queue: *queue, State: *state, Key: *key, MessageType: *msgType, OlderThan: *olderThan, NewerThan: *newerThan,
+		Newest: *newest, Limit: *limit}
 	if *after != "" {
 		if q.After, err = outbox.ParseRowCursor("-after", *after); err != nil {
 			return usageIfInput(err)
@@ -95,7 +103,11 @@ func rowsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 			r.NextAttemptAt.UTC().Format(time.RFC3339), r.Attempts, clip(lastErrorCell(last), 60))
 	}
 	if len(rows) == 0 {
-		fmt.Fprintln(w, "(no rows)")
+		if next != nil {
+			fmt.Fprintf(w, "(no match among the %d rows read)\n", outbox.RowsScan)
+		} else {
+			fmt.Fprintln(w, "(no rows)")
+		}
 	}
 	if err := w.Flush(); err != nil {
 		return err

@@ -72,7 +72,7 @@ SELECT (count(*) > 0)::boolean AS moved FROM moved;
 
 -- name: Rows :many
 -- A page of the outbox table's rows for Outbox.Rows, after the cursor
--- (@after_at, @after_id), or before it when @newest, at most @max_rows:
+-- (@after_at, @after_id), or before it when @newest:
 --   - @mode 'pending': @queue's rows no subscriber holds and not behind
 --     their key's head, due now (@due) or later, in due order, through the
 --     pending index (rows due at -infinity or infinity are left out: a
@@ -82,53 +82,80 @@ SELECT (count(*) > 0)::boolean AS moved FROM moved;
 --     lease-expiry index;
 --   - 'key': the rows of ordering key @key of @queue in every state, in
 --     the key's order (id), through the ordering index.
--- Each branch is one index range that stops at @max_rows; the others'
--- one-time filters keep them from running. The page's rows are then
--- read by id.
-WITH page AS (
-    (SELECT o.id, o.next_attempt_at AS k FROM /*outbox:table*/outbox AS o
+-- Each branch is one index range that stops after @scan_rows entries; the
+-- others' one-time filters keep them from running. Of the entries it
+-- read (with the heap's message type and creation time), those matching
+-- the filters (message-type header @message_type;
+-- created at least @older_than_seconds ago, or within
+-- @newer_than_seconds; each unset when empty or 0) are the page, at most
+-- @max_rows, in the order read; the last entry read follows them as the
+-- edge, from which a page the filters left short goes on. The rows are
+-- then read by id.
+WITH scanned AS (
+    (SELECT o.id, o.next_attempt_at AS k, row_number() OVER (ORDER BY o.next_attempt_at, o.id) AS pos,
+            o.headers ->> 'message-type' AS message_type, o.created_at
+     FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'pending' AND NOT @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NULL AND NOT o.blocked
        AND o.next_attempt_at < CASE WHEN @due::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
        AND o.next_attempt_at > CASE WHEN @due::boolean THEN '-infinity'::timestamptz ELSE now() END
        AND (o.next_attempt_at, o.id) > (@after_at::timestamptz, @after_id::bigint)
      ORDER BY o.next_attempt_at, o.id
-     LIMIT @max_rows::integer)
+     LIMIT @scan_rows::integer)
     UNION ALL
-    (SELECT o.id, o.next_attempt_at FROM /*outbox:table*/outbox AS o
+    (SELECT o.id, o.next_attempt_at, row_number() OVER (ORDER BY o.next_attempt_at DESC, o.id DESC),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'pending' AND @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NULL AND NOT o.blocked
        AND o.next_attempt_at < CASE WHEN @due::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
        AND o.next_attempt_at > CASE WHEN @due::boolean THEN '-infinity'::timestamptz ELSE now() END
        AND (o.next_attempt_at, o.id) < (@after_at::timestamptz, @after_id::bigint)
      ORDER BY o.next_attempt_at DESC, o.id DESC
-     LIMIT @max_rows::integer)
+     LIMIT @scan_rows::integer)
     UNION ALL
-    (SELECT o.id, o.lease_expires_at FROM /*outbox:table*/outbox AS o
+    (SELECT o.id, o.lease_expires_at, row_number() OVER (ORDER BY o.lease_expires_at, o.id),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'leased' AND NOT @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NOT NULL
        AND o.lease_expires_at < CASE WHEN @expired::boolean THEN now() ELSE 'infinity'::timestamptz END
        AND o.lease_expires_at >= CASE WHEN @expired::boolean THEN '-infinity'::timestamptz ELSE now() END
        AND (o.lease_expires_at, o.id) > (@after_at::timestamptz, @after_id::bigint)
      ORDER BY o.lease_expires_at, o.id
-     LIMIT @max_rows::integer)
+     LIMIT @scan_rows::integer)
     UNION ALL
-    (SELECT o.id, o.lease_expires_at FROM /*outbox:table*/outbox AS o
+    (SELECT o.id, o.lease_expires_at, row_number() OVER (ORDER BY o.lease_expires_at DESC, o.id DESC),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'leased' AND @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NOT NULL
        AND o.lease_expires_at < CASE WHEN @expired::boolean THEN now() ELSE 'infinity'::timestamptz END
        AND o.lease_expires_at >= CASE WHEN @expired::boolean THEN '-infinity'::timestamptz ELSE now() END
        AND (o.lease_expires_at, o.id) < (@after_at::timestamptz, @after_id::bigint)
      ORDER BY o.lease_expires_at DESC, o.id DESC
-     LIMIT @max_rows::integer)
+     LIMIT @scan_rows::integer)
     UNION ALL
-    (SELECT o.id, '-infinity'::timestamptz FROM /*outbox:table*/outbox AS o
+    (SELECT o.id, '-infinity'::timestamptz, row_number() OVER (ORDER BY o.ordering_key, o.id),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'key' AND NOT @newest::boolean AND o.queue = @queue::text AND o.ordering_key = @key::text
        AND o.id > @after_id::bigint
      ORDER BY o.ordering_key, o.id
-     LIMIT @max_rows::integer)
+     LIMIT @scan_rows::integer)
     UNION ALL
-    (SELECT o.id, '-infinity'::timestamptz FROM /*outbox:table*/outbox AS o
+    (SELECT o.id, '-infinity'::timestamptz, row_number() OVER (ORDER BY o.ordering_key DESC, o.id DESC),
+            o.headers ->> 'message-type', o.created_at
+     FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'key' AND @newest::boolean AND o.queue = @queue::text AND o.ordering_key = @key::text
        AND o.id < @after_id::bigint
      ORDER BY o.ordering_key DESC, o.id DESC
+     LIMIT @scan_rows::integer)
+), page AS (
+    (SELECT s.id, s.pos, false AS edge FROM scanned AS s
+     WHERE (@message_type::text = '' OR s.message_type = @message_type::text)
+       AND (@older_than_seconds::float8 = 0 OR s.created_at <= now() - make_interval(secs => @older_than_seconds::float8))
+       AND (@newer_than_seconds::float8 = 0 OR s.created_at > now() - make_interval(secs => @newer_than_seconds::float8))
+     ORDER BY s.pos
      LIMIT @max_rows::integer)
+    UNION ALL
+    (SELECT s.id, s.pos, true FROM scanned AS s ORDER BY s.pos DESC LIMIT 1)
 )
 SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries_count, o.blocked,
        (o.acquired_token IS NOT NULL)::boolean AS leased,
@@ -136,8 +163,8 @@ SELECT o.id, o.queue, o.ordering_key, o.timer_id, o.attempts_count, o.deliveries
        least(greatest(o.next_attempt_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS next_attempt_at,
        least(greatest(o.lease_expires_at, '0001-01-01 00:00:00+00'), '9999-12-31 23:59:59.999999+00')::timestamptz AS lease_expires_at,
        coalesce(left(o.last_error, 200), '')::text AS last_error,
-       coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at
+       coalesce(o.headers ->> 'message-type', '')::text AS message_type, now()::timestamptz AS read_at,
+       p.edge::boolean AS edge, p.pos::bigint AS pos
 FROM page AS p
 JOIN /*outbox:table*/outbox AS o ON o.id = p.id
-ORDER BY CASE WHEN @newest::boolean THEN NULL ELSE p.k END, CASE WHEN @newest::boolean THEN p.k END DESC,
-         CASE WHEN @newest::boolean THEN NULL ELSE p.id END, CASE WHEN @newest::boolean THEN p.id END DESC;
+ORDER BY p.edge, p.pos;
