@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/outbox"
 )
@@ -286,21 +288,23 @@ func TestDLQPurgeWithinTheDryRunsBound(t *testing.T) {
 			t.Errorf("purge's stderr lacks %q:\n%s", want, r.stderr)
 		}
 	}
-	var left []int64
-	rows, err := d.Pool.Query(t.Context(), "SELECT id FROM outbox_dlq")
+	if diff := cmp.Diff([]int64{2501}, deadIDs(t, d.Pool)); diff != "" {
+		t.Errorf("left (-want +got):\n%s", diff)
+	}
+}
+
+// deadIDs is the ids of the dead-letter table's rows, in id order.
+func deadIDs(t *testing.T, pool *pgxpool.Pool) []int64 {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), "SELECT id FROM outbox_dlq ORDER BY id")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		left = append(left, id)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]int64{2501}, left); rows.Err() != nil || diff != "" {
-		t.Errorf("left (-want +got):\n%s", diff)
-	}
+	return ids
 }
 
 // dlq causes groups the newest dead letters by why they failed, the
@@ -356,16 +360,7 @@ func TestDLQCauses(t *testing.T) {
 	if r := runCLI(t, env, append(append([]string{"dlq", "replay"}, cause...), flags...)...); r.code != 0 {
 		t.Fatalf("dlq replay -cause: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	var left []int64
-	rows, _ := d.Pool.Query(t.Context(), "SELECT id FROM outbox_dlq ORDER BY id")
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		left = append(left, id)
-	}
-	if diff := cmp.Diff([]int64{3}, left); rows.Err() != nil || diff != "" {
+	if diff := cmp.Diff([]int64{3}, deadIDs(t, d.Pool)); diff != "" {
 		t.Errorf("dead letters left after replaying the timeouts (-want +got):\n%s", diff)
 	}
 	if r := runCLI(t, env, append([]string{"dlq", "causes", "-cause", "x"}, flags...)...); r.code != 2 {

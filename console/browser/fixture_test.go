@@ -161,7 +161,15 @@ func (c *consumer) accepted(payload string) bool {
 // ends. A failure is retried never: it dead-letters at once.
 func subscribe(t *testing.T, ob *outbox.Outbox, queues []string, c *consumer) {
 	t.Helper()
+	subscribeAs(t, ob, "", queues, c)
+}
+
+// subscribeAs is subscribe with the subscriber's name (its presence
+// record's; "" for the default).
+func subscribeAs(t *testing.T, ob *outbox.Outbox, name string, queues []string, c *consumer) {
+	t.Helper()
 	sub, err := outbox.NewSubscriber(ob, queues, c.handle, &outbox.SubscriberConfig[[]byte]{
+		Name:             name,
 		Workers:          2,
 		Retry:            outbox.NoRetry{},
 		MinFetchInterval: 20 * time.Millisecond,

@@ -2,7 +2,6 @@ package browser_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -56,22 +55,7 @@ func TestAnOperatorAnswersTheFiveEverydayQuestions(t *testing.T) {
 		}
 		return nil
 	}}
-	sub, err := outbox.NewSubscriber(ob, []string{"orders"}, c.handle, &outbox.SubscriberConfig[[]byte]{
-		Name: "checkout-worker", Workers: 2, Retry: outbox.NoRetry{},
-		MinFetchInterval: 20 * time.Millisecond, MaxFetchInterval: 250 * time.Millisecond, GracefulTimeout: 5 * time.Second, Logger: quiet,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("subscriber: %v", err)
-		}
-	})
+	subscribeAs(t, ob, "checkout-worker", []string{"orders"}, c)
 	for i := range 20 {
 		publish(t, f, jsonBytes{}, "orders", fmt.Appendf(nil, `{"order":%d,"pay":"slow"}`, i), nil)
 	}
