@@ -526,6 +526,16 @@ func TestRowsPage(t *testing.T) {
 			t.Errorf("rows %s: the form lost the type filter", c.query)
 		}
 	}
+	// Retrying: the scheduled rows an attempt of which failed.
+	var failed int64
+	if err := s.d.Pool.QueryRow(t.Context(), `INSERT INTO outbox (queue, payload, next_attempt_at, attempts_count, last_error)
+		VALUES ('ops', 'f', now() + interval '3 hours', 1, 'boom') RETURNING id`).Scan(&failed); err != nil {
+		t.Fatal(err)
+	}
+	retrying := rowRE.FindAllStringSubmatch(s.page(s.base+"/rows?q=ops&state=retrying"), -1)
+	if len(retrying) != 1 || retrying[0][1] != strconv.FormatInt(failed, 10) {
+		t.Errorf("the retrying rows: %v; want only %d", retrying, failed)
+	}
 	if code, _ := s.get(s.base + "/rows?q=ops&older=yesterday"); code != http.StatusBadRequest {
 		t.Errorf("a bad age: %d, want 400", code)
 	}

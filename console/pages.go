@@ -381,7 +381,7 @@ const rowsPerPage = 50
 func (c *Console) rowsPage(w http.ResponseWriter, r *http.Request, rq *request) {
 	v := r.URL.Query()
 	d := rowsData{Queue: v.Get("q"), State: cmp.Or(v.Get("state"), outbox.RowReady), Key: v.Get("key"), Newest: v.Get("order") == "newest",
-		States: []string{outbox.RowReady, outbox.RowScheduled, outbox.RowLeased, outbox.RowExpired},
+		States: []string{outbox.RowReady, outbox.RowScheduled, outbox.RowRetrying, outbox.RowLeased, outbox.RowExpired},
 		Link:   func(id int64) string { return rq.base + "/row?id=" + strconv.FormatInt(id, 10) }}
 	if d.Queue == "" {
 		c.fail(w, r, rq, http.StatusBadRequest, errors.New("name a queue: ?q=name"))
@@ -389,7 +389,7 @@ func (c *Console) rowsPage(w http.ResponseWriter, r *http.Request, rq *request) 
 	}
 	d.Type, d.Older, d.Newer, d.Scan = v.Get("type"), v.Get("older"), v.Get("newer"), outbox.RowsScan
 	d.OlderChoices, d.NewerChoices = rowsOlderChoices, rowsNewerChoices
-	d.Filtered = d.Type != "" || d.Older != "" || d.Newer != ""
+	d.Filtered = d.Type != "" || d.Older != "" || d.Newer != "" || d.State == outbox.RowRetrying
 	q := outbox.RowQuery{Queue: d.Queue, State: d.State, Key: d.Key, MessageType: d.Type, Newest: d.Newest, Limit: rowsPerPage}
 	var err error
 	if q.OlderThan, err = age("older", d.Older); err == nil {

@@ -180,7 +180,7 @@ func (q *Queries) RetryRowNow(ctx context.Context, id int64) (bool, error) {
 const rows = `-- name: Rows :many
 WITH scanned AS (
     (SELECT o.id, o.next_attempt_at AS k, row_number() OVER (ORDER BY o.next_attempt_at, o.id) AS pos,
-            o.headers ->> 'message-type' AS message_type, o.created_at
+            o.headers ->> 'message-type' AS message_type, o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE $1::text = 'pending' AND NOT $2::boolean AND o.queue = $3::text AND o.acquired_token IS NULL AND NOT o.blocked
        AND o.next_attempt_at < CASE WHEN $4::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
@@ -190,7 +190,7 @@ WITH scanned AS (
      LIMIT $7::integer)
     UNION ALL
     (SELECT o.id, o.next_attempt_at, row_number() OVER (ORDER BY o.next_attempt_at DESC, o.id DESC),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE $1::text = 'pending' AND $2::boolean AND o.queue = $3::text AND o.acquired_token IS NULL AND NOT o.blocked
        AND o.next_attempt_at < CASE WHEN $4::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
@@ -200,7 +200,7 @@ WITH scanned AS (
      LIMIT $7::integer)
     UNION ALL
     (SELECT o.id, o.lease_expires_at, row_number() OVER (ORDER BY o.lease_expires_at, o.id),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE $1::text = 'leased' AND NOT $2::boolean AND o.queue = $3::text AND o.acquired_token IS NOT NULL
        AND o.lease_expires_at < CASE WHEN $8::boolean THEN now() ELSE 'infinity'::timestamptz END
@@ -210,7 +210,7 @@ WITH scanned AS (
      LIMIT $7::integer)
     UNION ALL
     (SELECT o.id, o.lease_expires_at, row_number() OVER (ORDER BY o.lease_expires_at DESC, o.id DESC),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE $1::text = 'leased' AND $2::boolean AND o.queue = $3::text AND o.acquired_token IS NOT NULL
        AND o.lease_expires_at < CASE WHEN $8::boolean THEN now() ELSE 'infinity'::timestamptz END
@@ -220,7 +220,7 @@ WITH scanned AS (
      LIMIT $7::integer)
     UNION ALL
     (SELECT o.id, '-infinity'::timestamptz, row_number() OVER (ORDER BY o.ordering_key, o.id),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE $1::text = 'key' AND NOT $2::boolean AND o.queue = $3::text AND o.ordering_key = $9::text
        AND o.id > $6::bigint
@@ -228,7 +228,7 @@ WITH scanned AS (
      LIMIT $7::integer)
     UNION ALL
     (SELECT o.id, '-infinity'::timestamptz, row_number() OVER (ORDER BY o.ordering_key DESC, o.id DESC),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE $1::text = 'key' AND $2::boolean AND o.queue = $3::text AND o.ordering_key = $9::text
        AND o.id < $6::bigint
@@ -239,8 +239,9 @@ WITH scanned AS (
      WHERE ($10::text = '' OR s.message_type = $10::text)
        AND ($11::float8 = 0 OR s.created_at <= now() - make_interval(secs => $11::float8))
        AND ($12::float8 = 0 OR s.created_at > now() - make_interval(secs => $12::float8))
+       AND (NOT $13::boolean OR s.attempts_count > 0)
      ORDER BY s.pos
-     LIMIT $13::integer)
+     LIMIT $14::integer)
     UNION ALL
     (SELECT s.id, s.pos, true FROM scanned AS s ORDER BY s.pos DESC LIMIT 1)
 )
@@ -270,6 +271,7 @@ type RowsParams struct {
 	MessageType      string
 	OlderThanSeconds float64
 	NewerThanSeconds float64
+	Retrying         bool
 	MaxRows          int32
 }
 
@@ -309,7 +311,8 @@ type RowsRow struct {
 // read (with the heap's message type and creation time), those matching
 // the filters (message-type header @message_type;
 // created at least @older_than_seconds ago, or within
-// @newer_than_seconds; each unset when empty or 0) are the page, at most
+// @newer_than_seconds; each unset when empty or 0; with @retrying, only
+// rows an attempt of which failed) are the page, at most
 // @max_rows, in the order read; the last entry read follows them as the
 // edge, from which a page the filters left short goes on. The rows are
 // then read by id.
@@ -327,6 +330,7 @@ func (q *Queries) Rows(ctx context.Context, arg RowsParams) ([]RowsRow, error) {
 		arg.MessageType,
 		arg.OlderThanSeconds,
 		arg.NewerThanSeconds,
+		arg.Retrying,
 		arg.MaxRows,
 	)
 	if err != nil {

@@ -24,6 +24,10 @@ const (
 	RowLeased = "leased"
 	// RowExpired: leased, past its lease's expiry; any claim takes it.
 	RowExpired = "expired"
+	// RowRetrying chooses, in [RowQuery.State], the scheduled rows that
+	// wait for their retry: an attempt failed before. [Row.State] and
+	// [RowSummary.State] report them RowScheduled, with their Attempts.
+	RowRetrying = "retrying"
 )
 
 // Row is one row of the outbox, in whatever state, as [Outbox.Row] reads

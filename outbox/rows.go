@@ -16,7 +16,8 @@ const (
 	RowsLimitDefault = 50
 	RowsLimitMax     = 1000
 	// RowsScan is how many rows of its index a page with a filter
-	// (RowQuery.MessageType, OlderThan, NewerThan) reads at most.
+	// (RowQuery.MessageType, OlderThan, NewerThan, State RowRetrying)
+	// reads at most.
 	RowsScan = 5000
 )
 
@@ -25,9 +26,10 @@ const (
 type RowQuery struct {
 	// Queue is the queue. Required.
 	Queue string
-	// State is RowReady (the default), RowScheduled, RowLeased or
-	// RowExpired. Rows behind their key's head (RowBlocked) are listed
-	// by key (Key; HeldKeys finds the keys that hold rows back).
+	// State is RowReady (the default), RowScheduled, RowRetrying (the
+	// scheduled rows waiting for their retry), RowLeased or RowExpired.
+	// Rows behind their key's head (RowBlocked) are listed by key (Key;
+	// HeldKeys finds the keys that hold rows back).
 	State string
 	// Key, when set, lists the rows of this ordering key in every state,
 	// in the key's order (its head first), and State is not used.
@@ -101,7 +103,8 @@ type RowSummary struct {
 // pending index for ready and scheduled rows, the lease-expiry index for
 // leased and expired ones, the ordering index for a key) that stops at the
 // page's size, however many rows the queue holds. With a filter
-// (MessageType, OlderThan, NewerThan), a page reads at most [RowsScan]
+// (MessageType, OlderThan, NewerThan, or State RowRetrying, the
+// scheduled rows that failed before), a page reads at most [RowsScan]
 // rows of its range and lists those that match: a page can then hold
 // fewer rows than Limit, or none, and still have a next one, which goes
 // on from the last row it read. Rows in the log tier's
@@ -127,7 +130,7 @@ func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor
 	if err := checkText("RowQuery.MessageType", q.MessageType, HeadersMaxBytes, false); err != nil {
 		return nil, nil, err
 	}
-	filtered := q.MessageType != "" || q.OlderThan != 0 || q.NewerThan != 0
+	filtered := q.MessageType != "" || q.OlderThan != 0 || q.NewerThan != 0 || q.State == RowRetrying
 	// From the start: before every row oldest first, after every row
 	// newest first.
 	after := RowCursor{At: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), ID: math.MinInt64}
@@ -149,13 +152,14 @@ func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor
 			return nil, nil, err
 		}
 		p.Mode, p.Key = "key", q.Key
-	case q.State == RowReady || q.State == RowScheduled:
-		p.Mode, p.Due = "pending", q.State == RowReady
+	case q.State == RowReady || q.State == RowScheduled || q.State == RowRetrying:
+		p.Mode, p.Due, p.Retrying = "pending", q.State == RowReady, q.State == RowRetrying
 	case q.State == RowLeased || q.State == RowExpired:
 		p.Mode, p.Expired = "leased", q.State == RowExpired
 	default:
 		return nil, nil, &InputError{Field: "RowQuery.State",
-			Rule: fmt.Sprintf("must be %s, %s, %s or %s (blocked rows are listed by their Key); is %q", RowReady, RowScheduled, RowLeased, RowExpired, q.State)}
+			Rule: fmt.Sprintf("must be %s, %s, %s, %s or %s (blocked rows are listed by their Key); is %q", RowReady, RowScheduled, RowRetrying,
+				RowLeased, RowExpired, q.State)}
 	}
 	rows, err := o.queries(o.pool).Rows(ctx, p)
 	if err != nil {

@@ -183,6 +183,13 @@ func TestRowsFiltersByMessageTypeAndAgeWithinABoundedRead(t *testing.T) {
 			t.Errorf("Rows(%+v) (-want +got):\n%spages of %v; want %v", c.q, diff, pages, c.pageSizes)
 		}
 	}
+	// Retrying: the scheduled rows an attempt of which failed.
+	e.exec(`INSERT INTO outbox (queue, payload, next_attempt_at, attempts_count, last_error)
+		VALUES ('r', 'delayed', now() + interval '1 hour', 0, NULL), ('r', 'failed', now() + interval '2 hours', 2, 'boom')`)
+	rs, _, err := e.ob.Rows(e.ctx, RowQuery{Queue: "r", State: RowRetrying})
+	if err != nil || len(rs) != 1 || rs[0].Attempts != 2 || rs[0].State != RowScheduled || rs[0].LastError != "boom" {
+		t.Errorf("retrying rows = %+v, %v; want the failed one, reported scheduled", rs, err)
+	}
 	rs, next, err := e.ob.Rows(e.ctx, RowQuery{Queue: "q", OlderThan: time.Hour, Limit: 3})
 	var ids []int64
 	for _, r := range rs {

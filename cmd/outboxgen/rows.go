@@ -18,13 +18,15 @@ const rowsUsage = `Usage: outboxgen rows -queue Q [-state S | -key K] [-type T] 
        outboxgen row show|retry|cancel|dead-letter ID [-note TEXT] [-yes] [flags]
 
 rows lists a queue's rows in one state (-state ready, the default,
-scheduled, leased or expired), oldest first (-newest: newest first), or
-an ordering key's rows in every state in the key's order (-key), a page
-of -limit rows; the last line gives the flag of the next page (-after).
+scheduled, retrying: the scheduled rows an attempt of which failed,
+leased or expired), oldest first (-newest: newest first), or an
+ordering key's rows in every state in the key's order (-key), a page of
+-limit rows; the last line gives the flag of the next page (-after).
 Each page is one index range, however many rows the queue holds.
 -type, -older-than and -newer-than list only the rows of a message type
-or created that long ago: a page then reads at most 5,000 rows of its
-range, and may list fewer than -limit, or none, and still go on.
+or created that long ago. With them, or -state retrying, a page reads
+at most 5,000 rows of its range, and may list fewer than -limit, or
+none, and still go on.
 
 row acts on one row of the outbox by id:
   show          the row: state, times, attempts, lease, key, last error,
@@ -49,7 +51,7 @@ func rowsCmd(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 	fs := newFlags("rows", rowsUsage, stderr)
 	conn := connFlags(fs)
 	queue := fs.String("queue", "", "the queue (required)")
-	state := fs.String("state", outbox.RowReady, "ready, scheduled, leased or expired")
+	state := fs.String("state", outbox.RowReady, "ready, scheduled, retrying (scheduled after a failed attempt), leased or expired")
 	key := fs.String("key", "", "the rows of this ordering key, in every state, instead of -state")
 	msgType := fs.String("type", "", "only rows of this message type (its message-type header)")
 	olderThan := fs.Duration("older-than", 0, "only rows created at least this long ago")

@@ -87,13 +87,14 @@ SELECT (count(*) > 0)::boolean AS moved FROM moved;
 -- read (with the heap's message type and creation time), those matching
 -- the filters (message-type header @message_type;
 -- created at least @older_than_seconds ago, or within
--- @newer_than_seconds; each unset when empty or 0) are the page, at most
+-- @newer_than_seconds; each unset when empty or 0; with @retrying, only
+-- rows an attempt of which failed) are the page, at most
 -- @max_rows, in the order read; the last entry read follows them as the
 -- edge, from which a page the filters left short goes on. The rows are
 -- then read by id.
 WITH scanned AS (
     (SELECT o.id, o.next_attempt_at AS k, row_number() OVER (ORDER BY o.next_attempt_at, o.id) AS pos,
-            o.headers ->> 'message-type' AS message_type, o.created_at
+            o.headers ->> 'message-type' AS message_type, o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'pending' AND NOT @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NULL AND NOT o.blocked
        AND o.next_attempt_at < CASE WHEN @due::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
@@ -103,7 +104,7 @@ WITH scanned AS (
      LIMIT @scan_rows::integer)
     UNION ALL
     (SELECT o.id, o.next_attempt_at, row_number() OVER (ORDER BY o.next_attempt_at DESC, o.id DESC),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'pending' AND @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NULL AND NOT o.blocked
        AND o.next_attempt_at < CASE WHEN @due::boolean THEN now() + interval '1 microsecond' ELSE 'infinity'::timestamptz END
@@ -113,7 +114,7 @@ WITH scanned AS (
      LIMIT @scan_rows::integer)
     UNION ALL
     (SELECT o.id, o.lease_expires_at, row_number() OVER (ORDER BY o.lease_expires_at, o.id),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'leased' AND NOT @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NOT NULL
        AND o.lease_expires_at < CASE WHEN @expired::boolean THEN now() ELSE 'infinity'::timestamptz END
@@ -123,7 +124,7 @@ WITH scanned AS (
      LIMIT @scan_rows::integer)
     UNION ALL
     (SELECT o.id, o.lease_expires_at, row_number() OVER (ORDER BY o.lease_expires_at DESC, o.id DESC),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'leased' AND @newest::boolean AND o.queue = @queue::text AND o.acquired_token IS NOT NULL
        AND o.lease_expires_at < CASE WHEN @expired::boolean THEN now() ELSE 'infinity'::timestamptz END
@@ -133,7 +134,7 @@ WITH scanned AS (
      LIMIT @scan_rows::integer)
     UNION ALL
     (SELECT o.id, '-infinity'::timestamptz, row_number() OVER (ORDER BY o.ordering_key, o.id),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'key' AND NOT @newest::boolean AND o.queue = @queue::text AND o.ordering_key = @key::text
        AND o.id > @after_id::bigint
@@ -141,7 +142,7 @@ WITH scanned AS (
      LIMIT @scan_rows::integer)
     UNION ALL
     (SELECT o.id, '-infinity'::timestamptz, row_number() OVER (ORDER BY o.ordering_key DESC, o.id DESC),
-            o.headers ->> 'message-type', o.created_at
+            o.headers ->> 'message-type', o.created_at, o.attempts_count
      FROM /*outbox:table*/outbox AS o
      WHERE @mode::text = 'key' AND @newest::boolean AND o.queue = @queue::text AND o.ordering_key = @key::text
        AND o.id < @after_id::bigint
@@ -152,6 +153,7 @@ WITH scanned AS (
      WHERE (@message_type::text = '' OR s.message_type = @message_type::text)
        AND (@older_than_seconds::float8 = 0 OR s.created_at <= now() - make_interval(secs => @older_than_seconds::float8))
        AND (@newer_than_seconds::float8 = 0 OR s.created_at > now() - make_interval(secs => @newer_than_seconds::float8))
+       AND (NOT @retrying::boolean OR s.attempts_count > 0)
      ORDER BY s.pos
      LIMIT @max_rows::integer)
     UNION ALL
