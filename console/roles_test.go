@@ -44,7 +44,8 @@ func TestConsoleAsTheSubscriberRole(t *testing.T) {
 	s.fixture()
 	for _, p := range []string{"/", s.base + "/", s.base + "/queue?q=orders", s.base + "/keys", s.base + "/dead",
 		s.base + "/dead?q=orders&reason=retry_exhausted", s.base + "/dead/-3", s.base + "/row?id=-1",
-		s.base + "/row?q=orders&timer=remind-7", s.base + "/health"} {
+		s.base + "/row?q=orders&timer=remind-7", s.base + "/health", s.base + "/dead?q=orders&reason=retry_exhausted&cause=payment+service+down",
+		s.base + "/rows?q=orders&state=retrying&type=shop.Order&older=1h"} {
 		s.page(p)
 	}
 	for _, a := range []struct {
@@ -52,6 +53,8 @@ func TestConsoleAsTheSubscriberRole(t *testing.T) {
 		form url.Values
 		want string
 	}{
+		{"/dead/replay", url.Values{"scope": {"filter"}, "q": {"orders"}, "reason": {"retry_exhausted"}, "cause": {"payment service down"},
+			"step": {"dry-run"}}, "Dry run: 1 row would go back"},
 		{"/dead/replay", url.Values{"scope": {"selection"}, "id": {"-3"}, "step": {"dry-run"}}, "Dry run: 1 row would go back"},
 		{"/dead/replay", url.Values{"scope": {"selection"}, "id": {"-3"}, "step": {"confirm"}}, "Replayed 1 dead letter"},
 		{"/dead/delete", url.Values{"scope": {"filter"}, "q": {"mail"}, "step": {"confirm"}}, "Deleted 1 dead letter."},
