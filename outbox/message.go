@@ -170,7 +170,7 @@ func decodeMessage[T any](m *Message[T], c Codec[T], contentType string, row *db
 	}
 	if mt := m.Headers[HeaderMessageType]; mt != "" {
 		if !hc.typeKnown {
-			hc.msgType, hc.typeErr = messageTypeOf[T]()
+			hc.msgType, hc.typeErr = messageTypeOf(c)
 			hc.typeKnown = true
 		}
 		switch {

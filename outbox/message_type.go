@@ -55,10 +55,22 @@ type MessageTyper interface {
 // HeadersMaxBytes.
 const messageTypeMaxBytes = msgtype.MaxBytes
 
-// messageTypeOf returns the message type a Publisher[T] records in the
-// message-type header and a Subscriber[T] checks (see [MessageTyper]). It
-// uses reflection: call it once per publisher or worker, never per
-// message.
-func messageTypeOf[T any]() (msgtype.Type, error) {
-	return msgtype.Of(reflect.TypeFor[T]())
+// CodecMessageTyper is implemented by codecs whose format names its
+// messages itself, as Protocol Buffers do with a message's full name
+// ("shop.v1.OrderPlaced"): the name MessageType returns is the message
+// type a publisher with the codec records in the message-type header, and
+// the only one a subscriber with it reads, in place of T's name
+// ([MessageTyper]). It is called once per publisher or worker and must
+// return a constant: printable UTF-8 of at most 1024 bytes, or "" to
+// record no type and read every row.
+type CodecMessageTyper interface {
+	MessageType() string
+}
+
+// messageTypeOf returns the message type a Publisher[T] with codec
+// records in the message-type header and a Subscriber[T] with it checks
+// (see [MessageTyper] and [CodecMessageTyper]). It uses reflection: call
+// it once per publisher or worker, never per message.
+func messageTypeOf[T any](codec Codec[T]) (msgtype.Type, error) {
+	return msgtype.OfCodec(reflect.TypeFor[T](), codec)
 }

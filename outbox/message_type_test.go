@@ -50,29 +50,29 @@ func TestMessageTypeNames(t *testing.T) {
 		got  func() (msgtype.Type, error)
 		want string
 	}{
-		{"struct", messageTypeOf[order], "order"},
-		{"pointer to struct", messageTypeOf[*order], "order"},
-		{"generic", messageTypeOf[box[*order]], "box[order]"},
-		{"generic of generic", messageTypeOf[box[map[string][]*box[order]]], "box[map[string][]box[order]]"},
-		{"generic of a predeclared type", messageTypeOf[box[int]], "box[int]"},
-		{"generic of an anonymous struct", messageTypeOf[box[struct {
+		{"struct", typeOf[order], "order"},
+		{"pointer to struct", typeOf[*order], "order"},
+		{"generic", typeOf[box[*order]], "box[order]"},
+		{"generic of generic", typeOf[box[map[string][]*box[order]]], "box[map[string][]box[order]]"},
+		{"generic of a predeclared type", typeOf[box[int]], "box[int]"},
+		{"generic of an anonymous struct", typeOf[box[struct {
 			ID string `json:"id.x/y"`
 		}]], `box[struct { ID string "json:\"id.x/y\"" }]`},
-		{"slice", messageTypeOf[[]*order], "[]order"},
-		{"array", messageTypeOf[[2]order], "[2]order"},
-		{"map", messageTypeOf[map[string]order], "map[string]order"},
-		{"string", messageTypeOf[string], "string"},
-		{"int", messageTypeOf[int], "int"},
-		{"bytes", messageTypeOf[[]byte], ""},
-		{"raw JSON", messageTypeOf[json.RawMessage], ""},
-		{"any", messageTypeOf[any], ""},
-		{"named interface", messageTypeOf[error], ""},
-		{"map of any", messageTypeOf[map[string]any], ""},
-		{"anonymous struct", messageTypeOf[struct{ ID string }], ""},
-		{"named by a value method", messageTypeOf[namedByValue], "shop.order.v1"},
-		{"pointer to a type named by a value method", messageTypeOf[*namedByValue], "shop.order.v1"},
-		{"named by a pointer method", messageTypeOf[namedByPointer], "shop.order.v1"},
-		{"named empty", messageTypeOf[unnamed], ""},
+		{"slice", typeOf[[]*order], "[]order"},
+		{"array", typeOf[[2]order], "[2]order"},
+		{"map", typeOf[map[string]order], "map[string]order"},
+		{"string", typeOf[string], "string"},
+		{"int", typeOf[int], "int"},
+		{"bytes", typeOf[[]byte], ""},
+		{"raw JSON", typeOf[json.RawMessage], ""},
+		{"any", typeOf[any], ""},
+		{"named interface", typeOf[error], ""},
+		{"map of any", typeOf[map[string]any], ""},
+		{"anonymous struct", typeOf[struct{ ID string }], ""},
+		{"named by a value method", typeOf[namedByValue], "shop.order.v1"},
+		{"pointer to a type named by a value method", typeOf[*namedByValue], "shop.order.v1"},
+		{"named by a pointer method", typeOf[namedByPointer], "shop.order.v1"},
+		{"named empty", typeOf[unnamed], ""},
 	}
 	for _, tt := range tests {
 		got, err := tt.got()
@@ -81,7 +81,7 @@ func TestMessageTypeNames(t *testing.T) {
 		}
 	}
 	for name, f := range map[string]func() (msgtype.Type, error){
-		"non-printable": messageTypeOf[badName], "panicking": messageTypeOf[panickyName],
+		"non-printable": typeOf[badName], "panicking": typeOf[panickyName],
 	} {
 		if got, err := f(); err == nil {
 			t.Errorf("%s name: %q, want an error", name, got.Name)
@@ -376,5 +376,64 @@ func TestQualifiedMessageTypeIsReadOnlyByTheTypesOfItsPackages(t *testing.T) {
 	}
 	for _, id := range []int64{foreignBody, foreign} {
 		e.wantDecodeError(id, `this subscriber reads "Envelope[Order]", or "`+outboxPath+`.Envelope[*`+outboxPath+`.Order]" as earlier releases spelled it`)
+	}
+}
+
+// typeOf is the message type of T with a codec that names nothing.
+func typeOf[T any]() (msgtype.Type, error) { return messageTypeOf[T](nil) }
+
+// namingCodec is JSON whose format names its messages (as Protocol
+// Buffers' full names do): CodecMessageTyper.
+type namingCodec[T any] struct {
+	JSONCodec[T]
+	name func() string
+}
+
+func (c namingCodec[T]) MessageType() string { return c.name() }
+
+// A codec that names its messages decides the message type: publishers
+// with it record its name, not the Go type's; subscribers with it read
+// only that name, and subscribers of the same Go type without it refuse
+// it. A name that panics or is not printable is a ConfigError.
+func TestACodecThatNamesItsMessagesDecidesTheMessageType(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	named := namingCodec[Order]{name: func() string { return "shop.v1.Order" }}
+	pub, err := NewPublisher(e.ob, "codec-named", &PublisherConfig[Order]{Codec: named})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pub.Publish(e.ctx, e.pubPool, Order{ID: "o-1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	bare := e.insertTyped("codec-named", `{"id": "o-2"}`, "Order")
+	got := make(chan string, 2)
+	cfg := fastConfig[Order](nil)
+	cfg.Codec = named
+	sub := startSub(t, e.ob, []string{"codec-named"}, func(_ context.Context, m *Message[Order]) error {
+		got <- m.Payload.ID + " " + m.MessageType()
+		return nil
+	}, cfg)
+	if r := receive(t, got); r != "o-1 shop.v1.Order" {
+		t.Errorf("delivered %q, want o-1 shop.v1.Order", r)
+	}
+	eventually(t, "the Go type's name dead-lettered", func() bool { _, ok := e.dlqRow(bare); return ok })
+	if err := sub.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	e.wantDecodeError(bare, `message type "Order"; this subscriber reads "shop.v1.Order"`)
+	// Without the codec, the same Go type reads its own name only.
+	plain := e.insertTyped("codec-plain", `{"id": "o-3"}`, "shop.v1.Order")
+	if diff := cmp.Diff([]string{}, readQueue(t, e, "codec-plain", func(o Order) string { return o.ID }, 0, 1)); diff != "" {
+		t.Errorf("a subscriber without the codec (-want +got):\n%s", diff)
+	}
+	e.wantDecodeError(plain, `this subscriber reads "Order"`)
+
+	for _, name := range []func() string{func() string { panic("no descriptor") }, func() string { return "a\nb" }} {
+		_, err := NewPublisher(e.ob, "codec-named", &PublisherConfig[Order]{Codec: namingCodec[Order]{name: name}})
+		var ce *ConfigError
+		if !errors.As(err, &ce) || !strings.Contains(ce.Rule, "MessageType") {
+			t.Errorf("NewPublisher with a codec whose MessageType fails = %v; want a *ConfigError naming it", err)
+		}
 	}
 }

@@ -153,7 +153,8 @@ func ValidateQueue(name string) error { return checkQueue("queue", name) }
 //
 // Every row it writes carries T's name in the message-type header
 // ([HeaderMessageType]): T's type name without its package path, such as
-// "OrderPlaced", or the name T's [MessageTyper] method returns.
+// "OrderPlaced", or the name T's [MessageTyper] method returns, or the
+// codec's when it names its messages ([CodecMessageTyper]).
 // Subscribers of another type refuse the row. Interfaces and byte slices
 // record no type.
 func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Publisher[T], error) {
@@ -164,7 +165,7 @@ func NewPublisher[T any](ob *Outbox, queue string, cfg *PublisherConfig[T]) (*Pu
 	if c.Codec == nil {
 		c.Codec = DefaultCodec[T]()
 	}
-	messageType, err := messageTypeOf[T]()
+	messageType, err := messageTypeOf(c.Codec)
 	if err != nil {
 		err = &ConfigError{Field: "T", Value: reflect.TypeFor[T]().String(), Rule: err.Error()}
 	}

@@ -67,12 +67,34 @@ func Of(t reflect.Type) (Type, error) {
 		qualified, _ := typeName(t, true)
 		return Type{Name: name, Qualified: qualified}, nil
 	}
-	name, err := call(v.Interface().(typer))
+	return chosen(fmt.Sprintf("%v.OutboxMessageType", t), v.Interface().(typer).OutboxMessageType)
+}
+
+// namer has the method set of outbox.CodecMessageTyper.
+type namer interface {
+	MessageType() string
+}
+
+// OfCodec returns the message type of t as codec writes and reads it: the
+// name codec's MessageType method returns, when it has one (a format
+// that names its messages itself, as Protocol Buffers do), else Of(t).
+func OfCodec(t reflect.Type, codec any) (Type, error) {
+	n, ok := codec.(namer)
+	if !ok {
+		return Of(t)
+	}
+	return chosen(fmt.Sprintf("%T.MessageType", codec), n.MessageType)
+}
+
+// chosen is the message type a method (what names it) returns: a name
+// chosen for the type, matched exactly, or none.
+func chosen(what string, method func() string) (Type, error) {
+	name, err := call(method)
 	if err != nil {
-		return Type{}, fmt.Errorf("%v.OutboxMessageType: %w", t, err)
+		return Type{}, fmt.Errorf("%s: %w", what, err)
 	}
 	if len(name) > MaxBytes || !Printable(name, true) {
-		return Type{}, fmt.Errorf("%v.OutboxMessageType returned %q; want printable UTF-8 of at most %d bytes", t, name, MaxBytes)
+		return Type{}, fmt.Errorf("%s returned %q; want printable UTF-8 of at most %d bytes", what, name, MaxBytes)
 	}
 	return Type{Name: name, Chosen: name != ""}, nil
 }
@@ -207,13 +229,13 @@ func typeName(t reflect.Type, qualified bool) (name string, ok bool) {
 	}
 }
 
-func call(m typer) (name string, err error) {
+func call(method func() string) (name string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panicked: %v", r)
 		}
 	}()
-	return m.OutboxMessageType(), nil
+	return method(), nil
 }
 
 // Printable reports whether s is valid UTF-8 of printable characters;

@@ -68,7 +68,7 @@ func published[T any](tb testing.TB, name, queue string, codec outbox.Codec[T], 
 	if codec == nil {
 		codec = outbox.DefaultCodec[T]()
 	}
-	typ, err := msgtype.Of(reflect.TypeFor[T]())
+	typ, err := msgtype.OfCodec(reflect.TypeFor[T](), codec)
 	if err != nil {
 		tb.Fatalf("outboxtest: %s(%q): %v", name, queue, err)
 	}
