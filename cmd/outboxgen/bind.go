@@ -25,7 +25,7 @@ import (
 const bindUsage = `Usage: outboxgen bind [-dir DIR] [-out FILE] [-asyncapi FILE] [-format yaml|json]
 
 Reads the Go package in DIR and, for every type whose doc comment has a line
-  //outbox:message queue=NAME [type=TYPENAME]
+  //outbox:message queue=NAME [type=TYPENAME] [codec=NAME]
 (its only line starting //outbox:) writes, next to it, one gofmt-clean file
 with, per type, the queue's constant, a typed publisher constructor and two
 subscriber constructors: New<T>Subscriber for an outbox.Handler, and
@@ -34,6 +34,19 @@ in the transaction it hands the handler. It writes too an AsyncAPI 3.0
 document of the queues and their payloads' JSON Schemas (derived from the
 types as encoding/json sees them). Nothing is written unless every
 annotation is valid.
+
+codec=NAME chooses the codec the constructors use when the config
+passed to them sets none: json (outbox's default, encoding/json), gojson
+(contrib/gojson: the same JSON, decoded several times faster), proto or
+protojson (contrib/protocodec, for a generated Protocol Buffers message:
+the constructors take *T, and the message type is the message's full
+name, read from the generated file's descriptor). Annotate a generated
+message in its .proto file, in the comment above the message, which
+protoc-gen-go copies onto the Go type:
+  // OrderPlaced is published when a customer places an order.
+  //outbox:message queue=orders.placed codec=proto
+  message OrderPlaced { ... }
+and run bind in the generated package.
 
 Publishers record the message type in the message-type header: by
 default the type's name, which the document states as the header's value.
@@ -67,7 +80,17 @@ type binding struct {
 	// default, the type's name; "" when the type's own
 	// OutboxMessageType method decides.
 	Recorded string
-	pos      token.Position
+	// Param is the type parameter of its publishers and subscribers: the
+	// type, or a pointer to it for a Protocol Buffers message.
+	Param string
+	// CodecExpr is the codec the constructors set when their config sets
+	// none; "" for outbox's default.
+	CodecExpr string
+	codec     bindCodec
+	// protoFile is the .proto file of a Protocol Buffers message, as its
+	// descriptor names it.
+	protoFile string
+	pos       token.Position
 }
 
 func bindCmd(_ context.Context, args []string, stdout, stderr io.Writer, _ func(string) string) error {
@@ -222,9 +245,22 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 					errs = append(errs, fmt.Errorf("%s: %s is generic; messages must be concrete types", where, ts.Name.Name))
 					continue
 				}
-				recorded := ann.messageType
+				recorded, param, file := ann.messageType, ts.Name.Name, ""
 				ownTyper := noOwnTyper(pkg, obj, out)
-				switch {
+				switch isProto := isProtoMessage(obj.Type()); {
+				case ann.codec.proto && !isProto:
+					errs = append(errs, fmt.Errorf("%s: %s is not a generated Protocol Buffers message; codec=%s binds those", where, ts.Name.Name, ann.codec.name))
+					continue
+				case ann.codec.proto:
+					full, protoFile, err := protoFullName(pkg, f, ts.Name.Name)
+					if err != nil {
+						errs = append(errs, fmt.Errorf("%s: %s: %w", where, ts.Name.Name, err))
+						continue
+					}
+					recorded, param, file = full, "*"+ts.Name.Name, protoFile
+				case isProto:
+					errs = append(errs, fmt.Errorf("%s: %s is a generated Protocol Buffers message; bind it with codec=proto or codec=protojson", where, ts.Name.Name))
+					continue
 				case ann.messageType != "" && ownTyper != nil:
 					errs = append(errs, fmt.Errorf("%s: %s: %w", where, ts.Name.Name, ownTyper))
 					continue
@@ -232,7 +268,11 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 					recorded = ts.Name.Name // outbox's default for a non-generic type
 				}
 				queue := ann.queue
-				b := binding{Type: ts.Name.Name, Queue: queue, ChannelID: channelID(queue), MessageType: ann.messageType, Recorded: recorded, pos: at}
+				b := binding{Type: ts.Name.Name, Queue: queue, ChannelID: channelID(queue), MessageType: ann.messageType, Recorded: recorded,
+					Param: param, codec: ann.codec, protoFile: file, pos: at}
+				if ann.codec.expr != nil {
+					b.CodecExpr = ann.codec.expr(param)
+				}
 				if prev, dup := byQueue[queue]; dup {
 					errs = append(errs, fmt.Errorf("%s: %s and %s (%s) are both bound to queue %q", where, b.Type, prev.Type, relPos(prev.pos), queue))
 					continue
@@ -256,9 +296,10 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 // annotationArgs are the key=value pairs of an //outbox:message line.
 type annotationArgs struct {
 	queue, messageType string
+	codec              bindCodec
 }
 
-const annotationForm = "//outbox:message queue=NAME [type=TYPENAME]"
+const annotationForm = "//outbox:message queue=NAME [type=TYPENAME] [codec=json|gojson|proto|protojson]"
 
 // annotation finds //outbox:message in doc and returns its arguments. Any
 // other line starting //outbox: (a misspelt //outbox:messages, say), or a
@@ -300,7 +341,7 @@ func parseAnnotation(text string) (annotationArgs, error) {
 			return args, fmt.Errorf("%q is not key=value; want %s", field, annotationForm)
 		}
 		switch k {
-		case "queue", "type":
+		case "queue", "type", "codec":
 		default:
 			return args, fmt.Errorf("unknown key %q; want %s", k, annotationForm)
 		}
@@ -319,7 +360,19 @@ func parseAnnotation(text string) (annotationArgs, error) {
 				return args, err
 			}
 			args.messageType = v
+		case "codec":
+			c, err := codecNamed(v)
+			if err != nil {
+				return args, err
+			}
+			args.codec = c
 		}
+	}
+	if args.codec.name == "" {
+		args.codec = bindCodecs[0]
+	}
+	if args.codec.proto && args.messageType != "" {
+		return args, fmt.Errorf("type= with codec=%s: the codec names the message by its full Protocol Buffers name", args.codec.name)
 	}
 	if args.queue == "" {
 		return args, fmt.Errorf("no queue; want %s", annotationForm)
@@ -398,25 +451,65 @@ var bindingsTmpl = template.Must(template.New("bindings").Parse(`// Code generat
 
 package {{.Package}}
 
-import "github.com/outboxgen/outboxgen/outbox"
-{{range .Bindings}}
+{{if eq (len .Imports) 1}}import {{printf "%q" (index .Imports 0)}}
+{{else}}import (
+{{- range .Imports}}
+	{{printf "%q" .}}
+{{- end}}
+)
+{{end}}{{range .Bindings}}
 // Queue{{.Type}} is the queue of {{.Type}} messages.
 const Queue{{.Type}} = {{printf "%q" .Queue}}
+{{if .CodecExpr}}
+// New{{.Type}}Publisher returns a publisher of {{.Type}} messages to Queue{{.Type}}, with {{.CodecExpr}} unless cfg sets a codec.
+func New{{.Type}}Publisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[{{.Param}}]) (*outbox.Publisher[{{.Param}}], error) {
+	c := outbox.PublisherConfig[{{.Param}}]{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Codec == nil {
+		c.Codec = {{.CodecExpr}}
+	}
+	return outbox.NewPublisher(ob, Queue{{.Type}}, &c)
+}
 
+// New{{.Type}}Subscriber returns a subscriber that hands the {{.Type}} messages of Queue{{.Type}} to h, with {{.CodecExpr}} unless cfg sets a codec.
+func New{{.Type}}Subscriber(ob *outbox.Outbox, h outbox.Handler[{{.Param}}], cfg *outbox.SubscriberConfig[{{.Param}}]) (*outbox.Subscriber[{{.Param}}], error) {
+	return outbox.NewSubscriber(ob, []string{Queue{{.Type}}}, h, {{.Type}}SubscriberConfig(cfg))
+}
+
+// New{{.Type}}TxSubscriber returns a subscriber that hands the {{.Type}} messages of Queue{{.Type}} to h, each in a transaction that acknowledges it (see outbox.NewTxSubscriber), with {{.CodecExpr}} unless cfg sets a codec.
+func New{{.Type}}TxSubscriber(ob *outbox.Outbox, h outbox.TxHandler[{{.Param}}], cfg *outbox.SubscriberConfig[{{.Param}}]) (*outbox.Subscriber[{{.Param}}], error) {
+	return outbox.NewTxSubscriber(ob, []string{Queue{{.Type}}}, h, {{.Type}}SubscriberConfig(cfg))
+}
+
+// {{.Type}}SubscriberConfig is cfg (nil: the defaults) with {{.CodecExpr}} unless it sets a codec.
+func {{.Type}}SubscriberConfig(cfg *outbox.SubscriberConfig[{{.Param}}]) *outbox.SubscriberConfig[{{.Param}}] {
+	c := outbox.SubscriberConfig[{{.Param}}]{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Codec == nil {
+		c.Codec = {{.CodecExpr}}
+	}
+	return &c
+}
+{{- else}}
 // New{{.Type}}Publisher returns a publisher of {{.Type}} messages to Queue{{.Type}}.
-func New{{.Type}}Publisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[{{.Type}}]) (*outbox.Publisher[{{.Type}}], error) {
+func New{{.Type}}Publisher(ob *outbox.Outbox, cfg *outbox.PublisherConfig[{{.Param}}]) (*outbox.Publisher[{{.Param}}], error) {
 	return outbox.NewPublisher(ob, Queue{{.Type}}, cfg)
 }
 
 // New{{.Type}}Subscriber returns a subscriber that hands the {{.Type}} messages of Queue{{.Type}} to h.
-func New{{.Type}}Subscriber(ob *outbox.Outbox, h outbox.Handler[{{.Type}}], cfg *outbox.SubscriberConfig[{{.Type}}]) (*outbox.Subscriber[{{.Type}}], error) {
+func New{{.Type}}Subscriber(ob *outbox.Outbox, h outbox.Handler[{{.Param}}], cfg *outbox.SubscriberConfig[{{.Param}}]) (*outbox.Subscriber[{{.Param}}], error) {
 	return outbox.NewSubscriber(ob, []string{Queue{{.Type}}}, h, cfg)
 }
 
 // New{{.Type}}TxSubscriber returns a subscriber that hands the {{.Type}} messages of Queue{{.Type}} to h, each in a transaction that acknowledges it (see outbox.NewTxSubscriber).
-func New{{.Type}}TxSubscriber(ob *outbox.Outbox, h outbox.TxHandler[{{.Type}}], cfg *outbox.SubscriberConfig[{{.Type}}]) (*outbox.Subscriber[{{.Type}}], error) {
+func New{{.Type}}TxSubscriber(ob *outbox.Outbox, h outbox.TxHandler[{{.Param}}], cfg *outbox.SubscriberConfig[{{.Param}}]) (*outbox.Subscriber[{{.Param}}], error) {
 	return outbox.NewTxSubscriber(ob, []string{Queue{{.Type}}}, h, cfg)
 }
+{{- end}}
 {{- if .MessageType}}
 
 // OutboxMessageType names {{.Type}} in the message-type header (see outbox.MessageTyper).
@@ -426,10 +519,18 @@ func ({{.Type}}) OutboxMessageType() string { return {{printf "%q" .MessageType}
 
 func bindingsCode(pkgName string, bs []binding) ([]byte, error) {
 	var buf bytes.Buffer
+	imports := []string{"github.com/outboxgen/outboxgen/outbox"}
+	for _, b := range bs {
+		if p := b.codec.importPath; p != "" && !slices.Contains(imports, p) {
+			imports = append(imports, p)
+		}
+	}
+	slices.Sort(imports)
 	if err := bindingsTmpl.Execute(&buf, struct {
 		Package  string
+		Imports  []string
 		Bindings []binding
-	}{pkgName, bs}); err != nil {
+	}{pkgName, imports, bs}); err != nil {
 		return nil, fmt.Errorf("bind: %w", err)
 	}
 	src, err := format.Source(buf.Bytes())
@@ -449,19 +550,28 @@ func asyncAPI(pkg *packages.Package, bs []binding, formatName string) ([]byte, e
 		if !ok {
 			return nil, fmt.Errorf("bind: %s: %s is not a defined type", relPos(b.pos), b.Type)
 		}
+		if b.codec.proto { // its payload is its .proto's, not a JSON Schema
+			continue
+		}
 		// The message types keep their own names under
 		// components/schemas, whatever other packages' types they use.
 		s.name(t)
 		named[i] = t
 	}
 	for i, b := range bs {
-		ref, err := s.schema(named[i])
-		if err != nil {
-			return nil, fmt.Errorf("bind: %s: %s: %w", relPos(b.pos), b.Type, err)
+		var payload any
+		if b.codec.proto {
+			payload = protoPayload(b, filepath.Dir(b.pos.Filename))
+		} else {
+			ref, err := s.schema(named[i])
+			if err != nil {
+				return nil, fmt.Errorf("bind: %s: %s: %w", relPos(b.pos), b.Type, err)
+			}
+			payload = ref
 		}
 		msg := obj().
 			set("name", b.Type).
-			set("contentType", outbox.ContentTypeJSON)
+			set("contentType", b.codec.contentType)
 		if b.Recorded != "" {
 			msg.set("headers", obj().
 				set("type", "object").
@@ -470,7 +580,7 @@ func asyncAPI(pkg *packages.Package, bs []binding, formatName string) ([]byte, e
 					set("const", b.Recorded))).
 				set("required", []string{outbox.HeaderMessageType}))
 		}
-		messages.set(b.Type, msg.set("payload", ref))
+		messages.set(b.Type, msg.set("payload", payload))
 		channels.set(b.ChannelID, obj().
 			set("address", b.Queue).
 			set("messages", obj().set(b.Type, obj().set("$ref", "#/components/messages/"+b.Type))))

@@ -205,6 +205,21 @@ type A struct{ X int }
 //outbox:message queue=orders
 type A struct{ C chan int }
 `, "field C: type chan int has no JSON form"},
+		{"unknown codec", `package p
+
+//outbox:message queue=orders codec=avro
+type A struct{ X int }
+`, "codec=avro: want one of json, gojson, proto, protojson"},
+		{"proto codec on a plain struct", `package p
+
+//outbox:message queue=orders codec=proto
+type A struct{ X int }
+`, "A is not a generated Protocol Buffers message; codec=proto binds those"},
+		{"type= with a proto codec", `package p
+
+//outbox:message queue=orders codec=protojson type=shop.A
+type A struct{ X int }
+`, "type= with codec=protojson: the codec names the message by its full Protocol Buffers name"},
 		{"no annotations", `package p
 
 type A struct{ X int }
@@ -352,5 +367,63 @@ func TestBindRefusesTwoAnnotatedTypesOfOneNameInAModule(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// codec=gojson makes the constructors use contrib/gojson's codec unless
+// their config sets one; the document's content type stays JSON.
+func TestBindChoosesTheCodec(t *testing.T) {
+	t.Parallel()
+	dir := scratchPackage(t, map[string]string{"messages.go": `package p
+
+//outbox:message queue=orders codec=gojson
+type A struct{ X int }
+
+//outbox:message queue=mail
+type B struct{ Y int }
+`})
+	if r := runCLI(t, nil, "bind", "-dir", dir); r.code != 0 {
+		t.Fatalf("bind: exit %d\n%s", r.code, r.stderr)
+	}
+	files := dirFiles(t, dir)
+	code := files["outbox_bindings.go"]
+	for _, want := range []string{"\t\"github.com/outboxgen/outboxgen/contrib/gojson\"\n", "c.Codec = outboxgojson.Codec[A]{}",
+		"return outbox.NewSubscriber(ob, []string{QueueA}, h, ASubscriberConfig(cfg))",
+		"return outbox.NewPublisher(ob, QueueB, cfg)"} {
+		if !strings.Contains(code, want) {
+			t.Errorf("the bindings lack %q:\n%s", want, code)
+		}
+	}
+	if strings.Count(files["asyncapi.yaml"], `contentType: "application/json"`) != 2 {
+		t.Errorf("the document's content types:\n%s", files["asyncapi.yaml"])
+	}
+}
+
+// The Go names protoc-gen-go gives messages, and the full names a file
+// descriptor gives them, nested ones too.
+func TestProtoNamesFromAFileDescriptor(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{"OrderPlaced": "OrderPlaced", "order_placed": "OrderPlaced", "v2_event": "V2Event",
+		"_private": "XPrivate", "HTTPRequest": "HTTPRequest", "a.b_c": "ABC", "a.B": "A_B"} {
+		if got := goCamelCase(in); got != want {
+			t.Errorf("goCamelCase(%q) = %q, want %q", in, got, want)
+		}
+	}
+	// file "shop/v1/order.proto", package "shop.v1", message Order with a
+	// nested message line_item, and message Refund.
+	str := func(num int, s string) []byte { return append([]byte{byte(num<<3 | 2), byte(len(s))}, s...) }
+	nested := str(1, "line_item")
+	order := append(str(1, "Order"), append([]byte{3<<3 | 2, byte(len(nested))}, nested...)...)
+	desc := append(append(str(1, "shop/v1/order.proto"), str(2, "shop.v1")...), append([]byte{4<<3 | 2, byte(len(order))}, order...)...)
+	desc = append(desc, 0x50, 0x01) // field 10, a varint: skipped
+	refund := str(1, "Refund")
+	desc = append(desc, append([]byte{4<<3 | 2, byte(len(refund))}, refund...)...)
+	file, names, err := descriptorNames(desc)
+	want := map[string]string{"Order": "shop.v1.Order", "Order_LineItem": "shop.v1.Order.line_item", "Refund": "shop.v1.Refund"}
+	if diff := cmp.Diff(want, names); diff != "" || err != nil || file != "shop/v1/order.proto" {
+		t.Errorf("descriptorNames = %q, (-want +got):\n%s%v", file, diff, err)
+	}
+	if _, _, err := descriptorNames(desc[:len(desc)-3]); err == nil {
+		t.Error("a truncated descriptor read without error")
 	}
 }

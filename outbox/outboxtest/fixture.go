@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -152,6 +153,15 @@ func Connect(tb testing.TB) *pgxpool.Pool {
 func RequirePublished[T any](tb testing.TB, ob *outbox.Outbox, queue string, want ...T) {
 	tb.Helper()
 	requireEqual(tb, queue, want, Published[T](tb, ob, queue, nil))
+}
+
+// RequirePublishedBy is [RequirePublished] with codec decoding the rows
+// (nil: the default codec of T), and with opts comparing them: a codec's
+// message types may need options of their own, such as
+// protocmp.Transform() for Protocol Buffers messages.
+func RequirePublishedBy[T any](tb testing.TB, ob *outbox.Outbox, queue string, codec outbox.Codec[T], opts []cmp.Option, want ...T) {
+	tb.Helper()
+	requireEqual(tb, queue, want, Published(tb, ob, queue, codec), opts...)
 }
 
 // String describes the fixture, for test logs.

@@ -103,13 +103,13 @@ func RequirePublishedTx[T any](tb testing.TB, tx outbox.DBTX, ob *outbox.Outbox,
 }
 
 // requireEqual fails tb with the difference unless queue's messages got
-// are want; nil want means none.
-func requireEqual[T any](tb testing.TB, queue string, want, got []T) {
+// are want, compared with opts; nil want means none.
+func requireEqual[T any](tb testing.TB, queue string, want, got []T, opts ...cmp.Option) {
 	tb.Helper()
 	if want == nil {
 		want = []T{}
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, got, opts...); diff != "" {
 		tb.Fatalf("outboxtest: queue %q (-want +got):\n%s", queue, diff)
 	}
 }

@@ -1,0 +1,3 @@
+package orderspb
+
+//go:generate go tool outboxgen bind

@@ -1,0 +1,3 @@
+package shopv1
+
+//go:generate go tool outboxgen bind
