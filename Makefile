@@ -37,6 +37,7 @@ verify: ## Fail when db/ is stale, code is not gofmt-clean, or vet/staticcheck c
 	cd contrib/prometheus && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) tool -modfile=../../tools/go.mod staticcheck ./...
 	cd contrib/otel && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) tool -modfile=../../tools/go.mod staticcheck ./...
 	cd contrib/jetstream && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) tool -modfile=../../tools/go.mod staticcheck ./...
+	cd contrib/gojson && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) tool -modfile=../../tools/go.mod staticcheck ./...
 	cd contrib/protocodec && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) tool -modfile=../../tools/go.mod staticcheck ./...
 	cd contrib/protocodec/testdata/shop && $(GO) mod tidy -diff && $(GO) generate ./... && $(GO) vet ./...
 	cd contrib/protocodec/testdata/billing && $(GO) mod tidy -diff && $(GO) generate ./... && $(GO) vet ./...
@@ -65,7 +66,7 @@ TEST_JSON     ?=
 # The repository's module lists its packages of the longest tests first:
 # go test starts packages in the order it is given them.
 TEST_MODULES   = .=./outbox,./cmd/outboxgen,./console,./outbox/outboxtest,./... \
-                 contrib/prometheus contrib/otel contrib/jetstream contrib/protocodec console/browser examples/bindings
+                 contrib/prometheus contrib/otel contrib/jetstream contrib/gojson contrib/protocodec console/browser examples/bindings
 
 .PHONY: test
 test: ## Run every test with the race detector against PostgreSQL (the contrib modules' and the console's browser tests too), then list the slowest
@@ -97,8 +98,8 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 10s); make test runs t
 	for pkg in $(FUZZPKGS); do \
 		for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$pkg*_test.go); do \
 			echo "== ./$$pkg $$target ($(FUZZTIME))"; \
-			{ rc=0; $(GO) test ./$$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) \
-				-fuzzminimizetime $(FUZZMINIMIZETIME) -parallel $(FUZZPARALLEL) 2>&1 || rc=$$?; echo $$rc > $$log.rc; } | tee $$log; \
+			{ rc=0; (cd $$pkg && $(GO) test . -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) \
+				-fuzzminimizetime $(FUZZMINIMIZETIME) -parallel $(FUZZPARALLEL)) 2>&1 || rc=$$?; echo $$rc > $$log.rc; } | tee $$log; \
 			if [ "$$(cat $$log.rc)" != 0 ]; then \
 				if grep -q 'context deadline exceeded' $$log && ! grep -q 'Failing input written' $$log; then \
 					echo "(the fuzztime deadline raced a worker, go.dev/issue/75804: no input failed)"; \
