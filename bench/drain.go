@@ -15,11 +15,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	gojson "github.com/goccy/go-json"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/outboxgen/outboxgen/bench/internal/benchpb"
+	outboxgojson "github.com/outboxgen/outboxgen/contrib/gojson"
+	"github.com/outboxgen/outboxgen/contrib/protocodec"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -46,14 +50,23 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 		{"outbox Subscriber, bench config, claims by lease", func(n int) (time.Duration, error) {
 			return drainOutbox(ctx, env, n, leasing(drainConfig[order]()))
 		}},
-		{"outbox Subscriber[[]byte], default config", func(n int) (time.Duration, error) { return drainOutboxRaw(ctx, env, n) }},
+		{drainRaw, func(n int) (time.Duration, error) { return drainOutboxRaw(ctx, env, n) }},
+		{drainGoJSON, func(n int) (time.Duration, error) {
+			return drainOutbox(ctx, env, n, withCodec(defaultConfig[order](), outboxgojson.Codec[order]{}))
+		}},
+		{drainProtobuf, func(n int) (time.Duration, error) {
+			return drainTyped(ctx, env, n, sampleOrderPB, withCodec(defaultConfig[*benchpb.Order](), protocodec.Codec[*benchpb.Order]{}))
+		}},
+		{drainProtoJSON, func(n int) (time.Duration, error) {
+			return drainTyped(ctx, env, n, sampleOrderPB, withCodec(defaultConfig[*benchpb.Order](), protocodec.Codec[*benchpb.Order]{JSON: true}))
+		}},
 		{"outbox Subscriber of two queues, default config", func(n int) (time.Duration, error) {
 			// A claim of several queues ranks its rows across them.
 			return drainOutbox(ctx, env, n, defaultConfig[order](), topic, topic+".2")
 		}},
 	}
 	cs = append(cs, txContenders(ctx, env)...)
-	var rivers, watermills, decoding []string
+	var rivers, watermills, decoding, goccyDecoding []string
 	for _, rc := range o.river {
 		name := "river, " + rc.String()
 		rivers = append(rivers, name)
@@ -63,15 +76,19 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 		pgxName, stdName := fmt.Sprintf("watermill-sql pgx, batch %d", b), fmt.Sprintf("watermill-sql database/sql, batch %d", b)
 		watermills = append(watermills, pgxName, stdName)
 		decoding = append(decoding, decodingName(b))
+		goccyDecoding = append(goccyDecoding, goccyDecodingName(b))
 		cs = append(cs,
 			contender{pgxName, func(n int) (time.Duration, error) {
-				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, false)
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, nil)
 			}},
 			contender{decodingName(b), func(n int) (time.Duration, error) {
-				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, true)
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, json.Unmarshal)
+			}},
+			contender{goccyDecodingName(b), func(n int) (time.Duration, error) {
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, gojson.Unmarshal)
 			}},
 			contender{stdName, func(n int) (time.Duration, error) {
-				return drainWatermill(ctx, env, n, wsql.BeginnerFromStdSQL(env.stdDB), b, false)
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromStdSQL(env.stdDB), b, nil)
 			}})
 	}
 	cs = o.only(cs)
@@ -89,14 +106,44 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 		base = names[0]
 	}
 	report(o.out, s, names, n, "msg", base)
-	for _, peer := range [][]string{rivers, watermills, decoding} {
+	for _, peer := range [][]string{rivers, watermills, decoding, goccyDecoding} {
 		if best := fastest(s, peer); best != "" {
 			fmt.Fprintf(o.out, "fastest %s: %.0f msgs/s; %s / it = %.2fx\n", best, rate(median(s[best]), n), base,
 				rate(median(s[base]), n)/rate(median(s[best]), n))
 		}
 	}
+	reportCodecs(o.out, s, n, decoding, goccyDecoding)
 	stats.report(o.out, names, o.rounds, n)
 	return nil
+}
+
+// The drain's contenders of each codec besides encoding/json, the
+// default.
+const (
+	drainGoJSON    = "outbox Subscriber[order], default config, gojson codec"
+	drainProtobuf  = "outbox Subscriber[*benchpb.Order], default config, protobuf codec"
+	drainProtoJSON = "outbox Subscriber[*benchpb.Order], default config, protojson codec"
+	drainRaw       = "outbox Subscriber[[]byte], default config"
+)
+
+// reportCodecs prints the ratios the codecs are judged on: the typed
+// drain with the gojson codec against the fastest watermill-sql whose
+// consumer decodes with encoding/json (decoding) and with goccy/go-json
+// (goccyDecoding), and against Subscriber[[]byte]; then each codec's rate
+// against the typed drain with encoding/json. A ratio whose contenders
+// did not run is left out.
+func reportCodecs(w io.Writer, s samples, n int, decoding, goccyDecoding []string) {
+	ratio := func(a, b string) {
+		if s[a] != nil && s[b] != nil {
+			fmt.Fprintf(w, "%s / %s = %.2fx\n", a, b, rate(median(s[a]), n)/rate(median(s[b]), n))
+		}
+	}
+	ratio(drainGoJSON, fastest(s, decoding))
+	ratio(drainGoJSON, fastest(s, goccyDecoding))
+	ratio(drainGoJSON, drainRaw)
+	for _, c := range []string{drainGoJSON, drainProtobuf, drainProtoJSON, drainRaw} {
+		ratio(c, drainDefault)
+	}
 }
 
 // decodingName names the watermill-sql contender whose consumer decodes
@@ -105,6 +152,14 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 // against the fastest watermill-sql that decodes nothing.
 func decodingName(batch int) string {
 	return fmt.Sprintf("watermill-sql pgx, batch %d, consumer decodes JSON", batch)
+}
+
+// goccyDecodingName names the watermill-sql contender whose consumer
+// decodes each payload into an order with goccy/go-json, the decoder of
+// the gojson codec: the equal-work peer of the typed Subscriber with that
+// codec.
+func goccyDecodingName(batch int) string {
+	return fmt.Sprintf("watermill-sql pgx, batch %d, consumer decodes JSON with goccy/go-json", batch)
 }
 
 // drainDefault names the contender the drain's goal is judged on.
@@ -135,22 +190,29 @@ func waitFor(ctx context.Context, done *atomic.Int64, n int) error {
 }
 
 // outboxBacklog publishes n orders to topic, or split evenly between
-// queues when it is given some.
+// queues when it is given some, with the default codec.
 func outboxBacklog(ctx context.Context, env *benchEnv, n int, queues ...string) error {
+	return publishBacklog(ctx, env, n, nil, sampleOrder, queues...)
+}
+
+// publishBacklog publishes sample(0) to sample(n-1) to topic, or split
+// evenly between queues when it is given some, drainBatch at a time,
+// encoded by codec (nil: T's default codec).
+func publishBacklog[T any](ctx context.Context, env *benchEnv, n int, codec outbox.Codec[T], sample func(int) T, queues ...string) error {
 	if len(queues) == 0 {
 		queues = []string{topic}
 	}
-	msgs := make([]order, drainBatch)
+	msgs := make([]T, drainBatch)
 	next := 0
 	for q, queue := range queues {
-		pub, err := outbox.NewPublisher[order](env.ob, queue, nil)
+		pub, err := outbox.NewPublisher(env.ob, queue, &outbox.PublisherConfig[T]{Codec: codec})
 		if err != nil {
 			return err
 		}
 		for end := n * (q + 1) / len(queues); next < end; next += len(msgs) {
 			msgs = msgs[:min(drainBatch, end-next)]
 			for i := range msgs {
-				msgs[i] = sampleOrder(next + i)
+				msgs[i] = sample(next + i)
 			}
 			if _, err := pub.PublishBatch(ctx, env.pool, msgs, nil); err != nil {
 				return err
@@ -179,23 +241,41 @@ func defaultConfig[T any]() *outbox.SubscriberConfig[T] {
 	return &outbox.SubscriberConfig[T]{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
+// withCodec makes cfg decode with codec.
+func withCodec[T any](cfg *outbox.SubscriberConfig[T], codec outbox.Codec[T]) *outbox.SubscriberConfig[T] {
+	cfg.Codec = codec
+	return cfg
+}
+
 // drainOutbox drains into a Subscriber[order] configured by cfg, of
 // topic or of queues (the backlog split between them): each payload is
 // decoded into the typed message, as River decodes its job args.
 func drainOutbox(ctx context.Context, env *benchEnv, n int, cfg *outbox.SubscriberConfig[order], queues ...string) (time.Duration, error) {
+	return drainTyped(ctx, env, n, sampleOrder, cfg, queues...)
+}
+
+// drainTyped drains into a Subscriber[T] configured by cfg, of topic or of
+// queues (the backlog split between them). The backlog holds sample(0) to
+// sample(n-1), written by a publisher with cfg's codec (T's default when
+// cfg has none), and the subscriber decodes each payload with the same
+// codec into the typed message.
+func drainTyped[T any](ctx context.Context, env *benchEnv, n int, sample func(int) T, cfg *outbox.SubscriberConfig[T], queues ...string) (time.Duration, error) {
 	subscribed := queues
 	if len(subscribed) == 0 {
 		subscribed = []string{topic}
 	}
 	var done atomic.Int64
-	sub, err := outbox.NewSubscriber(env.ob, subscribed, func(context.Context, *outbox.Message[order]) error {
+	sub, err := outbox.NewSubscriber(env.ob, subscribed, func(context.Context, *outbox.Message[T]) error {
 		done.Add(1)
 		return nil
 	}, cfg)
 	if err != nil {
 		return 0, err
 	}
-	return drainWith(ctx, env, n, sub, &done, queues...)
+	if err := publishBacklog(ctx, env, n, cfg.Codec, sample, queues...); err != nil {
+		return 0, err
+	}
+	return runUntilEmpty(ctx, env, n, sub, &done)
 }
 
 // drainOutboxRaw drains into a Subscriber[[]byte] at its default
@@ -373,9 +453,11 @@ func watermillSubscriber(db wsql.Beginner, batch int) (*wsql.Subscriber, error) 
 
 // drainWatermill drains with watermill-sql's queue schema and DeleteOnAck,
 // taking batch rows per query, through db: its pgx adapter or
-// database/sql (what its documentation shows). The clock stops when every
-// message was acknowledged and the table is empty.
-func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner, batch int, decode bool) (time.Duration, error) {
+// database/sql (what its documentation shows). Its consumer decodes each
+// payload into an order with unmarshal, or decodes nothing when unmarshal
+// is nil. The clock stops when every message was acknowledged and the
+// table is empty.
+func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner, batch int, unmarshal func([]byte, any) error) (time.Duration, error) {
 	if err := watermillBacklog(env.watermill, topic, n); err != nil {
 		return 0, err
 	}
@@ -396,9 +478,9 @@ func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner,
 	go func() {
 		var o order
 		for m := range ch {
-			if decode {
+			if unmarshal != nil {
 				// What a handler that wants the typed message must do.
-				if err := json.Unmarshal(m.Payload, &o); err != nil {
+				if err := unmarshal(m.Payload, &o); err != nil {
 					select {
 					case decoded <- err:
 					default:

@@ -15,6 +15,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/outboxgen/outboxgen/bench/internal/benchpb"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 
@@ -44,6 +45,12 @@ func (order) Kind() string { return "order" }
 
 func sampleOrder(i int) order {
 	return order{ID: fmt.Sprintf("order-%08d", i), Customer: "customer-42", Total: 1999 + i%100, Items: []string{"tea", "cake", "scones"}}
+}
+
+// sampleOrderPB is sampleOrder(i) as a Protocol Buffers message.
+func sampleOrderPB(i int) *benchpb.Order {
+	o := sampleOrder(i)
+	return &benchpb.Order{Id: o.ID, Customer: o.Customer, Total: int64(o.Total), Items: o.Items}
 }
 
 // benchEnv holds every contender's client on one database.

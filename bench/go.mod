@@ -8,13 +8,18 @@ require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
 	github.com/ThreeDotsLabs/watermill-nats/v2 v2.1.3
 	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.2
+	github.com/goccy/go-json v0.12.0
+	github.com/google/go-cmp v0.7.0
 	github.com/google/uuid v1.6.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/outboxgen/outboxgen v0.0.0
+	github.com/outboxgen/outboxgen/contrib/gojson v0.0.0-00010101000000-000000000000
 	github.com/outboxgen/outboxgen/contrib/jetstream v0.0.0-00010101000000-000000000000
+	github.com/outboxgen/outboxgen/contrib/protocodec v0.0.0-00010101000000-000000000000
 	github.com/riverqueue/river v0.51.2
 	github.com/riverqueue/river/riverdriver/riverpgxv5 v0.51.2
+	google.golang.org/protobuf v1.36.12
 )
 
 require (
@@ -48,3 +53,7 @@ require (
 )
 
 replace github.com/outboxgen/outboxgen/contrib/jetstream => ../contrib/jetstream
+
+replace github.com/outboxgen/outboxgen/contrib/gojson => ../contrib/gojson
+
+replace github.com/outboxgen/outboxgen/contrib/protocodec => ../contrib/protocodec
