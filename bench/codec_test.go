@@ -54,6 +54,7 @@ func benchCodec[T any](b *testing.B, name string, codec outbox.Codec[T], m T) {
 // back the sample order it encoded, and that the protobuf order holds the
 // same values as the JSON one.
 func TestCodecsRoundTrip(t *testing.T) {
+	t.Parallel()
 	roundTrip(t, outbox.JSONCodec[order]{}, sampleOrder(7))
 	roundTrip(t, outboxgojson.Codec[order]{}, sampleOrder(7))
 	roundTrip(t, protocodec.Codec[*benchpb.Order]{}, sampleOrderPB(7))

@@ -29,9 +29,11 @@ func Example() {
 		log.Fatal(err)
 	}
 
+	// readme:begin gojson
 	pub, err := outbox.NewPublisher(ob, "orders", &outbox.PublisherConfig[OrderPlaced]{
 		Codec: outboxgojson.Codec[OrderPlaced]{},
 	})
+	// readme:end
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -80,6 +80,7 @@ func errText(err error) string {
 func as[T any]() func([]byte) string { return decodeBoth[T] }
 
 func TestCodec(t *testing.T) {
+	t.Parallel()
 	c := outboxgojson.Codec[Order]{}
 	if got := c.ContentType(); got != outbox.ContentTypeJSON {
 		t.Errorf("ContentType() = %q, want %q", got, outbox.ContentTypeJSON)
@@ -104,6 +105,7 @@ func TestCodec(t *testing.T) {
 // method returned, with both codecs; and the types of the errors of the
 // decoding itself, which are go-json's own.
 func TestErrors(t *testing.T) {
+	t.Parallel()
 	_, stdErr := outbox.JSONCodec[[]any]{}.Encode([]any{failingMarshaler{}})
 	_, err := outboxgojson.Codec[[]any]{}.Encode([]any{failingMarshaler{}})
 	if !errors.Is(stdErr, errMarshal) || !errors.Is(err, errMarshal) {
@@ -132,6 +134,7 @@ func TestErrors(t *testing.T) {
 // TestDecodeCopies checks that a decoded value does not refer to the
 // payload, which its caller may reuse.
 func TestDecodeCopies(t *testing.T) {
+	t.Parallel()
 	payload := []byte(`{"id":"e1","tags":["t"],"blob":"aGVsbG8=","raw":{"a":"b"},"any":{"k":["v"]},"attrs":{"k":"v"}}`)
 	want, err := outbox.JSONCodec[Event]{}.Decode(payload)
 	if err != nil {
@@ -152,6 +155,7 @@ func TestDecodeCopies(t *testing.T) {
 // TestConcurrent encodes and decodes from several goroutines at once,
 // starting with a type the codec has not compiled yet.
 func TestConcurrent(t *testing.T) {
+	t.Parallel()
 	type message struct {
 		Event
 		Orders []Order `json:"orders"`
@@ -388,6 +392,7 @@ func decodeCases() []decodeCase {
 }
 
 func TestDecodeMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
 	for _, c := range decodeCases() {
 		t.Run(c.name, func(t *testing.T) {
 			d := c.check([]byte(c.in))
@@ -404,6 +409,7 @@ func TestDecodeMatchesEncodingJSON(t *testing.T) {
 }
 
 func TestEncodeMatchesEncodingJSON(t *testing.T) {
+	t.Parallel()
 	ref := int64(42)
 	code := Code(8)
 	at := time.Date(2024, 2, 29, 12, 30, 0, 123456789, time.FixedZone("IST", 5*3600+1800))
