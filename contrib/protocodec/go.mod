@@ -6,6 +6,7 @@ replace github.com/outboxgen/outboxgen => ../..
 
 require (
 	github.com/google/go-cmp v0.7.0
+	github.com/jackc/pgx/v5 v5.12.0
 	github.com/outboxgen/outboxgen v0.0.0-00010101000000-000000000000
 	google.golang.org/protobuf v1.36.12
 )
@@ -14,7 +15,6 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
-	github.com/jackc/pgx/v5 v5.12.0 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/mfridman/interpolate v0.2.0 // indirect
 	github.com/pressly/goose/v3 v3.30.1 // indirect
