@@ -245,13 +245,14 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 					errs = append(errs, fmt.Errorf("%s: %s is generic; messages must be concrete types", where, ts.Name.Name))
 					continue
 				}
+				codec, _ := codecNamed(ann.codec) // parseAnnotation checked it
 				recorded, param, file := ann.messageType, ts.Name.Name, ""
 				ownTyper := noOwnTyper(pkg, obj, out)
 				switch isProto := isProtoMessage(obj.Type()); {
-				case ann.codec.proto && !isProto:
-					errs = append(errs, fmt.Errorf("%s: %s is not a generated Protocol Buffers message; codec=%s binds those", where, ts.Name.Name, ann.codec.name))
+				case codec.proto && !isProto:
+					errs = append(errs, fmt.Errorf("%s: %s is not a generated Protocol Buffers message; codec=%s binds those", where, ts.Name.Name, codec.name))
 					continue
-				case ann.codec.proto:
+				case codec.proto:
 					full, protoFile, err := protoFullName(pkg, f, ts.Name.Name)
 					if err != nil {
 						errs = append(errs, fmt.Errorf("%s: %s: %w", where, ts.Name.Name, err))
@@ -269,9 +270,9 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 				}
 				queue := ann.queue
 				b := binding{Type: ts.Name.Name, Queue: queue, ChannelID: channelID(queue), MessageType: ann.messageType, Recorded: recorded,
-					Param: param, codec: ann.codec, protoFile: file, pos: at}
-				if ann.codec.expr != nil {
-					b.CodecExpr = ann.codec.expr(param)
+					Param: param, codec: codec, protoFile: file, pos: at}
+				if codec.expr != nil {
+					b.CodecExpr = codec.expr(param)
 				}
 				if prev, dup := byQueue[queue]; dup {
 					errs = append(errs, fmt.Errorf("%s: %s and %s (%s) are both bound to queue %q", where, b.Type, prev.Type, relPos(prev.pos), queue))
@@ -295,8 +296,8 @@ func findBindings(pkg *packages.Package, out string) ([]binding, error) {
 
 // annotationArgs are the key=value pairs of an //outbox:message line.
 type annotationArgs struct {
-	queue, messageType string
-	codec              bindCodec
+	// codec is codec='s value, "json" when there is none.
+	queue, messageType, codec string
 }
 
 const annotationForm = "//outbox:message queue=NAME [type=TYPENAME] [codec=json|gojson|proto|protojson]"
@@ -361,18 +362,17 @@ func parseAnnotation(text string) (annotationArgs, error) {
 			}
 			args.messageType = v
 		case "codec":
-			c, err := codecNamed(v)
-			if err != nil {
+			if _, err := codecNamed(v); err != nil {
 				return args, err
 			}
-			args.codec = c
+			args.codec = v
 		}
 	}
-	if args.codec.name == "" {
-		args.codec = bindCodecs[0]
+	if args.codec == "" {
+		args.codec = bindCodecs[0].name
 	}
-	if args.codec.proto && args.messageType != "" {
-		return args, fmt.Errorf("type= with codec=%s: the codec names the message by its full Protocol Buffers name", args.codec.name)
+	if c, _ := codecNamed(args.codec); c.proto && args.messageType != "" {
+		return args, fmt.Errorf("type= with codec=%s: the codec names the message by its full Protocol Buffers name", args.codec)
 	}
 	if args.queue == "" {
 		return args, fmt.Errorf("no queue; want %s", annotationForm)

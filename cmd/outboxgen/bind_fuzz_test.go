@@ -34,6 +34,8 @@ func FuzzAnnotation(f *testing.F) {
 		"//outbox:message queue=é\u00a0x", "//outbox:message queue=\"quoted\\\"", "//outbox:message queue=\xff",
 		"//outbox:message queue=" + strings.Repeat("q", 255), "//outbox:message queue=" + strings.Repeat("q", 256),
 		"//outbox:message queue=a type=" + strings.Repeat("t", 1025), "//outbox:message queue=\u2028",
+		"//outbox:message queue=orders codec=gojson", "//outbox:message codec=proto queue=orders", "//outbox:message queue=a codec=avro",
+		"//outbox:message queue=a codec=protojson type=t", "//outbox:message queue=a codec=json codec=json",
 	} {
 		f.Add(s)
 	}
@@ -89,6 +91,11 @@ func FuzzAnnotation(f *testing.F) {
 				"//outbox:message type=" + args.messageType + " queue=" + args.queue,
 			}
 		}
+		if args.codec != "json" {
+			for i := range forms {
+				forms[i] += " codec=" + args.codec
+			}
+		}
 		for _, form := range forms {
 			again, _, _, err := annotation(fset, &ast.CommentGroup{List: []*ast.Comment{{Slash: file.Pos(0), Text: form}}})
 			if err != nil {
@@ -98,7 +105,7 @@ func FuzzAnnotation(f *testing.F) {
 				t.Fatalf("annotation(%q) written back as %q reads differently (-first +second):\n%s", text, form, diff)
 			}
 		}
-		checkBindingsCode(t, binding{Type: "Msg", Queue: args.queue, ChannelID: channelID(args.queue), MessageType: args.messageType})
+		checkBindingsCode(t, binding{Type: "Msg", Param: "Msg", Queue: args.queue, ChannelID: channelID(args.queue), MessageType: args.messageType})
 	})
 }
 

@@ -147,7 +147,7 @@ func dirAnnotated(dir, pkgPath string, names map[string]binding) ([]annotated, e
 					doc = gd.Doc
 				}
 				ann, at, ok, err := annotation(fset, doc)
-				if ok && err == nil && ann.messageType == "" && !ann.codec.proto { // proto codecs name by full name
+				if c, _ := codecNamed(ann.codec); ok && err == nil && ann.messageType == "" && !c.proto { // proto codecs name by full name
 					found = append(found, annotated{pkgPath: pkgPath, name: ts.Name.Name, pos: at})
 				}
 			}

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxgen/outboxgen/contrib/protocodec"
-	"github.com/outboxgen/outboxgen/contrib/protocodec/internal/shopv1"
+	"github.com/outboxgen/outboxgen/contrib/protocodec/shopv1"
 	"github.com/outboxgen/outboxgen/outbox"
 )
 

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/outboxgen/outboxgen/contrib/protocodec"
-	"github.com/outboxgen/outboxgen/contrib/protocodec/internal/shopv1"
+	"github.com/outboxgen/outboxgen/contrib/protocodec/shopv1"
 	"github.com/outboxgen/outboxgen/outbox"
 	"github.com/outboxgen/outboxgen/outbox/outboxtest"
 )
