@@ -361,7 +361,8 @@ var (
 	}
 )
 
-// age parses an age filter of the URL: "" is none.
+// age parses an age filter of the URL (the rows page's, the dead
+// letters'): "" is none.
 func age(field, s string) (time.Duration, error) {
 	if s == "" {
 		return 0, nil
@@ -389,7 +390,6 @@ func (c *Console) rowsPage(w http.ResponseWriter, r *http.Request, rq *request) 
 	}
 	d.Type, d.Older, d.Newer, d.Scan = v.Get("type"), v.Get("older"), v.Get("newer"), outbox.RowsScan
 	d.OlderChoices, d.NewerChoices = rowsOlderChoices, rowsNewerChoices
-	d.Filtered = d.Type != "" || d.Older != "" || d.Newer != "" || d.State == outbox.RowRetrying
 	q := outbox.RowQuery{Queue: d.Queue, State: d.State, Key: d.Key, MessageType: d.Type, Newest: d.Newest, Limit: rowsPerPage}
 	var err error
 	if q.OlderThan, err = age("older", d.Older); err == nil {
@@ -402,6 +402,7 @@ func (c *Console) rowsPage(w http.ResponseWriter, r *http.Request, rq *request) 
 		c.fail(w, r, rq, http.StatusBadRequest, err)
 		return
 	}
+	d.Filtered = q.Filtered()
 	rows, next, err := rq.ob.Rows(r.Context(), q)
 	if err != nil {
 		c.fail(w, r, rq, statusOf(err), err)
@@ -493,12 +494,9 @@ func parseFilter(v url.Values) (filterForm, outbox.DeadLetterFilter, error) {
 		}
 		ff.Uncaused = "?" + u.Encode()
 	}
-	if ff.Older != "" {
-		d, err := time.ParseDuration(ff.Older)
-		if err != nil || d < 0 {
-			return ff, f, &outbox.InputError{Field: "older", Rule: "must be a duration such as 24h"}
-		}
-		f.OlderThan = d
+	var err error
+	if f.OlderThan, err = age("older", ff.Older); err != nil {
+		return ff, f, err
 	}
 	for _, s := range v["id"] {
 		id, err := strconv.ParseInt(s, 10, 64)

@@ -51,6 +51,14 @@ type RowQuery struct {
 	Limit int
 }
 
+// Filtered reports whether q filters its range (MessageType, OlderThan,
+// NewerThan, or State RowRetrying): a page of it then reads at most
+// [RowsScan] rows, and can hold fewer than Limit and still have a next
+// one.
+func (q RowQuery) Filtered() bool {
+	return q.MessageType != "" || q.OlderThan != 0 || q.NewerThan != 0 || q.State == RowRetrying
+}
+
 // RowCursor is where a page of [Outbox.Rows] ended: pass it as
 // RowQuery.After, with the same query, for the next page.
 type RowCursor struct {
@@ -130,7 +138,6 @@ func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor
 	if err := checkText("RowQuery.MessageType", q.MessageType, HeadersMaxBytes, false); err != nil {
 		return nil, nil, err
 	}
-	filtered := q.MessageType != "" || q.OlderThan != 0 || q.NewerThan != 0 || q.State == RowRetrying
 	// From the start: before every row oldest first, after every row
 	// newest first.
 	after := RowCursor{At: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), ID: math.MinInt64}
@@ -143,7 +150,7 @@ func (o *Outbox) Rows(ctx context.Context, q RowQuery) ([]RowSummary, *RowCursor
 	// One row more than the page says whether a next one exists.
 	p := db.RowsParams{Newest: q.Newest, Queue: q.Queue, AfterAt: after.At, AfterID: after.ID, MaxRows: int32(q.Limit + 1),
 		ScanRows: int32(q.Limit + 1), MessageType: q.MessageType, OlderThanSeconds: q.OlderThan.Seconds(), NewerThanSeconds: q.NewerThan.Seconds()}
-	if filtered {
+	if q.Filtered() {
 		p.ScanRows = RowsScan
 	}
 	switch {

@@ -205,3 +205,18 @@ func TestRowsFiltersByMessageTypeAndAgeWithinABoundedRead(t *testing.T) {
 		}
 	}
 }
+
+// Filtered says which queries read a bounded range: those with a type or
+// age filter, and the retrying rows.
+func TestRowQueryFiltered(t *testing.T) {
+	t.Parallel()
+	for q, want := range map[*RowQuery]bool{
+		{Queue: "q"}: false, {Queue: "q", State: RowScheduled, Key: "k", Newest: true}: false,
+		{Queue: "q", MessageType: "t"}: true, {Queue: "q", OlderThan: time.Hour}: true, {Queue: "q", NewerThan: time.Hour}: true,
+		{Queue: "q", State: RowRetrying}: true,
+	} {
+		if got := q.Filtered(); got != want {
+			t.Errorf("%+v.Filtered() = %v, want %v", *q, got, want)
+		}
+	}
+}
