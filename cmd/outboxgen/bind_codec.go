@@ -258,8 +258,10 @@ func isASCIIDigit(c byte) bool { return '0' <= c && c <= '9' }
 // finds the file beside the generated code, as protoc's
 // paths=source_relative puts it; else a schema that names the message.
 func protoPayload(b binding, dir string) *node {
-	if src, err := os.ReadFile(filepath.Join(dir, filepath.Base(b.protoFile))); err == nil && b.protoFile != "" {
-		return obj().set("schemaFormat", "application/vnd.google.protobuf;version=3").set("schema", string(src))
+	if b.protoFile != "" {
+		if src, err := os.ReadFile(filepath.Join(dir, filepath.Base(b.protoFile))); err == nil {
+			return obj().set("schemaFormat", "application/vnd.google.protobuf;version=3").set("schema", string(src))
+		}
 	}
 	format := "the Protocol Buffers wire format"
 	if b.codec.contentType == outbox.ContentTypeJSON {
