@@ -21,11 +21,15 @@ func (q *Queries) LockQueueAppend(ctx context.Context, arg LockQueueParams, item
 		return items, err
 	}
 	defer rows.Close()
+	// One destination list serves every row: passed as separate
+	// arguments, Scan's list is allocated anew for each row.
+	dest := make([]any, 11)
 	for rows.Next() {
 		items = append(items, LockRow{Queue: arg.Queue})
 		i := &items[len(items)-1]
-		if err := rows.Scan(&i.ID, &i.Payload, &i.Headers, &i.OrderingKey, &i.TimerID, &i.CreatedAt,
-			&i.AttemptsCount, &i.DeliveriesCount, &i.SinceFirstAttemptSeconds, &i.NextAttemptAt, &i.Xid); err != nil {
+		dest[0], dest[1], dest[2], dest[3], dest[4], dest[5] = &i.ID, &i.Payload, &i.Headers, &i.OrderingKey, &i.TimerID, &i.CreatedAt
+		dest[6], dest[7], dest[8], dest[9], dest[10] = &i.AttemptsCount, &i.DeliveriesCount, &i.SinceFirstAttemptSeconds, &i.NextAttemptAt, &i.Xid
+		if err := rows.Scan(dest...); err != nil {
 			return items[:len(items)-1], err
 		}
 	}

@@ -795,6 +795,7 @@ func (c *byLock) claimLocked(ctx context.Context, n int32) (int, error) {
 	idle := r.LeaseTTL.Milliseconds()
 	sent := time.Now()
 	got, err := c.lockRows(ctx, q, n, idle)
+	defer putLockRows(got)
 	ids := make([]int64, len(got))
 	var xid int64
 	for i := range got {
@@ -969,14 +970,16 @@ wait:
 	// The deliveries of ended claims that this claim counted leave their
 	// records only for the rows it handed to a handler: a row given back
 	// keeps its count there, for the claim that takes it next.
-	handed := make(map[int64]bool, len(kept)+len(running))
-	for _, o := range kept {
-		handed[o.D.Row.ID] = true
+	if len(c.aborted) > 0 {
+		handed := make(map[int64]bool, len(kept)+len(running))
+		for _, o := range kept {
+			handed[o.D.Row.ID] = true
+		}
+		for _, d := range running {
+			handed[d.Row.ID] = true
+		}
+		c.aborted = slices.DeleteFunc(c.aborted, func(id int64) bool { return !handed[id] })
 	}
-	for _, d := range running {
-		handed[d.Row.ID] = true
-	}
-	c.aborted = slices.DeleteFunc(c.aborted, func(id int64) bool { return !handed[id] })
 	c.mu.Unlock()
 
 	sent := time.Now()
@@ -1194,7 +1197,7 @@ func (c *byLock) lockRows(ctx context.Context, q *db.Queries, n int32, idle int6
 // are left, a row each, the queues taking turns.
 func (k *byLock) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int64, past map[string]lockCursor, l look) ([]db.LockRow, error) {
 	r := k.env
-	got := make([]db.LockRow, 0, n)
+	got := getLockRows(int(n))
 	pos := maps.Clone(past)
 	if pos == nil {
 		pos = make(map[string]lockCursor, len(r.Queues))
@@ -1258,6 +1261,31 @@ func (k *byLock) lockFrom(ctx context.Context, q *db.Queries, n int32, idle int6
 		active = append(more, rest...)
 	}
 	return got, nil
+}
+
+// lockRowsPool keeps the slices claims scan their rows into. A claim's
+// rows move on to their deliveries and the slice is free once the claim
+// has handed them over: thousands of rows a claim, each as large as its
+// delivery, which a drain would otherwise allocate again for every claim.
+var lockRowsPool sync.Pool
+
+// getLockRows returns an empty slice with room for n rows.
+func getLockRows(n int) []db.LockRow {
+	if p, ok := lockRowsPool.Get().(*[]db.LockRow); ok && cap(*p) >= n {
+		return (*p)[:0]
+	}
+	return make([]db.LockRow, 0, n)
+}
+
+// putLockRows gives rows back to the pool, cleared so that the pool
+// holds on to no payload.
+func putLockRows(rows []db.LockRow) {
+	if cap(rows) == 0 {
+		return
+	}
+	rows = rows[:cap(rows)]
+	clear(rows)
+	lockRowsPool.Put(&rows)
 }
 
 // Runs returns the runs of consecutive values in ids, as their first
