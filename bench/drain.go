@@ -134,9 +134,12 @@ const (
 // did not run is left out.
 func reportCodecs(w io.Writer, s samples, n int, decoding, goccyDecoding []string) {
 	ratio := func(a, b string) {
-		if s[a] != nil && s[b] != nil {
-			fmt.Fprintf(w, "%s / %s = %.2fx\n", a, b, rate(median(s[a]), n)/rate(median(s[b]), n))
+		if s[a] == nil || s[b] == nil {
+			return
 		}
+		med, lo, hi, _ := pairedRatio(s, a, b)
+		fmt.Fprintf(w, "%s / %s = %.2fx (of medians); by round %.2fx (median), %.2f to %.2fx\n",
+			a, b, rate(median(s[a]), n)/rate(median(s[b]), n), med, lo, hi)
 	}
 	ratio(drainGoJSON, fastest(s, decoding))
 	ratio(drainGoJSON, fastest(s, goccyDecoding))
@@ -476,11 +479,13 @@ func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner,
 	}
 	decoded := make(chan error, 1)
 	go func() {
-		var o order
 		for m := range ch {
 			if unmarshal != nil {
-				// What a handler that wants the typed message must do.
-				if err := unmarshal(m.Payload, &o); err != nil {
+				// What a handler that wants the typed message must do:
+				// a new order for each message, as a codec's Decode
+				// returns, which a handler may keep or pass on.
+				o := new(order)
+				if err := unmarshal(m.Payload, o); err != nil {
 					select {
 					case decoded <- err:
 					default:

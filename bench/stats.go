@@ -17,15 +17,18 @@ type contender struct {
 // samples holds one duration per round per contender.
 type samples map[string][]time.Duration
 
-// measure runs every contender for rounds rounds, rotating their order each
-// round, with reset before each run.
+// measure runs every contender for rounds rounds, with reset before each
+// run, in ABBA order: each odd round runs the contenders in the reverse
+// of the round before, so that within each pair of rounds every
+// contender runs as early as it runs late, and a machine that slows or
+// speeds up during a pair weighs on all of them alike; each pair starts
+// one contender further on than the last, so that neighbours change.
 func measure(rounds, n int, reset func() error, cs []contender) (samples, error) {
 	s := samples{}
 	cpuByName := cpuSamples{}
 	lastCPUSamples = cpuByName
 	for r := range rounds {
-		for i := range cs {
-			c := cs[(i+r)%len(cs)]
+		for _, c := range roundOrder(cs, r) {
 			if err := reset(); err != nil {
 				return nil, err
 			}
@@ -41,6 +44,40 @@ func measure(rounds, n int, reset func() error, cs []contender) (samples, error)
 		}
 	}
 	return s, nil
+}
+
+// roundOrder is the order of cs in round r (see measure): for two
+// contenders A and B, rounds 0 to 3 run A B, B A, B A, A B.
+func roundOrder[C any](cs []C, r int) []C {
+	order := make([]C, len(cs))
+	for i := range cs {
+		order[i] = cs[(i+r/2)%len(cs)]
+	}
+	if r%2 == 1 {
+		slices.Reverse(order)
+	}
+	return order
+}
+
+// pairedRatio is the rate of a over the rate of b, round by round (the
+// two ran within minutes of each other, in the same round): the median
+// of the rounds' ratios, and the lowest and highest. ok is false when
+// either ran no round.
+func pairedRatio(s samples, a, b string) (med, lo, hi float64, ok bool) {
+	n := min(len(s[a]), len(s[b]))
+	if n == 0 {
+		return 0, 0, 0, false
+	}
+	rs := make([]float64, n)
+	for i := range n {
+		rs[i] = s[b][i].Seconds() / s[a][i].Seconds()
+	}
+	slices.Sort(rs)
+	med = rs[n/2]
+	if n%2 == 0 {
+		med = (rs[n/2-1] + rs[n/2]) / 2
+	}
+	return med, rs[0], rs[n-1], true
 }
 
 func median(ds []time.Duration) time.Duration {
