@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/outboxgen/outboxgen/db"
 	"github.com/outboxgen/outboxgen/internal/lease"
@@ -62,14 +63,17 @@ type contentTypeAccepter interface {
 // Accepts reports true: raw bytes can be read whatever wrote them.
 func (BytesCodec) Accepts(string) bool { return true }
 
-// headerCache remembers the last headers a worker decoded: rows published
-// by one PublishBatch share their header bytes, and parsing JSON costs more
-// than comparing and copying a small map. It also holds the message type
-// the worker's T expects, worked out (with reflection) on first use, so a
+// headerCache remembers the last header document a worker decoded: rows
+// published by one PublishBatch share their header bytes, and copying a
+// small map costs less than reading JSON. A document's headers are kept
+// once two rows in a row had it: rows published one at a time each have
+// a correlation id of their own, and keeping every document would copy
+// every row's headers for nothing. It also holds the message type the
+// worker's T expects, worked out (with reflection) on first use, so a
 // cache serves one T.
 type headerCache struct {
-	raw string
-	m   map[string]string
+	raw string            // the last document decoded
+	m   map[string]string // its headers, when kept (see above)
 
 	typeKnown bool
 	msgType   msgtype.Type
@@ -80,11 +84,34 @@ type headerCache struct {
 // library writes nothing else, and the table refuses anything but an
 // object. Values of other types, written by other clients, are an error
 // naming the first such key; a null value is one too, where
-// encoding/json alone would read it as "".
+// encoding/json alone would read it as "". Each call returns a map of its
+// own, which the caller may change.
 func (c *headerCache) decode(raw []byte) (map[string]string, error) {
-	if c.m != nil && string(raw) == c.raw {
+	same := string(raw) == c.raw
+	if same && c.m != nil {
 		return maps.Clone(c.m), nil
 	}
+	doc := c.raw
+	if !same {
+		doc = string(raw)
+	}
+	m, plain := stringObject(doc)
+	if !plain {
+		var err error
+		if m, err = decodeHeadersJSON(raw); err != nil {
+			return nil, err
+		}
+	}
+	c.raw, c.m = doc, nil
+	if same || !plain {
+		c.m = maps.Clone(m)
+	}
+	return m, nil
+}
+
+// decodeHeadersJSON is decode's reading of what stringObject leaves to
+// encoding/json: every document that is not a plain object of strings.
+func decodeHeadersJSON(raw []byte) (map[string]string, error) {
 	var m map[string]string
 	err := json.Unmarshal(raw, &m)
 	if err != nil || bytes.Contains(raw, []byte("null")) {
@@ -95,8 +122,121 @@ func (c *headerCache) decode(raw []byte) (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.raw, c.m = string(raw), m
-	return maps.Clone(m), nil
+	return m, nil
+}
+
+// stringObject reads s as encoding/json reads it into a map of strings,
+// for the documents headers columns hold: a JSON object whose values are
+// strings of valid UTF-8 with no escape but the two-character ones, which
+// is how PostgreSQL prints the headers this library writes. The map's
+// keys and values are substrings of s wherever they need no unescaping,
+// so reading a document costs its map. ok is false for every other
+// document (another value, a \u escape, a byte encoding/json would
+// replace or refuse), and encoding/json reads those. Rows published one
+// at a time each have a correlation id of their own, so no cache serves
+// them, and encoding/json took most of a message's decoding there.
+func stringObject(s string) (m map[string]string, ok bool) {
+	i := skipSpace(s, 0)
+	if i == len(s) || s[i] != '{' {
+		return nil, false
+	}
+	m = make(map[string]string, 4)
+	i = skipSpace(s, i+1)
+	if i < len(s) && s[i] == '}' {
+		return m, skipSpace(s, i+1) == len(s)
+	}
+	for {
+		var k, v string
+		if k, i, ok = jsonString(s, i); !ok {
+			return nil, false
+		}
+		if i = skipSpace(s, i); i == len(s) || s[i] != ':' {
+			return nil, false
+		}
+		if v, i, ok = jsonString(s, skipSpace(s, i+1)); !ok {
+			return nil, false
+		}
+		m[k] = v
+		if i = skipSpace(s, i); i == len(s) {
+			return nil, false
+		}
+		switch s[i] {
+		case ',':
+			i = skipSpace(s, i+1)
+		case '}':
+			return m, skipSpace(s, i+1) == len(s)
+		default:
+			return nil, false
+		}
+	}
+}
+
+// skipSpace returns the index of the first byte of s from i on that is
+// not JSON whitespace.
+func skipSpace(s string, i int) int {
+	for i < len(s) && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// jsonString reads the JSON string that starts at s[i], returning its
+// value and the index after its closing quote; ok is false for no string
+// there and for one stringObject leaves to encoding/json.
+func jsonString(s string, i int) (v string, next int, ok bool) {
+	if i == len(s) || s[i] != '"' {
+		return "", 0, false
+	}
+	start, ascii := i+1, true
+	var b []byte // the value unescaped so far, once it held an escape
+	for j := start; j < len(s); j++ {
+		c := s[j]
+		switch {
+		case c == '"':
+			if !ascii && !utf8.ValidString(s[start:j]) {
+				return "", 0, false
+			}
+			if b == nil {
+				return s[start:j], j + 1, true
+			}
+			return string(b), j + 1, true
+		case c < 0x20:
+			return "", 0, false
+		case c >= utf8.RuneSelf:
+			ascii = false
+		case c == '\\':
+			if j+1 == len(s) {
+				return "", 0, false
+			}
+			var u byte
+			switch s[j+1] {
+			case '"', '\\', '/':
+				u = s[j+1]
+			case 'b':
+				u = '\b'
+			case 'f':
+				u = '\f'
+			case 'n':
+				u = '\n'
+			case 'r':
+				u = '\r'
+			case 't':
+				u = '\t'
+			default:
+				return "", 0, false
+			}
+			if b == nil {
+				b = append(make([]byte, 0, len(s)-start), s[start:j]...)
+			}
+			b = append(b, u)
+			j++
+			continue
+		}
+		if b != nil {
+			b = append(b, c)
+		}
+	}
+	return "", 0, false
 }
 
 // notStrings returns an error naming the first key, in byte order, of the
