@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	gojson "github.com/goccy/go-json"
 	"github.com/jackc/pgx/v5"
 
@@ -60,13 +61,21 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 		{drainProtoJSON, func(n int) (time.Duration, error) {
 			return drainTyped(ctx, env, n, sampleOrderPB, withCodec(defaultConfig[*benchpb.Order](), protocodec.Codec[*benchpb.Order]{JSON: true}))
 		}},
+		{drainDefault + eachID, func(n int) (time.Duration, error) {
+			cfg := defaultConfig[order]()
+			return drainTypedFrom(ctx, env, n, cfg, func() error { return publishEach(ctx, env, n, cfg.Codec, sampleOrder) })
+		}},
+		{drainGoJSON + eachID, func(n int) (time.Duration, error) {
+			cfg := withCodec(defaultConfig[order](), outboxgojson.Codec[order]{})
+			return drainTypedFrom(ctx, env, n, cfg, func() error { return publishEach(ctx, env, n, cfg.Codec, sampleOrder) })
+		}},
 		{"outbox Subscriber of two queues, default config", func(n int) (time.Duration, error) {
 			// A claim of several queues ranks its rows across them.
 			return drainOutbox(ctx, env, n, defaultConfig[order](), topic, topic+".2")
 		}},
 	}
 	cs = append(cs, txContenders(ctx, env)...)
-	var rivers, watermills, decoding, goccyDecoding []string
+	var rivers, watermills, decoding, goccyDecoding, decodingEach, goccyDecodingEach []string
 	for _, rc := range o.river {
 		name := "river, " + rc.String()
 		rivers = append(rivers, name)
@@ -77,18 +86,26 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 		watermills = append(watermills, pgxName, stdName)
 		decoding = append(decoding, decodingName(b))
 		goccyDecoding = append(goccyDecoding, goccyDecodingName(b))
+		decodingEach = append(decodingEach, decodingName(b)+eachID)
+		goccyDecodingEach = append(goccyDecodingEach, goccyDecodingName(b)+eachID)
 		cs = append(cs,
 			contender{pgxName, func(n int) (time.Duration, error) {
-				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, nil)
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, nil, false)
 			}},
 			contender{decodingName(b), func(n int) (time.Duration, error) {
-				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, json.Unmarshal)
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, json.Unmarshal, false)
 			}},
 			contender{goccyDecodingName(b), func(n int) (time.Duration, error) {
-				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, gojson.Unmarshal)
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, gojson.Unmarshal, false)
+			}},
+			contender{decodingName(b) + eachID, func(n int) (time.Duration, error) {
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, json.Unmarshal, true)
+			}},
+			contender{goccyDecodingName(b) + eachID, func(n int) (time.Duration, error) {
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, gojson.Unmarshal, true)
 			}},
 			contender{stdName, func(n int) (time.Duration, error) {
-				return drainWatermill(ctx, env, n, wsql.BeginnerFromStdSQL(env.stdDB), b, nil)
+				return drainWatermill(ctx, env, n, wsql.BeginnerFromStdSQL(env.stdDB), b, nil, false)
 			}})
 	}
 	cs = o.only(cs)
@@ -113,6 +130,7 @@ func runDrain(ctx context.Context, env *benchEnv, o options) error {
 		}
 	}
 	reportCodecs(o.out, s, n, decoding, goccyDecoding)
+	reportEach(o.out, s, n, decodingEach, goccyDecodingEach)
 	stats.report(o.out, names, o.rounds, n)
 	return nil
 }
@@ -133,19 +151,45 @@ const (
 // against the typed drain with encoding/json. A ratio whose contenders
 // did not run is left out.
 func reportCodecs(w io.Writer, s samples, n int, decoding, goccyDecoding []string) {
-	ratio := func(a, b string) {
-		if s[a] == nil || s[b] == nil {
-			return
-		}
-		med, lo, hi, _ := pairedRatio(s, a, b)
-		fmt.Fprintf(w, "%s / %s = %.2fx (of medians); by round %.2fx (median), %.2f to %.2fx\n",
-			a, b, rate(median(s[a]), n)/rate(median(s[b]), n), med, lo, hi)
-	}
-	ratio(drainGoJSON, fastest(s, decoding))
-	ratio(drainGoJSON, fastest(s, goccyDecoding))
-	ratio(drainGoJSON, drainRaw)
+	printRatio(w, s, n, drainGoJSON, fastest(s, decoding))
+	printRatio(w, s, n, drainGoJSON, fastest(s, goccyDecoding))
+	printRatio(w, s, n, drainGoJSON, drainRaw)
 	for _, c := range []string{drainGoJSON, drainProtobuf, drainProtoJSON, drainRaw} {
-		ratio(c, drainDefault)
+		printRatio(w, s, n, c, drainDefault)
+	}
+}
+
+// printRatio prints a's rate over b's, of their medians and round by
+// round, unless either did not run.
+func printRatio(w io.Writer, s samples, n int, a, b string) {
+	if s[a] == nil || s[b] == nil {
+		return
+	}
+	med, lo, hi, _ := pairedRatio(s, a, b)
+	fmt.Fprintf(w, "%s / %s = %.2fx (of medians); by round %.2fx (median), %.2f to %.2fx\n",
+		a, b, rate(median(s[a]), n)/rate(median(s[b]), n), med, lo, hi)
+}
+
+// eachID ends the names of the contenders whose backlog is written as
+// services write rows, one message at a time, each with a correlation id
+// of its own, so that no two rows share their headers (watermill-sql:
+// its correlation_id metadata): the subscriber reads every row's headers
+// rather than the last row's again.
+const eachID = ", a correlation id per message"
+
+// reportEach prints the ratios of the typed drains of rows that each
+// have their own correlation id (see eachID): with the gojson codec, to
+// watermill-sql decoding the same rows with encoding/json (decodingEach)
+// and with goccy/go-json (goccyDecodingEach), and each against its drain
+// of rows written in batches.
+func reportEach(w io.Writer, s samples, n int, decodingEach, goccyDecodingEach []string) {
+	for _, r := range [][2]string{
+		{drainGoJSON + eachID, fastest(s, decodingEach)},
+		{drainGoJSON + eachID, fastest(s, goccyDecodingEach)},
+		{drainGoJSON + eachID, drainGoJSON},
+		{drainDefault + eachID, drainDefault},
+	} {
+		printRatio(w, s, n, r[0], r[1])
 	}
 }
 
@@ -225,6 +269,29 @@ func publishBacklog[T any](ctx context.Context, env *benchEnv, n int, codec outb
 	return nil
 }
 
+// publishEach writes the backlog of topic as services write their rows:
+// one Publish per message, each with a correlation id of its own
+// (drainBatch messages a transaction, so that it is written sooner).
+func publishEach[T any](ctx context.Context, env *benchEnv, n int, codec outbox.Codec[T], sample func(int) T) error {
+	pub, err := outbox.NewPublisher(env.ob, topic, &outbox.PublisherConfig[T]{Codec: codec})
+	if err != nil {
+		return err
+	}
+	for first := 0; first < n; first += drainBatch {
+		if err := pgx.BeginFunc(ctx, env.pool, func(tx pgx.Tx) error {
+			for i := first; i < min(first+drainBatch, n); i++ {
+				if _, err := pub.Publish(ctx, tx, sample(i), nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // drainConfig is the subscriber the keyed suites run.
 func drainConfig[T any]() *outbox.SubscriberConfig[T] {
 	return &outbox.SubscriberConfig[T]{
@@ -263,6 +330,11 @@ func drainOutbox(ctx context.Context, env *benchEnv, n int, cfg *outbox.Subscrib
 // cfg has none), and the subscriber decodes each payload with the same
 // codec into the typed message.
 func drainTyped[T any](ctx context.Context, env *benchEnv, n int, sample func(int) T, cfg *outbox.SubscriberConfig[T], queues ...string) (time.Duration, error) {
+	return drainTypedFrom(ctx, env, n, cfg, func() error { return publishBacklog(ctx, env, n, cfg.Codec, sample, queues...) }, queues...)
+}
+
+// drainTypedFrom is drainTyped of the backlog backlog writes.
+func drainTypedFrom[T any](ctx context.Context, env *benchEnv, n int, cfg *outbox.SubscriberConfig[T], backlog func() error, queues ...string) (time.Duration, error) {
 	subscribed := queues
 	if len(subscribed) == 0 {
 		subscribed = []string{topic}
@@ -275,7 +347,7 @@ func drainTyped[T any](ctx context.Context, env *benchEnv, n int, sample func(in
 	if err != nil {
 		return 0, err
 	}
-	if err := publishBacklog(ctx, env, n, cfg.Codec, sample, queues...); err != nil {
+	if err := backlog(); err != nil {
 		return 0, err
 	}
 	return runUntilEmpty(ctx, env, n, sub, &done)
@@ -421,7 +493,7 @@ func waitTable(ctx context.Context, env *benchEnv, query string, n int) error {
 
 // watermillBacklog publishes n orders to topic through pub, drainBatch
 // at a time.
-func watermillBacklog(pub message.Publisher, topic string, n int) error {
+func watermillBacklog(pub message.Publisher, topic string, n int, each bool) error {
 	msgs := make([]*message.Message, drainBatch)
 	for first := 0; first < n; first += drainBatch {
 		for i := range msgs {
@@ -430,6 +502,9 @@ func watermillBacklog(pub message.Publisher, topic string, n int) error {
 				return err
 			}
 			msgs[i] = message.NewMessage(watermill.NewUUID(), payload)
+			if each {
+				middleware.SetCorrelationID(watermill.NewUUID(), msgs[i])
+			}
 		}
 		if err := pub.Publish(topic, msgs...); err != nil {
 			return err
@@ -460,8 +535,8 @@ func watermillSubscriber(db wsql.Beginner, batch int) (*wsql.Subscriber, error) 
 // payload into an order with unmarshal, or decodes nothing when unmarshal
 // is nil. The clock stops when every message was acknowledged and the
 // table is empty.
-func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner, batch int, unmarshal func([]byte, any) error) (time.Duration, error) {
-	if err := watermillBacklog(env.watermill, topic, n); err != nil {
+func drainWatermill(ctx context.Context, env *benchEnv, n int, db wsql.Beginner, batch int, unmarshal func([]byte, any) error, each bool) (time.Duration, error) {
+	if err := watermillBacklog(env.watermill, topic, n, each); err != nil {
 		return 0, err
 	}
 	sub, err := watermillSubscriber(db, batch)

@@ -148,7 +148,7 @@ func relayOutbox(ctx context.Context, env *benchEnv, nc *nats.Conn, stream jetst
 // TrackMsgId (Nats-Msg-Id from the message's UUID).
 func relayWatermill(ctx context.Context, env *benchEnv, nc *nats.Conn, stream jetstream.Stream,
 	fwd *forwarder.Publisher, table string, n, batch int) (time.Duration, error) {
-	if err := watermillBacklog(fwd, relaySubject, n); err != nil {
+	if err := watermillBacklog(fwd, relaySubject, n, false); err != nil {
 		return 0, err
 	}
 	sub, err := watermillSubscriber(wsql.BeginnerFromPgx(env.pool), batch)

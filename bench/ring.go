@@ -160,7 +160,7 @@ func runRingDrain(ctx context.Context, env *benchEnv, o options) error {
 		name := fmt.Sprintf("watermill-sql pgx, batch %d", b)
 		watermills = append(watermills, name)
 		cs = append(cs, contender{name, func(n int) (time.Duration, error) {
-			return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, nil)
+			return drainWatermill(ctx, env, n, wsql.BeginnerFromPgx(env.pool), b, nil, false)
 		}})
 	}
 	cs = o.only(cs)
