@@ -18,6 +18,8 @@ import (
 // the forced stop abandons w inside a handler.
 func (r *run) work(ctx context.Context, w *crew.Worker) {
 	decode := r.s.Calls()
+	var scope lease.Scope
+	defer scope.Close()
 	for {
 		select {
 		case <-ctx.Done():
@@ -31,7 +33,7 @@ func (r *run) work(ctx context.Context, w *crew.Worker) {
 				r.unstart(d)
 				return
 			}
-			if !r.handle(d, w, decode) {
+			if !r.handle(d, w, decode, &scope) {
 				return
 			}
 			for next := follower(d); next != nil; next = follower(next) {
@@ -39,7 +41,7 @@ func (r *run) work(ctx context.Context, w *crew.Worker) {
 					r.unstart(next)
 					return
 				}
-				if !r.handle(next, w, decode) {
+				if !r.handle(next, w, decode, &scope) {
 					return
 				}
 			}
@@ -59,9 +61,9 @@ func follower(d *lease.Delivery) *lease.Delivery {
 // handle runs one delivery and hands its outcome to the acknowledger. It
 // reports false when the forced stop abandoned w while the handler ran:
 // the worker must exit without a further word.
-func (r *run) handle(d *lease.Delivery, w *crew.Worker, decode func(*db.ClaimRow) (Call, error)) bool {
+func (r *run) handle(d *lease.Delivery, w *crew.Worker, decode func(*db.ClaimRow) (Call, error), scope *lease.Scope) bool {
 	cfg := r.s
-	if !r.leases.Start(d) {
+	if !r.leases.StartIn(d, scope.In(d.Batch)) {
 		// The lease ran out while the row waited for a worker; another
 		// claim may own it now, so leave it be.
 		r.leases.Remove(d)

@@ -207,13 +207,52 @@ func (l *Tracker) AddEach(parent context.Context, n int, fill func(i int, r *db.
 // runs on a goroutine of its own, which a loaded scheduler may run after
 // a worker has taken the row.
 func (l *Tracker) Start(d *Delivery) bool {
+	return l.StartIn(d, d.Batch.Ctx)
+}
+
+// StartIn is Start with d's handler context a child of parent, which is
+// d's batch's context or a context under it (a worker's Scope).
+func (l *Tracker) StartIn(d *Delivery, parent context.Context) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if d.lost || d.Batch.Ctx.Err() != nil || !time.Now().Before(d.Batch.deadline) {
 		return false
 	}
-	d.Ctx, d.Cancel = context.WithCancelCause(d.Batch.Ctx)
+	d.Ctx, d.Cancel = context.WithCancelCause(parent)
 	return true
+}
+
+// Scope is one worker's place in the batch whose rows it runs: a context
+// under the batch's, which the handler contexts of those rows are
+// children of (see StartIn). A batch's context then has one child per
+// worker rather than one per row, and the workers do not take its lock
+// for every row they start and end: with thousands of rows a batch,
+// that was most of what a handler context cost. A cancelled batch
+// cancels its scopes, and through them their handlers' contexts, with
+// its cause. The zero Scope is ready for use; one worker uses it.
+type Scope struct {
+	b      *Batch
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// In returns the scope's context in b, the worker's next row's batch: a
+// scope moving on from another batch releases that batch's context.
+func (s *Scope) In(b *Batch) context.Context {
+	if s.b != b {
+		s.Close()
+		s.b = b
+		s.ctx, s.cancel = context.WithCancel(b.Ctx)
+	}
+	return s.ctx
+}
+
+// Close releases the scope's context; its worker is done.
+func (s *Scope) Close() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	*s = Scope{}
 }
 
 // Remove stops tracking d and releases its resources.
