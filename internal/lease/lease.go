@@ -230,8 +230,12 @@ func (l *Tracker) StartIn(d *Delivery, parent context.Context) bool {
 // that was most of what a handler context cost. A cancelled batch
 // cancels its scopes, and through them their handlers' contexts, with
 // its cause. The zero Scope is ready for use; one worker uses it.
+//
+// A scope knows its batch by the batch's context, not by the batch: a
+// worker left idle after its last row holds no batch, and so none of its
+// rows.
 type Scope struct {
-	b      *Batch
+	batch  context.Context // the batch's context
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -239,9 +243,9 @@ type Scope struct {
 // In returns the scope's context in b, the worker's next row's batch: a
 // scope moving on from another batch releases that batch's context.
 func (s *Scope) In(b *Batch) context.Context {
-	if s.b != b {
+	if s.batch != b.Ctx {
 		s.Close()
-		s.b = b
+		s.batch = b.Ctx
 		s.ctx, s.cancel = context.WithCancel(b.Ctx)
 	}
 	return s.ctx

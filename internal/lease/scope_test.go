@@ -3,8 +3,10 @@ package lease
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -68,4 +70,25 @@ func TestHandlersStartedInAScopeEndAsTheirBatchEnds(t *testing.T) {
 		t.Error("a closed scope gave no context")
 	}
 	scope.Close()
+}
+
+// TestAnIdleScopeHoldsNoBatch checks that a worker whose last batch has
+// ended holds none of its rows: its scope keeps no path to the batch.
+func TestAnIdleScopeHoldsNoBatch(t *testing.T) {
+	t.Parallel()
+	l := NewTracker(time.Minute)
+	var scope Scope
+	defer scope.Close()
+	batch := func() weak.Pointer[Batch] {
+		ds := l.Add(context.Background(), []db.ClaimRow{{ID: 1, Payload: make([]byte, 1<<20)}}, pgtype.UUID{}, time.Now())
+		if !l.StartIn(ds[0], scope.In(ds[0].Batch)) {
+			t.Fatal("the row did not start")
+		}
+		l.Remove(ds[0])
+		return weak.Make(ds[0].Batch)
+	}()
+	runtime.GC()
+	if batch.Value() != nil {
+		t.Error("an idle worker's scope keeps its ended batch, and every row of it, from being collected")
+	}
 }
