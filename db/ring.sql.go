@@ -66,16 +66,23 @@ func (q *Queries) RingAddLanes(ctx context.Context, queues []string) error {
 
 const ringCloseSlot = `-- name: RingCloseSlot :exec
 UPDATE /*outbox:table*/outbox_ring_turns AS t
-SET done_below = CASE WHEN t.slot = a.slot THEN pg_snapshot_xmax(pg_current_snapshot()) END,
+SET done_below = CASE WHEN t.slot = a.slot THEN pg_current_xact_id() ELSE t.done_below END,
     since = CASE WHEN t.slot = a.slot THEN t.since ELSE now() END
 FROM (SELECT ($1::smallint) AS slot) AS a
 WHERE t.slot = a.slot OR t.slot = (a.slot + 1) % 4
 `
 
-// Marks partition @slot, which writers left, as no longer written, and
-// the next as written since now; in a statement after the turn: every
-// writer that read the old slot had its xid by then, so each is below
-// this snapshot's xmax.
+// Marks partition @slot, which writers left, as no longer written by
+// transactions from this statement's own on, and the next as written
+// since now; in a transaction after the turn's. A writer takes its xid
+// before it reads the slot (txid's default runs before slot's), so every
+// writer that read the old slot took its xid before the turn, and ids
+// are given in order: each is below this transaction's. (This
+// snapshot's xmax is no such bound: it is one past the newest xid that
+// had ended, and a writer whose xid came after that one may be running
+// above it, its row in the old partition.) The next partition keeps its
+// mark: it is unmarked already unless another turn moved writers past
+// it meanwhile, and then that turn's mark stands.
 func (q *Queries) RingCloseSlot(ctx context.Context, slot int16) error {
 	_, err := q.db.Exec(ctx, ringCloseSlot, slot)
 	return err
@@ -528,6 +535,7 @@ LEFT JOIN (
     FROM (SELECT 1) AS x
     WHERE pg_try_advisory_xact_lock(/*outbox:literal*/'outbox_ring_slot'::regclass::oid::bigint)
       AND /*outbox:table*/outbox_ring_slot_now() = $1::smallint
+      AND (SELECT n.done_below IS NULL FROM /*outbox:table*/outbox_ring_turns AS n WHERE n.slot = (($1::smallint) + 1) % 4)
 ) AS t ON true
 `
 
@@ -537,8 +545,11 @@ type RingNextSlotRow struct {
 }
 
 // Moves writers from partition @slot to the next, unless another turn
-// moved them already or runs now; returns the partition writers write
-// into after it, and whether this statement moved them.
+// moved them already or runs now, or the next is not open (emptied and
+// unmarked: a turn that read the ring's state before others went round
+// it must not send writers into a partition that holds rows); returns
+// the partition writers write into after it, and whether this statement
+// moved them.
 func (q *Queries) RingNextSlot(ctx context.Context, slot int16) (RingNextSlotRow, error) {
 	row := q.db.QueryRow(ctx, ringNextSlot, slot)
 	var i RingNextSlotRow

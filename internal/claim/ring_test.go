@@ -1147,6 +1147,110 @@ func TestRingTurnKeepsARowCommittedAfterItsPartitionWasFoundReadPast(t *testing.
 	}
 }
 
+// A turn marks the partition writers left as written by transactions
+// below its own: a writer that took its xid before the turn, and whose
+// row is in that partition, is below the mark whatever had ended by then.
+// (A snapshot's xmax, the mark before, is one past the newest xid that
+// had ended: a writer whose xid came after that one was above the mark.
+// Once a lane's progress passed the mark, the lane's reads left the
+// partition out, its progress consumed the writer's row unread, and a
+// turn emptied it.)
+func TestRingTurnMarksAPartitionAboveEveryWriterOfIt(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// Round the ring twice: a writer above the newest ended xid, as on an
+	// idle server, is one the old mark missed.
+	for range 8 {
+		writer, err := e.DB.Pool.Begin(e.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var slot int16
+		var xid string
+		if err := writer.QueryRow(e.ctx, `INSERT INTO outbox_ring (queue, payload) VALUES ('q', '\x7b7d') RETURNING slot, txid::text`).
+			Scan(&slot, &xid); err != nil {
+			t.Fatal(err)
+		}
+		if turn, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, 0); err != nil || !turn.Moved {
+			t.Fatalf("turn: %+v, %v; want writers moved", turn, err)
+		}
+		var mark string
+		var above bool
+		if err := e.DB.Pool.QueryRow(e.ctx, `SELECT done_below::text, done_below > $2::xid8 FROM outbox_ring_turns WHERE slot = $1`, slot, xid).
+			Scan(&mark, &above); err != nil {
+			t.Fatal(err)
+		}
+		if !above {
+			t.Errorf("partition %d marked as written below xid %s; want above its writer's, %s", slot, mark, xid)
+		}
+		// The row goes, and the next turn empties the partition.
+		if err := writer.Rollback(e.ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Two turns at once: one moves writers on and, before it marks the
+// partition they left, the other moves them on again (the partition they
+// passed through looked old, its time being set by the first's mark). The
+// first's mark leaves the second's standing: the partition they passed
+// through holds a row, and stays marked until every lane has read past
+// it, so that no turn sends writers into it before it is emptied.
+func TestRingTurnsAtOnceKeepEachOthersMarks(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	st, err := e.Q.RingTurnState(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next, err := e.Q.RingNextSlot(e.ctx, st.Slot); err != nil || !next.Turned {
+		t.Fatalf("first turn: %+v, %v; want writers moved", next, err)
+	}
+	var passed int16
+	if err := e.DB.Pool.QueryRow(e.ctx, `INSERT INTO outbox_ring (queue, payload) VALUES ('q', '\x7b7d') RETURNING slot`).Scan(&passed); err != nil {
+		t.Fatal(err)
+	}
+	if turn, err := ring.Turn(e.ctx, e.DB.Pool, e.Queries, time.Minute, 0); err != nil || !turn.Moved {
+		t.Fatalf("second turn: %+v, %v; want writers moved", turn, err)
+	}
+	if err := e.Q.RingCloseSlot(e.ctx, st.Slot); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := e.DB.Pool.Query(e.ctx, `SELECT slot FROM outbox_ring_turns WHERE done_below IS NOT NULL ORDER BY slot`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int16{st.Slot, passed}, marked); diff != "" {
+		t.Errorf("partitions marked as left (-want +got):\n%s", diff)
+	}
+}
+
+// A turn that read the ring's state before other turns went round it
+// does not move writers into the next partition while it is still
+// marked (its rows not yet read past by every lane, and not emptied).
+func TestRingTurnMovesWritersOnlyIntoAnOpenPartition(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	st, err := e.Q.RingTurnState(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.DB.Pool.Exec(e.ctx, `UPDATE outbox_ring_turns SET done_below = '1' WHERE slot = ($1::smallint + 1) % 4`, st.Slot); err != nil {
+		t.Fatal(err)
+	}
+	next, err := e.Q.RingNextSlot(e.ctx, st.Slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(db.RingNextSlotRow{Slot: st.Slot, Turned: false}, next); diff != "" {
+		t.Errorf("turn into a marked partition (-want +got):\n%s", diff)
+	}
+}
+
 // Rows of a queue that no claimer has claimed yet (it has no lanes) keep
 // their partition: the turn gives the queue its lanes instead of emptying
 // it, and the queue's first claimer reads them.
