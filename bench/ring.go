@@ -371,9 +371,10 @@ func ringTurn(ctx context.Context, env *benchEnv, o options, keyed bool) error {
 
 // unhandled says where the rows of topic that no handler saw (seen holds
 // the ids handlers saw) are: still in the ring (with their partition,
-// lane and transaction), in the outbox table (with their state), or in
-// neither; a failed suite prints it, so that a row that did not arrive
-// can be followed.
+// lane and transaction), in the outbox table (with their state), among
+// its dead letters (dead-lettered unhandled, as past MaxDeliveries), or
+// in none of them; a failed suite prints it, so that a row that did not
+// arrive can be followed.
 func unhandled(ctx context.Context, env *benchEnv, topic string, seen *sync.Map) string {
 	q := func(sql string) ([][]any, error) {
 		rows, err := env.pool.Query(ctx, sql, topic)
@@ -391,6 +392,11 @@ func unhandled(ctx context.Context, env *benchEnv, topic string, seen *sync.Map)
 	if err != nil {
 		return "where the rows are: " + err.Error()
 	}
+	deadRows, err := q("SELECT id, failure_reason, deliveries_count FROM " + pgx.Identifier{schemaRing, "outbox_dlq"}.Sanitize() +
+		" WHERE queue = $1 ORDER BY id")
+	if err != nil {
+		return "where the rows are: " + err.Error()
+	}
 	var out []string
 	for _, r := range ringRows {
 		if _, ok := seen.Load(r[0].(int64)); !ok {
@@ -402,8 +408,13 @@ func unhandled(ctx context.Context, env *benchEnv, topic string, seen *sync.Map)
 			out = append(out, fmt.Sprintf("table row %v (leased %v, blocked %v, later %v, deliveries %v)", r[0], r[1], r[2], r[3], r[4]))
 		}
 	}
+	for _, r := range deadRows {
+		if _, ok := seen.Load(r[0].(int64)); !ok {
+			out = append(out, fmt.Sprintf("dead letter %v (%v, deliveries %v)", r[0], r[1], r[2]))
+		}
+	}
 	if len(out) == 0 {
-		return "no unhandled row is in the ring or the table (the ring's partitions holding them were emptied)"
+		return "no unhandled row is in the ring, the table or its dead letters (the ring's partitions holding them were emptied)"
 	}
 	return "unhandled: " + strings.Join(out[:min(len(out), 20)], "; ")
 }
