@@ -376,41 +376,32 @@ func ringTurn(ctx context.Context, env *benchEnv, o options, keyed bool) error {
 // in none of them; a failed suite prints it, so that a row that did not
 // arrive can be followed.
 func unhandled(ctx context.Context, env *benchEnv, topic string, seen *sync.Map) string {
-	q := func(sql string) ([][]any, error) {
-		rows, err := env.pool.Query(ctx, sql, topic)
-		if err != nil {
-			return nil, err
-		}
-		return pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
-	}
-	ringRows, err := q("SELECT id, slot, lane, txid::text FROM " + ringTable.Sanitize() + " WHERE queue = $1 ORDER BY id")
-	if err != nil {
-		return "where the rows are: " + err.Error()
-	}
-	tableRows, err := q("SELECT id, acquired_token IS NOT NULL, blocked, next_attempt_at > now(), deliveries_count FROM " +
-		pgx.Identifier{schemaRing, "outbox"}.Sanitize() + " WHERE queue = $1 ORDER BY id")
-	if err != nil {
-		return "where the rows are: " + err.Error()
-	}
-	deadRows, err := q("SELECT id, failure_reason, deliveries_count FROM " + pgx.Identifier{schemaRing, "outbox_dlq"}.Sanitize() +
-		" WHERE queue = $1 ORDER BY id")
-	if err != nil {
-		return "where the rows are: " + err.Error()
+	// Where rows may be, and how a row found there is told: the query's
+	// first column is the row's id.
+	places := []struct{ sql, format string }{
+		{"SELECT id, slot, lane, txid::text FROM " + ringTable.Sanitize() + " WHERE queue = $1 ORDER BY id",
+			"ring row %v (slot %v, lane %v, txid %v)"},
+		{"SELECT id, acquired_token IS NOT NULL, blocked, next_attempt_at > now(), deliveries_count FROM " +
+			pgx.Identifier{schemaRing, "outbox"}.Sanitize() + " WHERE queue = $1 ORDER BY id",
+			"table row %v (leased %v, blocked %v, later %v, deliveries %v)"},
+		{"SELECT id, failure_reason, deliveries_count FROM " + pgx.Identifier{schemaRing, "outbox_dlq"}.Sanitize() +
+			" WHERE queue = $1 ORDER BY id",
+			"dead letter %v (%v, deliveries %v)"},
 	}
 	var out []string
-	for _, r := range ringRows {
-		if _, ok := seen.Load(r[0].(int64)); !ok {
-			out = append(out, fmt.Sprintf("ring row %v (slot %v, lane %v, txid %v)", r[0], r[1], r[2], r[3]))
+	for _, p := range places {
+		rows, err := env.pool.Query(ctx, p.sql, topic)
+		if err != nil {
+			return "where the rows are: " + err.Error()
 		}
-	}
-	for _, r := range tableRows {
-		if _, ok := seen.Load(r[0].(int64)); !ok {
-			out = append(out, fmt.Sprintf("table row %v (leased %v, blocked %v, later %v, deliveries %v)", r[0], r[1], r[2], r[3], r[4]))
+		found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+		if err != nil {
+			return "where the rows are: " + err.Error()
 		}
-	}
-	for _, r := range deadRows {
-		if _, ok := seen.Load(r[0].(int64)); !ok {
-			out = append(out, fmt.Sprintf("dead letter %v (%v, deliveries %v)", r[0], r[1], r[2]))
+		for _, r := range found {
+			if _, ok := seen.Load(r[0].(int64)); !ok {
+				out = append(out, fmt.Sprintf(p.format, r...))
+			}
 		}
 	}
 	if len(out) == 0 {
