@@ -83,7 +83,7 @@ type Delivery struct {
 	Batch *Batch
 
 	// Ctx is the handler's context, made when the handler starts (see
-	// Tracker.Start), a child of Batch.Ctx: cancelled with ErrLeaseLost
+	// Tracker.StartIn), under Batch.Ctx: cancelled with ErrLeaseLost
 	// when the lease expires unextended or a heartbeat finds it taken, and
 	// with the forced stop's cause. Both are nil until then.
 	Ctx    context.Context
@@ -200,18 +200,13 @@ func (l *Tracker) AddEach(parent context.Context, n int, fill func(i int, r *db.
 	return b.Rows
 }
 
-// Start makes d's handler context, or reports false when d's lease is
-// already gone (expired, or found taken by a heartbeat): another claim may
-// own the row, so its handler must not run. Expiry is read from the
-// clock, not only from the batch's context: the timer that cancels it
-// runs on a goroutine of its own, which a loaded scheduler may run after
-// a worker has taken the row.
-func (l *Tracker) Start(d *Delivery) bool {
-	return l.StartIn(d, d.Batch.Ctx)
-}
-
-// StartIn is Start with d's handler context a child of parent, which is
-// d's batch's context or a context under it (a worker's Scope).
+// StartIn makes d's handler context, a child of parent (d's batch's
+// context or a context under it, a worker's Scope), or reports false
+// when d's lease is already gone (expired, or found taken by a
+// heartbeat): another claim may own the row, so its handler must not run.
+// Expiry is read from the clock, not only from the batch's context: the
+// timer that cancels it runs on a goroutine of its own, which a loaded
+// scheduler may run after a worker has taken the row.
 func (l *Tracker) StartIn(d *Delivery, parent context.Context) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -25,7 +25,7 @@ func TestLocalLeaseCountsFromTheStatementsSending(t *testing.T) {
 	l := NewTracker(ttl)
 	late := l.Add(context.Background(), []db.ClaimRow{{ID: 1}}, testToken(1), time.Now().Add(-ttl))[0]
 	// At once, before the expiry timer's goroutine could have run.
-	if l.Start(late) {
+	if l.StartIn(late, late.Batch.Ctx) {
 		t.Fatal("a handler started on a lease that had run out before its claim's answer came")
 	}
 	select {
@@ -36,13 +36,13 @@ func TestLocalLeaseCountsFromTheStatementsSending(t *testing.T) {
 	if !errors.Is(context.Cause(late.Batch.Ctx), ErrLeaseLost) {
 		t.Errorf("cause %v, want ErrLeaseLost", context.Cause(late.Batch.Ctx))
 	}
-	if l.Start(late) {
+	if l.StartIn(late, late.Batch.Ctx) {
 		t.Error("a handler started on a lease that ran out")
 	}
 	l.Remove(late)
 
 	held := l.Add(context.Background(), []db.ClaimRow{{ID: 2}}, testToken(2), time.Now())[0]
-	if !l.Start(held) {
+	if !l.StartIn(held, held.Batch.Ctx) {
 		t.Fatal("a handler could not start on a fresh lease")
 	}
 	ds, _, _ := l.Snapshot()
@@ -61,11 +61,11 @@ func TestLocalLeaseCountsFromTheStatementsSending(t *testing.T) {
 	// (a locked claim's end) lets no handler of its batch start, though
 	// the expiry timer's goroutine may not have run yet.
 	two := l.Add(context.Background(), []db.ClaimRow{{ID: 3}, {ID: 4}}, testToken(3), time.Now())
-	if !l.Start(two[0]) {
+	if !l.StartIn(two[0], two[0].Batch.Ctx) {
 		t.Fatal("a handler could not start on a fresh lease")
 	}
 	l.Renew(two[0].Batch, time.Now().Add(-ttl))
-	if l.Start(two[1]) {
+	if l.StartIn(two[1], two[1].Batch.Ctx) {
 		t.Error("a handler started on a lease renewed by an answer that came after the lease's end")
 	}
 	l.Remove(two[0])
@@ -98,7 +98,7 @@ func TestHeartbeatLossCancelsOnlyItsRow(t *testing.T) {
 	l := NewTracker(time.Hour)
 	ds := l.Add(context.Background(), []db.ClaimRow{{ID: 1}, {ID: 2}, {ID: 3}}, testToken(1), time.Now())
 	for _, d := range ds[:2] {
-		if !l.Start(d) {
+		if !l.StartIn(d, d.Batch.Ctx) {
 			t.Fatalf("row %d: handler could not start", d.Row.ID)
 		}
 	}
@@ -118,7 +118,7 @@ func TestHeartbeatLossCancelsOnlyItsRow(t *testing.T) {
 	if err := ds[1].Ctx.Err(); err != nil {
 		t.Errorf("extended row 2: context ended: %v", context.Cause(ds[1].Ctx))
 	}
-	if l.Start(ds[2]) {
+	if l.StartIn(ds[2], ds[2].Batch.Ctx) {
 		t.Error("row 3, found taken before it started, started all the same")
 	}
 	for _, d := range ds {
@@ -137,7 +137,7 @@ func TestRedeliveryOfOneRowIsTrackedByItsToken(t *testing.T) {
 	l := NewTracker(time.Hour)
 	first := l.Add(context.Background(), []db.ClaimRow{{ID: 7}}, testToken(1), time.Now())[0]
 	second := l.Add(context.Background(), []db.ClaimRow{{ID: 7}}, testToken(2), time.Now())[0]
-	if !l.Start(second) {
+	if !l.StartIn(second, second.Batch.Ctx) {
 		t.Fatal("second delivery could not start")
 	}
 	l.Remove(first)
@@ -165,7 +165,7 @@ func TestHeartbeatWaitsForALockedClaimsLeasesToCommit(t *testing.T) {
 	t.Parallel()
 	l := NewTracker(time.Minute)
 	ds := l.AddEach(t.Context(), 2, func(i int, r *db.ClaimRow) { r.ID = int64(i + 1) }, pgtype.UUID{}, time.Now())
-	if !l.Start(ds[0]) {
+	if !l.StartIn(ds[0], ds[0].Batch.Ctx) {
 		t.Fatal("the handler of row 1 did not start")
 	}
 	snapshotIDs := func() []int64 {
